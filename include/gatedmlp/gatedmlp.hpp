@@ -1,0 +1,199 @@
+// gatedmlp: fused gated-MLP (GLU family) kernels.
+//
+// The first operation computes the gate/up half of a gated MLP in one launch:
+//
+//     g = alpha * (X @ Wg^T) + bg ;  u = alpha * (X @ Wu^T) + bu ;  Y = act(g) * u
+//
+// with X [M, K], Y [M, U], and only Y written (plus, if asked, the
+// pre-activation [M, 2U] for training). Accumulation and the activation are
+// fp32; the result is rounded once, on the output.
+//
+// Usage:
+//     gatedmlp::Problem p;  p.m = M; p.k = K; p.u = U;        // fill the descriptor
+//     if (auto s = gatedmlp::check_support(p); !s.ok()) ...    // shape rules only
+//     gatedmlp::Arguments a; a.x = X; a.w = W; a.y = Y;
+//     auto s = gatedmlp::run(p, a, nullptr, 0, stream);        // validates, then launches
+//
+// Every error names the argument and gives the expected and actual values;
+// when run() returns an error nothing has been written.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+namespace gatedmlp {
+
+// ---------------------------------------------------------------- status
+enum class StatusCode : int {
+  ok = 0,
+  invalid_argument,  // the call is malformed (bad shape, pointer, stride...)
+  not_supported,     // well-formed, but no kernel in this build takes it
+  no_device,         // no usable CUDA device
+  cuda_error,        // a CUDA runtime call failed
+  library_error,     // a dependency (cuBLAS) failed
+};
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return {}; }
+  bool ok() const { return code_ == StatusCode::ok; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  explicit operator bool() const { return ok(); }
+
+ private:
+  StatusCode code_ = StatusCode::ok;
+  std::string message_;
+};
+
+// ---------------------------------------------------------------- enums
+enum class DType : int { bf16 = 0, fp16 = 1, fp32 = 2 };
+
+enum class Activation : int {
+  silu = 0,       // SwiGLU:  silu(g) * u
+  gelu_tanh = 1,  // GeGLU, tanh approximation
+  gelu_erf = 2,   // GeGLU, exact erf
+  relu = 3,       // ReGLU
+  swiglu_clamped = 4,  // gpt-oss: g=min(g,limit); u=clamp(u,-limit,limit); g*sigmoid(a*g)*(u+1)
+};
+
+// Parameters of Activation::swiglu_clamped (gpt-oss uses a = 1.702, limit = 7).
+struct ActivationParams {
+  float clamp_alpha = 1.702f;
+  float clamp_limit = 7.0f;
+};
+
+// How the gate and up weights are stored. Rows are output features.
+enum class WeightFormat : int {
+  // One [2U, K] tensor whose rows alternate in blocks of `group` rows:
+  // block 2b is half `first`, block 2b+1 the other half. group = U is the
+  // stacked layout (vLLM/HF gate_up_proj), group = 1 even/odd, group = 32 cuDNN.
+  fused = 0,
+  // Two [U, K] tensors, Arguments::w (gate) and Arguments::w_up.
+  separate = 1,
+};
+
+enum class Half : int { gate = 0, up = 1 };
+
+enum class WeightStorage : int {
+  out_in = 0,  // [out, K], K contiguous (nn.Linear). Element (f, k) at f*ld + k.
+  in_out = 1,  // [K, out], out contiguous.          Element (f, k) at k*ld + f.
+};
+
+struct WeightLayout {
+  WeightFormat format = WeightFormat::fused;
+  int64_t group = 0;              // interleave block G; 0 means U (stacked). Fused only.
+  Half first = Half::gate;        // which half block 0 holds. Fused only.
+  WeightStorage storage = WeightStorage::out_in;
+  int64_t ld = 0;                 // leading dimension in elements; 0 = dense
+};
+
+// Strides left at kAuto are packed (dense). Batch stride 0 on weights or bias
+// shares them across the batch.
+inline constexpr int64_t kAuto = -1;
+
+// ---------------------------------------------------------------- problem
+struct Problem {
+  int64_t m = 0, k = 0, u = 0;
+  int64_t batch = 1;
+
+  DType input_dtype = DType::bf16;   // X and W: bf16 or fp16
+  DType output_dtype = DType::bf16;  // Y: bf16, fp16 or fp32
+
+  Activation activation = Activation::silu;
+  ActivationParams act_params;
+
+  WeightLayout weights;
+
+  float alpha = 1.0f;  // scales both GEMM results, before the bias
+
+  bool has_bias = false;             // gate and up bias
+  DType bias_dtype = DType::fp32;
+
+  bool has_preact = false;           // also write [g | u] (the [M, 2U] GEMM result + bias)
+  DType preact_dtype = DType::bf16;
+
+  int64_t ldx = 0;       // X row stride; 0 = K
+  int64_t ldy = 0;       // Y row stride; 0 = U (write into a slice by setting it larger)
+  int64_t ldpre = 0;     // pre-activation row stride; 0 = 2U
+
+  int64_t batch_stride_x = kAuto;
+  int64_t batch_stride_w = kAuto;     // per weight tensor
+  int64_t batch_stride_bias = kAuto;  // per bias tensor
+  int64_t batch_stride_y = kAuto;
+  int64_t batch_stride_preact = kAuto;
+
+  // A copy with every 0/kAuto stride and group replaced by its value. Only
+  // meaningful for a problem that passed check_support.
+  Problem resolved() const;
+};
+
+// Layout of the pre-activation output: column f of a row is weight row f for
+// fused weights (the GEMM result in weight order, cuDNN's AB12); for separate
+// weights it is [gate (U) | up (U)].
+
+// ---------------------------------------------------------------- arguments
+struct Arguments {
+  const void* x = nullptr;        // [L][M, ldx]
+  const void* w = nullptr;        // fused [2U] weights, or the gate weights if separate
+  const void* w_up = nullptr;     // separate only: up weights
+  const void* bias = nullptr;     // fused: [2U] in weight-row order; separate: gate bias [U]
+  const void* bias_up = nullptr;  // separate only: up bias [U]
+  void* y = nullptr;              // [L][M, ldy]
+  void* preact = nullptr;         // [L][M, ldpre], if has_preact
+};
+
+// ---------------------------------------------------------------- config
+enum class KernelPath : int {
+  none = 0,
+  sm80_mma = 1,    // portable: mma.sync tensor cores, sm_80 and newer
+  sm90_wgmma = 2,  // Hopper fast path (not yet in this build)
+};
+
+struct Config {
+  KernelPath path = KernelPath::none;
+  int tile_m = 0;      // rows of X per CTA
+  int tile_n = 0;      // output columns of Y per CTA (the CTA computes 2x that many GEMM columns)
+  int tile_k = 0;
+  int stages = 0;      // shared-memory pipeline depth
+  int threads = 0;
+  bool vector_loads = false;  // 16-byte cp.async loads (K, strides and pointers aligned)
+  std::string reason;         // why this path and these loads were chosen
+};
+
+// ---------------------------------------------------------------- API
+// Shape, dtype, stride and layout rules. Needs no device and no pointers.
+Status check_support(const Problem& problem);
+
+// Bytes of device workspace run() needs (currently always 0).
+size_t workspace_size(const Problem& problem);
+
+// The kernel and config run() would use on `device` (-1: the current device).
+Status plan(const Problem& problem, Config* config, int device = -1);
+
+// check_support, then the pointer checks (null, host memory, misalignment,
+// output overlapping an input), then the launch on `stream`.
+Status validate(const Problem& problem, const Arguments& args);
+Status run(const Problem& problem, const Arguments& args, void* workspace, size_t workspace_bytes,
+           cudaStream_t stream);
+
+// ---------------------------------------------------------------- printing
+const char* to_string(DType);
+const char* to_string(Activation);
+const char* to_string(WeightFormat);
+const char* to_string(Half);
+const char* to_string(WeightStorage);
+const char* to_string(KernelPath);
+const char* to_string(StatusCode);
+std::string to_string(const WeightLayout&);
+std::string to_string(const Problem&);
+std::string to_string(const Config&);
+
+size_t dtype_size(DType);
+
+}  // namespace gatedmlp

@@ -1,0 +1,29 @@
+// Index math for the weight layouts, shared by host code and kernels.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define GATEDMLP_HD __host__ __device__ __forceinline__
+#else
+#define GATEDMLP_HD inline
+#endif
+
+namespace gatedmlp::detail {
+
+// half: 0 = gate, 1 = up; first: which half block 0 holds.
+GATEDMLP_HD int64_t fused_row(int64_t j, int half, int64_t group, int first) {
+  const int64_t block = j / group;
+  const int64_t slot = (half == first) ? 0 : 1;
+  return (2 * block + slot) * group + (j - block * group);
+}
+
+GATEDMLP_HD void fused_row_inverse(int64_t f, int64_t group, int first, int* half, int64_t* j) {
+  const int64_t block2 = f / group;
+  const int64_t within = f - block2 * group;
+  const int slot = static_cast<int>(block2 & 1);
+  *half = slot == 0 ? first : 1 - first;
+  *j = (block2 >> 1) * group + within;
+}
+
+}  // namespace gatedmlp::detail

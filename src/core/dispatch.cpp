@@ -1,0 +1,81 @@
+// The one place that picks the kernel path and its config for a problem.
+#include <climits>
+#include <cstdlib>
+
+#include "core/internal.hpp"
+#include "sm80_gemm_glu/sm80_gemm_glu.hpp"
+
+namespace gatedmlp::detail {
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Why 16-byte loads cannot be used, or "" if they can. cp.async moves 8
+// elements at a time, so every row start must be a multiple of 8 elements.
+std::string vector_blocker(const Problem& r, const Arguments* a) {
+  std::ostringstream os;
+  if (r.k % 8) os << "k=" << r.k << " is not a multiple of 8";
+  else if (r.ldx % 8) os << "ldx=" << r.ldx << " is not a multiple of 8";
+  else if (r.weights.storage == WeightStorage::in_out) os << "weights stored in_out ([K, out])";
+  else if (r.weights.ld % 8) os << "weights.ld=" << r.weights.ld << " is not a multiple of 8";
+  else if (r.batch > 1 && r.batch_stride_x % 8) os << "batch_stride_x=" << r.batch_stride_x << " is not a multiple of 8";
+  else if (r.batch > 1 && r.batch_stride_w % 8) os << "batch_stride_w=" << r.batch_stride_w << " is not a multiple of 8";
+  else if (a && !aligned16(a->x)) os << "x is not 16-byte aligned";
+  else if (a && !aligned16(a->w)) os << "w is not 16-byte aligned";
+  else if (a && a->w_up && !aligned16(a->w_up)) os << "w_up is not 16-byte aligned";
+  return os.str();
+}
+
+}  // namespace
+
+Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev, Config* cfg) {
+  if (dev.major < 8)
+    return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
+               ".", dev.minor, "; gatedmlp needs 8.0 or newer");
+  Config c;
+  c.path = KernelPath::sm80_mma;
+  const std::string blocker = vector_blocker(r, a);
+  c.vector_loads = blocker.empty();
+
+  // Wide tiles reuse each loaded weight tile over 128 rows; when that leaves
+  // fewer CTAs than SMs (small M), halve the rows to fill the machine.
+  const int64_t n_tiles = (r.u + sm80::kTileLarge.tile_n - 1) / sm80::kTileLarge.tile_n;
+  const int64_t large_ctas = (r.m + sm80::kTileLarge.tile_m - 1) / sm80::kTileLarge.tile_m * n_tiles * r.batch;
+  const bool small = r.m <= sm80::kTileSmall.tile_m || large_ctas < 2 * dev.sms;
+  const sm80::Tile& t = small ? sm80::kTileSmall : sm80::kTileLarge;
+  c.tile_m = t.tile_m;
+  c.tile_n = t.tile_n;
+  c.tile_k = t.tile_k;
+  c.stages = t.stages;
+  c.threads = t.threads;
+
+  if (size_t(t.smem_bytes) > dev.smem_optin)
+    return err(StatusCode::not_supported, "tile ", t.tile_m, "x", t.tile_n, " needs ", t.smem_bytes,
+               " bytes of shared memory; device ", dev.device, " allows ", dev.smem_optin);
+  const int64_t m_tiles = (r.m + t.tile_m - 1) / t.tile_m;
+  const int64_t tiles = m_tiles * ((r.u + t.tile_n - 1) / t.tile_n);
+  if (r.batch > INT_MAX)
+    return err(StatusCode::not_supported, "batch=", r.batch, " is more than one launch takes (2^31-1)");
+  if (tiles > INT_MAX)
+    return err(StatusCode::not_supported, "m=", r.m, ", u=", r.u, " need ", tiles,
+               " tiles, more than one launch takes (2^31-1); split the call along m");
+
+  std::ostringstream why;
+  why << "portable mma.sync path (no Hopper kernel in this build); "
+      << (small ? "64-row tiles: few 128-row tiles for the SMs" : "128-row tiles") << "; "
+      << (c.vector_loads ? "16-byte loads" : "element loads: " + blocker);
+  c.reason = why.str();
+  *cfg = c;
+  return Status::Ok();
+}
+
+bool log_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("GATEDMLP_LOG");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+}  // namespace gatedmlp::detail

@@ -1,0 +1,50 @@
+// Library-internal helpers shared by the core translation units.
+#pragma once
+
+#include <sstream>
+#include <string>
+
+#include "gatedmlp/gatedmlp.hpp"
+
+namespace gatedmlp::detail {
+
+// Builds an error message: err(StatusCode::invalid_argument, "m must be >= 1, got ", m)
+template <typename... Ts>
+Status err(StatusCode code, const Ts&... parts) {
+  std::ostringstream os;
+  os << "gatedmlp: ";
+  (os << ... << parts);
+  return Status(code, os.str());
+}
+
+struct DeviceInfo {
+  int device = -1;
+  int major = 0, minor = 0;
+  int sms = 0;
+  size_t smem_optin = 0;  // max dynamic shared memory per block
+  size_t l2_bytes = 0;
+  std::string name;
+};
+
+// Properties of `device` (-1: current), cached after the first query.
+Status device_info(int device, DeviceInfo* info);
+
+// The one place that picks the kernel and its config. `args` may be null
+// (plan() without pointers assumes 16-byte aligned pointers).
+Status select_config(const Problem& resolved, const Arguments* args, const DeviceInfo& dev, Config* cfg);
+
+// Element counts each tensor spans, from its first to its last element, for a
+// resolved problem. Used for the overlap check.
+struct Extents {
+  int64_t x, w, bias, y, preact;
+};
+Status extents(const Problem& resolved, Extents* e);
+
+// Number of weight rows (output features) of one weight tensor.
+inline int64_t weight_rows(const Problem& p) {
+  return p.weights.format == WeightFormat::fused ? 2 * p.u : p.u;
+}
+
+bool log_enabled();
+
+}  // namespace gatedmlp::detail

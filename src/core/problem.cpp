@@ -1,0 +1,254 @@
+// The problem descriptor: printing, stride resolution and the shape rules
+// (check_support). Nothing here touches a device.
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "core/internal.hpp"
+
+namespace gatedmlp {
+
+using detail::err;
+
+const char* to_string(DType d) {
+  switch (d) {
+    case DType::bf16: return "bf16";
+    case DType::fp16: return "fp16";
+    case DType::fp32: return "fp32";
+  }
+  return "invalid";
+}
+
+const char* to_string(Activation a) {
+  switch (a) {
+    case Activation::silu: return "silu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::gelu_erf: return "gelu_erf";
+    case Activation::relu: return "relu";
+    case Activation::swiglu_clamped: return "swiglu_clamped";
+  }
+  return "invalid";
+}
+
+const char* to_string(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::fused: return "fused";
+    case WeightFormat::separate: return "separate";
+  }
+  return "invalid";
+}
+
+const char* to_string(Half h) {
+  switch (h) {
+    case Half::gate: return "gate";
+    case Half::up: return "up";
+  }
+  return "invalid";
+}
+
+const char* to_string(WeightStorage s) {
+  switch (s) {
+    case WeightStorage::out_in: return "out_in";
+    case WeightStorage::in_out: return "in_out";
+  }
+  return "invalid";
+}
+
+const char* to_string(KernelPath k) {
+  switch (k) {
+    case KernelPath::none: return "none";
+    case KernelPath::sm80_mma: return "sm80_mma";
+    case KernelPath::sm90_wgmma: return "sm90_wgmma";
+  }
+  return "invalid";
+}
+
+const char* to_string(StatusCode c) {
+  switch (c) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::invalid_argument: return "invalid_argument";
+    case StatusCode::not_supported: return "not_supported";
+    case StatusCode::no_device: return "no_device";
+    case StatusCode::cuda_error: return "cuda_error";
+    case StatusCode::library_error: return "library_error";
+  }
+  return "invalid";
+}
+
+size_t dtype_size(DType d) { return d == DType::fp32 ? 4 : 2; }
+
+std::string to_string(const WeightLayout& w) {
+  std::ostringstream os;
+  os << to_string(w.format);
+  if (w.format == WeightFormat::fused) os << "(group=" << w.group << ", first=" << to_string(w.first) << ")";
+  os << " " << to_string(w.storage) << " ld=" << w.ld;
+  return os.str();
+}
+
+std::string to_string(const Problem& p) {
+  std::ostringstream os;
+  os << "Problem{m=" << p.m << " k=" << p.k << " u=" << p.u << " batch=" << p.batch << " in=" << to_string(p.input_dtype)
+     << " out=" << to_string(p.output_dtype) << " act=" << to_string(p.activation);
+  if (p.activation == Activation::swiglu_clamped)
+    os << "(alpha=" << p.act_params.clamp_alpha << ", limit=" << p.act_params.clamp_limit << ")";
+  os << " weights=" << to_string(p.weights) << " alpha=" << p.alpha;
+  if (p.has_bias) os << " bias=" << to_string(p.bias_dtype);
+  if (p.has_preact) os << " preact=" << to_string(p.preact_dtype) << " ldpre=" << p.ldpre;
+  os << " ldx=" << p.ldx << " ldy=" << p.ldy;
+  if (p.batch > 1)
+    os << " batch_strides(x=" << p.batch_stride_x << " w=" << p.batch_stride_w << " bias=" << p.batch_stride_bias
+       << " y=" << p.batch_stride_y << " preact=" << p.batch_stride_preact << ")";
+  os << "}";
+  return os.str();
+}
+
+std::string to_string(const Config& c) {
+  std::ostringstream os;
+  os << "Config{path=" << to_string(c.path) << " tile=" << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
+     << " stages=" << c.stages << " threads=" << c.threads << " loads=" << (c.vector_loads ? "16B" : "element");
+  if (!c.reason.empty()) os << " reason=\"" << c.reason << "\"";
+  os << "}";
+  return os.str();
+}
+
+Problem Problem::resolved() const {
+  Problem p = *this;
+  const int64_t rows = detail::weight_rows(p);
+  if (p.weights.format == WeightFormat::fused && p.weights.group == 0) p.weights.group = p.u;
+  if (p.ldx == 0) p.ldx = p.k;
+  if (p.weights.ld == 0) p.weights.ld = p.weights.storage == WeightStorage::out_in ? p.k : rows;
+  if (p.ldy == 0) p.ldy = p.u;
+  if (p.ldpre == 0) p.ldpre = 2 * p.u;
+  if (p.batch_stride_x == kAuto) p.batch_stride_x = p.m * p.ldx;
+  if (p.batch_stride_w == kAuto)
+    p.batch_stride_w = p.weights.storage == WeightStorage::out_in ? rows * p.weights.ld : p.k * p.weights.ld;
+  if (p.batch_stride_bias == kAuto) p.batch_stride_bias = rows;
+  if (p.batch_stride_y == kAuto) p.batch_stride_y = p.m * p.ldy;
+  if (p.batch_stride_preact == kAuto) p.batch_stride_preact = p.m * p.ldpre;
+  return p;
+}
+
+namespace detail {
+
+Status extents(const Problem& p, Extents* e) {
+  // Computed in 128 bits: strides are caller-supplied and may be absurd.
+  using I = __int128;
+  const I L1 = p.batch - 1;
+  const I rows = weight_rows(p);
+  const I ew = p.weights.storage == WeightStorage::out_in ? (rows - 1) * p.weights.ld + p.k
+                                                          : I(p.k - 1) * p.weights.ld + rows;
+  const I vals[5] = {
+      L1 * p.batch_stride_x + I(p.m - 1) * p.ldx + p.k,
+      L1 * p.batch_stride_w + ew,
+      L1 * p.batch_stride_bias + rows,
+      L1 * p.batch_stride_y + I(p.m - 1) * p.ldy + p.u,
+      L1 * p.batch_stride_preact + I(p.m - 1) * p.ldpre + 2 * I(p.u),
+  };
+  const char* names[5] = {"x", "w", "bias", "y", "preact"};
+  constexpr I kMax = I(1) << 56;  // bytes of any real address space, with room for the element size
+  for (int i = 0; i < 5; ++i)
+    if (vals[i] > kMax)
+      return err(StatusCode::invalid_argument, "tensor '", names[i], "' would span ", static_cast<double>(vals[i]),
+                 " elements, more than any device can address: check the sizes and strides");
+  *e = {int64_t(vals[0]), int64_t(vals[1]), int64_t(vals[2]), int64_t(vals[3]), int64_t(vals[4])};
+  return Status::Ok();
+}
+
+}  // namespace detail
+
+namespace {
+
+bool valid_dtype(DType d) { return d == DType::bf16 || d == DType::fp16 || d == DType::fp32; }
+
+Status check_ld(const char* name, int64_t ld, int64_t min) {
+  if (ld != 0 && ld < min)
+    return err(StatusCode::invalid_argument, name, " must be 0 (dense) or >= ", min, ", got ", ld);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_support(const Problem& p) {
+  const StatusCode inv = StatusCode::invalid_argument;
+  if (p.m < 1) return err(inv, "m must be >= 1, got ", p.m);
+  if (p.k < 1) return err(inv, "k must be >= 1, got ", p.k);
+  if (p.u < 1) return err(inv, "u must be >= 1, got ", p.u);
+  if (p.batch < 1) return err(inv, "batch must be >= 1, got ", p.batch);
+
+  if (!valid_dtype(p.input_dtype)) return err(inv, "input_dtype has invalid value ", int(p.input_dtype));
+  if (p.input_dtype == DType::fp32)
+    return err(StatusCode::not_supported, "input_dtype must be bf16 or fp16 (X and W), got fp32");
+  if (!valid_dtype(p.output_dtype)) return err(inv, "output_dtype has invalid value ", int(p.output_dtype));
+  if (p.has_bias && !valid_dtype(p.bias_dtype)) return err(inv, "bias_dtype has invalid value ", int(p.bias_dtype));
+  if (p.has_preact && !valid_dtype(p.preact_dtype))
+    return err(inv, "preact_dtype has invalid value ", int(p.preact_dtype));
+
+  const int act = static_cast<int>(p.activation);
+  if (act < 0 || act > static_cast<int>(Activation::swiglu_clamped))
+    return err(inv, "activation has invalid value ", act);
+  if (p.activation == Activation::swiglu_clamped) {
+    if (!std::isfinite(p.act_params.clamp_alpha))
+      return err(inv, "act_params.clamp_alpha must be finite, got ", p.act_params.clamp_alpha);
+    if (!(p.act_params.clamp_limit > 0.f) || !std::isfinite(p.act_params.clamp_limit))
+      return err(inv, "act_params.clamp_limit must be finite and > 0, got ", p.act_params.clamp_limit);
+  }
+  if (!std::isfinite(p.alpha)) return err(inv, "alpha must be finite, got ", p.alpha);
+
+  const WeightLayout& w = p.weights;
+  if (w.format != WeightFormat::fused && w.format != WeightFormat::separate)
+    return err(inv, "weights.format has invalid value ", int(w.format));
+  if (w.storage != WeightStorage::out_in && w.storage != WeightStorage::in_out)
+    return err(inv, "weights.storage has invalid value ", int(w.storage));
+  if (w.first != Half::gate && w.first != Half::up) return err(inv, "weights.first has invalid value ", int(w.first));
+  if (w.format == WeightFormat::fused) {
+    if (w.group < 0 || w.group > p.u)
+      return err(inv, "weights.group must be in [0, u=", p.u, "] (0 means u, stacked), got ", w.group);
+    if (w.group > 0 && p.u % w.group != 0)
+      return err(inv, "weights.group=", w.group, " must divide u=", p.u, " (u % group = ", p.u % w.group, ")");
+  } else {
+    if (w.group != 0) return err(inv, "weights.group applies to fused weights only; separate weights need 0, got ", w.group);
+    if (w.first != Half::gate)
+      return err(inv, "weights.first applies to fused weights only; separate weights need gate, got ", to_string(w.first));
+  }
+
+  const int64_t rows = detail::weight_rows(p);
+  if (Status s = check_ld("ldx", p.ldx, p.k); !s) return s;
+  if (Status s = check_ld(w.storage == WeightStorage::out_in ? "weights.ld (out_in storage: >= k)"
+                                                             : "weights.ld (in_out storage: >= number of weight rows)",
+                          w.ld, w.storage == WeightStorage::out_in ? p.k : rows);
+      !s)
+    return s;
+  if (Status s = check_ld("ldy", p.ldy, p.u); !s) return s;
+  if (p.has_preact) {
+    if (Status s = check_ld("ldpre", p.ldpre, 2 * p.u); !s) return s;
+  }
+
+  struct Stride { const char* name; int64_t v; };
+  const Stride strides[] = {{"batch_stride_x", p.batch_stride_x},     {"batch_stride_w", p.batch_stride_w},
+                            {"batch_stride_bias", p.batch_stride_bias}, {"batch_stride_y", p.batch_stride_y},
+                            {"batch_stride_preact", p.batch_stride_preact}};
+  for (const Stride& s : strides)
+    if (s.v < 0 && s.v != kAuto) return err(inv, s.name, " must be kAuto (-1) or >= 0, got ", s.v);
+
+  const Problem r = p.resolved();
+  detail::Extents e;
+  if (Status s = detail::extents(r, &e); !s) return s;
+  if (r.batch > 1) {
+    // Batches of an output must not overlap, or two CTAs would race on one element.
+    const int64_t y_one = (r.m - 1) * r.ldy + r.u;
+    if (r.batch_stride_y < y_one)
+      return err(inv, "batch_stride_y=", r.batch_stride_y, " makes the batches of y overlap; need >= ", y_one,
+                 " ((m-1)*ldy + u)");
+    if (r.has_preact) {
+      const int64_t p_one = (r.m - 1) * r.ldpre + 2 * r.u;
+      if (r.batch_stride_preact < p_one)
+        return err(inv, "batch_stride_preact=", r.batch_stride_preact, " makes the batches of preact overlap; need >= ",
+                   p_one, " ((m-1)*ldpre + 2u)");
+    }
+  }
+  return Status::Ok();
+}
+
+size_t workspace_size(const Problem&) { return 0; }
+
+}  // namespace gatedmlp

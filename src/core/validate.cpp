@@ -1,0 +1,132 @@
+// Pointer checks at the API boundary: presence, element alignment, outputs
+// overlapping anything else, and (last, since it needs a device) that each
+// pointer is device memory of the current device.
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "core/internal.hpp"
+
+namespace gatedmlp {
+
+using detail::err;
+
+namespace {
+
+struct Tensor {
+  const char* name;
+  const void* ptr;
+  int64_t elems;  // span in elements
+  DType dtype;
+  bool output;
+};
+
+std::string hex(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+Status check_presence(const char* name, const void* ptr, bool needed, const char* why_needed,
+                      const char* why_unused) {
+  if (needed && ptr == nullptr) return err(StatusCode::invalid_argument, "argument '", name, "' is null; ", why_needed);
+  if (!needed && ptr != nullptr)
+    return err(StatusCode::invalid_argument, "argument '", name, "' is set (", hex(ptr), ") but ", why_unused);
+  return Status::Ok();
+}
+
+Status check_device_pointer(const Tensor& t, int device) {
+  cudaPointerAttributes attr{};
+  const cudaError_t e = cudaPointerGetAttributes(&attr, t.ptr);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // the query's failure must not leak into the caller's next check
+    return err(StatusCode::invalid_argument, "argument '", t.name, "' (", hex(t.ptr),
+               ") is not a pointer CUDA knows: ", cudaGetErrorString(e));
+  }
+  switch (attr.type) {
+    case cudaMemoryTypeDevice:
+      if (attr.device != device)
+        return err(StatusCode::invalid_argument, "argument '", t.name, "' (", hex(t.ptr), ") is memory of device ",
+                   attr.device, " but the current device is ", device);
+      return Status::Ok();
+    case cudaMemoryTypeManaged:
+      return Status::Ok();
+    case cudaMemoryTypeHost:
+      return err(StatusCode::invalid_argument, "argument '", t.name, "' (", hex(t.ptr),
+                 ") is pinned host memory; pass device memory");
+    default:
+      return err(StatusCode::invalid_argument, "argument '", t.name, "' (", hex(t.ptr),
+                 ") is host memory; pass device memory");
+  }
+}
+
+}  // namespace
+
+Status validate(const Problem& p, const Arguments& a) {
+  if (Status s = check_support(p); !s) return s;
+  const Problem r = p.resolved();
+  const bool sep = r.weights.format == WeightFormat::separate;
+
+  if (Status s = check_presence("x", a.x, true, "x [M, K] is required", ""); !s) return s;
+  if (Status s = check_presence("w", a.w, true, "the weights are required", ""); !s) return s;
+  if (Status s = check_presence("w_up", a.w_up, sep, "weights.format=separate needs the up weights in w_up",
+                                "weights.format=fused takes all weights in w; w_up must be null");
+      !s)
+    return s;
+  if (Status s = check_presence("bias", a.bias, r.has_bias, "has_bias=true needs bias",
+                                "has_bias=false; set has_bias=true to use it");
+      !s)
+    return s;
+  if (Status s = check_presence("bias_up", a.bias_up, r.has_bias && sep,
+                                "has_bias=true with separate weights needs the up bias in bias_up",
+                                "bias_up is used only with has_bias=true and separate weights");
+      !s)
+    return s;
+  if (Status s = check_presence("y", a.y, true, "the output y is required", ""); !s) return s;
+  if (Status s = check_presence("preact", a.preact, r.has_preact, "has_preact=true needs preact",
+                                "has_preact=false; set has_preact=true to write it");
+      !s)
+    return s;
+
+  detail::Extents e;
+  if (Status s = detail::extents(r, &e); !s) return s;
+  std::vector<Tensor> ts = {{"x", a.x, e.x, r.input_dtype, false}, {"w", a.w, e.w, r.input_dtype, false}};
+  if (sep) ts.push_back({"w_up", a.w_up, e.w, r.input_dtype, false});
+  if (r.has_bias) ts.push_back({"bias", a.bias, e.bias, r.bias_dtype, false});
+  if (r.has_bias && sep) ts.push_back({"bias_up", a.bias_up, e.bias, r.bias_dtype, false});
+  ts.push_back({"y", a.y, e.y, r.output_dtype, true});
+  if (r.has_preact) ts.push_back({"preact", a.preact, e.preact, r.preact_dtype, true});
+
+  for (const Tensor& t : ts) {
+    const size_t es = dtype_size(t.dtype);
+    if (reinterpret_cast<uintptr_t>(t.ptr) % es != 0)
+      return err(StatusCode::invalid_argument, "argument '", t.name, "' (", hex(t.ptr), ") must be aligned to its ",
+                 to_string(t.dtype), " element size of ", es, " bytes");
+  }
+
+  // An output may not share a byte with any other tensor: the kernel reads
+  // inputs while it writes outputs, and two outputs would race.
+  for (size_t i = 0; i < ts.size(); ++i)
+    for (size_t j = 0; j < ts.size(); ++j) {
+      if (i == j || !ts[i].output || (ts[j].output && j < i)) continue;
+      const uintptr_t a0 = reinterpret_cast<uintptr_t>(ts[i].ptr);
+      const uintptr_t a1 = a0 + uintptr_t(ts[i].elems) * dtype_size(ts[i].dtype);
+      const uintptr_t b0 = reinterpret_cast<uintptr_t>(ts[j].ptr);
+      const uintptr_t b1 = b0 + uintptr_t(ts[j].elems) * dtype_size(ts[j].dtype);
+      if (a0 < b1 && b0 < a1)
+        return err(StatusCode::invalid_argument, "output '", ts[i].name, "' [", hex(ts[i].ptr), ", +", a1 - a0,
+                   " bytes) overlaps '", ts[j].name, "' [", hex(ts[j].ptr), ", +", b1 - b0, " bytes)");
+    }
+
+  int device = -1;
+  if (cudaError_t ce = cudaGetDevice(&device); ce != cudaSuccess) {
+    cudaGetLastError();
+    return err(StatusCode::no_device, "no usable CUDA device: ", cudaGetErrorString(ce));
+  }
+  for (const Tensor& t : ts)
+    if (Status s = check_device_pointer(t, device); !s) return s;
+  return Status::Ok();
+}
+
+}  // namespace gatedmlp

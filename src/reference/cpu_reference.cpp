@@ -1,0 +1,139 @@
+// The float64 CPU reference: the exact function every kernel must compute,
+// written as plainly as possible. Reads inputs through the same layout math
+// the kernels use, but nothing else is shared with them.
+#include <cmath>
+#include <cstring>
+
+#include "common/activation_math.hpp"
+#include "common/layout_math.hpp"
+#include "reference/reference.hpp"
+
+namespace gatedmlp::ref {
+
+float bf16_to_float(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                        // round to nearest even
+  return uint16_t(u >> 16);
+}
+
+float fp16_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(float(man), -24);  // zero or subnormal
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  uint32_t u = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112u) << 23) | (man << 13));
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_fp16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (a < 0x38800000u) {                                  // below the smallest normal: subnormal
+    const float v = std::fabs(f) * 16777216.0f;           // in units of 2^-24, exact
+    return uint16_t(sign | uint16_t(std::nearbyint(v)));
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // round to nearest even at bit 13
+  return uint16_t(sign | uint16_t(((r >> 23) - 112u) << 10 | ((r >> 13) & 0x3ffu)));
+}
+
+double load_as_double(const void* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::fp16: return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::fp32: return static_cast<const float*>(base)[i];
+  }
+  return NAN;
+}
+
+void store_from_double(void* base, DType dtype, int64_t i, double v) {
+  switch (dtype) {
+    case DType::bf16: static_cast<uint16_t*>(base)[i] = float_to_bf16(float(v)); break;
+    case DType::fp16: static_cast<uint16_t*>(base)[i] = float_to_fp16(float(v)); break;
+    case DType::fp32: static_cast<float*>(base)[i] = float(v); break;
+  }
+}
+
+void cpu_reference(const Problem& p0, const Arguments& h, std::vector<double>* y, std::vector<double>* preact,
+                   const std::vector<int64_t>* rows) {
+  const Problem p = p0.resolved();
+  const bool sep = p.weights.format == WeightFormat::separate;
+  const bool in_out = p.weights.storage == WeightStorage::in_out;
+  const int first = static_cast<int>(p.weights.first);
+  const int64_t nrows = rows ? int64_t(rows->size()) : p.m;
+  const bool want_pre = preact && p.has_preact;
+  y->assign(size_t(p.batch * nrows * p.u), 0.0);
+  if (want_pre) preact->assign(size_t(p.batch * nrows * 2 * p.u), 0.0);
+
+  std::vector<double> xs(size_t(nrows * p.k)), wg(size_t(p.k)), wu(size_t(p.k));
+  for (int64_t l = 0; l < p.batch; ++l) {
+    for (int64_t ri = 0; ri < nrows; ++ri) {
+      const int64_t m = rows ? (*rows)[size_t(ri)] : ri;
+      for (int64_t kk = 0; kk < p.k; ++kk)
+        xs[size_t(ri * p.k + kk)] = load_as_double(h.x, p.input_dtype, l * p.batch_stride_x + m * p.ldx + kk);
+    }
+    for (int64_t j = 0; j < p.u; ++j) {
+      // The two weight rows of output column j, gathered into dense vectors.
+      int64_t prow[2];
+      const void* base[2];
+      for (int half = 0; half < 2; ++half) {
+        base[half] = sep ? (half == 0 ? h.w : h.w_up) : h.w;
+        prow[half] = sep ? j : detail::fused_row(j, half, p.weights.group, first);
+        std::vector<double>& dst = half == 0 ? wg : wu;
+        for (int64_t kk = 0; kk < p.k; ++kk) {
+          const int64_t off = l * p.batch_stride_w + (in_out ? kk * p.weights.ld + prow[half] : prow[half] * p.weights.ld + kk);
+          dst[size_t(kk)] = load_as_double(base[half], p.input_dtype, off);
+        }
+      }
+      double bg = 0, bu = 0;
+      if (p.has_bias) {
+        const int64_t boff = l * p.batch_stride_bias;
+        bg = load_as_double(h.bias, p.bias_dtype, boff + prow[0]);
+        bu = sep ? load_as_double(h.bias_up, p.bias_dtype, boff + j) : load_as_double(h.bias, p.bias_dtype, boff + prow[1]);
+      }
+      const int64_t pcol_g = sep ? j : prow[0];
+      const int64_t pcol_u = sep ? p.u + j : prow[1];
+      for (int64_t ri = 0; ri < nrows; ++ri) {
+        const double* xr = &xs[size_t(ri * p.k)];
+        double g = 0, u = 0;
+        for (int64_t kk = 0; kk < p.k; ++kk) {
+          const double xv = xr[kk];
+          g += xv * wg[size_t(kk)];
+          u += xv * wu[size_t(kk)];
+        }
+        g = double(p.alpha) * g + bg;
+        u = double(p.alpha) * u + bu;
+        (*y)[size_t((l * nrows + ri) * p.u + j)] =
+            detail::glu<double>(static_cast<int>(p.activation), g, u, double(p.act_params.clamp_alpha),
+                                double(p.act_params.clamp_limit));
+        if (want_pre) {
+          (*preact)[size_t((l * nrows + ri) * 2 * p.u + pcol_g)] = g;
+          (*preact)[size_t((l * nrows + ri) * 2 * p.u + pcol_u)] = u;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gatedmlp::ref

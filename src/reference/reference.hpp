@@ -1,0 +1,66 @@
+// References shared by the tests and the gatedmlp tool:
+//  - cpu_reference: the exact function in float64, on host memory.
+//  - Unfused: what users run today (a cuBLASLt GEMM into [M, 2U], then a
+//    separate GLU kernel). The benchmark's baseline and the tests' error yardstick.
+//  - gpu_reference_rows: float64 on the device for a sample of rows, for
+//    sizes the CPU cannot do.
+//  - fill_random: device-side random inputs (never zeros).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gatedmlp/gatedmlp.hpp"
+
+namespace gatedmlp::ref {
+
+// Host conversions for 16-bit floats (round to nearest even).
+float bf16_to_float(uint16_t bits);
+uint16_t float_to_bf16(float f);
+float fp16_to_float(uint16_t bits);
+uint16_t float_to_fp16(float f);
+// Read element i of a host array of `dtype` as double.
+double load_as_double(const void* base, DType dtype, int64_t i);
+// Round v to `dtype` and store it as element i.
+void store_from_double(void* base, DType dtype, int64_t i, double v);
+
+// The whole problem in float64 on host memory. `host` holds host pointers laid
+// out exactly as the device call's would be (strides and all). Outputs are
+// dense: y [L][M][U]; preact (if non-null and p.has_preact) [L][M][2U] in the
+// pre-activation column order documented in gatedmlp.hpp.
+// rows: if non-null, only these rows (of every batch) are computed; the
+// outputs are then [L][rows.size()][...].
+void cpu_reference(const Problem& p, const Arguments& host, std::vector<double>* y,
+                   std::vector<double>* preact, const std::vector<int64_t>* rows = nullptr);
+
+// cuBLASLt GEMM (X @ W^T over the stored weight rows, alpha applied, output in
+// the input dtype) into an [M, 2U] intermediate, then a GLU kernel that adds
+// the bias and applies the activation. Supports every Problem that
+// check_support accepts.
+class Unfused {
+ public:
+  static Status create(const Problem& p, std::unique_ptr<Unfused>* out);
+  virtual ~Unfused() = default;
+  // Bytes of the [L][M, 2U] intermediate this path allocates.
+  virtual size_t intermediate_bytes() const = 0;
+  // GEMM + GLU into args.y (and args.preact, copied from the intermediate).
+  virtual Status run(const Arguments& args, cudaStream_t stream) = 0;
+  // The GEMM alone into the intermediate: the "cuBLAS GEMM only" timing.
+  virtual Status run_gemm_only(const Arguments& args, cudaStream_t stream) = 0;
+};
+
+// float64 reference on the device for batch 0 and the given rows:
+// y_out is device memory [nrows][U] of double. rows_dev is device memory.
+Status gpu_reference_rows(const Problem& p, const Arguments& dev, const int64_t* rows_dev,
+                          int64_t nrows, double* y_out, cudaStream_t stream);
+
+// Fill n elements of `dtype` at device pointer p. Uniform in [lo, hi), or
+// normal(mean=lo, std=hi) when `normal` is set. Deterministic in seed.
+Status fill_random(void* p, DType dtype, int64_t n, uint64_t seed, float lo, float hi,
+                   bool normal, cudaStream_t stream);
+
+// Fill n elements of `dtype` with a NaN bit pattern (poison before a check).
+Status fill_nan(void* p, DType dtype, int64_t n, cudaStream_t stream);
+
+}  // namespace gatedmlp::ref

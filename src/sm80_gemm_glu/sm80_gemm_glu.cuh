@@ -1,0 +1,355 @@
+// Portable fused GEMM + GLU kernel: mma.sync tensor cores, sm_80 and newer.
+//
+// One CTA computes a tile of BM rows x BNO output columns of Y. For that it
+// needs 2*BNO weight rows: the BNO gate rows of its output columns followed by
+// the BNO up rows. The loader gathers those rows from wherever the layout puts
+// them (separate tensors, stacked, interleaved by any G, either half first,
+// [out,K] or [K,out] storage), so shared memory always holds
+// [gate rows | up rows] x BK and the math never sees the layout.
+//
+// Each warp owns WM rows x WNO output columns and keeps two accumulators of the
+// same shape, one over the gate rows and one over the up rows. In the mma.sync
+// accumulator layout the gate value and the up value of an output element sit
+// in the same register slot of the same thread, so the epilogue
+// act(alpha*g + bg) * (alpha*u + bu) runs in registers and only Y is stored.
+//
+// Pipeline: STAGES-deep ring of shared-memory tiles. With aligned operands the
+// loads are 16-byte cp.async (K, strides and pointers multiples of 8 elements);
+// otherwise each element is loaded by an ordinary load and zero-filled past
+// the edges, which is slower but takes any shape and stride.
+//
+// Shared-memory rows are BK = 32 elements (64 bytes, four 16-byte chunks); the
+// chunk index is XORed with (row/2)%4 so the 8 rows one ldmatrix reads hit 32
+// distinct banks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/activation_math.hpp"
+#include "common/layout_math.hpp"
+#include "sm80_gemm_glu/params.hpp"
+
+namespace gatedmlp::sm80 {
+
+namespace detail_ {
+
+__device__ __forceinline__ float load_float(const void* p, int dtype, int64_t i) {
+  switch (dtype) {
+    case 0: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case 1: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_float(void* p, int dtype, int64_t i, float v) {
+  switch (dtype) {
+    case 0: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    case 1: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// Two adjacent elements at i (even index, aligned pair), as one store.
+__device__ __forceinline__ void store_pair(void* p, int dtype, int64_t i, float a, float b) {
+  switch (dtype) {
+    case 0: *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(a, b); break;
+    case 1: *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b); break;
+    default: *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(a, b); break;
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Element offset of chunk c (8 elements) of row r in a swizzled [rows][32] tile.
+__device__ __forceinline__ int swz(int r, int c) { return r * 32 + ((c ^ ((r >> 1) & 3)) << 3); }
+
+// Where logical weight row (half, j) lives: the tensor and its physical row.
+__device__ __forceinline__ int64_t weight_row(const Params& p, int half, int64_t j, const void** base) {
+  if (p.separate) {
+    *base = half == 0 ? p.w : p.w_up;
+    return j;
+  }
+  *base = p.w;
+  return gatedmlp::detail::fused_row(j, half, p.group, p.first);
+}
+
+// Column of the pre-activation output (and index into a fused bias) that
+// holds logical (half, j): the weight row for fused weights, [gate | up] for
+// separate ones.
+__device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j) {
+  if (p.separate) return half == 0 ? j : p.u + j;
+  return gatedmlp::detail::fused_row(j, half, p.group, p.first);
+}
+
+}  // namespace detail_
+
+template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, bool VEC>
+struct Sm80GemmGlu {
+  static constexpr int BK = 32;
+  static constexpr int BN = 2 * BNO;  // gate rows then up rows
+  static constexpr int kThreads = WARPS_M * WARPS_N * 32;
+  static constexpr int WM = BM / WARPS_M;
+  static constexpr int WNO = BNO / WARPS_N;
+  static constexpr int MT = WM / 16;
+  static constexpr int NT = WNO / 8;
+  static constexpr int kStageElems = (BM + BN) * BK;
+  static constexpr int kSmemBytes = STAGES * kStageElems * 2;
+  static constexpr int kAChunks = BM * BK / 8 / kThreads;  // 16-byte chunks per thread
+  static constexpr int kBChunks = BN * BK / 8 / kThreads;
+  static_assert(WM % 16 == 0 && WNO % 16 == 0, "warp tile must be whole 16x16 fragments");
+  static_assert(BM * BK / 8 % kThreads == 0 && BN * BK / 8 % kThreads == 0, "chunks must split evenly");
+};
+
+template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, bool VEC>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
+    sm80_gemm_glu_kernel(const Params p) {
+  using K = Sm80GemmGlu<T, BM, BNO, WARPS_M, WARPS_N, STAGES, VEC>;
+  constexpr int BK = K::BK, BN = K::BN, MT = K::MT, NT = K::NT, WM = K::WM, WNO = K::WNO;
+  using namespace detail_;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wm = warp / WARPS_N;
+  const int wn = warp % WARPS_N;
+
+  // Grouped raster: GROUP consecutive M tiles walk the N tiles together, so a
+  // weight tile is reused from L2 by the CTAs that run at the same time.
+  constexpr int GROUP = 8;
+  const int pid = blockIdx.x;
+  const int span = GROUP * p.n_tiles;
+  const int first_m = (pid / span) * GROUP;
+  const int gsz = min(p.m_tiles - first_m, GROUP);
+  const int tm = first_m + (pid % span) % gsz;
+  const int tn = (pid % span) / gsz;
+  const int64_t m0 = int64_t(tm) * BM;
+  const int64_t n0 = int64_t(tn) * BNO;
+  const int k_tiles = static_cast<int>((p.k + BK - 1) / BK);
+
+  for (int l = blockIdx.y; l < p.batch; l += gridDim.y) {
+    const T* x = static_cast<const T*>(p.x) + int64_t(l) * p.sx;
+    const int64_t woff = int64_t(l) * p.sw;
+
+    // Per-thread source rows for the 16-byte loader, fixed for the whole tile.
+    // A rows are evenly spaced (kThreads/4 apart), so one pointer serves all;
+    // B rows are a gather through the layout, one pointer each.
+    constexpr int kARowStep = K::kThreads / 4;
+    const T* a_src = x + (m0 + (tid >> 2)) * p.ldx;
+    const T* b_src[K::kBChunks];
+    if constexpr (VEC) {
+#pragma unroll
+      for (int i = 0; i < K::kBChunks; ++i) {
+        const int r = (tid + i * K::kThreads) >> 2;
+        const int half = r / BNO;
+        const int64_t j = n0 + (r % BNO);
+        b_src[i] = nullptr;
+        if (j < p.u) {
+          const void* base;
+          const int64_t row = weight_row(p, half, j, &base);
+          b_src[i] = static_cast<const T*>(base) + woff + row * p.ldw;
+        }
+      }
+    }
+
+    auto load_tile = [&](int stage, int kt) {
+      T* sa = smem + stage * K::kStageElems;
+      T* sb = sa + BM * BK;
+      const int64_t k0 = int64_t(kt) * BK;
+      if constexpr (VEC) {
+#pragma unroll
+        for (int i = 0; i < K::kAChunks; ++i) {
+          const int idx = tid + i * K::kThreads;
+          const int r = idx >> 2, c = idx & 3;
+          const int64_t gk = k0 + c * 8;
+          const bool ok = m0 + r < p.m && gk < p.k;
+          cp_async_16(smem_addr(sa + swz(r, c)), ok ? a_src + i * kARowStep * p.ldx + gk : static_cast<const T*>(p.x),
+                      ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < K::kBChunks; ++i) {
+          const int idx = tid + i * K::kThreads;
+          const int r = idx >> 2, c = idx & 3;
+          const int64_t gk = k0 + c * 8;
+          const bool ok = b_src[i] != nullptr && gk < p.k;
+          cp_async_16(smem_addr(sb + swz(r, c)), ok ? b_src[i] + gk : static_cast<const T*>(p.x), ok ? 16 : 0);
+        }
+      } else {
+        const T zero = T(0.0f);
+        for (int idx = tid; idx < BM * BK; idx += K::kThreads) {
+          const int r = idx / BK, kk = idx % BK;
+          const int64_t gm = m0 + r, gk = k0 + kk;
+          sa[swz(r, kk >> 3) + (kk & 7)] = (gm < p.m && gk < p.k) ? x[gm * p.ldx + gk] : zero;
+        }
+        for (int idx = tid; idx < BN * BK; idx += K::kThreads) {
+          // [K, out] storage: neighbouring threads take neighbouring rows, which
+          // are the contiguous direction in memory.
+          int r, kk;
+          if (p.in_out) { r = idx % BN; kk = idx / BN; } else { r = idx / BK; kk = idx % BK; }
+          const int half = r / BNO;
+          const int64_t j = n0 + (r % BNO), gk = k0 + kk;
+          T v = zero;
+          if (j < p.u && gk < p.k) {
+            const void* base;
+            const int64_t row = weight_row(p, half, j, &base);
+            const T* w = static_cast<const T*>(base) + woff;
+            v = p.in_out ? w[gk * p.ldw + row] : w[row * p.ldw + gk];
+          }
+          sb[swz(r, kk >> 3) + (kk & 7)] = v;
+        }
+      }
+    };
+
+    float acc[MT][2][NT][4];
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int b = 0; b < NT; ++b)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[a][h][b][c] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) load_tile(s, s);
+      cp_async_commit();
+    }
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      // The stage refilled here was read in iteration kt-1, which every warp
+      // has finished: it passed the barrier above.
+      const int nk = kt + STAGES - 1;
+      if (nk < k_tiles) load_tile(nk % STAGES, nk);
+      cp_async_commit();
+
+      const T* sa = smem + (kt % STAGES) * K::kStageElems;
+      const T* sb = sa + BM * BK;
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int r = wm * WM + mt * 16 + (lane & 15);
+          const int c = ks * 2 + (lane >> 4);
+          ldmatrix_x4(smem_addr(sa + swz(r, c)), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+        }
+        uint32_t bf[2][NT][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) {
+            const int r = h * BNO + wn * WNO + np * 16 + ((lane >> 4) << 3) + (lane & 7);
+            const int c = ks * 2 + ((lane >> 3) & 1);
+            ldmatrix_x4(smem_addr(sb + swz(r, c)), bf[h][2 * np][0], bf[h][2 * np][1], bf[h][2 * np + 1][0],
+                        bf[h][2 * np + 1][1]);
+          }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[mt][h][nt], af[mt], bf[h][nt][0], bf[h][nt][1]);
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the next batch's prologue overwrites stages other warps may still read
+
+    // ---- epilogue: gate and up of each output element are in the same thread.
+    const int g = lane >> 2, t = lane & 3;
+    // Biases depend only on the column: load them once for all rows.
+    float bg[NT][2], bu[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t j = n0 + wn * WNO + nt * 8 + 2 * t + c;
+        bg[nt][c] = 0.f;
+        bu[nt][c] = 0.f;
+        if (p.has_bias && j < p.u) {
+          const int64_t boff = int64_t(l) * p.sb;
+          bg[nt][c] = load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j));  // separate: j
+          bu[nt][c] = p.separate ? load_float(p.bias_up, p.bias_dtype, boff + j)
+                                 : load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
+        }
+      }
+
+    const int64_t yoff = int64_t(l) * p.sy;
+    const int64_t poff = int64_t(l) * p.spre;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int64_t row = m0 + wm * WM + mt * 16 + g + hr * 8;
+        if (row >= p.m) continue;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int64_t j0 = n0 + wn * WNO + nt * 8 + 2 * t;
+          float out[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float gv = acc[mt][0][nt][hr * 2 + c] * p.alpha + bg[nt][c];
+            const float uv = acc[mt][1][nt][hr * 2 + c] * p.alpha + bu[nt][c];
+            out[c] = gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
+            if (p.has_pre && j0 + c < p.u) {
+              store_float(p.pre, p.pre_dtype, poff + row * p.ldpre + pre_col(p, 0, j0 + c), gv);
+              store_float(p.pre, p.pre_dtype, poff + row * p.ldpre + pre_col(p, 1, j0 + c), uv);
+            }
+          }
+          const int64_t yi = yoff + row * p.ldy + j0;
+          if (p.y_pair_stores && j0 + 1 < p.u) {
+            store_pair(p.y, p.out_dtype, yi, out[0], out[1]);
+          } else {
+            if (j0 < p.u) store_float(p.y, p.out_dtype, yi, out[0]);
+            if (j0 + 1 < p.u) store_float(p.y, p.out_dtype, yi + 1, out[1]);
+          }
+        }
+      }
+  }
+}
+
+}  // namespace gatedmlp::sm80

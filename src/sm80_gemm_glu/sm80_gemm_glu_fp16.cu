@@ -1,0 +1,8 @@
+// fp16 instantiations of the portable kernel.
+#include "sm80_gemm_glu/launch.cuh"
+
+namespace gatedmlp::sm80 {
+cudaError_t launch_fp16(Params p, const Config& cfg, cudaStream_t stream) {
+  return launch_any<__half>(p, cfg, stream);
+}
+}  // namespace gatedmlp::sm80

@@ -1,0 +1,190 @@
+// API behaviour that needs a device: pointer checks that leave the output
+// untouched, routing (plan), misaligned pointers taking the element loader,
+// the device layout converter, and sizes that need 64-bit indexing.
+#include <cmath>
+#include <random>
+
+#include "gatedmlp/layout.hpp"
+#include "gpu_util.hpp"
+
+using namespace gatedmlp;
+using namespace gatedmlp::test;
+
+namespace {
+
+Problem small() {
+  Problem p;
+  p.m = 40;
+  p.k = 64;
+  p.u = 48;
+  return p;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng, float scale) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) e = ref::float_to_bf16(d(rng));
+  return v;
+}
+
+}  // namespace
+
+TEST(GpuApi, BadPointersWriteNothing) {
+  SKIP_WITHOUT_GPU();
+  const Problem p = small();
+  DeviceBuffer x(p.m * p.k * 2), w(2 * p.u * p.k * 2), y(p.m * p.u * 2);
+  ASSERT_TRUE(x.p && w.p && y.p);
+  CUDA_OK(cudaMemset(y.p, 0x5A, y.bytes));
+  std::vector<uint16_t> host_x(p.m * p.k, 0x3F80);
+
+  auto y_untouched = [&] {
+    std::vector<unsigned char> out(y.bytes);
+    cudaMemcpy(out.data(), y.p, y.bytes, cudaMemcpyDeviceToHost);
+    for (unsigned char c : out)
+      if (c != 0x5A) return false;
+    return true;
+  };
+
+  Arguments a;
+  a.x = host_x.data();  // host memory
+  a.w = w.p;
+  a.y = y.p;
+  Status s = run(p, a, nullptr, 0, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("'x'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("host memory"), std::string::npos) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(y_untouched());
+
+  // Pinned host memory is refused too: it is reachable, but almost surely a mistake.
+  void* pinned = nullptr;
+  CUDA_OK(cudaMallocHost(&pinned, x.bytes));
+  a.x = pinned;
+  s = run(p, a, nullptr, 0, nullptr);
+  EXPECT_NE(s.message().find("pinned host memory"), std::string::npos) << s.message();
+  cudaFreeHost(pinned);
+
+  // Output overlapping the weights, on real device memory.
+  a.x = x.p;
+  a.y = static_cast<char*>(w.p) + 128;
+  s = run(p, a, nullptr, 0, nullptr);
+  EXPECT_NE(s.message().find("overlaps 'w'"), std::string::npos) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(y_untouched());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the checks leave no sticky error behind
+}
+
+TEST(GpuApi, PlanNamesThePathAndWhy) {
+  SKIP_WITHOUT_GPU();
+  Config c;
+  Problem p = small();
+  ASSERT_TRUE(plan(p, &c).ok());
+  EXPECT_EQ(c.path, KernelPath::sm80_mma);
+  EXPECT_TRUE(c.vector_loads);
+  EXPECT_FALSE(c.reason.empty());
+  p.k = 63;
+  ASSERT_TRUE(plan(p, &c).ok());
+  EXPECT_FALSE(c.vector_loads);
+  EXPECT_NE(c.reason.find("k=63"), std::string::npos) << c.reason;
+  p.k = 0;
+  EXPECT_FALSE(plan(p, &c).ok());
+}
+
+// x and w one element past a 16-byte boundary: the 16-byte loader cannot be
+// used, the element loader must give the same answer as the reference.
+TEST(GpuApi, MisalignedPointersStillCorrect) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  Problem p = small();
+  p.k = 128;
+  auto hx = random_bf16(p.m * p.k, rng, 1.f), hw = random_bf16(2 * p.u * p.k, rng, 0.2f);
+  DeviceBuffer x((hx.size() + 1) * 2), w((hw.size() + 1) * 2), y(p.m * p.u * 4);
+  uint16_t* dx = static_cast<uint16_t*>(x.p) + 1;
+  uint16_t* dw = static_cast<uint16_t*>(w.p) + 1;
+  CUDA_OK(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dw, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+  p.output_dtype = DType::fp32;
+  Arguments a;
+  a.x = dx;
+  a.w = dw;
+  a.y = y.p;
+  CUDA_OK(cudaMemset(y.p, 0xFF, y.bytes));  // NaN
+  const Status s = run(p, a, nullptr, 0, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<float> out(p.m * p.u);
+  CUDA_OK(cudaMemcpy(out.data(), y.p, out.size() * 4, cudaMemcpyDeviceToHost));
+  Arguments h;
+  h.x = hx.data();
+  h.w = hw.data();
+  std::vector<double> want;
+  ref::cpu_reference(p, h, &want, nullptr);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << i;
+}
+
+TEST(GpuApi, DeviceConverterMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  const int64_t u = 96, k = 40;
+  auto src = random_bf16(2 * u * k, rng, 1.f);
+  WeightLayout from;  // stacked
+  WeightLayout to;
+  to.group = 32;
+  to.first = Half::up;
+  to.storage = WeightStorage::in_out;
+  std::vector<uint16_t> want(2 * u * k);
+  ASSERT_TRUE(convert_weights(u, k, DType::bf16, from, src.data(), nullptr, to, want.data(), nullptr).ok());
+  DeviceBuffer ds(src.size() * 2), dd(src.size() * 2);
+  CUDA_OK(cudaMemcpy(ds.p, src.data(), ds.bytes, cudaMemcpyHostToDevice));
+  ASSERT_TRUE(convert_weights_device(u, k, DType::bf16, from, ds.p, nullptr, to, dd.p, nullptr, nullptr).ok());
+  std::vector<uint16_t> got(src.size());
+  CUDA_OK(cudaMemcpy(got.data(), dd.p, dd.bytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, want);
+}
+
+// X and Y each hold more than 2^31 elements: every offset must be 64-bit.
+// Checked on rows at the start, around 2^31 / ldx and at the very end.
+TEST(GpuApi, SixtyFourBitIndexing) {
+  SKIP_WITHOUT_GPU();
+  size_t free_b = 0, total_b = 0;
+  CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
+  Problem p;
+  p.k = 16;
+  p.u = 16;
+  p.m = (int64_t(1) << 31) / p.k + 1000;  // x: 2^31 + 16000 elements
+  const size_t need = size_t(p.m) * (p.k + p.u) * 2 + (1u << 20);
+  if (free_b < need + (size_t(2) << 30)) GTEST_SKIP() << "needs " << need / (1 << 30) << " GiB of free device memory";
+  std::mt19937_64 rng(std::random_device{}());
+  DeviceBuffer x(size_t(p.m) * p.k * 2), w(2 * p.u * p.k * 2), y(size_t(p.m) * p.u * 2);
+  ASSERT_TRUE(x.p && w.p && y.p);
+  ASSERT_TRUE(ref::fill_random(x.p, DType::bf16, p.m * p.k, rng(), -1.f, 1.f, false, nullptr).ok());
+  ASSERT_TRUE(ref::fill_random(w.p, DType::bf16, 2 * p.u * p.k, rng(), -0.5f, 0.5f, false, nullptr).ok());
+  ASSERT_TRUE(ref::fill_nan(y.p, DType::bf16, p.m * p.u, nullptr).ok());
+  Arguments a;
+  a.x = x.p;
+  a.w = w.p;
+  a.y = y.p;
+  const Status s = run(p, a, nullptr, 0, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+
+  const std::vector<int64_t> rows = {0, 1, (int64_t(1) << 31) / p.k - 1, (int64_t(1) << 31) / p.k, p.m - 2, p.m - 1};
+  std::vector<uint16_t> hw(2 * p.u * p.k), hx(rows.size() * p.k), hy(rows.size() * p.u);
+  CUDA_OK(cudaMemcpy(hw.data(), w.p, hw.size() * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CUDA_OK(cudaMemcpy(&hx[i * p.k], static_cast<uint16_t*>(x.p) + rows[i] * p.k, p.k * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&hy[i * p.u], static_cast<uint16_t*>(y.p) + rows[i] * p.u, p.u * 2, cudaMemcpyDeviceToHost));
+  }
+  Problem hp = p;
+  hp.m = int64_t(rows.size());  // the sampled rows, packed
+  Arguments h;
+  h.x = hx.data();
+  h.w = hw.data();
+  std::vector<double> want;
+  ref::cpu_reference(hp, h, &want, nullptr);
+  for (size_t i = 0; i < hy.size(); ++i) {
+    const double got = ref::bf16_to_float(hy[i]);
+    ASSERT_TRUE(std::isfinite(got)) << "row " << rows[i / p.u] << " not written";
+    ASSERT_NEAR(got, want[i], 1e-2 * (1 + std::fabs(want[i]))) << "row " << rows[i / p.u] << " col " << i % p.u;
+  }
+}

@@ -1,0 +1,258 @@
+// Every validation error and its message. These run without a GPU: every
+// check exercised here happens before the library asks the device anything.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "gatedmlp/gatedmlp.hpp"
+#include "gatedmlp/layout.hpp"
+
+using namespace gatedmlp;
+
+namespace {
+
+Problem base() {
+  Problem p;
+  p.m = 33;
+  p.k = 64;
+  p.u = 96;
+  return p;
+}
+
+// Fake, well-separated, 256-byte aligned addresses: never dereferenced,
+// because every check below fails before the device is touched.
+void* fake(uintptr_t slot) { return reinterpret_cast<void*>(uintptr_t(1) << 40 | slot << 32); }
+
+Arguments args_for(const Problem& p) {
+  Arguments a;
+  a.x = fake(1);
+  a.w = fake(2);
+  if (p.weights.format == WeightFormat::separate) a.w_up = fake(3);
+  if (p.has_bias) a.bias = fake(4);
+  if (p.has_bias && p.weights.format == WeightFormat::separate) a.bias_up = fake(5);
+  a.y = fake(6);
+  if (p.has_preact) a.preact = fake(7);
+  return a;
+}
+
+// The status is an error of `code` whose message contains every fragment.
+void expect_error(const Status& s, StatusCode code, std::initializer_list<std::string> fragments) {
+  ASSERT_FALSE(s.ok()) << "expected an error";
+  EXPECT_EQ(s.code(), code) << s.message();
+  for (const std::string& f : fragments) EXPECT_NE(s.message().find(f), std::string::npos) << "message lacks '" << f << "': " << s.message();
+}
+
+}  // namespace
+
+TEST(Validation, AcceptsTheBaseProblem) { EXPECT_TRUE(check_support(base()).ok()) << check_support(base()).message(); }
+
+TEST(Validation, NonPositiveSizes) {
+  for (int64_t v : {0, -5}) {
+    Problem p = base(); p.m = v;
+    expect_error(check_support(p), StatusCode::invalid_argument, {"m must be >= 1", "got " + std::to_string(v)});
+    p = base(); p.k = v;
+    expect_error(check_support(p), StatusCode::invalid_argument, {"k must be >= 1", "got " + std::to_string(v)});
+    p = base(); p.u = v;
+    expect_error(check_support(p), StatusCode::invalid_argument, {"u must be >= 1", "got " + std::to_string(v)});
+    p = base(); p.batch = v;
+    expect_error(check_support(p), StatusCode::invalid_argument, {"batch must be >= 1"});
+  }
+}
+
+TEST(Validation, Dtypes) {
+  Problem p = base();
+  p.input_dtype = DType::fp32;
+  expect_error(check_support(p), StatusCode::not_supported, {"input_dtype", "bf16 or fp16", "fp32"});
+  p = base();
+  p.output_dtype = static_cast<DType>(9);
+  expect_error(check_support(p), StatusCode::invalid_argument, {"output_dtype", "9"});
+  p = base();
+  p.has_bias = true;
+  p.bias_dtype = static_cast<DType>(7);
+  expect_error(check_support(p), StatusCode::invalid_argument, {"bias_dtype", "7"});
+  for (DType d : {DType::bf16, DType::fp16, DType::fp32}) {
+    p = base();
+    p.output_dtype = d;
+    EXPECT_TRUE(check_support(p).ok());
+  }
+}
+
+TEST(Validation, ActivationAndScalars) {
+  Problem p = base();
+  p.activation = static_cast<Activation>(42);
+  expect_error(check_support(p), StatusCode::invalid_argument, {"activation", "42"});
+  p = base();
+  p.activation = Activation::swiglu_clamped;
+  p.act_params.clamp_limit = 0.f;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"clamp_limit", "> 0", "got 0"});
+  p.act_params.clamp_limit = NAN;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"clamp_limit"});
+  p.act_params.clamp_limit = 7.f;
+  p.act_params.clamp_alpha = INFINITY;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"clamp_alpha", "finite"});
+  p = base();
+  p.alpha = NAN;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"alpha must be finite"});
+}
+
+TEST(Validation, WeightLayout) {
+  Problem p = base();
+  p.weights.group = 7;  // 96 % 7 != 0
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.group=7", "must divide u=96"});
+  p.weights.group = 200;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.group", "[0, u=96]", "got 200"});
+  p.weights.group = -1;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.group", "got -1"});
+  for (int64_t g : {1, 2, 3, 8, 32, 48, 96}) {
+    p.weights.group = g;
+    EXPECT_TRUE(check_support(p).ok()) << g;
+  }
+  p = base();
+  p.weights.format = WeightFormat::separate;
+  p.weights.group = 32;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.group", "fused weights only", "got 32"});
+  p.weights.group = 0;
+  p.weights.first = Half::up;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.first", "fused weights only"});
+  p = base();
+  p.weights.format = static_cast<WeightFormat>(5);
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.format", "5"});
+}
+
+TEST(Validation, LeadingDimensions) {
+  Problem p = base();
+  p.ldx = 63;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"ldx", ">= 64", "got 63"});
+  p = base();
+  p.weights.ld = 10;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.ld", ">= 64", "got 10"});
+  p = base();
+  p.weights.storage = WeightStorage::in_out;
+  p.weights.ld = 100;  // needs >= 2u = 192
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.ld", ">= 192", "got 100"});
+  p.weights.format = WeightFormat::separate;  // needs >= u = 96
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  p = base();
+  p.ldy = 95;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"ldy", ">= 96", "got 95"});
+  p = base();
+  p.has_preact = true;
+  p.ldpre = 191;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"ldpre", ">= 192", "got 191"});
+}
+
+TEST(Validation, BatchStrides) {
+  Problem p = base();
+  p.batch = 3;
+  p.batch_stride_x = -7;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"batch_stride_x", "got -7"});
+  p = base();
+  p.batch = 3;
+  p.batch_stride_y = 100;  // one batch of y spans 32*96 + 96
+  expect_error(check_support(p), StatusCode::invalid_argument, {"batch_stride_y=100", "overlap", ">= 3168"});
+  p = base();
+  p.batch = 3;
+  p.batch_stride_w = 0;  // shared weights are fine
+  p.batch_stride_x = 0;  // and so is one X for every batch
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  p.has_preact = true;
+  p.batch_stride_preact = 0;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"batch_stride_preact=0", "overlap"});
+}
+
+TEST(Validation, AbsurdStridesAreRefused) {
+  Problem p = base();
+  p.ldx = int64_t(1) << 60;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"'x'", "more than any device can address"});
+}
+
+TEST(Validation, MissingAndStrayPointers) {
+  Problem p = base();
+  Arguments a = args_for(p);
+  a.x = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'x' is null"});
+  a = args_for(p);
+  a.y = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'y' is null"});
+  a = args_for(p);
+  a.w_up = fake(3);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_up' is set", "fused"});
+  a = args_for(p);
+  a.bias = fake(4);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'bias' is set", "has_bias=false"});
+  a = args_for(p);
+  a.preact = fake(7);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'preact' is set", "has_preact=false"});
+
+  p.weights.format = WeightFormat::separate;
+  p.has_bias = true;
+  p.has_preact = true;
+  a = args_for(p);
+  a.w_up = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_up' is null", "separate"});
+  a = args_for(p);
+  a.bias_up = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'bias_up' is null"});
+  a = args_for(p);
+  a.preact = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'preact' is null", "has_preact=true"});
+}
+
+TEST(Validation, Misalignment) {
+  Problem p = base();
+  Arguments a = args_for(p);
+  a.x = static_cast<const char*>(a.x) + 1;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'x'", "aligned", "2 bytes"});
+  p.output_dtype = DType::fp32;
+  a = args_for(p);
+  a.y = static_cast<char*>(a.y) + 2;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'y'", "aligned", "fp32", "4 bytes"});
+}
+
+TEST(Validation, OutputOverlappingAnInput) {
+  Problem p = base();
+  Arguments a = args_for(p);
+  a.y = const_cast<void*>(a.x);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"output 'y'", "overlaps 'x'"});
+  // The last element of x is the first of y: still an overlap.
+  a = args_for(p);
+  a.y = static_cast<char*>(const_cast<void*>(a.x)) + (p.m * p.k - 1) * 2;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"output 'y'", "overlaps 'x'"});
+  // One element further is fine as far as overlap goes.
+  a.y = static_cast<char*>(a.y) + 2;
+  const Status s = validate(p, a);
+  EXPECT_TRUE(s.ok() || s.message().find("overlap") == std::string::npos) << s.message();
+
+  p.has_preact = true;
+  a = args_for(p);
+  a.preact = static_cast<char*>(a.y) + 64;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'y'", "overlaps 'preact'"});
+  a = args_for(p);
+  a.preact = const_cast<void*>(a.w);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"output 'preact'", "overlaps 'w'"});
+}
+
+TEST(Validation, RunRefusesBeforeLaunching) {
+  // run() goes through the same checks; with a bad shape nothing reaches a device.
+  Problem p = base();
+  p.u = 0;
+  expect_error(run(p, args_for(base()), nullptr, 0, nullptr), StatusCode::invalid_argument, {"u must be >= 1"});
+}
+
+TEST(Validation, PrintsProblemAndConfig) {
+  Problem p = base();
+  p.activation = Activation::swiglu_clamped;
+  p.weights.group = 32;
+  p.weights.first = Half::up;
+  const std::string s = to_string(p);
+  for (const char* f : {"m=33", "k=64", "u=96", "swiglu_clamped", "limit=7", "group=32", "first=up", "out_in"})
+    EXPECT_NE(s.find(f), std::string::npos) << f << " not in " << s;
+  Config c;
+  c.path = KernelPath::sm80_mma;
+  c.tile_m = 128;
+  c.tile_n = 64;
+  c.reason = "because";
+  const std::string cs = to_string(c);
+  for (const char* f : {"sm80_mma", "128x64", "because"}) EXPECT_NE(cs.find(f), std::string::npos) << cs;
+}
