@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Everything a kernel change must pass on a GPU machine, from a clean build:
+#   scripts/gpu-check.sh [all|build|test|sanitize|accuracy|bench|resources] ...
+# Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
+# else to ./gpu-check-out. The last lines printed are a summary.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+out="${OUT:-$PWD/gpu-check-out}"
+mkdir -p "$out"
+build=build-gpu
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+[ "${steps[0]}" = all ] && steps=(build test sanitize resources accuracy bench)
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+for step in "${steps[@]}"; do
+  case "$step" in
+  build)
+    rm -rf "$build"
+    t0=$(date +%s)
+    if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90a" >"$out/build.log" 2>&1 &&
+       cmake --build "$build" -j"$(nproc)" >>"$out/build.log" 2>&1; then
+      note "build: ok in $(( $(date +%s) - t0 )) s"
+    else
+      tail -30 "$out/build.log"; note "build: FAILED"; break
+    fi ;;
+  test)
+    # -V keeps every test's output: the random suites print their case counts.
+    (cd "$build" && ctest -V -j1 --timeout 900) >"$out/ctest.log" 2>&1
+    rc=$?
+    grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)" "$out/ctest.log" | tail -15
+    note "ctest: rc=$rc; $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)"
+    note "gpu random cases: $(grep -hoE '\[ cases \] [0-9]+' "$out/ctest.log" | awk '{s+=$4} END {print s+0}') passed" ;;
+  sanitize)
+    for tool in memcheck racecheck synccheck; do
+      GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        "$build/tests/test_gpu" --gtest_filter='GpuFused.RandomBf16:GpuFused.RandomFp16:GpuApi.MisalignedPointersStillCorrect' \
+        >"$out/sanitize_$tool.log" 2>&1
+      rc=$?
+      note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+    done ;;
+  resources)
+    cuobjdump --dump-resource-usage "$build/src/libgatedmlp.a" 2>/dev/null | grep -E "Function|REG|STACK|SHARED" >"$out/resources.txt"
+    grep -A1 "sm80_gemm_glu_kernel" "$out/resources.txt" | grep -oE "REG:[0-9]+ STACK:[0-9]+ SHARED:[0-9]+ LOCAL:[0-9]+" | sort | uniq -c | sed 's/^/   /'
+    note "HMMA in sm_90a SASS of the portable kernel: $(cuobjdump -sass -arch sm_90a "$build/src/libgatedmlp.a" 2>/dev/null | grep -c HMMA)" ;;
+  accuracy)
+    "$build/tools/gatedmlp" accuracy --json "$out/accuracy.json" 2>&1 | tee "$out/accuracy.txt" | tail -15
+    note "accuracy: rc=${PIPESTATUS[0]} (table in accuracy.txt)" ;;
+  bench)
+    "$build/tools/gatedmlp" bench --model "${GATEDMLP_BENCH_MODEL:-8b}" --json "$out/bench.json" 2>"$out/bench.err" | tee "$out/bench.txt"
+    note "bench: rc=${PIPESTATUS[0]} (table in bench.txt)" ;;
+  *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+printf '%s\n' "${summary[@]}"
