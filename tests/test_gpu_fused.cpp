@@ -4,6 +4,7 @@
 // element must be written, padding must stay untouched, and the fused error
 // must be at most 2x the unfused (cuBLASLt + GLU kernel) error plus a tiny atol.
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -211,8 +212,16 @@ Problem random_problem(std::mt19937_64& rng, DType in) {
   return p;
 }
 
+// GATEDMLP_TEST_CASES overrides the number of random cases (the sanitizer
+// runs use a handful).
+int cases(int n) {
+  const char* v = std::getenv("GATEDMLP_TEST_CASES");
+  return v ? std::atoi(v) : n;
+}
+
 void run_random(DType in, int n) {
   SKIP_WITHOUT_GPU();
+  n = cases(n);
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
   for (int i = 0; i < n; ++i) {

@@ -23,14 +23,14 @@ cudaError_t launch_tile(Params p, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t launch_any(const Params& p, const Config& cfg, cudaStream_t stream) {
-  static_assert(Sm80GemmGlu<T, 128, 64, 2, 2, 4, true>::kSmemBytes == kTileLarge.smem_bytes);
-  static_assert(Sm80GemmGlu<T, 64, 64, 2, 2, 4, true>::kSmemBytes == kTileSmall.smem_bytes);
+  static_assert(Sm80GemmGlu<T, 128, 64, 2, 2, 3, true>::kSmemBytes == kTileLarge.smem_bytes);
+  static_assert(Sm80GemmGlu<T, 64, 64, 2, 2, 3, true>::kSmemBytes == kTileSmall.smem_bytes);
   if (cfg.tile_m == kTileLarge.tile_m) {
-    return cfg.vector_loads ? launch_tile<T, 128, 64, 2, 2, 4, true>(p, stream)
-                            : launch_tile<T, 128, 64, 2, 2, 4, false>(p, stream);
+    return cfg.vector_loads ? launch_tile<T, 128, 64, 2, 2, 3, true>(p, stream)
+                            : launch_tile<T, 128, 64, 2, 2, 3, false>(p, stream);
   }
-  return cfg.vector_loads ? launch_tile<T, 64, 64, 2, 2, 4, true>(p, stream)
-                          : launch_tile<T, 64, 64, 2, 2, 4, false>(p, stream);
+  return cfg.vector_loads ? launch_tile<T, 64, 64, 2, 2, 3, true>(p, stream)
+                          : launch_tile<T, 64, 64, 2, 2, 3, false>(p, stream);
 }
 
 }  // namespace gatedmlp::sm80

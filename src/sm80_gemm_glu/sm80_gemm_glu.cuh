@@ -18,9 +18,11 @@
 // otherwise each element is loaded by an ordinary load and zero-filled past
 // the edges, which is slower but takes any shape and stride.
 //
-// Shared-memory rows are BK = 32 elements (64 bytes, four 16-byte chunks); the
-// chunk index is XORed with (row/2)%4 so the 8 rows one ldmatrix reads hit 32
-// distinct banks.
+// Shared-memory rows are BK = 64 elements (128 bytes, eight 16-byte chunks);
+// the chunk index is XORed with row%8 so the 8 rows one ldmatrix phase reads
+// hit 32 distinct banks. Fragments are double-buffered in registers: the
+// ldmatrix of k-step s+1 is issued before the mma of step s, which hides the
+// shared-memory latency that 8 warps per SM cannot hide by themselves.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -100,8 +102,9 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Element offset of chunk c (8 elements) of row r in a swizzled [rows][32] tile.
-__device__ __forceinline__ int swz(int r, int c) { return r * 32 + ((c ^ ((r >> 1) & 3)) << 3); }
+// Element offset of chunk c (8 elements) of row r in a swizzled [rows][64]
+// tile: the 8 rows one ldmatrix phase reads land on 8 different chunk columns.
+__device__ __forceinline__ int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
 
 // Where logical weight row (half, j) lives: the tensor and its physical row.
 __device__ __forceinline__ int64_t weight_row(const Params& p, int half, int64_t j, const void** base) {
@@ -125,7 +128,7 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
 
 template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, bool VEC>
 struct Sm80GemmGlu {
-  static constexpr int BK = 32;
+  static constexpr int BK = 64;
   static constexpr int BN = 2 * BNO;  // gate rows then up rows
   static constexpr int kThreads = WARPS_M * WARPS_N * 32;
   static constexpr int WM = BM / WARPS_M;
@@ -133,7 +136,7 @@ struct Sm80GemmGlu {
   static constexpr int MT = WM / 16;
   static constexpr int NT = WNO / 8;
   static constexpr int kStageElems = (BM + BN) * BK;
-  static constexpr int kSmemBytes = STAGES * kStageElems * 2;
+  static constexpr int kSmemBytes = STAGES * kStageElems * 2 + BN * 8;  // + B row pointers
   static constexpr int kAChunks = BM * BK / 8 / kThreads;  // 16-byte chunks per thread
   static constexpr int kBChunks = BN * BK / 8 / kThreads;
   static_assert(WM % 16 == 0 && WNO % 16 == 0, "warp tile must be whole 16x16 fragments");
@@ -174,47 +177,46 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     const int64_t woff = int64_t(l) * p.sw;
 
     // Per-thread source rows for the 16-byte loader, fixed for the whole tile.
-    // A rows are evenly spaced (kThreads/4 apart), so one pointer serves all;
-    // B rows are a gather through the layout, one pointer each.
-    constexpr int kARowStep = K::kThreads / 4;
-    const T* a_src = x + (m0 + (tid >> 2)) * p.ldx;
-    const T* b_src[K::kBChunks];
-    if constexpr (VEC) {
-#pragma unroll
-      for (int i = 0; i < K::kBChunks; ++i) {
-        const int r = (tid + i * K::kThreads) >> 2;
-        const int half = r / BNO;
-        const int64_t j = n0 + (r % BNO);
-        b_src[i] = nullptr;
-        if (j < p.u) {
-          const void* base;
-          const int64_t row = weight_row(p, half, j, &base);
-          b_src[i] = static_cast<const T*>(base) + woff + row * p.ldw;
-        }
+    // A rows are evenly spaced, so one pointer serves all of a thread's A
+    // chunks. B rows are a gather through the layout: their pointers live in
+    // shared memory, computed once per tile (null past u).
+    constexpr int kChunksPerRow = BK / 8;
+    constexpr int kRowStep = K::kThreads / kChunksPerRow;
+    const int my_chunk = tid % kChunksPerRow;
+    const T* a_src = x + (m0 + tid / kChunksPerRow) * p.ldx + my_chunk * 8;
+    const T** s_brow = reinterpret_cast<const T**>(smem_raw + STAGES * K::kStageElems * 2);
+    for (int r = tid; r < BN; r += K::kThreads) {
+      const int64_t j = n0 + (r % BNO);
+      const T* row = nullptr;
+      if (j < p.u) {
+        const void* base;
+        const int64_t wr = weight_row(p, r / BNO, j, &base);
+        row = static_cast<const T*>(base) + woff + (p.in_out ? wr : wr * p.ldw);
       }
+      s_brow[r] = row;
     }
+    __syncthreads();
 
     auto load_tile = [&](int stage, int kt) {
       T* sa = smem + stage * K::kStageElems;
       T* sb = sa + BM * BK;
       const int64_t k0 = int64_t(kt) * BK;
       if constexpr (VEC) {
+        const int64_t gk = k0 + my_chunk * 8;
+        const bool k_ok = gk < p.k;
 #pragma unroll
-        for (int i = 0; i < K::kAChunks; ++i) {
-          const int idx = tid + i * K::kThreads;
-          const int r = idx >> 2, c = idx & 3;
-          const int64_t gk = k0 + c * 8;
-          const bool ok = m0 + r < p.m && gk < p.k;
-          cp_async_16(smem_addr(sa + swz(r, c)), ok ? a_src + i * kARowStep * p.ldx + gk : static_cast<const T*>(p.x),
+        for (int i = 0; i < BM / kRowStep; ++i) {
+          const int r = tid / kChunksPerRow + i * kRowStep;
+          const bool ok = k_ok && m0 + r < p.m;
+          cp_async_16(smem_addr(sa + swz(r, my_chunk)), ok ? a_src + i * kRowStep * p.ldx + k0 : static_cast<const T*>(p.x),
                       ok ? 16 : 0);
         }
 #pragma unroll
-        for (int i = 0; i < K::kBChunks; ++i) {
-          const int idx = tid + i * K::kThreads;
-          const int r = idx >> 2, c = idx & 3;
-          const int64_t gk = k0 + c * 8;
-          const bool ok = b_src[i] != nullptr && gk < p.k;
-          cp_async_16(smem_addr(sb + swz(r, c)), ok ? b_src[i] + gk : static_cast<const T*>(p.x), ok ? 16 : 0);
+        for (int i = 0; i < BN / kRowStep; ++i) {
+          const int r = tid / kChunksPerRow + i * kRowStep;
+          const T* row = s_brow[r];
+          const bool ok = k_ok && row != nullptr;
+          cp_async_16(smem_addr(sb + swz(r, my_chunk)), ok ? row + gk : static_cast<const T*>(p.x), ok ? 16 : 0);
         }
       } else {
         const T zero = T(0.0f);
@@ -228,15 +230,10 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
           // are the contiguous direction in memory.
           int r, kk;
           if (p.in_out) { r = idx % BN; kk = idx / BN; } else { r = idx / BK; kk = idx % BK; }
-          const int half = r / BNO;
-          const int64_t j = n0 + (r % BNO), gk = k0 + kk;
+          const int64_t gk = k0 + kk;
+          const T* row = s_brow[r];
           T v = zero;
-          if (j < p.u && gk < p.k) {
-            const void* base;
-            const int64_t row = weight_row(p, half, j, &base);
-            const T* w = static_cast<const T*>(base) + woff;
-            v = p.in_out ? w[gk * p.ldw + row] : w[row * p.ldw + gk];
-          }
+          if (row != nullptr && gk < p.k) v = p.in_out ? row[gk * p.ldw] : row[gk];
           sb[swz(r, kk >> 3) + (kk & 7)] = v;
         }
       }
@@ -258,6 +255,27 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
       cp_async_commit();
     }
 
+    // Fragments of one k16 step: A for MT row blocks, B for both halves.
+    uint32_t af[2][MT][4];
+    uint32_t bf[2][2][NT][2];
+    auto load_frags = [&](int buf, const T* sa, const T* sb, int ks) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int r = wm * WM + mt * 16 + (lane & 15);
+        const int c = ks * 2 + (lane >> 4);
+        ldmatrix_x4(smem_addr(sa + swz(r, c)), af[buf][mt][0], af[buf][mt][1], af[buf][mt][2], af[buf][mt][3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          const int r = h * BNO + wn * WNO + np * 16 + ((lane >> 4) << 3) + (lane & 7);
+          const int c = ks * 2 + ((lane >> 3) & 1);
+          ldmatrix_x4(smem_addr(sb + swz(r, c)), bf[buf][h][2 * np][0], bf[buf][h][2 * np][1],
+                      bf[buf][h][2 * np + 1][0], bf[buf][h][2 * np + 1][1]);
+        }
+    };
+
     for (int kt = 0; kt < k_tiles; ++kt) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
@@ -269,31 +287,18 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 
       const T* sa = smem + (kt % STAGES) * K::kStageElems;
       const T* sb = sa + BM * BK;
+      load_frags(0, sa, sb, 0);
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
-        uint32_t af[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const int r = wm * WM + mt * 16 + (lane & 15);
-          const int c = ks * 2 + (lane >> 4);
-          ldmatrix_x4(smem_addr(sa + swz(r, c)), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
-        }
-        uint32_t bf[2][NT][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int np = 0; np < NT / 2; ++np) {
-            const int r = h * BNO + wn * WNO + np * 16 + ((lane >> 4) << 3) + (lane & 7);
-            const int c = ks * 2 + ((lane >> 3) & 1);
-            ldmatrix_x4(smem_addr(sb + swz(r, c)), bf[h][2 * np][0], bf[h][2 * np][1], bf[h][2 * np + 1][0],
-                        bf[h][2 * np + 1][1]);
-          }
+        if (ks + 1 < BK / 16) load_frags((ks + 1) & 1, sa, sb, ks + 1);
+        const int cur = ks & 1;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[mt][h][nt], af[mt], bf[h][nt][0], bf[h][nt][1]);
+            for (int nt = 0; nt < NT; ++nt)
+              mma_16816<T>(acc[mt][h][nt], af[cur][mt], bf[cur][h][nt][0], bf[cur][h][nt][1]);
       }
     }
     cp_async_wait<0>();

@@ -14,8 +14,9 @@ struct Tile {
   int tile_m, tile_n, tile_k, stages, threads;
   int smem_bytes;
 };
-inline constexpr Tile kTileLarge{128, 64, 32, 4, 128, 4 * (128 + 128) * 32 * 2};
-inline constexpr Tile kTileSmall{64, 64, 32, 4, 128, 4 * (64 + 128) * 32 * 2};
+// Shared memory: stages x (A rows + B rows) x 64 x 2 bytes, plus one pointer per B row.
+inline constexpr Tile kTileLarge{128, 64, 64, 3, 128, 3 * (128 + 128) * 64 * 2 + 128 * 8};
+inline constexpr Tile kTileSmall{64, 64, 64, 3, 128, 3 * (64 + 128) * 64 * 2 + 128 * 8};
 
 // Launch with one of the tiles above (selected by cfg.tile_m) and cfg.vector_loads.
 cudaError_t launch_bf16(Params p, const Config& cfg, cudaStream_t stream);
