@@ -38,12 +38,22 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   const std::string blocker = vector_blocker(r, a);
   c.vector_loads = blocker.empty();
 
-  // Wide tiles reuse each loaded weight tile over 128 rows; when that leaves
-  // fewer CTAs than SMs (small M), halve the rows to fill the machine.
-  const int64_t n_tiles = (r.u + sm80::kTileLarge.tile_n - 1) / sm80::kTileLarge.tile_n;
-  const int64_t large_ctas = (r.m + sm80::kTileLarge.tile_m - 1) / sm80::kTileLarge.tile_m * n_tiles * r.batch;
-  const bool small = r.m <= sm80::kTileSmall.tile_m || large_ctas < 2 * dev.sms;
-  const sm80::Tile& t = small ? sm80::kTileSmall : sm80::kTileLarge;
+  // Bigger tiles feed more math per loaded byte (the L2->SM traffic bounds
+  // the small ones on H100) but leave SMs idle when there are few of them:
+  // take the biggest tile that still gives every SM at least one CTA.
+  auto ctas = [&](const sm80::Tile& t) {
+    return (r.m + t.tile_m - 1) / t.tile_m * ((r.u + t.tile_n - 1) / t.tile_n) * r.batch;
+  };
+  const sm80::Tile* pick = &sm80::kTileSmall;
+  const char* tile_why = "64-row tiles: too few bigger tiles for the SMs";
+  if (ctas(sm80::kTileWide) >= dev.sms && size_t(sm80::kTileWide.smem_bytes) <= dev.smem_optin) {
+    pick = &sm80::kTileWide;
+    tile_why = "128x128 tiles";
+  } else if (r.m > sm80::kTileSmall.tile_m && ctas(sm80::kTileLarge) >= 2 * dev.sms) {
+    pick = &sm80::kTileLarge;
+    tile_why = "128x64 tiles";
+  }
+  const sm80::Tile& t = *pick;
   c.tile_m = t.tile_m;
   c.tile_n = t.tile_n;
   c.tile_k = t.tile_k;
@@ -63,7 +73,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
 
   std::ostringstream why;
   why << "portable mma.sync path (no Hopper kernel in this build); "
-      << (small ? "64-row tiles: few 128-row tiles for the SMs" : "128-row tiles") << "; "
+      << tile_why << "; "
       << (c.vector_loads ? "16-byte loads" : "element loads: " + blocker);
   c.reason = why.str();
   *cfg = c;

@@ -1,0 +1,63 @@
+"""Plain NumPy statements of what the library computes, for the tests.
+
+Written from the definitions in include/gatedmlp (not from the library's
+code), so that the tests check the library against the spec.
+"""
+
+import numpy as np
+
+
+def fused_rows(u, group, first):
+    """(half, j) of every physical row of a fused [2U] weight.
+
+    Rows come in blocks of `group` (0: u); block 2b holds rows
+    [b*group, (b+1)*group) of half `first`, block 2b+1 the same rows of the
+    other half. half: 0 = gate, 1 = up.
+    """
+    g = u if group == 0 else group
+    out = []
+    for f in range(2 * u):
+        block, r = divmod(f, g)
+        pair, odd = divmod(block, 2)
+        half = first if odd == 0 else 1 - first
+        out.append((half, pair * g + r))
+    return out
+
+
+def fuse(gate, up, group, first):
+    """[U, K] gate and up -> the fused [2U, K] layout (out_in)."""
+    u = gate.shape[0]
+    halves = (gate, up)
+    return np.stack([halves[h][j] for h, j in fused_rows(u, group, first)])
+
+
+def unfuse(fused, group, first):
+    """The fused [2U, K] layout -> (gate, up), each [U, K]."""
+    u = fused.shape[0] // 2
+    gate = np.empty_like(fused[:u])
+    up = np.empty_like(fused[:u])
+    halves = (gate, up)
+    for f, (h, j) in enumerate(fused_rows(u, group, first)):
+        halves[h][j] = fused[f]
+    return gate, up
+
+
+def act64(name, g, u, clamp_alpha=1.702, clamp_limit=7.0):
+    """The activation in float64 NumPy."""
+    g = g.astype(np.float64)
+    u = u.astype(np.float64)
+    if name == "silu":
+        return g / (1.0 + np.exp(-g)) * u
+    if name == "gelu_tanh":
+        return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g**3))) * u
+    if name == "gelu_erf":
+        from math import erf
+
+        return 0.5 * g * (1.0 + np.vectorize(erf)(g / np.sqrt(2.0))) * u
+    if name == "relu":
+        return np.maximum(g, 0.0) * u
+    if name == "swiglu_clamped":
+        g = np.minimum(g, clamp_limit)
+        u = np.clip(u, -clamp_limit, clamp_limit)
+        return g / (1.0 + np.exp(-clamp_alpha * g)) * (u + 1.0)
+    raise ValueError(name)

@@ -1,0 +1,168 @@
+"""gatedmlp.torch without a GPU: operator registration, fake (meta) shapes,
+torch.compile tracing, the no-backward guard and state-dict loading."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import gatedmlp  # noqa: E402
+import gatedmlp.torch as gt  # noqa: E402
+
+META = dict(device="meta", dtype=torch.bfloat16)
+
+
+class HFMLP(nn.Module):
+    """The shape of a Hugging Face Llama/Qwen MLP."""
+
+    def __init__(self, hidden, inter, bias=False, act=None, dtype=None):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias, dtype=dtype)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias, dtype=dtype)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias, dtype=dtype)
+        self.act_fn = act or nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_ops_are_registered():
+    for name in ("gate_up", "gate_up_preact", "gate_up_out"):
+        assert hasattr(torch.ops.gatedmlp, name)
+
+
+@pytest.mark.parametrize("storage", ["out_in", "in_out"])
+def test_fake_shapes(storage):
+    x = torch.empty(2, 3, 64, **META)
+    w = torch.empty(96, 64, **META) if storage == "out_in" else torch.empty(64, 96, **META)
+    y = gt.gate_up(x, w, storage=storage)
+    assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
+    y, pre = gt.gate_up(x, w, storage=storage, out_dtype=torch.float32, return_preact=True,
+                        preact_dtype=torch.float16)
+    assert y.shape == (2, 3, 48) and y.dtype == torch.float32
+    assert pre.shape == (2, 3, 96) and pre.dtype == torch.float16
+    wg = torch.empty(48, 64, **META) if storage == "out_in" else torch.empty(64, 48, **META)
+    assert gt.gate_up(x, wg, wg.clone(), storage=storage).shape == (2, 3, 48)
+    # batched weights keep x's batch axis
+    assert gt.gate_up(x, torch.empty(2, 96, 64, **META)).shape == (2, 3, 48)
+
+
+def test_opcheck_schema_and_fake():
+    x = torch.empty(5, 64, **META)
+    w = torch.empty(96, 64, **META)
+    b = torch.empty(96, device="meta")
+    args = (x, w, None, b, None, "silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None)
+    torch.library.opcheck(torch.ops.gatedmlp.gate_up.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compile_traces_without_graph_breaks():
+    x = torch.empty(2, 3, 64, **META)
+    mlp = gt.GatedMLP(64, 48, activation="swiglu_clamped", **META)
+
+    def f(x, w):
+        return gt.gate_up(x, w, activation="gelu_tanh", group=8, first="up") * 2.0
+
+    w = torch.empty(96, 64, **META)
+    with torch.no_grad():
+        assert torch.compile(f, backend="eager", fullgraph=True)(x, w).shape == (2, 3, 48)
+        assert torch.compile(mlp, backend="eager", fullgraph=True)(x).shape == (2, 3, 64)
+    ep = torch.export.export(mlp.requires_grad_(False), (x,))
+    assert "gatedmlp.gate_up" in ep.graph_module.code
+
+
+def test_no_backward_is_an_error():
+    x = torch.empty(4, 64, **META)
+    w = torch.empty(96, 64, **META)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        gt.gate_up(x.requires_grad_(), w)
+    x.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        gt.gate_up(x, w.requires_grad_())
+    with torch.no_grad():
+        gt.gate_up(x, w)
+    mlp = gt.GatedMLP(64, 48, **META)  # parameters require grad, as in any nn.Module
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        mlp(x)
+    with torch.inference_mode():
+        mlp(x)
+    # down_proj's gradient is ordinary autograd: it may require grad
+    mlp.gate_up_proj.requires_grad_(False)
+    mlp(x)
+    # the framework-neutral entry point refuses too
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        gatedmlp.gate_up(torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True),
+                         torch.randn(96, 64, dtype=torch.bfloat16))
+
+
+def test_cpu_tensors_get_the_library_error():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.randn(96, 64, dtype=torch.bfloat16)
+    with pytest.raises(gatedmlp.Error) as e:
+        gt.gate_up(x, w)
+    assert isinstance(e.value, (gatedmlp.NoDeviceError, gatedmlp.InvalidArgumentError))
+    if isinstance(e.value, gatedmlp.InvalidArgumentError):
+        assert "'x'" in str(e.value) and "host memory" in str(e.value)
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="'w' has dtype float16"):
+        gt.gate_up(x, w.half())
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="K = 64"):
+        gt.gate_up(x, w[:, :32])
+
+
+def test_empty_batch_launches_nothing():
+    x = torch.empty(0, 64, dtype=torch.bfloat16)
+    w = torch.randn(96, 64, dtype=torch.bfloat16)
+    assert gt.gate_up(x, w).shape == (0, 48)
+
+
+def test_activation_names():
+    assert gt.activation_name("silu") == "silu"
+    assert gt.activation_name("gelu_pytorch_tanh") == "gelu_tanh"
+    assert gt.activation_name("gelu") == "gelu_erf"
+    assert gt.activation_name(gatedmlp.Activation.relu) == "relu"
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="'tanh'"):
+        gt.activation_name("tanh")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_loads_hugging_face_state_dict(bias):
+    hf = HFMLP(32, 24, bias=bias, dtype=torch.bfloat16)
+    sd = hf.state_dict()
+    mlp = gt.GatedMLP(32, 24, bias=bias, dtype=torch.bfloat16)
+    result = mlp.load_state_dict(sd)
+    assert not result.missing_keys and not result.unexpected_keys
+    w = mlp.gate_up_proj.weight
+    assert w.shape == (48, 32) and w.is_contiguous()
+    assert torch.equal(w[:24], hf.gate_proj.weight) and torch.equal(w[24:], hf.up_proj.weight)
+    assert torch.equal(mlp.down_proj.weight, hf.down_proj.weight)
+    if bias:
+        assert torch.equal(mlp.gate_up_proj.bias, torch.cat([hf.gate_proj.bias, hf.up_proj.bias]))
+    # its own (stacked) state dict loads back as is
+    again = gt.GatedMLP(32, 24, bias=bias, dtype=torch.bfloat16)
+    again.load_state_dict(mlp.state_dict())
+    assert torch.equal(again.gate_up_proj.weight, w)
+
+
+def test_loads_nested_and_rejects_half_pairs():
+    class Block(nn.Module):
+        def __init__(self, mlp):
+            super().__init__()
+            self.mlp = mlp
+
+    hf = Block(HFMLP(16, 8))
+    ours = Block(gt.GatedMLP(16, 8))
+    ours.load_state_dict(hf.state_dict())
+    assert torch.equal(ours.mlp.gate_up_proj.weight[8:], hf.mlp.up_proj.weight)
+    sd = hf.state_dict()
+    del sd["mlp.up_proj.weight"]
+    with pytest.raises(RuntimeError, match="must be given together"):
+        ours.load_state_dict(sd)
+
+
+def test_from_module():
+    hf = HFMLP(16, 8, bias=True, act=nn.GELU(approximate="tanh"))
+    mlp = gt.GatedMLP.from_module(hf)
+    assert mlp.activation == "gelu_tanh" and mlp.gate_up_proj.bias is not None
+    assert torch.equal(mlp.gate_up_proj.weight[:8], hf.gate_proj.weight)
+    assert gt.GatedMLP.from_module(HFMLP(16, 8), activation="relu").activation == "relu"
+    clamped = gt.GatedMLP(16, 8, activation="swiglu_clamped", clamp_alpha=1.5, clamp_limit=6.0)
+    assert "clamp_limit=6.0" in repr(clamped)
