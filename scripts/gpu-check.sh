@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|test|sanitize|accuracy|bench|resources] ...
+#   scripts/gpu-check.sh [all|build|test|sanitize|accuracy|bench|resources|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -11,7 +11,7 @@ mkdir -p "$out"
 build=build-gpu
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
-[ "${steps[0]}" = all ] && steps=(build test sanitize resources accuracy bench)
+[ "${steps[0]}" = all ] && steps=(build test sanitize resources accuracy bench python)
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
@@ -51,6 +51,15 @@ for step in "${steps[@]}"; do
   bench)
     "$build/tools/gatedmlp" bench --model "${GATEDMLP_BENCH_MODEL:-8b}" --json "$out/bench.json" 2>"$out/bench.err" | tee "$out/bench.txt"
     note "bench: rc=${PIPESTATUS[0]} (table in bench.txt)" ;;
+  python)
+    # Packaging as a user would (offline: the build tools are already there), then the tests and the binding bench.
+    python3 -m pip install . --no-build-isolation -q >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; note "python: pip install FAILED"; continue; }
+    (cd /tmp && python3 -m pytest "$OLDPWD/tests/python" -q -p no:cacheprovider) >"$out/pytest.log" 2>&1
+    rc=$?
+    tail -5 "$out/pytest.log"
+    note "pytest: rc=$rc; $(tail -1 "$out/pytest.log")"
+    python3 scripts/bench_python.py 2>&1 | tee "$out/bench_python.txt" | tail -20
+    note "bench_python: rc=${PIPESTATUS[0]} (table in bench_python.txt)" ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
 done
