@@ -124,6 +124,33 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
   return gatedmlp::detail::fused_row(j, half, p.group, p.first);
 }
 
+// One adjacent pair of output columns (j0, j0+1) of one row: bias, alpha,
+// activation, and the stores. Out of line on purpose: inlined for all 64 pairs
+// a thread holds, the activation and dtype switches made the kernel hundreds
+// of KB of SASS, and refilling the instruction cache after every epilogue
+// stalled the main loop (NOTES.md, v3).
+static __device__ __noinline__ void epilogue_pair(const Params& p, int64_t l, int64_t row, int64_t j0, float g0, float g1,
+                                           float u0, float u1, float bg0, float bg1, float bu0, float bu1) {
+  const float gv[2] = {g0 * p.alpha + bg0, g1 * p.alpha + bg1};
+  const float uv[2] = {u0 * p.alpha + bu0, u1 * p.alpha + bu1};
+  float out[2];
+  for (int c = 0; c < 2; ++c) {
+    out[c] = gatedmlp::detail::glu<float>(p.act, gv[c], uv[c], p.clamp_alpha, p.clamp_limit);
+    if (p.has_pre && j0 + c < p.u) {
+      const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
+      store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j0 + c), gv[c]);
+      store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j0 + c), uv[c]);
+    }
+  }
+  const int64_t yi = int64_t(l) * p.sy + row * p.ldy + j0;
+  if (p.y_pair_stores && j0 + 1 < p.u) {
+    store_pair(p.y, p.out_dtype, yi, out[0], out[1]);
+  } else {
+    if (j0 < p.u) store_float(p.y, p.out_dtype, yi, out[0]);
+    if (j0 + 1 < p.u) store_float(p.y, p.out_dtype, yi + 1, out[1]);
+  }
+}
+
 }  // namespace detail_
 
 template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, bool VEC>
@@ -145,7 +172,7 @@ struct Sm80GemmGlu {
 
 template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, bool VEC>
 __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
-    sm80_gemm_glu_kernel(const Params p) {
+    sm80_gemm_glu_kernel(const __grid_constant__ Params p) {
   using K = Sm80GemmGlu<T, BM, BNO, WARPS_M, WARPS_N, STAGES, VEC>;
   constexpr int BK = K::BK, BN = K::BN, MT = K::MT, NT = K::NT, WM = K::WM, WNO = K::WNO;
   using namespace detail_;
@@ -323,8 +350,6 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
         }
       }
 
-    const int64_t yoff = int64_t(l) * p.sy;
-    const int64_t poff = int64_t(l) * p.spre;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -334,24 +359,9 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int64_t j0 = n0 + wn * WNO + nt * 8 + 2 * t;
-          float out[2];
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float gv = acc[mt][0][nt][hr * 2 + c] * p.alpha + bg[nt][c];
-            const float uv = acc[mt][1][nt][hr * 2 + c] * p.alpha + bu[nt][c];
-            out[c] = gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
-            if (p.has_pre && j0 + c < p.u) {
-              store_float(p.pre, p.pre_dtype, poff + row * p.ldpre + pre_col(p, 0, j0 + c), gv);
-              store_float(p.pre, p.pre_dtype, poff + row * p.ldpre + pre_col(p, 1, j0 + c), uv);
-            }
-          }
-          const int64_t yi = yoff + row * p.ldy + j0;
-          if (p.y_pair_stores && j0 + 1 < p.u) {
-            store_pair(p.y, p.out_dtype, yi, out[0], out[1]);
-          } else {
-            if (j0 < p.u) store_float(p.y, p.out_dtype, yi, out[0]);
-            if (j0 + 1 < p.u) store_float(p.y, p.out_dtype, yi + 1, out[1]);
-          }
+          if (j0 >= p.u) continue;
+          epilogue_pair(p, l, row, j0, acc[mt][0][nt][hr * 2], acc[mt][0][nt][hr * 2 + 1], acc[mt][1][nt][hr * 2],
+                        acc[mt][1][nt][hr * 2 + 1], bg[nt][0], bg[nt][1], bu[nt][0], bu[nt][1]);
         }
       }
   }
