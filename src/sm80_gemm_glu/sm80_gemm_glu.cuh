@@ -71,6 +71,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+__device__ __forceinline__ void cp_async_16_full(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -211,6 +214,8 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     constexpr int kRowStep = K::kThreads / kChunksPerRow;
     const int my_chunk = tid % kChunksPerRow;
     const T* a_src = x + (m0 + tid / kChunksPerRow) * p.ldx + my_chunk * 8;
+    const int64_t a_step = kRowStep * p.ldx;
+    const bool interior = m0 + BM <= p.m && n0 + BNO <= p.u;
     const T** s_brow = reinterpret_cast<const T**>(smem_raw + STAGES * K::kStageElems * 2);
     for (int r = tid; r < BN; r += K::kThreads) {
       const int64_t j = n0 + (r % BNO);
@@ -230,12 +235,25 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
       const int64_t k0 = int64_t(kt) * BK;
       if constexpr (VEC) {
         const int64_t gk = k0 + my_chunk * 8;
+        if (interior && k0 + BK <= p.k) {
+          // Every row and chunk in range: no predicates, no zero-fill operand.
+          const T* a = a_src + k0;
+#pragma unroll
+          for (int i = 0; i < BM / kRowStep; ++i)
+            cp_async_16_full(smem_addr(sa + swz(tid / kChunksPerRow + i * kRowStep, my_chunk)), a + i * a_step);
+#pragma unroll
+          for (int i = 0; i < BN / kRowStep; ++i) {
+            const int r = tid / kChunksPerRow + i * kRowStep;
+            cp_async_16_full(smem_addr(sb + swz(r, my_chunk)), s_brow[r] + gk);
+          }
+          return;
+        }
         const bool k_ok = gk < p.k;
 #pragma unroll
         for (int i = 0; i < BM / kRowStep; ++i) {
           const int r = tid / kChunksPerRow + i * kRowStep;
           const bool ok = k_ok && m0 + r < p.m;
-          cp_async_16(smem_addr(sa + swz(r, my_chunk)), ok ? a_src + i * kRowStep * p.ldx + k0 : static_cast<const T*>(p.x),
+          cp_async_16(smem_addr(sa + swz(r, my_chunk)), ok ? a_src + i * a_step + k0 : static_cast<const T*>(p.x),
                       ok ? 16 : 0);
         }
 #pragma unroll
@@ -285,22 +303,26 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     // Fragments of one k16 step: A for MT row blocks, B for both halves.
     uint32_t af[2][MT][4];
     uint32_t bf[2][2][NT][2];
-    auto load_frags = [&](int buf, const T* sa, const T* sb, int ks) {
+    // ldmatrix addresses. A thread's rows keep the same row%8 for every mt, h
+    // and np, and the k-step only flips chunk bits 1-2, so with 128-byte rows
+    // the swizzled address of step ks is (offset ^ ks*32) plus a constant:
+    // one LOP3 per step instead of the full swizzle per fragment.
+    const uint32_t a_frag = (wm * WM + (lane & 15)) * (BK * 2) + (((lane >> 4) ^ (lane & 7)) << 4);
+    const uint32_t b_frag = BM * BK * 2 + (wn * WNO + ((lane >> 4) << 3) + (lane & 7)) * (BK * 2) +
+                            ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    const uint32_t smem_base = smem_addr(smem_raw);
+    auto load_frags = [&](int buf, uint32_t stage_addr, int ks) {
+      const uint32_t a = stage_addr + (a_frag ^ (ks << 5));
+      const uint32_t b = stage_addr + (b_frag ^ (ks << 5));
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int r = wm * WM + mt * 16 + (lane & 15);
-        const int c = ks * 2 + (lane >> 4);
-        ldmatrix_x4(smem_addr(sa + swz(r, c)), af[buf][mt][0], af[buf][mt][1], af[buf][mt][2], af[buf][mt][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(a + mt * 16 * (BK * 2), af[buf][mt][0], af[buf][mt][1], af[buf][mt][2], af[buf][mt][3]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          const int r = h * BNO + wn * WNO + np * 16 + ((lane >> 4) << 3) + (lane & 7);
-          const int c = ks * 2 + ((lane >> 3) & 1);
-          ldmatrix_x4(smem_addr(sb + swz(r, c)), bf[buf][h][2 * np][0], bf[buf][h][2 * np][1],
+        for (int np = 0; np < NT / 2; ++np)
+          ldmatrix_x4(b + (h * BNO + np * 16) * (BK * 2), bf[buf][h][2 * np][0], bf[buf][h][2 * np][1],
                       bf[buf][h][2 * np + 1][0], bf[buf][h][2 * np + 1][1]);
-        }
     };
 
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -312,12 +334,11 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
       if (nk < k_tiles) load_tile(nk % STAGES, nk);
       cp_async_commit();
 
-      const T* sa = smem + (kt % STAGES) * K::kStageElems;
-      const T* sb = sa + BM * BK;
-      load_frags(0, sa, sb, 0);
+      const uint32_t stage_addr = smem_base + (kt % STAGES) * (K::kStageElems * 2);
+      load_frags(0, stage_addr, 0);
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
-        if (ks + 1 < BK / 16) load_frags((ks + 1) & 1, sa, sb, ks + 1);
+        if (ks + 1 < BK / 16) load_frags((ks + 1) & 1, stage_addr, ks + 1);
         const int cur = ks & 1;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
