@@ -53,6 +53,15 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     pick = &sm80::kTileLarge;
     tile_why = "128x64 tiles";
   }
+  // Tuning and test knob: GATEDMLP_FORCE_TILE=wide|large|small overrides the
+  // heuristic (any tile is correct for any shape; only speed differs).
+  if (const char* f = std::getenv("GATEDMLP_FORCE_TILE")) {
+    const std::string v = f;
+    if (v == "wide") pick = &sm80::kTileWide;
+    else if (v == "large") pick = &sm80::kTileLarge;
+    else if (v == "small") pick = &sm80::kTileSmall;
+    if (v == "wide" || v == "large" || v == "small") tile_why = "tile forced by GATEDMLP_FORCE_TILE";
+  }
   const sm80::Tile& t = *pick;
   c.tile_m = t.tile_m;
   c.tile_n = t.tile_n;
