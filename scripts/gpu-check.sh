@@ -39,7 +39,7 @@ for step in "${steps[@]}"; do
         "$build/tests/test_gpu" --gtest_filter='GpuFused.RandomBf16:GpuFused.RandomFp16:GpuApi.MisalignedPointersStillCorrect' \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
-      note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+      note "compute-sanitizer $tool: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)"
     done ;;
   resources)
     cuobjdump --dump-resource-usage "$build/src/libgatedmlp.a" 2>/dev/null | grep -E "Function|REG|STACK|SHARED" >"$out/resources.txt"
