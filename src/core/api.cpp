@@ -55,9 +55,10 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
   k.pre_dtype = dtype_id(r.preact_dtype);
   k.has_bias = r.has_bias;
   k.has_pre = r.has_preact;
-  const size_t pair = 2 * dtype_size(r.output_dtype);
-  k.y_pair_stores = r.ldy % 2 == 0 && (r.batch == 1 || r.batch_stride_y % 2 == 0) &&
-                    reinterpret_cast<uintptr_t>(a.y) % pair == 0;
+  // Tiles start at multiples of 8 columns, so 8-element vectors are aligned
+  // when every row (and batch) starts on a multiple of 8 elements.
+  k.y_vec_stores = r.ldy % 8 == 0 && (r.batch == 1 || r.batch_stride_y % 8 == 0) &&
+                   reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
   return k;
 }
 

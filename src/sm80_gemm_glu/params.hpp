@@ -29,7 +29,7 @@ struct Params {
   float alpha, clamp_alpha, clamp_limit;
   int out_dtype, bias_dtype, pre_dtype;  // 0 bf16, 1 fp16, 2 fp32
   int has_bias, has_pre;
-  int y_pair_stores;   // two adjacent Y elements may be stored as one vector
+  int y_vec_stores;    // 8 adjacent Y elements (from a multiple of 8) may be stored as 16-byte vectors
 
   int m_tiles, n_tiles;
 };

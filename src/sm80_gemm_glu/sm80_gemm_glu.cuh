@@ -54,13 +54,25 @@ __device__ __forceinline__ void store_float(void* p, int dtype, int64_t i, float
   }
 }
 
-// Two adjacent elements at i (even index, aligned pair), as one store.
-__device__ __forceinline__ void store_pair(void* p, int dtype, int64_t i, float a, float b) {
-  switch (dtype) {
-    case 0: *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(a, b); break;
-    case 1: *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b); break;
-    default: *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(a, b); break;
+// Eight adjacent elements at i (16-byte aligned for 16-bit types, 32 for fp32).
+__device__ __forceinline__ void store_vec8(void* p, int dtype, int64_t i, const float (&v)[8]) {
+  if (dtype == 2) {
+    float4* d = reinterpret_cast<float4*>(static_cast<float*>(p) + i);
+    d[0] = make_float4(v[0], v[1], v[2], v[3]);
+    d[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
   }
+  uint32_t w[4];
+  for (int e = 0; e < 4; ++e) {
+    if (dtype == 0) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+      w[e] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+      w[e] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -127,30 +139,55 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
   return gatedmlp::detail::fused_row(j, half, p.group, p.first);
 }
 
-// One adjacent pair of output columns (j0, j0+1) of one row: bias, alpha,
-// activation, and the stores. Out of line on purpose: inlined for all 64 pairs
-// a thread holds, the activation and dtype switches made the kernel hundreds
-// of KB of SASS, and refilling the instruction cache after every epilogue
-// stalled the main loop (NOTES.md, v3).
-static __device__ __noinline__ void epilogue_pair(const Params& p, int64_t l, int64_t row, int64_t j0, float g0, float g1,
-                                           float u0, float u1, float bg0, float bg1, float bu0, float bu1) {
-  const float gv[2] = {g0 * p.alpha + bg0, g1 * p.alpha + bg1};
-  const float uv[2] = {u0 * p.alpha + bu0, u1 * p.alpha + bu1};
-  float out[2];
-  for (int c = 0; c < 2; ++c) {
-    out[c] = gatedmlp::detail::glu<float>(p.act, gv[c], uv[c], p.clamp_alpha, p.clamp_limit);
-    if (p.has_pre && j0 + c < p.u) {
-      const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
-      store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j0 + c), gv[c]);
-      store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j0 + c), uv[c]);
+// The second half of the epilogue. The accumulators of the whole CTA tile
+// sit in shared memory as fp32 [BM][2*BNO + kAccPad] (gate columns, then up
+// columns); each thread now takes 8 consecutive output columns of a row at a
+// time: bias, alpha, activation, one 16-byte store. The loop is not unrolled
+// over the tile, and the activation is a template parameter chosen once
+// outside it, so the code stays small (an inlined per-register epilogue made
+// the kernel hundreds of KB of SASS and its instruction-cache misses stalled
+// the main loop; see NOTES.md).
+template <int ACT, int BM, int BNO, int THREADS>
+__device__ __forceinline__ void store_tile(const Params& p, const float* sacc, int ld_acc, int l, int64_t m0,
+                                           int64_t n0) {
+  constexpr int kVecs = BNO / 8;  // 8-column groups per row
+  const int64_t boff = int64_t(l) * p.sb;
+  for (int idx = threadIdx.x; idx < BM * kVecs; idx += THREADS) {
+    const int r = idx / kVecs;
+    const int c0 = (idx % kVecs) * 8;
+    const int64_t row = m0 + r;
+    const int64_t j0 = n0 + c0;
+    if (row >= p.m || j0 >= p.u) continue;
+    const float4* gs = reinterpret_cast<const float4*>(sacc + r * ld_acc + c0);
+    const float4* us = reinterpret_cast<const float4*>(sacc + r * ld_acc + BNO + c0);
+    const float4 g4[2] = {gs[0], gs[1]}, u4[2] = {us[0], us[1]};
+    const float* gv = reinterpret_cast<const float*>(g4);
+    const float* uv = reinterpret_cast<const float*>(u4);
+    float out[8], gg[8], uu[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      gg[e] = gv[e] * p.alpha;
+      uu[e] = uv[e] * p.alpha;
+      if (p.has_bias && j0 + e < p.u) {
+        gg[e] += load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j0 + e));  // separate: j
+        uu[e] += p.separate ? load_float(p.bias_up, p.bias_dtype, boff + j0 + e)
+                            : load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j0 + e));
+      }
+      out[e] = gatedmlp::detail::glu<float>(ACT, gg[e], uu[e], p.clamp_alpha, p.clamp_limit);
     }
-  }
-  const int64_t yi = int64_t(l) * p.sy + row * p.ldy + j0;
-  if (p.y_pair_stores && j0 + 1 < p.u) {
-    store_pair(p.y, p.out_dtype, yi, out[0], out[1]);
-  } else {
-    if (j0 < p.u) store_float(p.y, p.out_dtype, yi, out[0]);
-    if (j0 + 1 < p.u) store_float(p.y, p.out_dtype, yi + 1, out[1]);
+    if (p.has_pre) {
+      const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
+      for (int e = 0; e < 8 && j0 + e < p.u; ++e) {
+        store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j0 + e), gg[e]);
+        store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j0 + e), uu[e]);
+      }
+    }
+    const int64_t yi = int64_t(l) * p.sy + row * p.ldy + j0;
+    if (p.y_vec_stores && j0 + 8 <= p.u) {
+      store_vec8(p.y, p.out_dtype, yi, out);
+    } else {
+      for (int e = 0; e < 8 && j0 + e < p.u; ++e) store_float(p.y, p.out_dtype, yi + e, out[e]);
+    }
   }
 }
 
@@ -167,6 +204,10 @@ struct Sm80GemmGlu {
   static constexpr int NT = WNO / 8;
   static constexpr int kStageElems = (BM + BN) * BK;
   static constexpr int kSmemBytes = STAGES * kStageElems * 2 + BN * 8;  // + B row pointers
+  // The epilogue's fp32 accumulator tile reuses the pipeline stages. The pad
+  // of 8 floats staggers rows across banks for the float2 writes.
+  static constexpr int kAccLd = 2 * BNO + 8;
+  static_assert(BM * kAccLd * 4 <= STAGES * kStageElems * 2, "accumulator tile must fit in the stages");
   static constexpr int kAChunks = BM * BK / 8 / kThreads;  // 16-byte chunks per thread
   static constexpr int kBChunks = BN * BK / 8 / kThreads;
   static_assert(WM % 16 == 0 && WNO % 16 == 0, "warp tile must be whole 16x16 fragments");
@@ -352,39 +393,36 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     cp_async_wait<0>();
     __syncthreads();  // the next batch's prologue overwrites stages other warps may still read
 
-    // ---- epilogue: gate and up of each output element are in the same thread.
-    const int g = lane >> 2, t = lane & 3;
-    // Biases depend only on the column: load them once for all rows.
-    float bg[NT][2], bu[NT][2];
+    // ---- epilogue. Gate and up of an output element sit in the same thread;
+    // park the fp32 accumulators in the (now idle) pipeline shared memory so
+    // the activation and the stores run over whole rows, 8 columns at a time.
+    float* sacc = reinterpret_cast<float*>(smem_raw);
+    {
+      const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t j = n0 + wn * WNO + nt * 8 + 2 * t + c;
-        bg[nt][c] = 0.f;
-        bu[nt][c] = 0.f;
-        if (p.has_bias && j < p.u) {
-          const int64_t boff = int64_t(l) * p.sb;
-          bg[nt][c] = load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j));  // separate: j
-          bu[nt][c] = p.separate ? load_float(p.bias_up, p.bias_dtype, boff + j)
-                                 : load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = wm * WM + mt * 16 + g + hr * 8;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const int c = h * BNO + wn * WNO + nt * 8 + 2 * t;
+              *reinterpret_cast<float2*>(sacc + r * K::kAccLd + c) =
+                  make_float2(acc[mt][h][nt][hr * 2], acc[mt][h][nt][hr * 2 + 1]);
+            }
         }
-      }
-
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t row = m0 + wm * WM + mt * 16 + g + hr * 8;
-        if (row >= p.m) continue;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int64_t j0 = n0 + wn * WNO + nt * 8 + 2 * t;
-          if (j0 >= p.u) continue;
-          epilogue_pair(p, l, row, j0, acc[mt][0][nt][hr * 2], acc[mt][0][nt][hr * 2 + 1], acc[mt][1][nt][hr * 2],
-                        acc[mt][1][nt][hr * 2 + 1], bg[nt][0], bg[nt][1], bu[nt][0], bu[nt][1]);
-        }
-      }
+    }
+    __syncthreads();
+    switch (p.act) {
+      case 0: store_tile<0, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
+      case 1: store_tile<1, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
+      case 2: store_tile<2, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
+      case 3: store_tile<3, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
+      default: store_tile<4, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
+    }
+    __syncthreads();  // the next batch's prologue overwrites the accumulator tile
   }
 }
 
