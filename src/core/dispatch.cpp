@@ -38,29 +38,26 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   const std::string blocker = vector_blocker(r, a);
   c.vector_loads = blocker.empty();
 
-  // Bigger tiles feed more math per loaded byte (the L2->SM traffic bounds
-  // the small ones on H100) but leave SMs idle when there are few of them:
-  // take the biggest tile that still gives every SM at least one CTA.
+  // Bigger tiles reuse each loaded byte more but leave SMs idle when there
+  // are few of them.
   auto ctas = [&](const sm80::Tile& t) {
     return (r.m + t.tile_m - 1) / t.tile_m * ((r.u + t.tile_n - 1) / t.tile_n) * r.batch;
   };
+  // Measured on H100 (NOTES.md): 128x64 tiles with two CTAs per SM beat the
+  // 128x128 tile, because one CTA's epilogue overlaps the other's main loop.
   const sm80::Tile* pick = &sm80::kTileSmall;
   const char* tile_why = "64-row tiles: too few bigger tiles for the SMs";
-  if (ctas(sm80::kTileWide) >= dev.sms && size_t(sm80::kTileWide.smem_bytes) <= dev.smem_optin) {
-    pick = &sm80::kTileWide;
-    tile_why = "128x128 tiles";
-  } else if (r.m > sm80::kTileSmall.tile_m && ctas(sm80::kTileLarge) >= 2 * dev.sms) {
+  if (r.m > sm80::kTileSmall.tile_m && ctas(sm80::kTileLarge) >= 2 * dev.sms) {
     pick = &sm80::kTileLarge;
     tile_why = "128x64 tiles";
   }
-  // Tuning and test knob: GATEDMLP_FORCE_TILE=wide|large|small overrides the
+  // Tuning and test knob: GATEDMLP_FORCE_TILE=large|small overrides the
   // heuristic (any tile is correct for any shape; only speed differs).
   if (const char* f = std::getenv("GATEDMLP_FORCE_TILE")) {
     const std::string v = f;
-    if (v == "wide") pick = &sm80::kTileWide;
-    else if (v == "large") pick = &sm80::kTileLarge;
+    if (v == "large") pick = &sm80::kTileLarge;
     else if (v == "small") pick = &sm80::kTileSmall;
-    if (v == "wide" || v == "large" || v == "small") tile_why = "tile forced by GATEDMLP_FORCE_TILE";
+    if (v == "large" || v == "small") tile_why = "tile forced by GATEDMLP_FORCE_TILE";
   }
   const sm80::Tile& t = *pick;
   c.tile_m = t.tile_m;

@@ -25,11 +25,6 @@ template <typename T>
 cudaError_t launch_any(const Params& p, const Config& cfg, cudaStream_t stream) {
   static_assert(Sm80GemmGlu<T, 128, 64, 2, 2, 3, true>::kSmemBytes == kTileLarge.smem_bytes);
   static_assert(Sm80GemmGlu<T, 64, 64, 2, 2, 3, true>::kSmemBytes == kTileSmall.smem_bytes);
-  static_assert(Sm80GemmGlu<T, 128, 128, 2, 4, 3, true>::kSmemBytes == kTileWide.smem_bytes);
-  if (cfg.tile_n == kTileWide.tile_n) {
-    return cfg.vector_loads ? launch_tile<T, 128, 128, 2, 4, 3, true>(p, stream)
-                            : launch_tile<T, 128, 128, 2, 4, 3, false>(p, stream);
-  }
   if (cfg.tile_m == kTileLarge.tile_m) {
     return cfg.vector_loads ? launch_tile<T, 128, 64, 2, 2, 3, true>(p, stream)
                             : launch_tile<T, 128, 64, 2, 2, 3, false>(p, stream);

@@ -369,16 +369,19 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     for (int kt = 0; kt < k_tiles; ++kt) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
-      // The stage refilled here was read in iteration kt-1, which every warp
+      // The stage refilled below was read in iteration kt-1, which every warp
       // has finished: it passed the barrier above.
       const int nk = kt + STAGES - 1;
-      if (nk < k_tiles) load_tile(nk % STAGES, nk);
-      cp_async_commit();
-
       const uint32_t stage_addr = smem_base + (kt % STAGES) * (K::kStageElems * 2);
       load_frags(0, stage_addr, 0);
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
+        if (ks == 1) {
+          // Issued after the first k-step's mma, so the latency of the row
+          // pointer reads (shared memory) hides behind tensor-core work.
+          if (nk < k_tiles) load_tile(nk % STAGES, nk);
+          cp_async_commit();
+        }
         if (ks + 1 < BK / 16) load_frags((ks + 1) & 1, stage_addr, ks + 1);
         const int cur = ks & 1;
 #pragma unroll

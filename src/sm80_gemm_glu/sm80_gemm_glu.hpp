@@ -15,10 +15,6 @@ struct Tile {
   int smem_bytes;
 };
 // Shared memory: stages x (A rows + B rows) x 64 x 2 bytes, plus one pointer per B row.
-// Wide: 8 warps, 128 rows x 128 output columns (256 GEMM columns). Each loaded
-// byte feeds twice the math of the 128-column tile, which halves the L2->SM
-// traffic that limits the smaller tiles on H100 (see NOTES.md).
-inline constexpr Tile kTileWide{128, 128, 64, 3, 256, 3 * (128 + 256) * 64 * 2 + 256 * 8};
 inline constexpr Tile kTileLarge{128, 64, 64, 3, 128, 3 * (128 + 128) * 64 * 2 + 128 * 8};
 inline constexpr Tile kTileSmall{64, 64, 64, 3, 128, 3 * (64 + 128) * 64 * 2 + 128 * 8};
 

@@ -369,7 +369,7 @@ def test_convert_weights_on_device():
     gatedmlp.convert_weights(gate, out, from_w_up=up, from_layout=sep, to_layout=to)
     torch.cuda.synchronize()
     assert torch.equal(out, fuse_rows(gate, up, 32, "up"))
-    with pytest.raises(gatedmlp.InvalidArgumentError, match="all host memory or all CUDA"):
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="must all be host memory or all CUDA memory"):
         gatedmlp.convert_weights(gate.cpu(), out, from_w_up=up.cpu(), from_layout=sep, to_layout=to)
 
 
