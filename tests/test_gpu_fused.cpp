@@ -315,7 +315,7 @@ TEST(GpuFused, LargeTileShapes) {
   for (int i = 0; i < 6; ++i) {
     Problem p;
     p.m = 1536 + 7 * i;
-    p.u = 1408 + 72 * i;  // 22+ column tiles of 64, the last one partial
+    p.u = 1408 + 96 * i;  // 22+ column tiles of 64, the last one partial; divisible by every group below
     p.k = pick(rng, {72, 136, 100, 264});
     p.weights.group = i % 3 == 0 ? 0 : (i % 3 == 1 ? 1 : 32);
     p.weights.first = i % 2 ? Half::up : Half::gate;
@@ -332,7 +332,8 @@ TEST(GpuFused, LargeTileShapes) {
     p.has_bias = i % 2 == 0;
     p.has_preact = i == 2;
     Config c;
-    ASSERT_TRUE(plan(p, &c).ok());
+    const Status s = plan(p, &c);
+    ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(c.tile_m, 128) << to_string(c);
     run_case(p, rng, &st);
     if (HasFailure()) return;

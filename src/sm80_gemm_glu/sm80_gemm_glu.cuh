@@ -253,10 +253,34 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     // shared memory, computed once per tile (null past u).
     constexpr int kChunksPerRow = BK / 8;
     constexpr int kRowStep = K::kThreads / kChunksPerRow;
+    static_assert(BNO % kRowStep == 0, "a thread's B chunks must split evenly between the halves");
     const int my_chunk = tid % kChunksPerRow;
     const T* a_src = x + (m0 + tid / kChunksPerRow) * p.ldx + my_chunk * 8;
     const int64_t a_step = kRowStep * p.ldx;
     const bool interior = m0 + BM <= p.m && n0 + BNO <= p.u;
+    // In most layouts (separate, stacked, even/odd, blocks that are multiples
+    // of the tile) the tile's gate rows, and its up rows, are each evenly
+    // spaced in memory: then two pointers and a stride replace the per-row
+    // pointer table and its shared-memory reads in the main loop.
+    int64_t b_stride = 0;
+    const T* b_base[2] = {nullptr, nullptr};
+    if (VEC && interior) {
+      if (p.separate) {
+        b_stride = p.ldw;
+      } else if (p.group == 1) {
+        b_stride = 2 * p.ldw;
+      } else if (p.group % BNO == 0 || p.group == p.u) {
+        b_stride = p.ldw;
+      }
+      if (b_stride != 0)
+        for (int h = 0; h < 2; ++h) {
+          const void* base;
+          const int64_t row = weight_row(p, h, n0, &base);
+          b_base[h] = static_cast<const T*>(base) + woff + row * p.ldw + (tid / kChunksPerRow) * b_stride + my_chunk * 8;
+        }
+    }
+    const bool b_affine = b_stride != 0;
+    const int64_t b_step = kRowStep * b_stride;
     const T** s_brow = reinterpret_cast<const T**>(smem_raw + STAGES * K::kStageElems * 2);
     for (int r = tid; r < BN; r += K::kThreads) {
       const int64_t j = n0 + (r % BNO);
@@ -282,6 +306,15 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 #pragma unroll
           for (int i = 0; i < BM / kRowStep; ++i)
             cp_async_16_full(smem_addr(sa + swz(tid / kChunksPerRow + i * kRowStep, my_chunk)), a + i * a_step);
+          if (b_affine) {
+            constexpr int kHalf = BNO / kRowStep;  // chunks of one half per thread
+#pragma unroll
+            for (int i = 0; i < BN / kRowStep; ++i) {
+              const int r = tid / kChunksPerRow + i * kRowStep;
+              cp_async_16_full(smem_addr(sb + swz(r, my_chunk)), b_base[i / kHalf] + (i % kHalf) * b_step + k0);
+            }
+            return;
+          }
 #pragma unroll
           for (int i = 0; i < BN / kRowStep; ++i) {
             const int r = tid / kChunksPerRow + i * kRowStep;
