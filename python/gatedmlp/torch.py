@@ -1,0 +1,303 @@
+"""PyTorch integration: gatedmlp as torch.library operators, and GatedMLP.
+
+The operators (``torch.ops.gatedmlp.gate_up``, ``gate_up_preact``,
+``gate_up_out``) are custom ops with fake (meta) implementations, so they
+trace into torch.compile graphs without graph breaks and can be captured in
+CUDA graphs. They launch on ``torch.cuda.current_stream()``.
+
+``GatedMLP`` is a drop-in for the MLP of Llama/Qwen-style models
+(gate_proj, up_proj, down_proj): it loads their state dict, stacking the gate
+and up weights once into one [2U, K] tensor, and computes
+``down_proj(act(gate_proj(x)) * up_proj(x))`` with the gate/up half fused.
+
+There is no backward pass yet: a call that would need one (grad enabled and
+an input or a gate/up weight requiring grad) raises instead of returning a
+result without gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+import gatedmlp as _g
+from gatedmlp import _gatedmlp as _C
+
+__all__ = ["gate_up", "GatedMLP", "activation_name"]
+
+_ACTIVATIONS = dict(_C.Activation.__members__)
+_HALVES = dict(_C.Half.__members__)
+_STORAGES = dict(_C.WeightStorage.__members__)
+
+# Hugging Face `hidden_act` names and the gatedmlp activation each one is.
+_HF_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu_erf",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "relu": "relu",
+}
+
+
+def activation_name(activation) -> str:
+    """The gatedmlp activation name for an Activation, a gatedmlp name, or a
+    Hugging Face ``hidden_act`` name ("silu", "gelu_pytorch_tanh", ...)."""
+    if isinstance(activation, str):
+        if activation in _ACTIVATIONS:
+            return activation
+        if activation in _HF_ACTIVATIONS:
+            return _HF_ACTIVATIONS[activation]
+        names = sorted(set(_ACTIVATIONS) | set(_HF_ACTIVATIONS))
+        raise _g.InvalidArgumentError(f"gatedmlp: activation {activation!r} is not one of {', '.join(names)}")
+    if isinstance(activation, _C.Activation):
+        return activation.name
+    raise TypeError(f"gatedmlp: activation must be a name or a gatedmlp.Activation, got {type(activation).__name__}")
+
+
+def _name(value, members, what) -> str:
+    if isinstance(value, str):
+        if value not in members:
+            raise _g.InvalidArgumentError(f"gatedmlp: {what}={value!r} is not one of {', '.join(members)}")
+        return value
+    return value.name
+
+
+def _out_features(w: Tensor, w_up: Optional[Tensor], storage: str):
+    rows = w.shape[-1] if storage == "in_out" else w.shape[-2]
+    return rows if w_up is not None else rows // 2
+
+
+def _flatten(x: Tensor, w: Tensor) -> Tensor:
+    # nn.Linear semantics: x [..., K] -> [M, K]. With batched weights
+    # ([L, rows, K]) x is [L, M, K] and keeps its batch axis.
+    if w.dim() == 3 or x.dim() == 2:
+        return x
+    return x.reshape(-1, x.shape[-1])
+
+
+def _capsule(t: Optional[Tensor]):
+    return None if t is None else torch.utils.dlpack.to_dlpack(t)
+
+
+def _launch(x, w, w_up, bias, bias_up, out, preact, activation, clamp_alpha, clamp_limit, group, first, storage,
+            alpha) -> None:
+    if x.numel() == 0:
+        return  # nothing to compute: an empty batch, as nn.Linear allows
+    stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    _C.gate_up(
+        _capsule(x), _capsule(w), _capsule(out), _capsule(w_up), _capsule(bias), _capsule(bias_up),
+        _capsule(preact),
+        activation=_ACTIVATIONS[activation],
+        act_params=_C.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit),
+        group=group, first=_HALVES[first], storage=_STORAGES[storage], alpha=alpha, stream=stream)
+
+
+# ---------------------------------------------------------------- operators
+@torch.library.custom_op("gatedmlp::gate_up", mutates_args=())
+def _gate_up_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor],
+                activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str, storage: str,
+                alpha: float, out_dtype: Optional[torch.dtype]) -> Tensor:
+    x2 = _flatten(x, w)
+    u = _out_features(w, w_up, storage)
+    out = torch.empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype, device=x.device)
+    _launch(x2, w, w_up, bias, bias_up, out.view(*x2.shape[:-1], u), None, activation, clamp_alpha, clamp_limit,
+            group, first, storage, alpha)
+    return out
+
+
+@_gate_up_op.register_fake
+def _gate_up_fake(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage, alpha,
+                  out_dtype):
+    return x.new_empty((*x.shape[:-1], _out_features(w, w_up, storage)), dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("gatedmlp::gate_up_preact", mutates_args=())
+def _gate_up_preact_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor],
+                       bias_up: Optional[Tensor], activation: str, clamp_alpha: float, clamp_limit: float,
+                       group: int, first: str, storage: str, alpha: float, out_dtype: Optional[torch.dtype],
+                       preact_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor]:
+    x2 = _flatten(x, w)
+    u = _out_features(w, w_up, storage)
+    out = torch.empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype, device=x.device)
+    pre = torch.empty((*x.shape[:-1], 2 * u), dtype=preact_dtype or x.dtype, device=x.device)
+    lead = x2.shape[:-1]
+    _launch(x2, w, w_up, bias, bias_up, out.view(*lead, u), pre.view(*lead, 2 * u), activation, clamp_alpha,
+            clamp_limit, group, first, storage, alpha)
+    return out, pre
+
+
+@_gate_up_preact_op.register_fake
+def _gate_up_preact_fake(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage,
+                         alpha, out_dtype, preact_dtype):
+    u = _out_features(w, w_up, storage)
+    return (x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype),
+            x.new_empty((*x.shape[:-1], 2 * u), dtype=preact_dtype or x.dtype))
+
+
+@torch.library.custom_op("gatedmlp::gate_up_out", mutates_args=("out",))
+def _gate_up_out_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor],
+                    bias_up: Optional[Tensor], out: Tensor, activation: str, clamp_alpha: float,
+                    clamp_limit: float, group: int, first: str, storage: str, alpha: float) -> None:
+    x2 = _flatten(x, w)
+    # A view, never a copy: the kernel must write into `out` itself.
+    out2 = out if x2 is x else out.view(-1, out.shape[-1])
+    _launch(x2, w, w_up, bias, bias_up, out2, None, activation, clamp_alpha, clamp_limit, group, first, storage,
+            alpha)
+
+
+@_gate_up_out_op.register_fake
+def _gate_up_out_fake(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, clamp_limit, group, first, storage,
+                      alpha):
+    return None
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError(_g._NO_BACKWARD)
+
+
+def _setup_context(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd("gatedmlp::gate_up", _no_backward, setup_context=_setup_context)
+torch.library.register_autograd("gatedmlp::gate_up_preact", _no_backward, setup_context=_setup_context)
+
+
+def _check_no_grad(*tensors) -> None:
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                raise RuntimeError(_g._NO_BACKWARD)
+
+
+def gate_up(x: Tensor, w: Tensor, w_up: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+            bias_up: Optional[Tensor] = None, *, activation="silu", clamp_alpha: float = 1.702,
+            clamp_limit: float = 7.0, group: int = 0, first="gate", storage="out_in", alpha: float = 1.0,
+            out_dtype: Optional[torch.dtype] = None, out: Optional[Tensor] = None, return_preact: bool = False,
+            preact_dtype: Optional[torch.dtype] = None):
+    """act(alpha * x @ Wg^T + bg) * (alpha * x @ Wu^T + bu) as a PyTorch op.
+
+    x is [..., K] (nn.Linear style; with batched [L, rows, K] weights, x is
+    [L, M, K]). w is the fused [2U, K] gate/up weight (stacked when group=0),
+    or with w_up the gate weight, w_up the up weight. Names as in gatedmlp:
+    activation ("silu", "gelu_tanh", "gelu_erf", "relu", "swiglu_clamped" with
+    clamp_alpha and clamp_limit), first ("gate" / "up"), storage ("out_in" /
+    "in_out"). Returns y [..., U], or (y, preact) with return_preact; with
+    out= it writes into out and returns it.
+    """
+    _check_no_grad(x, w, w_up, bias, bias_up)
+    act = activation_name(activation)
+    first = _name(first, _HALVES, "first")
+    storage = _name(storage, _STORAGES, "storage")
+    clamp_alpha = float(clamp_alpha)
+    clamp_limit = float(clamp_limit)
+    alpha = float(alpha)
+    if out is not None:
+        if return_preact:
+            raise TypeError("gatedmlp: return_preact is not available with out=")
+        torch.ops.gatedmlp.gate_up_out(x, w, w_up, bias, bias_up, out, act, clamp_alpha, clamp_limit, group,
+                                       first, storage, alpha)
+        return out
+    if return_preact:
+        return torch.ops.gatedmlp.gate_up_preact(x, w, w_up, bias, bias_up, act, clamp_alpha, clamp_limit, group,
+                                                 first, storage, alpha, out_dtype, preact_dtype)
+    return torch.ops.gatedmlp.gate_up(x, w, w_up, bias, bias_up, act, clamp_alpha, clamp_limit, group, first,
+                                      storage, alpha, out_dtype)
+
+
+# ---------------------------------------------------------------- the module
+def _activation_of_module(act: nn.Module) -> str:
+    if isinstance(act, nn.SiLU):
+        return "silu"
+    if isinstance(act, nn.ReLU):
+        return "relu"
+    if isinstance(act, nn.GELU):
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu_erf"
+    name = type(act).__name__
+    if name in ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation"):
+        return "gelu_tanh"
+    if name == "GELUActivation":
+        return "gelu_erf"
+    raise _g.InvalidArgumentError(
+        f"gatedmlp: cannot tell which activation {name} is; pass activation= to GatedMLP.from_module")
+
+
+class GatedMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)) with the gate/up half fused.
+
+    A drop-in for the MLP of Llama, Qwen, Mistral, Gemma and similar models.
+    The gate and up projections live stacked in ``gate_up_proj`` (an
+    nn.Linear of [2U, K]: rows [0, U) are the gate, [U, 2U) the up). Loading
+    a Hugging Face state dict (gate_proj.weight, up_proj.weight,
+    down_proj.weight and optional biases) stacks them once, at load time; a
+    state dict with gate_up_proj.* loads as is.
+
+    activation: "silu" (SwiGLU), "gelu_tanh", "gelu_erf", "relu",
+    "swiglu_clamped" (gpt-oss, with clamp_alpha and clamp_limit), or a
+    Hugging Face hidden_act name. bias: biases on all three projections
+    (Llama's mlp_bias, gpt-oss).
+
+    Inference only for now: forward raises when a gradient would be needed
+    (grad enabled and x or the gate/up weights requiring grad). Use
+    torch.no_grad() / torch.inference_mode(), or requires_grad_(False).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, bias: bool = False, activation="silu",
+                 clamp_alpha: float = 1.702, clamp_limit: float = 7.0, device=None, dtype=None):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.activation = activation_name(activation)
+        self.clamp_alpha = float(clamp_alpha)
+        self.clamp_limit = float(clamp_limit)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, device=device, dtype=dtype)
+
+    @classmethod
+    def from_module(cls, mlp: nn.Module, activation=None, **kwargs) -> "GatedMLP":
+        """A GatedMLP with the weights of a module that has gate_proj, up_proj
+        and down_proj (nn.Linear) and act_fn. The activation is read from
+        act_fn unless given."""
+        gate = mlp.gate_proj
+        if activation is None:
+            activation = _activation_of_module(mlp.act_fn)
+        self = cls(gate.in_features, gate.out_features, bias=gate.bias is not None, activation=activation,
+                   device=gate.weight.device, dtype=gate.weight.dtype, **kwargs)
+        self.load_state_dict({k: v for k, v in mlp.state_dict().items()
+                              if k.split(".", 1)[0] in ("gate_proj", "up_proj", "down_proj")})
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Hugging Face layout -> stacked [gate; up], once, here.
+        for kind in ("weight", "bias"):
+            g, u = f"{prefix}gate_proj.{kind}", f"{prefix}up_proj.{kind}"
+            if g not in state_dict and u not in state_dict:
+                continue
+            if g not in state_dict or u not in state_dict:
+                error_msgs.append(f"gatedmlp: {g} and {u} must be given together")
+                continue
+            gate, up = state_dict.pop(g), state_dict.pop(u)
+            if gate.shape != up.shape:
+                error_msgs.append(f"gatedmlp: {g} {tuple(gate.shape)} and {u} {tuple(up.shape)} differ in shape")
+                continue
+            state_dict[f"{prefix}gate_up_proj.{kind}"] = torch.cat([gate, up], dim=0)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self.gate_up_proj.weight, self.gate_up_proj.bias
+        _check_no_grad(x, w, b)
+        h = torch.ops.gatedmlp.gate_up(x, w, None, b, None, self.activation, self.clamp_alpha, self.clamp_limit, 0,
+                                       "gate", "out_in", 1.0, None)
+        return self.down_proj(h)
+
+    def extra_repr(self) -> str:
+        s = f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, activation={self.activation}"
+        if self.activation == "swiglu_clamped":
+            s += f", clamp_alpha={self.clamp_alpha}, clamp_limit={self.clamp_limit}"
+        return s
