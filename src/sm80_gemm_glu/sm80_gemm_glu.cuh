@@ -399,35 +399,23 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
                       bf[buf][h][2 * np + 1][0], bf[buf][h][2 * np + 1][1]);
     };
 
-    // Software pipeline: the barrier that makes tile kt+1 visible is taken
-    // before the last k-step of tile kt, so the wait and the first fragment
-    // loads of kt+1 overlap that step's mma instead of stalling the warps.
-    constexpr int KS = BK / 16;
-    static_assert(KS % 2 == 0, "k-step 0 of every tile must land in fragment buffer 0");
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    load_frags(0, smem_base, 0);
     for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      // The stage refilled below was read in iteration kt-1, which every warp
+      // has finished: it passed the barrier above.
       const int nk = kt + STAGES - 1;
       const uint32_t stage_addr = smem_base + (kt % STAGES) * (K::kStageElems * 2);
+      load_frags(0, stage_addr, 0);
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
+      for (int ks = 0; ks < BK / 16; ++ks) {
         if (ks == 1) {
-          // Refills the stage of tile kt-1: every warp issued its last read of
-          // it before the barrier of the previous iteration. Issued after the
-          // first k-step's mma so the row-pointer reads hide behind it.
+          // Issued after the first k-step's mma, so the latency of the row
+          // pointer reads (shared memory) hides behind tensor-core work.
           if (nk < k_tiles) load_tile(nk % STAGES, nk);
           cp_async_commit();
         }
-        if (ks == KS - 1) {
-          cp_async_wait<STAGES - 2>();  // tile kt+1 has landed
-          __syncthreads();
-        }
-        if (ks + 1 < KS) {
-          load_frags((ks + 1) & 1, stage_addr, ks + 1);
-        } else if (kt + 1 < k_tiles) {
-          load_frags(0, smem_base + ((kt + 1) % STAGES) * (K::kStageElems * 2), 0);
-        }
+        if (ks + 1 < BK / 16) load_frags((ks + 1) & 1, stage_addr, ks + 1);
         const int cur = ks & 1;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
