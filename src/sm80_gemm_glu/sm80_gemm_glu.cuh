@@ -5,24 +5,34 @@
 // the BNO up rows. The loader gathers those rows from wherever the layout puts
 // them (separate tensors, stacked, interleaved by any G, either half first,
 // [out,K] or [K,out] storage), so shared memory always holds
-// [gate rows | up rows] x BK and the math never sees the layout.
+// [gate rows | up rows] x BK and the math never sees the layout. Where the
+// tile's gate rows (and its up rows) are evenly spaced in memory -- separate,
+// stacked, even/odd, blocks that are multiples of the tile -- two pointers and
+// a stride address them; otherwise a per-row pointer table in shared memory.
 //
 // Each warp owns WM rows x WNO output columns and keeps two accumulators of the
-// same shape, one over the gate rows and one over the up rows. In the mma.sync
-// accumulator layout the gate value and the up value of an output element sit
-// in the same register slot of the same thread, so the epilogue
-// act(alpha*g + bg) * (alpha*u + bu) runs in registers and only Y is stored.
+// same shape, one over the gate rows and one over the up rows, so the gate and
+// up values of an output element end in the same thread. The epilogue parks
+// the fp32 accumulators in the idle pipeline shared memory and then walks the
+// tile 8 output columns at a time: bias, alpha, act(g) * u, one 16-byte store.
+// Only Y (and the pre-activation, if asked) reaches device memory.
 //
-// Pipeline: STAGES-deep ring of shared-memory tiles. With aligned operands the
-// loads are 16-byte cp.async (K, strides and pointers multiples of 8 elements);
-// otherwise each element is loaded by an ordinary load and zero-filled past
-// the edges, which is slower but takes any shape and stride.
+// Pipeline: a STAGES-deep ring of shared-memory tiles. With aligned operands
+// the loads are 16-byte cp.async (K, strides and pointers multiples of 8
+// elements), unpredicated for interior tiles; otherwise each element is loaded
+// by an ordinary load and zero-filled past the edges, which is slower but
+// takes any shape and stride.
 //
 // Shared-memory rows are BK = 64 elements (128 bytes, eight 16-byte chunks);
 // the chunk index is XORed with row%8 so the 8 rows one ldmatrix phase reads
 // hit 32 distinct banks. Fragments are double-buffered in registers: the
-// ldmatrix of k-step s+1 is issued before the mma of step s, which hides the
-// shared-memory latency that 8 warps per SM cannot hide by themselves.
+// ldmatrix of k-step s+1 is issued before the mma of step s.
+//
+// Why these tiles (measured on H100, NOTES.md): 128x64-output tiles of 4 warps
+// (each 64 rows x 64 GEMM columns, 128 fp32 accumulators) leave room for two
+// CTAs per SM, so one CTA's epilogue overlaps the other's main loop; a
+// 128x128 tile of 8 warps (one CTA per SM) was slower. 64-row tiles serve
+// small M, where there are too few 128-row tiles to fill the SMs.
 #pragma once
 
 #include <cuda_bf16.h>
