@@ -195,7 +195,7 @@ int accuracy_main(int argc, char** argv) {
           {"inits", "N", "random inits per size (default 100), capped by --budget-s"},
           {"rows", "R", "rows sampled per init for the fp64 reference (default 256)"},
           {"budget-s", "S", "time budget per size in seconds (default 60); at least one init always runs"},
-          {"seed", "S", "base random seed (default 0)"},
+          {"seed", "S", "base random seed (default: a fresh one, printed)"},
           {"json", "FILE", "also write the table, device, driver and git commit as JSON"},
       });
   f.parse(argc, argv);
@@ -210,7 +210,9 @@ int accuracy_main(int argc, char** argv) {
   const int64_t inits = f.i64("inits", 100);
   const int64_t nrows = f.i64("rows", 256);
   const double budget = f.f64("budget-s", 60.0);
-  const uint64_t seed = static_cast<uint64_t>(f.i64("seed", 0));
+  // Fresh inputs on every run unless --seed asks to repeat one; the seed is printed.
+  const uint64_t seed = f.has("seed") ? static_cast<uint64_t>(f.i64("seed", 0))
+                                      : (uint64_t(std::random_device{}()) << 32 | std::random_device{}()) >> 1;
   const std::string json = f.str("json", "");
   if (inits < 1) throw UsageError("--inits must be >= 1");
   if (nrows < 1) throw UsageError("--rows must be >= 1");
@@ -237,9 +239,9 @@ int accuracy_main(int argc, char** argv) {
   }
   (void)cudaStreamDestroy(stream);
 
-  std::printf("device: %s, driver %s, runtime %s, commit %s; bf16, silu, stacked; W ~ U(+-1/sqrt(K)), X ~ N(0,1)\n",
+  std::printf("device: %s, driver %s, runtime %s, commit %s; bf16, silu, stacked; W ~ U(+-1/sqrt(K)), X ~ N(0,1); seed %llu\n",
               dev.prop.name, cuda_version_string(dev.driver_version).c_str(),
-              cuda_version_string(dev.runtime_version).c_str(), git_commit().c_str());
+              cuda_version_string(dev.runtime_version).c_str(), git_commit().c_str(), (unsigned long long)seed);
   std::printf("%-6s %5s %5s | %-8s %-21s %-21s %-21s\n", "MNK", "inits", "rows", "path", "max abs diff",
               "mean abs diff", "relative diff");
   bool bad = false;
@@ -274,6 +276,7 @@ int accuracy_main(int argc, char** argv) {
     out << "  \"driver_version\": " << json_str(cuda_version_string(dev.driver_version)) << ",\n";
     out << "  \"runtime_version\": " << json_str(cuda_version_string(dev.runtime_version)) << ",\n";
     out << "  \"git_commit\": " << json_str(git_commit()) << ",\n";
+    out << "  \"seed\": " << seed << ",\n";
     out << "  \"dtype\": \"bf16\", \"activation\": \"silu\", \"layout\": \"stacked\",\n";
     out << "  \"budget_s\": " << json_num(budget) << ", \"requested_inits\": " << inits << ",\n";
     out << "  \"rows\": [";
