@@ -98,11 +98,8 @@ Row run_size(const DeviceInfo& dev, int64_t n, int64_t inits, int64_t want_rows,
   const size_t fused_ws = row.fused_ok ? workspace_size(p) : 0;
   const size_t need =
       x_bytes + w_bytes + y_bytes + inter_bytes + ref_bytes + fused_ws + (size_t{32} << 20) + kSlackBytes;
-  size_t free_b = 0, total_b = 0;
-  cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  if (need > free_b) {
+  if (!fits_in_memory(need, &row.note)) {
     row.skipped = true;
-    row.note = fmt("needs %.1f GiB of GPU memory, %.1f GiB free", gib(double(need)), gib(double(free_b)));
     return row;
   }
 

@@ -164,11 +164,8 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   row.copies = copies;
   const size_t fused_ws = row.fused_ok ? workspace_size(p) : 0;
   const size_t need = size_t(copies) * per_copy + inter_bytes + (size_t{32} << 20) + fused_ws + kSlackBytes;
-  size_t free_b = 0, total_b = 0;
-  cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  if (need > free_b) {
+  if (!fits_in_memory(need, &row.note)) {
     row.skipped = true;
-    row.note = fmt("needs %.1f GiB of GPU memory, %.1f GiB free", gib(double(need)), gib(double(free_b)));
     return row;
   }
 

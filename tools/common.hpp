@@ -152,6 +152,9 @@ std::string json_str(const std::string& s);  // quoted and escaped
 std::string json_num(double v);              // null when not finite
 std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
 double gib(double bytes);
+// Whether `need` bytes fit in the device's free memory now; if not, `note`
+// says how much was needed and how much is free.
+bool fits_in_memory(size_t need, std::string* note);
 
 // ---------------------------------------------------------------- subcommands
 int bench_main(int argc, char** argv);

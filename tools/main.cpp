@@ -425,6 +425,14 @@ std::string fmt(const char* format, ...) {
 
 double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+bool fits_in_memory(size_t need, std::string* note) {
+  size_t free_b = 0, total_b = 0;
+  cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (need <= free_b) return true;
+  *note = fmt("needs %.1f GiB of GPU memory, %.1f GiB free", gib(double(need)), gib(double(free_b)));
+  return false;
+}
+
 }  // namespace gatedmlp::tool
 
 namespace {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/device_dtype.cuh"
 #include "reference/reference.hpp"
 
 namespace gatedmlp::ref {
@@ -26,20 +27,7 @@ __host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
+using gatedmlp::detail::from_float;
 
 // Element i is element i of the splitmix64 sequence started at `key`: the
 // sequence is equidistributed, and distinct seeds give unrelated keys.

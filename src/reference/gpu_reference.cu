@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/device_dtype.cuh"
 #include "common/activation_math.hpp"
 #include "common/layout_math.hpp"
 #include "reference/reference.hpp"
@@ -50,15 +51,9 @@ struct RefArgs {
   double* y;
 };
 
+// Every input dtype is exactly representable in fp32, so the fp32 load is exact.
 __device__ __forceinline__ double load_d(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::bf16:
-      return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]));
-    case DType::fp16:
-      return static_cast<double>(__half2float(static_cast<const __half*>(base)[i]));
-    default:
-      return static_cast<double>(static_cast<const float*>(base)[i]);
-  }
+  return static_cast<double>(gatedmlp::detail::load_float(base, static_cast<int>(t), i));
 }
 
 // Physical weight row of logical output j of `half`, and the tensor holding it.

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "common/device_dtype.cuh"
 #include "common/activation_math.hpp"
 #include "common/layout_math.hpp"
 #include "reference/reference.hpp"
@@ -58,47 +59,14 @@ struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) {
-  return __float2half_rn(v);
-}
+using gatedmlp::detail::to_float;
+using gatedmlp::detail::from_float;
 
 __device__ __forceinline__ float load_dyn(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::bf16:
-      return to_f(static_cast<const __nv_bfloat16*>(base)[i]);
-    case DType::fp16:
-      return to_f(static_cast<const __half*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
+  return gatedmlp::detail::load_float(base, static_cast<int>(t), i);
 }
-
 __device__ __forceinline__ void store_dyn(void* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::bf16:
-      static_cast<__nv_bfloat16*>(base)[i] = from_f<__nv_bfloat16>(v);
-      break;
-    case DType::fp16:
-      static_cast<__half*>(base)[i] = from_f<__half>(v);
-      break;
-    default:
-      static_cast<float*>(base)[i] = v;
-      break;
-  }
+  gatedmlp::detail::store_float(base, static_cast<int>(t), i, v);
 }
 
 // N values as 16-byte stores; dst must be 16-byte aligned.
@@ -110,7 +78,7 @@ __device__ __forceinline__ void store_vec(O* dst, const float* v) {
   for (int c = 0; c < N / kChunk; ++c) {
     Vec<O, kChunk> t;
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) t.v[i] = from_f<O>(v[c * kChunk + i]);
+    for (int i = 0; i < kChunk; ++i) t.v[i] = from_float<O>(v[c * kChunk + i]);
     *reinterpret_cast<Vec<O, kChunk>*>(dst + c * kChunk) = t;
   }
 }
@@ -134,7 +102,7 @@ template <int N, typename T>
 __device__ __forceinline__ void load_vec(const T* src, float* v) {
   const Vec<T, N> t = *reinterpret_cast<const Vec<T, N>*>(src);
 #pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = to_f(t.v[i]);
+  for (int i = 0; i < N; ++i) v[i] = to_float(t.v[i]);
 }
 
 // ---------------------------------------------------------------- GLU kernel
@@ -220,8 +188,8 @@ __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
           load_vec<V>(in + gcol, g);
           load_vec<V>(in + ucol, u);
         } else {
-          g[0] = to_f(in[gcol]);
-          u[0] = to_f(in[ucol]);
+          g[0] = to_float(in[gcol]);
+          u[0] = to_float(in[ucol]);
         }
       }
 
@@ -263,7 +231,7 @@ __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
         out[i] = detail::glu<float>(a.act, g[i], u[i], a.clamp_alpha, a.clamp_limit);
       }
       if constexpr (kMode == GluMode::scalar) {
-        y[j0] = from_f<O>(out[0]);
+        y[j0] = from_float<O>(out[0]);
       } else {
         store_vec<V>(y + j0, out);
       }

@@ -41,6 +41,7 @@
 #include <cstdint>
 
 #include "common/activation_math.hpp"
+#include "common/device_dtype.cuh"
 #include "common/layout_math.hpp"
 #include "sm80_gemm_glu/params.hpp"
 
@@ -48,21 +49,8 @@ namespace gatedmlp::sm80 {
 
 namespace detail_ {
 
-__device__ __forceinline__ float load_float(const void* p, int dtype, int64_t i) {
-  switch (dtype) {
-    case 0: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case 1: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void store_float(void* p, int dtype, int64_t i, float v) {
-  switch (dtype) {
-    case 0: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case 1: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
+using gatedmlp::detail::load_float;
+using gatedmlp::detail::store_float;
 
 // Eight adjacent elements at i (16-byte aligned for 16-bit types, 32 for fp32).
 __device__ __forceinline__ void store_vec8(void* p, int dtype, int64_t i, const float (&v)[8]) {

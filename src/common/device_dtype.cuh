@@ -1,0 +1,50 @@
+// Device-side element conversions, shared by the kernels and the references.
+// `dtype` is the integer value of gatedmlp::DType (0 bf16, 1 fp16, 2 fp32):
+// kernels take it at run time, since it only steers loads and stores.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace gatedmlp::detail {
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+
+// Round to nearest even.
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// Element i of an array whose type is known only at run time.
+__device__ __forceinline__ float load_float(const void* p, int dtype, int64_t i) {
+  switch (dtype) {
+    case 0: return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case 1: return to_float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_float(void* p, int dtype, int64_t i, float v) {
+  switch (dtype) {
+    case 0: static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(v); break;
+    case 1: static_cast<__half*>(p)[i] = from_float<__half>(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+}  // namespace gatedmlp::detail
