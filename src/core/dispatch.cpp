@@ -59,6 +59,12 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     else if (v == "small") pick = &sm80::kTileSmall;
     if (v == "large" || v == "small") tile_why = "tile forced by GATEDMLP_FORCE_TILE";
   }
+  // A device with less shared memory per block (sm_86/89 allow ~99 KB) still
+  // gets the small tile rather than a refusal.
+  if (size_t(pick->smem_bytes) > dev.smem_optin && pick != &sm80::kTileSmall) {
+    pick = &sm80::kTileSmall;
+    tile_why = "64-row tiles: the device's shared memory per block is too small for bigger ones";
+  }
   const sm80::Tile& t = *pick;
   c.tile_m = t.tile_m;
   c.tile_n = t.tile_n;
