@@ -206,8 +206,6 @@ struct Sm80GemmGlu {
   // of 8 floats staggers rows across banks for the float2 writes.
   static constexpr int kAccLd = 2 * BNO + 8;
   static_assert(BM * kAccLd * 4 <= STAGES * kStageElems * 2, "accumulator tile must fit in the stages");
-  static constexpr int kAChunks = BM * BK / 8 / kThreads;  // 16-byte chunks per thread
-  static constexpr int kBChunks = BN * BK / 8 / kThreads;
   static_assert(WM % 16 == 0 && WNO % 16 == 0, "warp tile must be whole 16x16 fragments");
   static_assert(BM * BK / 8 % kThreads == 0 && BN * BK / 8 % kThreads == 0, "chunks must split evenly");
 };
