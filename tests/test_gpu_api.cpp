@@ -80,11 +80,17 @@ TEST(GpuApi, PlanNamesThePathAndWhy) {
   Config c;
   Problem p = small();
   ASSERT_TRUE(plan(p, &c).ok());
-  EXPECT_EQ(c.path, KernelPath::sm80_mma);
+  int dev = 0, major = 0, minor = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  // sm_90 (H100/H200) takes the Hopper kernel; everything else the portable one.
+  EXPECT_EQ(c.path, major == 9 && minor == 0 ? KernelPath::sm90_wgmma : KernelPath::sm80_mma) << c.reason;
   EXPECT_TRUE(c.vector_loads);
   EXPECT_FALSE(c.reason.empty());
-  p.k = 63;
+  p.k = 63;  // not a multiple of 8: neither TMA nor 16-byte cp.async
   ASSERT_TRUE(plan(p, &c).ok());
+  EXPECT_EQ(c.path, KernelPath::sm80_mma);
   EXPECT_FALSE(c.vector_loads);
   EXPECT_NE(c.reason.find("k=63"), std::string::npos) << c.reason;
   p.k = 0;

@@ -3,11 +3,21 @@
 // padded strides and batches. Outputs are poisoned with NaN first; every
 // element must be written, padding must stay untouched, and the fused error
 // must be at most 2x the unfused (cuBLASLt + GLU kernel) error plus a tiny atol.
+//
+// The FastPath* tests run each case with GATEDMLP_FORCE_PATH unset (the
+// Hopper kernel where the problem allows it) and with it set to portable, and
+// on a compute capability 9.0 device check through plan() that the eligible
+// cases really took the Hopper kernel and the others fell back.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "gpu_util.hpp"
 
@@ -29,12 +39,22 @@ struct CaseStats {
 };
 
 // Compares an output tensor (device layout: [L][rows, ld], `cols` valid
-// columns) with a dense reference [L][rows][cols]. Every valid element must be
-// finite; every other byte of the buffer must still hold the poison.
+// columns) with a dense reference [L][nref][cols], where the reference rows
+// are `ref_rows` (sampled; nullptr: all rows, nref = rows). Every valid element
+// must be finite, sampled or not; every other byte of the buffer must still
+// hold the poison. Errors are over the sampled rows.
 ::testing::AssertionResult compare(const char* name, const std::vector<unsigned char>& out,
                                    const std::vector<unsigned char>& poison, DType dt, int64_t L, int64_t rows,
-                                   int64_t ld, int64_t cols, int64_t bstride, const std::vector<double>& ref, Err* e) {
+                                   int64_t ld, int64_t cols, int64_t bstride, const std::vector<double>& ref, Err* e,
+                                   const std::vector<int64_t>* ref_rows = nullptr) {
   const size_t es = dtype_size(dt);
+  std::vector<int64_t> ref_index(size_t(rows), -1);  // row -> its row in `ref`, or -1: not sampled
+  if (ref_rows) {
+    for (size_t i = 0; i < ref_rows->size(); ++i) ref_index[size_t((*ref_rows)[i])] = int64_t(i);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) ref_index[size_t(r)] = r;
+  }
+  const int64_t nref = ref_rows ? int64_t(ref_rows->size()) : rows;
   std::vector<char> valid(out.size() / es, 0);
   for (int64_t l = 0; l < L; ++l)
     for (int64_t r = 0; r < rows; ++r)
@@ -42,10 +62,12 @@ struct CaseStats {
         const int64_t i = l * bstride + r * ld + c;
         valid[size_t(i)] = 1;
         const double v = ref::load_as_double(out.data(), dt, i);
-        const double want = ref[size_t((l * rows + r) * cols + c)];
+        const int64_t ri = ref_index[size_t(r)];
+        const double want = ri >= 0 ? ref[size_t((l * nref + ri) * cols + c)] : NAN;
         if (!std::isfinite(v))
           return ::testing::AssertionFailure() << name << "[" << l << "][" << r << "][" << c << "] = " << v
                                                << " (not written, or NaN); reference " << want;
+        if (ri < 0) continue;
         const double d = std::fabs(v - want);
         e->max_abs = std::max(e->max_abs, d);
         e->sq_diff += d * d;
@@ -58,8 +80,76 @@ struct CaseStats {
   return ::testing::AssertionSuccess();
 }
 
-// One random case, end to end. Returns the fused/unfused error ratio.
-void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats) {
+// Worst, over the rows of every batch, of ||a - b|| / ||b|| for one row of two
+// outputs in the same device layout: a wrong tile shows in its rows even where
+// the reference was only sampled.
+double worst_row_rel_diff(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b, DType dt,
+                          int64_t L, int64_t rows, int64_t ld, int64_t cols, int64_t bstride, int64_t* worst_row) {
+  double worst = 0;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t r = 0; r < rows; ++r) {
+      double num = 0, den = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t i = l * bstride + r * ld + c;
+        const double va = ref::load_as_double(a.data(), dt, i), vb = ref::load_as_double(b.data(), dt, i);
+        num += (va - vb) * (va - vb);
+        den += vb * vb;
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-30));
+      if (!(rel <= worst)) {  // NaN counts as worst
+        worst = rel;
+        *worst_row = l * rows + r;
+      }
+    }
+  return worst;
+}
+
+constexpr const char* kForcePathEnv = "GATEDMLP_FORCE_PATH";
+
+// Sets (value) or unsets (nullptr) an environment variable for a scope and
+// restores what was there before. The dispatcher reads GATEDMLP_FORCE_PATH on
+// every plan() and run().
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = std::string(old);
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_.c_str(), old_->c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// One fused run of a case: under which GATEDMLP_FORCE_PATH.
+struct Variant {
+  const char* label = "fused";
+  bool set_env = false;              // false: GATEDMLP_FORCE_PATH as the environment has it
+  const char* force_path = nullptr;  // with set_env: the value; nullptr unsets it
+};
+const Variant kAsIs{};
+const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset", true, nullptr};
+const Variant kPortablePath{"fused, GATEDMLP_FORCE_PATH=portable", true, "portable"};
+
+struct CaseOptions {
+  std::vector<Variant> variants{kAsIs};  // one fused run each, on the same inputs
+  // Rows (of every batch) the float64 reference is computed for; empty: all.
+  // With a sample, every element must still be written, and each row of the
+  // fused output must agree with the unfused one.
+  std::vector<int64_t> ref_rows;
+  std::vector<Config>* plans = nullptr;  // if set: plan() under each variant, in order
+};
+
+// One random case, end to end: inputs, the unfused yardstick and the float64
+// reference once, then one fused run per variant, each checked.
+void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const CaseOptions& opt = CaseOptions{}) {
   SCOPED_TRACE(to_string(p));
   ASSERT_TRUE(check_support(p).ok()) << check_support(p).message();
   const Problem r = p.resolved();
@@ -67,6 +157,7 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats) {
   const int64_t L = r.batch, rows_w = sep ? r.u : 2 * r.u;
   const bool io = r.weights.storage == WeightStorage::in_out;
   auto extent = [&](int64_t stride, int64_t one) { return (L - 1) * stride + one; };
+  const std::vector<int64_t>* ref_rows = opt.ref_rows.empty() ? nullptr : &opt.ref_rows;
 
   Tensor x, w, wu, b, bu;
   const float wscale = 2.0f / std::sqrt(float(r.k));  // keeps g and u near 1: the activations' interesting range
@@ -98,18 +189,11 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats) {
     return a;
   };
 
-  // Fused.
-  Tensor yf, pf, yu, pu;
-  yf.host = y_poison;
-  pf.host = pre_poison;
+  // Unfused: the error yardstick.
+  Tensor yu, pu;
   yu.host = y_poison;
   pu.host = pre_poison;
-  for (Tensor* t : {&yf, &pf, &yu, &pu}) t->upload();
-  const Status s = run(p, args_with(yf, pf), nullptr, 0, nullptr);
-  ASSERT_TRUE(s.ok()) << s.message();
-  CUDA_OK(cudaDeviceSynchronize());
-
-  // Unfused: the error yardstick.
+  for (Tensor* t : {&yu, &pu}) t->upload();
   std::unique_ptr<ref::Unfused> unfused;
   const Status su = ref::Unfused::create(p, &unfused);
   ASSERT_TRUE(su.ok()) << su.message();
@@ -125,28 +209,63 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats) {
   h.bias = r.has_bias ? b.host.data() : nullptr;
   h.bias_up = r.has_bias && sep ? bu.host.data() : nullptr;
   std::vector<double> y_ref, pre_ref;
-  ref::cpu_reference(p, h, &y_ref, &pre_ref);
+  ref::cpu_reference(p, h, &y_ref, &pre_ref, ref_rows);
 
-  Err ef, eu;
-  ASSERT_TRUE(compare("y (fused)", yf.download(), y_poison, r.output_dtype, L, r.m, r.ldy, r.u, r.batch_stride_y, y_ref, &ef));
-  ASSERT_TRUE(compare("y (unfused)", yu.download(), y_poison, r.output_dtype, L, r.m, r.ldy, r.u, r.batch_stride_y, y_ref, &eu));
-  const double atol = 1e-6 * std::max(1.0, ef.max_ref);
-  EXPECT_LE(ef.max_abs, 2 * eu.max_abs + atol) << "max abs error: fused " << ef.max_abs << " unfused " << eu.max_abs;
-  EXPECT_LE(ef.rel(), 2 * eu.rel() + 1e-6) << "relative error: fused " << ef.rel() << " unfused " << eu.rel();
-  // Independent of the yardstick: a bf16/fp16 output cannot be off by more than a few ulps.
-  EXPECT_LE(ef.rel(), r.output_dtype == DType::fp32 ? 1e-4 : 1e-2) << "fused relative error " << ef.rel();
-
+  const std::vector<unsigned char> yu_out = yu.download();
+  Err eu;
+  ASSERT_TRUE(compare("y (unfused)", yu_out, y_poison, r.output_dtype, L, r.m, r.ldy, r.u, r.batch_stride_y, y_ref,
+                      &eu, ref_rows));
+  std::vector<unsigned char> pu_out;
+  Err peu;
   if (r.has_preact) {
-    Err pef, peu;
-    ASSERT_TRUE(compare("preact (fused)", pf.download(), pre_poison, r.preact_dtype, L, r.m, r.ldpre, 2 * r.u,
-                        r.batch_stride_preact, pre_ref, &pef));
-    ASSERT_TRUE(compare("preact (unfused)", pu.download(), pre_poison, r.preact_dtype, L, r.m, r.ldpre, 2 * r.u,
-                        r.batch_stride_preact, pre_ref, &peu));
-    EXPECT_LE(pef.max_abs, 2 * peu.max_abs + 1e-6 * std::max(1.0, pef.max_ref))
-        << "preact max abs error: fused " << pef.max_abs << " unfused " << peu.max_abs;
+    pu_out = pu.download();
+    ASSERT_TRUE(compare("preact (unfused)", pu_out, pre_poison, r.preact_dtype, L, r.m, r.ldpre, 2 * r.u,
+                        r.batch_stride_preact, pre_ref, &peu, ref_rows));
+  }
+
+  for (const Variant& v : opt.variants) {
+    std::optional<ScopedEnv> env;
+    if (v.set_env) env.emplace(kForcePathEnv, v.force_path);
+    Config cfg;
+    const Status sp = plan(p, &cfg);
+    ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();
+    SCOPED_TRACE(std::string(v.label) + ": " + to_string(cfg));
+    if (opt.plans) opt.plans->push_back(cfg);
+
+    Tensor yf, pf;
+    yf.host = y_poison;
+    pf.host = pre_poison;
+    for (Tensor* t : {&yf, &pf}) t->upload();
+    const Status s = run(p, args_with(yf, pf), nullptr, 0, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message();
+    CUDA_OK(cudaDeviceSynchronize());
+
+    const std::vector<unsigned char> yf_out = yf.download();
+    Err ef;
+    ASSERT_TRUE(compare("y (fused)", yf_out, y_poison, r.output_dtype, L, r.m, r.ldy, r.u, r.batch_stride_y, y_ref,
+                        &ef, ref_rows));
+    const double atol = 1e-6 * std::max(1.0, ef.max_ref);
+    EXPECT_LE(ef.max_abs, 2 * eu.max_abs + atol) << "max abs error: fused " << ef.max_abs << " unfused " << eu.max_abs;
+    EXPECT_LE(ef.rel(), 2 * eu.rel() + 1e-6) << "relative error: fused " << ef.rel() << " unfused " << eu.rel();
+    // Independent of the yardstick: a bf16/fp16 output cannot be off by more than a few ulps.
+    EXPECT_LE(ef.rel(), r.output_dtype == DType::fp32 ? 1e-4 : 1e-2) << "fused relative error " << ef.rel();
+    if (ref_rows) {
+      int64_t worst_row = -1;
+      const double d = worst_row_rel_diff(yf_out, yu_out, r.output_dtype, L, r.m, r.ldy, r.u, r.batch_stride_y,
+                                          &worst_row);
+      EXPECT_LE(d, 0.05) << "y row " << worst_row << " (batch-major) differs from unfused by " << d << " (relative)";
+    }
+
+    if (r.has_preact) {
+      Err pef;
+      ASSERT_TRUE(compare("preact (fused)", pf.download(), pre_poison, r.preact_dtype, L, r.m, r.ldpre, 2 * r.u,
+                          r.batch_stride_preact, pre_ref, &pef, ref_rows));
+      EXPECT_LE(pef.max_abs, 2 * peu.max_abs + 1e-6 * std::max(1.0, pef.max_ref))
+          << "preact max abs error: fused " << pef.max_abs << " unfused " << peu.max_abs;
+    }
+    if (eu.rel() > 0) stats->worst_ratio = std::max(stats->worst_ratio, ef.rel() / eu.rel());
   }
   stats->cases++;
-  if (eu.rel() > 0) stats->worst_ratio = std::max(stats->worst_ratio, ef.rel() / eu.rel());
 }
 
 // ---------------------------------------------------------------- generators
@@ -339,4 +458,307 @@ TEST(GpuFused, LargeTileShapes) {
     if (HasFailure()) return;
   }
   std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
+}
+
+// ---------------------------------------------------------------- the Hopper fast path
+//
+// On a compute capability 9.0 device (with the library built for sm_90a) the
+// dispatcher takes the TMA + wgmma kernel when the problem allows it; on any
+// other device these tests run the portable kernel twice and still check it.
+
+namespace {
+
+bool device_is_sm90() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return prop.major == 9 && prop.minor == 0;
+}
+
+// The fast path's rules, from the problem alone (the tests' buffers are each
+// their own cudaMalloc, so x, w and w_up are always 16-byte aligned).
+bool fast_path_eligible(const Problem& p) {
+  const Problem r = p.resolved();
+  if (r.input_dtype != DType::bf16 && r.input_dtype != DType::fp16) return false;
+  if (r.weights.storage != WeightStorage::out_in) return false;
+  if (r.k % 8 || r.ldx % 8 || r.weights.ld % 8) return false;
+  if (r.batch_stride_x % 8 || (r.batch_stride_w != 0 && r.batch_stride_w % 8)) return false;
+  if (r.weights.format == WeightFormat::fused) {
+    const int64_t g = r.weights.group;
+    if (!(g == r.u || 128 % g == 0 || g % 128 == 0)) return false;
+  }
+  return true;
+}
+
+// The path a case took with GATEDMLP_FORCE_PATH unset (plans[0]) and with it
+// set to portable (plans[1]); `eligible` says what the first must be on 9.0.
+void check_paths(const std::vector<Config>& plans, bool eligible, bool sm90) {
+  ASSERT_EQ(plans.size(), 2u);
+  EXPECT_FALSE(plans[0].reason.empty()) << "plan() gave no reason for " << to_string(plans[0].path);
+  if (sm90 && eligible) {
+    EXPECT_EQ(plans[0].path, KernelPath::sm90_wgmma)
+        << "an eligible case fell back on a 9.0 device: " << to_string(plans[0]);
+  } else if (sm90) {
+    EXPECT_EQ(plans[0].path, KernelPath::sm80_mma) << "an ineligible case took " << to_string(plans[0]);
+  } else {
+    EXPECT_NE(plans[0].path, KernelPath::sm90_wgmma) << "the sm_90a kernel on a device other than 9.0";
+  }
+  EXPECT_EQ(plans[1].path, KernelPath::sm80_mma)
+      << "GATEDMLP_FORCE_PATH=portable did not force the portable path: " << to_string(plans[1]);
+}
+
+struct PathCount {
+  int wgmma = 0, mma = 0;
+  void add(const Config& c) { (c.path == KernelPath::sm90_wgmma ? wgmma : mma)++; }
+};
+
+// Case i of FastPathEveryLayoutActivationOption: the layout and activation
+// cycle with i so every pair shows up; everything else is drawn at random
+// within the fast path's rules (K a multiple of 8 but not of 64, padded
+// strides that are multiples of 8, odd M and U).
+Problem fast_path_problem(std::mt19937_64& rng, int i) {
+  Problem p;
+  // 0: separate; 1, 2: stacked, gate/up first; 3..12: G in {1, 8, 32, 128, 256} x {gate, up} first.
+  const int layout = i % 13;
+  int64_t g = 0;
+  if (layout == 0) {
+    p.weights.format = WeightFormat::separate;
+  } else {
+    p.weights.format = WeightFormat::fused;
+    p.weights.first = layout % 2 ? Half::gate : Half::up;
+    if (layout >= 3) {
+      const int64_t groups[] = {1, 8, 32, 128, 256};
+      g = groups[(layout - 3) / 2];
+    }
+    p.weights.group = g;
+  }
+  if (g == 0) p.u = pick(rng, {1, 17, 72, 129, 200, 264});  // separate and stacked: any U
+  else if (g == 1) p.u = pick(rng, {37, 95, 129, 251});
+  else if (g == 8) p.u = 8 * pick(rng, {1, 3, 13, 25});
+  else if (g == 32) p.u = 32 * pick(rng, {1, 3, 5, 7});
+  else if (g == 128) p.u = 128 * pick(rng, {1, 2, 3});
+  else p.u = 256 * pick(rng, {1, 2});
+
+  p.activation = static_cast<Activation>((i / 13) % 5);
+  if (p.activation == Activation::swiglu_clamped && rng() % 2) {
+    p.act_params.clamp_limit = 0.5f + float(rng() % 40) / 10.f;
+    p.act_params.clamp_alpha = 1.0f + float(rng() % 10) / 10.f;
+  }
+  p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
+  p.output_dtype = static_cast<DType>(rng() % 3);
+  p.m = pick(rng, {1, 7, 129, 300});
+  p.k = pick(rng, {8, 72, 136, 520});
+  const float alphas[] = {1.0f, 0.5f, -1.5f, 1.25f};
+  p.alpha = alphas[rng() % 4];
+  if (rng() % 2) {
+    p.has_bias = true;
+    p.bias_dtype = static_cast<DType>(rng() % 3);
+  }
+  if (rng() % 3 == 0) {
+    p.has_preact = true;
+    p.preact_dtype = static_cast<DType>(rng() % 3);
+    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
+  }
+  if (rng() % 4 == 0) p.ldx = p.k + 8 * pick(rng, {1, 3});
+  if (rng() % 5 == 0) p.weights.ld = p.k + 8 * pick(rng, {1, 2});
+  if (rng() % 4 == 0) p.ldy = p.u + pick(rng, {1, 3, 8});
+  if (rng() % 3 == 0) {
+    p.batch = 3;
+    const int64_t ldx = p.ldx ? p.ldx : p.k;
+    if (rng() % 2) p.batch_stride_w = 0;  // shared weights
+    if (rng() % 3 == 0) p.batch_stride_x = p.m * ldx + 8 * pick(rng, {1, 5});
+    if (rng() % 3 == 0) p.batch_stride_y = p.m * (p.ldy ? p.ldy : p.u) + pick(rng, {2, 7});
+    if (p.has_bias && rng() % 2) p.batch_stride_bias = 0;
+  }
+  // Keep the float64 CPU reference quick: shrink M until the case is under ~80M multiply-adds.
+  while (p.m > 1 && p.batch * p.m * 2 * p.u * p.k > 80'000'000) p.m = p.m == 300 ? 129 : p.m == 129 ? 7 : 1;
+  return p;
+}
+
+// One row per 64-row block (random within it), the tile edges and the last
+// row: the rows the float64 reference is computed for in the large shapes.
+std::vector<int64_t> sample_rows(int64_t m, std::mt19937_64& rng) {
+  std::vector<int64_t> rows = {0, m - 1};
+  for (int64_t b = 0; b < m; b += 64) rows.push_back(b + int64_t(rng() % uint64_t(std::min<int64_t>(64, m - b))));
+  for (int64_t e : {63, 64, 127, 128, 255, 256})
+    if (e < m) rows.push_back(e);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+}  // namespace
+
+// Every layout the fast path takes x every activation, with random options,
+// dtypes and odd shapes; each case run with GATEDMLP_FORCE_PATH unset and =portable.
+TEST(GpuFused, FastPathEveryLayoutActivationOption) {
+  SKIP_WITHOUT_GPU();
+  const bool sm90 = device_is_sm90();
+  std::mt19937_64 rng(fresh_seed());
+  const int n = cases(156);  // 12 rounds of the 13 layouts
+  CaseStats st;
+  PathCount auto_paths;
+  for (int i = 0; i < n; ++i) {
+    const Problem p = fast_path_problem(rng, i);
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
+    ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
+    std::vector<Config> plans;
+    CaseOptions opt;
+    opt.variants = {kAutoPath, kPortablePath};
+    opt.plans = &plans;
+    run_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+    check_paths(plans, true, sm90);
+    if (HasFailure()) return;
+    auto_paths.add(plans[0]);
+  }
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f; unset: %d sm90_wgmma, %d sm80_mma%s\n", st.cases,
+              st.worst_ratio, auto_paths.wgmma, auto_paths.mma, sm90 ? "" : " (not a 9.0 device)");
+}
+
+// Problems the fast path must refuse: they fall back to the portable kernel,
+// with a reason, and are still right.
+TEST(GpuFused, FastPathFallbacks) {
+  SKIP_WITHOUT_GPU();
+  const bool sm90 = device_is_sm90();
+  std::mt19937_64 rng(fresh_seed());
+  auto base = [](int64_t k, Activation act, DType in) {
+    Problem p;
+    p.m = 77;
+    p.k = k;
+    p.u = 96;
+    p.activation = act;
+    p.input_dtype = in;
+    return p;
+  };
+  std::vector<std::pair<const char*, Problem>> cases_;
+  for (DType in : {DType::bf16, DType::fp16}) {
+    const Activation a0 = in == DType::bf16 ? Activation::silu : Activation::gelu_tanh;
+    const Activation a1 = in == DType::bf16 ? Activation::relu : Activation::swiglu_clamped;
+    {
+      Problem p = base(100, a0, in);  // K % 8 != 0
+      p.has_bias = true;
+      cases_.push_back({"k=100, not a multiple of 8", p});
+    }
+    {
+      Problem p = base(136, a1, in);
+      p.weights.storage = WeightStorage::in_out;
+      p.weights.group = 8;
+      cases_.push_back({"weights stored in_out", p});
+    }
+    {
+      Problem p = base(72, a0, in);
+      p.u = 384;
+      p.weights.group = 192;  // more than 128 and not a multiple of it
+      p.weights.first = in == DType::bf16 ? Half::gate : Half::up;
+      p.has_preact = true;
+      cases_.push_back({"group 192 with u=384", p});
+    }
+    {
+      Problem p = base(136, a1, in);
+      p.ldx = p.k + 4;
+      cases_.push_back({"ldx=k+4", p});
+    }
+    {
+      Problem p = base(72, a0, in);
+      p.weights.ld = p.k + 4;
+      p.weights.format = WeightFormat::separate;
+      cases_.push_back({"weights.ld=k+4", p});
+    }
+    {
+      Problem p = base(136, a1, in);
+      p.batch = 2;
+      p.batch_stride_x = p.m * p.k + 4;
+      cases_.push_back({"batch_stride_x not a multiple of 8", p});
+    }
+    {
+      Problem p = base(136, a0, in);
+      p.batch = 2;
+      p.batch_stride_w = 2 * p.u * p.k + 4;
+      cases_.push_back({"batch_stride_w not a multiple of 8", p});
+    }
+  }
+  CaseStats st;
+  for (const auto& [why, p] : cases_) {
+    SCOPED_TRACE(std::string(why) + ": " + to_string(p));
+    ASSERT_FALSE(fast_path_eligible(p)) << "not a fallback case";
+    std::vector<Config> plans;
+    CaseOptions opt;
+    opt.variants = {kAutoPath};
+    opt.plans = &plans;
+    run_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+    ASSERT_EQ(plans.size(), 1u);
+    EXPECT_EQ(plans[0].path, KernelPath::sm80_mma) << to_string(plans[0]);
+    EXPECT_FALSE(plans[0].reason.empty()) << "a fallback without a reason";
+    if (HasFailure()) return;
+  }
+  std::printf("[ cases ] %d passed on sm80_mma%s; worst ratio %.3f\n", st.cases,
+              sm90 ? " (a 9.0 device: each one a fallback)" : "", st.worst_ratio);
+}
+
+// Bigger shapes, many output tiles per CTA of the persistent kernel. The
+// float64 reference is sampled (one row per 64-row block and the tile edges);
+// every element must be written, and every row must agree with unfused.
+TEST(GpuFused, FastPathLargeShapes) {
+  SKIP_WITHOUT_GPU();
+  const bool sm90 = device_is_sm90();
+  std::mt19937_64 rng(fresh_seed());
+  struct Shape {
+    int64_t m, k, u, group;  // group -1: separate weights
+    Half first;
+    DType in, out;
+    Activation act;
+    bool bias, preact;
+    int64_t batch;
+  };
+  const Shape shapes[] = {
+      {1000, 1024, 1024, 0, Half::gate, DType::bf16, DType::bf16, Activation::silu, false, false, 1},
+      {2053, 1536, 2048, 1, Half::up, DType::fp16, DType::fp16, Activation::gelu_tanh, true, false, 1},
+      {3000, 2048, 3072, -1, Half::gate, DType::bf16, DType::fp32, Activation::relu, true, false, 1},
+      {1536, 1032, 1536, 0, Half::up, DType::fp16, DType::bf16, Activation::swiglu_clamped, false, true, 1},
+      {1000, 1024, 1024, 1, Half::gate, DType::bf16, DType::bf16, Activation::gelu_erf, true, false, 2},
+      {2500, 1032, 2560, -1, Half::gate, DType::fp16, DType::fp32, Activation::silu, false, false, 1},
+  };
+  CaseStats st;
+  PathCount auto_paths;
+  for (const Shape& sh : shapes) {
+    Problem p;
+    p.m = sh.m;
+    p.k = sh.k;
+    p.u = sh.u;
+    if (sh.group < 0) {
+      p.weights.format = WeightFormat::separate;
+    } else {
+      p.weights.group = sh.group;
+      p.weights.first = sh.first;
+    }
+    p.input_dtype = sh.in;
+    p.output_dtype = sh.out;
+    p.activation = sh.act;
+    p.has_bias = sh.bias;
+    p.has_preact = sh.preact;
+    p.batch = sh.batch;
+    if (sh.batch > 1) {
+      p.batch_stride_w = 0;
+      p.batch_stride_bias = 0;
+    }
+    SCOPED_TRACE(to_string(p));
+    ASSERT_TRUE(fast_path_eligible(p));
+    std::vector<Config> plans;
+    CaseOptions opt;
+    opt.variants = {kAutoPath, kPortablePath};
+    opt.plans = &plans;
+    opt.ref_rows = sample_rows(p.m, rng);
+    run_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+    check_paths(plans, true, sm90);
+    if (HasFailure()) return;
+    auto_paths.add(plans[0]);
+  }
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f; unset: %d sm90_wgmma, %d sm80_mma%s\n", st.cases,
+              st.worst_ratio, auto_paths.wgmma, auto_paths.mma, sm90 ? "" : " (not a 9.0 device)");
 }

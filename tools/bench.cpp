@@ -4,16 +4,26 @@
 //   gatedmlp bench                                  # Llama-3 8B, M = 1 ... 65536
 //   gatedmlp bench --model all --json bench.json
 //   gatedmlp bench --m 1,4096 --k 8192 --u 28672 --layout g32 --first up
+//   gatedmlp bench --path portable --schedule block  # the sm80 kernel on a Hopper GPU
 //
-// Method: each call's GPU time is taken with CUDA events after a warm-up; the
-// three paths are interleaved call by call so clock and thermal drift hit them
-// alike, and the reported time is the median. The inputs rotate over enough
-// copies of X, W and Y that one rotation is more than twice the L2 size, so
-// no call finds its operands already cached by the previous one.
+// Method: each call's GPU time is taken with CUDA events after a warm-up, and
+// the reported time is the median. Two schedules (--schedule):
+//   call  (default) the three paths are interleaved call by call, so clock and
+//         thermal drift hit them alike;
+//   block each path runs in its own block of consecutive calls (a few warm-up
+//         calls of that path, then its timed calls back to back, an event
+//         between calls), and the blocks rotate path by path kBlockRounds
+//         times (A B C A B C A B C), so no path is timed only right after
+//         another one; a path's median is over all its calls.
+// The inputs rotate over enough copies of X, W and Y that one rotation is more
+// than twice the L2 size, so no call finds its operands already cached by the
+// previous one. --path sets GATEDMLP_FORCE_PATH before anything runs, to time
+// the portable kernel on a GPU that has the Hopper one.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -38,6 +48,12 @@ constexpr double kTargetSeconds = 0.4;  // timed reps of the three paths togethe
 constexpr int64_t kMinReps = 3;         // the 405B shapes at large M take ~0.3 s a call
 constexpr int64_t kMaxReps = 3000;
 constexpr int64_t kMaxCopies = 64;
+constexpr int64_t kBlockRounds = 3;          // --schedule block: rotations of the per-path blocks
+constexpr int64_t kMaxBlockWarmup = 20;      // --schedule block: untimed calls before each block, at most
+constexpr const char* kForcePathEnv = "GATEDMLP_FORCE_PATH";
+
+enum class Schedule { call, block };
+const char* schedule_name(Schedule s) { return s == Schedule::call ? "call" : "block"; }
 constexpr size_t kSlackBytes = size_t{256} << 20;  // cuBLAS/context allocations beyond ours
 
 struct Row {
@@ -59,7 +75,8 @@ double flops(int64_t m, int64_t k, int64_t u) { return 2.0 * double(m) * double(
 
 class Bench {
  public:
-  Bench(const DeviceInfo& dev, Problem base, int64_t fixed_reps) : dev_(dev), base_(base), fixed_reps_(fixed_reps) {
+  Bench(const DeviceInfo& dev, Problem base, int64_t fixed_reps, Schedule schedule)
+      : dev_(dev), base_(base), fixed_reps_(fixed_reps), schedule_(schedule) {
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   }
   ~Bench() { (void)cudaStreamDestroy(stream_); }
@@ -75,6 +92,7 @@ class Bench {
   DeviceInfo dev_;
   Problem base_;
   int64_t fixed_reps_;
+  Schedule schedule_;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -105,20 +123,54 @@ void Bench::time_paths(const std::vector<Call>& calls, int64_t copies, std::vect
               ? fixed_reps_
               : std::clamp<int64_t>(static_cast<int64_t>(kTargetSeconds / std::max(est_s, 1e-7)), kMinReps, kMaxReps);
 
-  // One event between consecutive calls: interval j times call j.
-  const size_t total = static_cast<size_t>(*reps) * n;
-  EventList ev(total + 1);
-  cuda_check(cudaEventRecord(ev[0], stream_), "cudaEventRecord");
-  for (size_t j = 0; j < total; ++j) {
-    call(j % n);
-    cuda_check(cudaEventRecord(ev[j + 1], stream_), "cudaEventRecord");
-  }
-  cuda_check(cudaStreamSynchronize(stream_), "timed reps");
   std::vector<std::vector<double>> times(n);
-  for (size_t j = 0; j < total; ++j) {
-    float t = 0;
-    cuda_check(cudaEventElapsedTime(&t, ev[j], ev[j + 1]), "cudaEventElapsedTime");
-    times[j % n].push_back(t);
+  if (schedule_ == Schedule::call) {
+    // One event between consecutive calls: interval j times call j.
+    const size_t total = static_cast<size_t>(*reps) * n;
+    EventList ev(total + 1);
+    cuda_check(cudaEventRecord(ev[0], stream_), "cudaEventRecord");
+    for (size_t j = 0; j < total; ++j) {
+      call(j % n);
+      cuda_check(cudaEventRecord(ev[j + 1], stream_), "cudaEventRecord");
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "timed reps");
+    for (size_t j = 0; j < total; ++j) {
+      float t = 0;
+      cuda_check(cudaEventElapsedTime(&t, ev[j], ev[j + 1]), "cudaEventElapsedTime");
+      times[j % n].push_back(t);
+    }
+  } else {
+    // Blocks: path i's block in round r holds `warm` untimed calls, then
+    // `per_block` timed ones with an event between consecutive calls. The
+    // reps are split over the rounds (rounded up), so the total stays near
+    // the call schedule's.
+    const int64_t per_block = (*reps + kBlockRounds - 1) / kBlockRounds;
+    *reps = per_block * kBlockRounds;
+    const int64_t warm = std::clamp<int64_t>(per_block / 10, 1, kMaxBlockWarmup);
+    const size_t stride = static_cast<size_t>(per_block) + 1;  // events per block
+    EventList ev(static_cast<size_t>(kBlockRounds) * n * stride);
+    for (int64_t round = 0; round < kBlockRounds; ++round) {
+      for (size_t i = 0; i < n; ++i) {
+        const size_t base = (static_cast<size_t>(round) * n + i) * stride;
+        for (int64_t w = 0; w < warm; ++w) call(i);
+        cuda_check(cudaEventRecord(ev[base], stream_), "cudaEventRecord");
+        for (int64_t j = 0; j < per_block; ++j) {
+          call(i);
+          cuda_check(cudaEventRecord(ev[base + static_cast<size_t>(j) + 1], stream_), "cudaEventRecord");
+        }
+      }
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "timed blocks");
+    for (int64_t round = 0; round < kBlockRounds; ++round) {
+      for (size_t i = 0; i < n; ++i) {
+        const size_t base = (static_cast<size_t>(round) * n + i) * stride;
+        for (size_t j = 0; j + 1 < stride; ++j) {
+          float t = 0;
+          cuda_check(cudaEventElapsedTime(&t, ev[base + j], ev[base + j + 1]), "cudaEventElapsedTime");
+          times[i].push_back(t);
+        }
+      }
+    }
   }
   ms->assign(n, NAN);
   for (size_t i = 0; i < n; ++i) (*ms)[i] = median(times[i]);
@@ -274,7 +326,8 @@ void print_table(const std::vector<Row>& rows) {
   }
 }
 
-void write_json(const std::string& file, const DeviceInfo& d, const Problem& base, const std::vector<Row>& rows) {
+void write_json(const std::string& file, const DeviceInfo& d, const Problem& base, Schedule schedule,
+                const std::string& force_path, const std::vector<Row>& rows) {
   std::ofstream out(file);
   if (!out) throw ToolError("cannot open --json file '" + file + "' for writing");
   out << "{\n";
@@ -291,6 +344,8 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
   out << "  \"activation\": " << json_str(to_string(base.activation)) << ",\n";
   out << "  \"input_dtype\": " << json_str(to_string(base.input_dtype)) << ",\n";
   out << "  \"output_dtype\": " << json_str(to_string(base.output_dtype)) << ",\n";
+  out << "  \"schedule\": " << json_str(schedule_name(schedule)) << ",\n";
+  out << "  \"force_path\": " << json_str(force_path) << ",\n";
   out << "  \"rows\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -324,11 +379,21 @@ int bench_main(int argc, char** argv) {
       {"u", "U", "custom shape: output features per half (with --k)"},
   };
   for (auto& s : kernel_flag_specs()) specs.push_back(s);
-  specs.push_back({"reps", "N", "timed calls per path (default: adaptive, about 0.4 s per shape)"});
+  specs.push_back({"reps", "N",
+                   "timed calls per path (default: adaptive, about 0.4 s per shape); with --schedule block, "
+                   "split over the 3 rounds, rounded up"});
+  specs.push_back({"schedule", "S",
+                   "call (default): the three paths interleaved call by call; block: each path timed in its own "
+                   "block of consecutive calls after its own warm-up, the blocks rotated 3 times (A B C A B C ...)"});
+  specs.push_back({"path", "P",
+                   "fused kernel path, by setting GATEDMLP_FORCE_PATH: auto (unset it: the dispatcher's choice), "
+                   "portable (the sm80 mma.sync kernel everywhere), hopper (the sm90 wgmma kernel where the problem "
+                   "and device allow it); default: the environment as it is"});
   specs.push_back({"json", "FILE", "also write every row, the device, driver and git commit as JSON"});
   Flags f("bench",
           "Time the fused kernel, cuBLAS GEMM alone (into [M, 2U]) and the unfused GEMM + GLU in the same run.\n"
-          "Times are medians of CUDA-event timings after warm-up, inputs rotated past twice the L2.",
+          "Times are medians of CUDA-event timings after warm-up, inputs rotated past twice the L2;\n"
+          "--schedule says how the three paths' calls are ordered, --path which fused kernel runs.",
           specs);
   f.parse(argc, argv);
   if (f.help()) {
@@ -362,16 +427,34 @@ int bench_main(int argc, char** argv) {
   if (f.has("reps") && reps < 1) throw UsageError("--reps must be >= 1");
   const Problem base = problem_from_flags(f, 1, 1, 1);
   const std::string json = f.str("json", "");
+  const std::string schedule_text = f.str("schedule", "call");
+  if (schedule_text != "call" && schedule_text != "block")
+    throw UsageError("--schedule: expected call or block, got '" + schedule_text + "'");
+  const Schedule schedule = schedule_text == "call" ? Schedule::call : Schedule::block;
+  if (f.has("path")) {
+    // Set before the first library call, so every plan() and run() below sees it.
+    const std::string path = f.str("path", "");
+    if (path == "auto") {
+      unsetenv(kForcePathEnv);
+    } else if (path == "portable" || path == "hopper") {
+      setenv(kForcePathEnv, path.c_str(), 1);
+    } else {
+      throw UsageError("--path: expected portable, hopper or auto, got '" + path + "'");
+    }
+  }
+  const char* force_env = std::getenv(kForcePathEnv);
+  const std::string force_path = force_env && *force_env ? force_env : "auto";
 
   const DeviceInfo dev = require_device();
   std::fprintf(stderr, "gatedmlp bench: %s (sm_%d%d, %d SMs, L2 %.0f MiB), driver %s, runtime %s, commit %s\n",
                dev.prop.name, dev.prop.major, dev.prop.minor, dev.prop.multiProcessorCount,
                dev.prop.l2CacheSize / 1048576.0, cuda_version_string(dev.driver_version).c_str(),
                cuda_version_string(dev.runtime_version).c_str(), git_commit().c_str());
-  std::fprintf(stderr, "layout %s, activation %s, %s -> %s\n", layout_name(base.weights).c_str(),
-               to_string(base.activation), to_string(base.input_dtype), to_string(base.output_dtype));
+  std::fprintf(stderr, "layout %s, activation %s, %s -> %s, schedule %s, path %s\n", layout_name(base.weights).c_str(),
+               to_string(base.activation), to_string(base.input_dtype), to_string(base.output_dtype),
+               schedule_name(schedule), force_path.c_str());
 
-  Bench bench(dev, base, reps);
+  Bench bench(dev, base, reps, schedule);
   std::vector<Row> rows;
   const size_t total = shapes.size() * ms.size();
   for (const auto& [name, mdl] : shapes) {
@@ -394,13 +477,14 @@ int bench_main(int argc, char** argv) {
     }
   }
 
-  std::printf("device: %s, driver %s, runtime %s, commit %s; layout %s, %s, %s\n", dev.prop.name,
-              cuda_version_string(dev.driver_version).c_str(), cuda_version_string(dev.runtime_version).c_str(),
-              git_commit().c_str(), layout_name(base.weights).c_str(), to_string(base.activation),
-              to_string(base.input_dtype));
+  std::printf("device: %s, driver %s, runtime %s, commit %s; layout %s, %s, %s; schedule %s, path %s\n",
+              dev.prop.name, cuda_version_string(dev.driver_version).c_str(),
+              cuda_version_string(dev.runtime_version).c_str(), git_commit().c_str(),
+              layout_name(base.weights).c_str(), to_string(base.activation), to_string(base.input_dtype),
+              schedule_name(schedule), force_path.c_str());
   print_table(rows);
   if (!json.empty()) {
-    write_json(json, dev, base, rows);
+    write_json(json, dev, base, schedule, force_path, rows);
     std::fprintf(stderr, "wrote %s\n", json.c_str());
   }
   bool any_bad = false;

@@ -152,7 +152,7 @@ struct Arguments {
 enum class KernelPath : int {
   none = 0,
   sm80_mma = 1,    // portable: mma.sync tensor cores, sm_80 and newer
-  sm90_wgmma = 2,  // Hopper fast path (not yet in this build)
+  sm90_wgmma = 2,  // Hopper fast path: TMA + wgmma, sm_90 (H100/H200) only
 };
 
 struct Config {

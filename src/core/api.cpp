@@ -3,6 +3,7 @@
 
 #include "core/internal.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
 namespace gatedmlp {
 
@@ -77,6 +78,8 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (Status s = detail::select_config(r, &a, dev, &cfg); !s) return s;
   if (detail::log_enabled())
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
+
+  if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch(r, a, dev.sms, stream);
 
   const sm80::Params k = make_params(r, a);
   const cudaError_t e = r.input_dtype == DType::bf16 ? sm80::launch_bf16(k, cfg, stream)

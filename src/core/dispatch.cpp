@@ -4,6 +4,7 @@
 
 #include "core/internal.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
 namespace gatedmlp::detail {
 
@@ -27,12 +28,43 @@ std::string vector_blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
+// GATEDMLP_FORCE_PATH=portable keeps every call on the mma.sync kernel (for
+// tests and for benchmarking it on a Hopper GPU); unset or "hopper" lets the
+// fast path take what it can.
+bool portable_forced() {
+  const char* v = std::getenv("GATEDMLP_FORCE_PATH");
+  return v && std::string(v) == "portable";
+}
+
+// Why the Hopper kernel does not take this call, or "" if it does.
+std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInfo& dev) {
+  if (dev.major != 9 || dev.minor != 0) return "not an sm_90 device";
+  if (portable_forced()) return "GATEDMLP_FORCE_PATH=portable";
+  if (size_t(sm90::kTile.smem_bytes) > dev.smem_optin) return "too little shared memory per block";
+  return sm90::blocker(r, a);
+}
+
 }  // namespace
 
 Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev, Config* cfg) {
   if (dev.major < 8)
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
+  const std::string hopper_no = hopper_blocker(r, a, dev);
+  if (hopper_no.empty()) {
+    Config c;
+    c.path = KernelPath::sm90_wgmma;
+    c.tile_m = sm90::kTile.tile_m;
+    c.tile_n = sm90::kTile.tile_n;
+    c.tile_k = sm90::kTile.tile_k;
+    c.stages = sm90::kTile.stages;
+    c.threads = sm90::kTile.threads;
+    c.vector_loads = true;
+    c.reason = "Hopper TMA + wgmma path; persistent, one CTA per SM";
+    *cfg = c;
+    return Status::Ok();
+  }
+
   Config c;
   c.path = KernelPath::sm80_mma;
   const std::string blocker = vector_blocker(r, a);
@@ -84,7 +116,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                " tiles, more than one launch takes (2^31-1); split the call along m");
 
   std::ostringstream why;
-  why << "portable mma.sync path (no Hopper kernel in this build); "
+  why << "portable mma.sync path (Hopper path not taken: " << hopper_no << "); "
       << tile_why << "; "
       << (c.vector_loads ? "16-byte loads" : "element loads: " + blocker);
   c.reason = why.str();

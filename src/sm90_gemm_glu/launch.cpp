@@ -1,0 +1,194 @@
+// Host side of the Hopper fast path: eligibility, tensor maps, launch.
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <sstream>
+
+#include "core/internal.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+
+namespace gatedmlp::sm90 {
+
+using detail::err;
+
+bool compiled() {
+#if defined(GATEDMLP_HAS_SM90)
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+constexpr int64_t kMaxCoord = (int64_t{1} << 31) - 1;  // TMA coordinates are signed 32-bit
+constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;  // tensor-map stride limit
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The weight tensor map's interleave block: U for stacked and separate
+// weights, else the layout's G.
+int64_t map_group(const Problem& r) {
+  return r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
+}
+
+}  // namespace
+
+std::string blocker(const Problem& r, const Arguments* a) {
+  std::ostringstream os;
+  const int64_t g = map_group(r);
+  const int64_t halves = r.weights.format == WeightFormat::separate ? 1 : 2;
+  const int64_t ldw_bytes = r.weights.ld * 2;
+  if (!compiled()) os << "this build has no sm_90a kernel";
+  else if (r.weights.storage != WeightStorage::out_in) os << "weights stored in_out ([K, out]); convert_weights() to out_in";
+  else if (r.k % 8) os << "k=" << r.k << " is not a multiple of 8 (TMA rows must be 16-byte multiples)";
+  else if (r.ldx % 8) os << "ldx=" << r.ldx << " is not a multiple of 8";
+  else if (r.weights.ld % 8) os << "weights.ld=" << r.weights.ld << " is not a multiple of 8";
+  else if (r.batch > 1 && r.batch_stride_x % 8) os << "batch_stride_x=" << r.batch_stride_x << " is not a multiple of 8";
+  else if (r.batch > 1 && r.batch_stride_w % 8) os << "batch_stride_w=" << r.batch_stride_w << " is not a multiple of 8";
+  else if (!(g == r.u || g % 128 == 0 || 128 % g == 0))
+    os << "weights.group=" << g << " neither divides nor is a multiple of the 128-column tile";
+  else if (r.m > kMaxCoord || r.k > kMaxCoord || 2 * r.u > kMaxCoord || r.batch > kMaxCoord)
+    os << "m, k or 2u exceeds 2^31-1 (TMA coordinates)";
+  else if (halves * g * ldw_bytes * (r.u / g) >= kMaxStrideBytes || r.batch_stride_w * 2 >= kMaxStrideBytes ||
+           r.batch_stride_x * 2 >= kMaxStrideBytes || r.m * r.ldx * 2 >= kMaxStrideBytes)
+    os << "a stride exceeds the tensor map's 2^40-byte limit";
+  else if (a && !aligned16(a->x)) os << "x is not 16-byte aligned";
+  else if (a && !aligned16(a->w)) os << "w is not 16-byte aligned";
+  else if (a && a->w_up && !aligned16(a->w_up)) os << "w_up is not 16-byte aligned";
+  return os.str();
+}
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static cudaError_t e = cudaSuccess;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaDriverEntryPointQueryResult q{};
+    void* f = nullptr;
+    e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  });
+  if (!fn)
+    *s = err(StatusCode::cuda_error, "the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(e),
+             "); the Hopper path needs a CUDA 12 driver");
+  return fn;
+}
+
+// A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent
+// is 64 elements. dims[0] is the contiguous one; strides in bytes, for dims 1...
+Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
+              const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what) {
+  cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult res = fn(map, dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                          static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS) {
+    std::ostringstream os;
+    os << "dims (";
+    for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << dims[i];
+    os << ") strides (";
+    for (int i = 0; i < rank - 1; ++i) os << (i ? ", " : "") << strides[i];
+    os << ") box (";
+    for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << box[i];
+    os << ")";
+    return err(StatusCode::cuda_error, "cuTensorMapEncodeTiled failed for ", what, " (error ", int(res), "): ",
+               os.str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream) {
+  Status s;
+  auto fn = encode_fn(&s);
+  if (!fn) return s;
+
+  Params p{};
+  constexpr int BM = kTile.tile_m, BN = kTile.tile_n, BK = kTile.tile_k;
+  p.m = r.m;
+  p.k = r.k;
+  p.u = r.u;
+  p.batch = static_cast<int>(r.batch);
+  p.m_tiles = static_cast<int>((r.m + BM - 1) / BM);
+  p.n_tiles = static_cast<int>((r.u + BN - 1) / BN);
+  p.k_blocks = static_cast<int>((r.k + BK - 1) / BK);
+  p.tiles = int64_t(p.m_tiles) * p.n_tiles * r.batch;
+
+  // X: (K, M, L).
+  p.x_batched = r.batch > 1 && r.batch_stride_x != 0;
+  {
+    const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(r.m), cuuint64_t(p.x_batched ? r.batch : 1)};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2),
+                                   cuuint64_t(p.x_batched ? r.batch_stride_x * 2 : r.m * r.ldx * 2)};
+    const cuuint32_t box[3] = {cuuint32_t(BK), cuuint32_t(BM), 1};
+    if (Status e = encode(fn, &p.tma_x, r.input_dtype, a.x, 3, dims, strides, box, "x"); !e) return e;
+  }
+
+  // Weights: (K, G, H, U/G, L).
+  const bool sep = r.weights.format == WeightFormat::separate;
+  const int64_t g = map_group(r);
+  const int64_t halves = sep ? 1 : 2;
+  const int64_t blocks = r.u / g;
+  const int64_t row_bytes = r.weights.ld * 2;
+  p.w_group = g;
+  p.w_batched = r.batch > 1 && r.batch_stride_w != 0;
+  p.gate_half = sep ? 0 : (r.weights.first == Half::gate ? 0 : 1);
+  p.up_half = sep ? 0 : 1 - p.gate_half;
+  {
+    // Blocks of at least a tile: the box is 128 consecutive rows of one
+    // block. Smaller blocks: the box takes 128/G blocks of G rows.
+    const bool big = g == r.u || g % BN == 0;
+    const cuuint64_t dims[5] = {cuuint64_t(r.k), cuuint64_t(g), cuuint64_t(halves), cuuint64_t(blocks),
+                                cuuint64_t(p.w_batched ? r.batch : 1)};
+    const cuuint64_t strides[4] = {cuuint64_t(row_bytes), cuuint64_t(g * row_bytes),
+                                   cuuint64_t(halves * g * row_bytes),
+                                   cuuint64_t(p.w_batched ? r.batch_stride_w * 2 : blocks * halves * g * row_bytes)};
+    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(big ? BN : g), 1, cuuint32_t(big ? 1 : BN / g), 1};
+    if (Status e = encode(fn, &p.tma_wg, r.input_dtype, a.w, 5, dims, strides, box, sep ? "w (gate)" : "w"); !e)
+      return e;
+    if (sep) {
+      if (Status e = encode(fn, &p.tma_wu, r.input_dtype, a.w_up, 5, dims, strides, box, "w_up"); !e) return e;
+    } else {
+      p.tma_wu = p.tma_wg;
+    }
+  }
+
+  p.bias = a.bias;
+  p.bias_up = a.bias_up;
+  p.y = a.y;
+  p.pre = a.preact;
+  p.ldy = r.ldy;
+  p.ldpre = r.ldpre;
+  p.sb = r.batch_stride_bias;
+  p.sy = r.batch_stride_y;
+  p.spre = r.batch_stride_preact;
+  p.group = sep ? r.u : r.weights.group;
+  p.first = static_cast<int>(r.weights.first);
+  p.separate = sep;
+  p.alpha = r.alpha;
+  p.clamp_alpha = r.act_params.clamp_alpha;
+  p.clamp_limit = r.act_params.clamp_limit;
+  p.out_dtype = static_cast<int>(r.output_dtype);
+  p.bias_dtype = static_cast<int>(r.bias_dtype);
+  p.pre_dtype = static_cast<int>(r.preact_dtype);
+  p.has_bias = r.has_bias;
+  p.has_pre = r.has_preact;
+  const size_t out_size = dtype_size(r.output_dtype);
+  p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&
+             reinterpret_cast<uintptr_t>(a.y) % (4 * out_size) == 0;
+
+  const int grid = static_cast<int>(std::min<int64_t>(p.tiles, std::max(sms, 1)));
+  const cudaError_t e = r.input_dtype == DType::bf16 ? launch_bf16(p, static_cast<int>(r.activation), grid, stream)
+                                                     : launch_fp16(p, static_cast<int>(r.activation), grid, stream);
+  if (e != cudaSuccess) return err(StatusCode::cuda_error, "Hopper kernel launch failed: ", cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+}  // namespace gatedmlp::sm90

@@ -1,0 +1,45 @@
+// The parameter block of the Hopper kernel, filled on the host (launch.cpp).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a plain 128-byte struct; no driver library is linked)
+
+#include <cstdint>
+
+namespace gatedmlp::sm90 {
+
+// Passed by value as a __grid_constant__ kernel parameter, so the tensor maps
+// live in parameter space where the copy engine can read them.
+struct Params {
+  // X as (K, M, L); box 64 x 128 x 1.
+  CUtensorMap tma_x;
+  // Weights as (K, G, H, U/G, L): G rows per interleave block, H = 2 halves
+  // per block (fused) or 1 (separate). Gate rows of output columns [n0, n0+128)
+  // are the box at (k, n0 % G, gate_half, n0 / G, l); up rows likewise. For
+  // separate weights tma_wg and tma_wu map the two tensors; for fused ones
+  // they are the same map.
+  CUtensorMap tma_wg;
+  CUtensorMap tma_wu;
+
+  int64_t m, k, u;
+  int batch;
+  int m_tiles, n_tiles, k_blocks;
+  int64_t tiles;        // batch * m_tiles * n_tiles
+  int64_t w_group;      // G of the tensor maps (U for stacked and separate)
+  int gate_half, up_half;
+  int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
+
+  // Epilogue, strides in elements.
+  const void* bias;
+  const void* bias_up;
+  void* y;
+  void* pre;
+  int64_t ldy, ldpre, sb, sy, spre;
+  int64_t group;       // layout's G (fused), for bias and pre-activation columns
+  int first, separate;
+  float alpha, clamp_alpha, clamp_limit;
+  int out_dtype, bias_dtype, pre_dtype;  // 0 bf16, 1 fp16, 2 fp32
+  int has_bias, has_pre;
+  int y_vec4;          // 4 adjacent Y elements from a multiple of 4 may be stored as one vector
+};
+
+}  // namespace gatedmlp::sm90

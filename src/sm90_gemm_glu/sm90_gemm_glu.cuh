@@ -1,0 +1,340 @@
+// Hopper fast path: TMA + wgmma, warp-specialised, persistent GEMM + GLU.
+//
+// Tile. A CTA computes 128 rows x 128 output columns of Y, i.e. a 128 x 256
+// GEMM tile: the 128 gate rows of its output columns followed by the 128 up
+// rows. The copy engine gathers those rows from the layout (one box for the
+// gate rows, one for the up rows; the weight tensor map is 5-D, (K, G, half,
+// block, batch), so stacked, separate and interleaved-by-G weights are all a
+// box at some coordinate), and shared memory always holds [gate | up] x 64.
+// 128 x 256 is the largest tile whose fp32 accumulators fit two consumer
+// warpgroups (128 registers each: one m64n256k16 accumulator), and it moves
+// 48 KB per 64-deep k-step for 4 MFLOP, so the tensor cores, not memory, set
+// the pace; four stages (192 KB) keep three k-steps of loads in flight.
+//
+// Warpgroups. 384 threads:
+//   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
+//     ring, each stage guarded by a "full" mbarrier (TMA transaction count)
+//     and an "empty" mbarrier (one arrival per consumer warp). It gives its
+//     registers away (setmaxnreg 40).
+//   warpgroups 1 and 2, the consumers: each takes 64 rows of the tile and runs
+//     one wgmma m64n256k16 per 16-deep k-slice, so gate column c and up
+//     column c of a row land in the same thread (d[i] and d[i + 64]). A stage
+//     is released once the next k-step's wgmma has been issued and the one
+//     reading it retired (wait_group 1). Registers: setmaxnreg 232.
+//
+// Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
+// of the grid size, in groups of 16 row-blocks so that a wave's X rows and
+// weight rows stay in L2. Producer and consumers walk the same sequence, so
+// the producer starts loading the next tile while the consumers run the
+// epilogue.
+//
+// Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
+// registers, then 32-column chunks of the pre-activation (if asked) and of
+// act(g) * u go through a small shared-memory buffer so that the global
+// stores are row-contiguous vectors. Only Y (and the pre-activation) reaches
+// device memory.
+//
+// Edges. TMA zero-fills rows past M and U and columns past K, so partial
+// tiles need no predication in the main loop; the epilogue bounds-checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/activation_math.hpp"
+#include "common/device_dtype.cuh"
+#include "common/layout_math.hpp"
+#include "sm90_gemm_glu/hopper.cuh"
+#include "sm90_gemm_glu/params.hpp"
+
+namespace gatedmlp::sm90 {
+
+struct Traits {
+  static constexpr int BM = 128;    // rows per tile (two consumer warpgroups x 64)
+  static constexpr int BNO = 128;   // output columns per tile
+  static constexpr int BK = 64;     // one 128-byte swizzled row of 16-bit elements
+  static constexpr int kStages = 4;
+  static constexpr int kThreads = 384;
+  static constexpr int kGroupM = 16;  // row-blocks per raster group
+  static constexpr int kABytes = BM * BK * 2;          // 16 KB
+  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB: gate rows, then up rows
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kChunk = 32;                    // epilogue columns per pass
+  static constexpr int kStageLd = kChunk + 8;          // padded: conflict-free float2 writes
+  static constexpr int kEpiBytes = 64 * kStageLd * 4;  // per consumer warpgroup
+  static constexpr int kBiasBytes = 2 * BNO * 4;       // per consumer warpgroup
+  static constexpr int kBarBytes = 2 * kStages * 8;
+  // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
+  // the 128-byte swizzle needs.
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * (kEpiBytes + kBiasBytes) + kBarBytes + 1024;
+};
+
+namespace detail_ {
+
+using gatedmlp::detail::load_float;
+using gatedmlp::detail::store_float;
+
+// Column of the pre-activation output (and index into a fused bias) that
+// holds logical (half, j): the weight row for fused weights, [gate | up] for
+// separate ones.
+__device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j) {
+  if (p.separate) return half == 0 ? j : p.u + j;
+  return gatedmlp::detail::fused_row(j, half, p.group, p.first);
+}
+
+struct TileCoord {
+  int l, mb, nb;
+};
+
+// Tile t -> (batch, row-block, column-block), row-blocks fastest within
+// groups of kGroupM so that concurrently running CTAs share X and W in L2.
+__device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t) {
+  const int64_t per_batch = int64_t(p.m_tiles) * p.n_tiles;
+  TileCoord c;
+  c.l = static_cast<int>(t / per_batch);
+  const int64_t r = t - c.l * per_batch;
+  const int64_t per_group = int64_t(Traits::kGroupM) * p.n_tiles;
+  const int g = static_cast<int>(r / per_group);
+  const int in = static_cast<int>(r - g * per_group);
+  const int rows = min(Traits::kGroupM, p.m_tiles - g * Traits::kGroupM);
+  c.mb = g * Traits::kGroupM + in % rows;
+  c.nb = in / rows;
+  return c;
+}
+
+// Four adjacent elements at i (a multiple of 4; 8-byte aligned for 16-bit
+// types, 16 for fp32).
+__device__ __forceinline__ void store_vec4(void* p, int dtype, int64_t i, float4 v) {
+  if (dtype == 2) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = v;
+  } else if (dtype == 0) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    uint2 w;
+    w.x = *reinterpret_cast<uint32_t*>(&a);
+    w.y = *reinterpret_cast<uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + i) = w;
+  } else {
+    __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    uint2 w;
+    w.x = *reinterpret_cast<uint32_t*>(&a);
+    w.y = *reinterpret_cast<uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(static_cast<__half*>(p) + i) = w;
+  }
+}
+
+// The accumulator fragment of a consumer thread (see wgmma_m64n256k16): for
+// output column chunk q (32 columns), the values at local column
+// 8*jj + 2*(lane%4) + e and local row 16*warp + lane/4 + 8*h are
+// d[4*(4q+jj) + 2h + e] (gate) and d[64 + ...] (up).
+template <int Q, bool UP>
+__device__ __forceinline__ void park_chunk(const float (&d)[128], float* buf, int warp, int lane) {
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = (UP ? 64 : 0) + 4 * (4 * Q + jj) + 2 * h;
+      const int r = 16 * warp + lane / 4 + 8 * h;
+      const int c = 8 * jj + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(buf + r * Traits::kStageLd + c) = make_float2(d[i], d[i + 1]);
+    }
+}
+
+template <int ACT, int Q>
+__device__ __forceinline__ void park_glu_chunk(const float (&d)[128], float* buf, int warp, int lane, float ca,
+                                               float cl) {
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * (4 * Q + jj) + 2 * h;
+      const int r = 16 * warp + lane / 4 + 8 * h;
+      const int c = 8 * jj + 2 * (lane % 4);
+      const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
+      const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
+      *reinterpret_cast<float2*>(buf + r * Traits::kStageLd + c) = make_float2(y0, y1);
+    }
+}
+
+// Writes a parked 64 x 32 chunk: to Y (half < 0) or to the pre-activation
+// columns of `half`. Each thread stores 4 consecutive columns of a row.
+__device__ __forceinline__ void store_chunk(const Params& p, const float* buf, int tid, int l, int64_t row0,
+                                            int64_t col0, int half) {
+  for (int idx = tid; idx < 64 * (Traits::kChunk / 4); idx += 128) {
+    const int r = idx / (Traits::kChunk / 4);
+    const int c = (idx % (Traits::kChunk / 4)) * 4;
+    const int64_t row = row0 + r, j0 = col0 + c;
+    if (row >= p.m || j0 >= p.u) continue;
+    const float4 v = *reinterpret_cast<const float4*>(buf + r * Traits::kStageLd + c);
+    const float vs[4] = {v.x, v.y, v.z, v.w};
+    if (half < 0) {
+      const int64_t yi = int64_t(l) * p.sy + row * p.ldy + j0;
+      if (p.y_vec4 && j0 + 4 <= p.u) {
+        store_vec4(p.y, p.out_dtype, yi, v);
+      } else {
+        for (int e = 0; e < 4 && j0 + e < p.u; ++e) store_float(p.y, p.out_dtype, yi + e, vs[e]);
+      }
+    } else {
+      const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
+      for (int e = 0; e < 4 && j0 + e < p.u; ++e) store_float(p.pre, p.pre_dtype, base + pre_col(p, half, j0 + e), vs[e]);
+    }
+  }
+}
+
+template <int ACT>
+__device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], float* buf, float* sbias, int cw, int tid,
+                                         const TileCoord& tc) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int bar = 1 + cw;  // named barrier of this consumer warpgroup
+  const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
+  const int64_t col0 = int64_t(tc.nb) * Traits::BNO;
+
+  named_barrier(bar, 128);  // the previous tile's readers of buf and sbias are done
+  if (p.has_bias) {
+    const int64_t boff = int64_t(tc.l) * p.sb;
+    for (int i = tid; i < 2 * Traits::BNO; i += 128) {
+      const int half = i / Traits::BNO;
+      const int64_t j = col0 + i % Traits::BNO;
+      float b = 0.f;
+      if (j < p.u)
+        b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
+                                      : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
+      sbias[i] = b;
+    }
+    named_barrier(bar, 128);
+  }
+  // g = alpha * acc + bias, u likewise, in place.
+#pragma unroll
+  for (int i = 0; i < 128; ++i) {
+    float v = d[i] * p.alpha;
+    if (p.has_bias) {
+      const int col = 8 * ((i % 64) / 4) + 2 * (lane % 4) + (i % 2);
+      v += sbias[(i / 64) * Traits::BNO + col];
+    }
+    d[i] = v;
+  }
+
+  if (p.has_pre) {
+#define GATEDMLP_PRE_CHUNK(Q, UP)                                                  \
+  park_chunk<Q, UP>(d, buf, warp, lane);                                           \
+  named_barrier(bar, 128);                                                         \
+  store_chunk(p, buf, tid, tc.l, row0, col0 + Q * Traits::kChunk, UP ? 1 : 0);     \
+  named_barrier(bar, 128);
+    GATEDMLP_PRE_CHUNK(0, false)
+    GATEDMLP_PRE_CHUNK(1, false)
+    GATEDMLP_PRE_CHUNK(2, false)
+    GATEDMLP_PRE_CHUNK(3, false)
+    GATEDMLP_PRE_CHUNK(0, true)
+    GATEDMLP_PRE_CHUNK(1, true)
+    GATEDMLP_PRE_CHUNK(2, true)
+    GATEDMLP_PRE_CHUNK(3, true)
+#undef GATEDMLP_PRE_CHUNK
+  }
+#define GATEDMLP_Y_CHUNK(Q)                                                          \
+  park_glu_chunk<ACT, Q>(d, buf, warp, lane, p.clamp_alpha, p.clamp_limit);          \
+  named_barrier(bar, 128);                                                           \
+  store_chunk(p, buf, tid, tc.l, row0, col0 + Q * Traits::kChunk, -1);               \
+  if (Q < 3) named_barrier(bar, 128);
+  GATEDMLP_Y_CHUNK(0)
+  GATEDMLP_Y_CHUNK(1)
+  GATEDMLP_Y_CHUNK(2)
+  GATEDMLP_Y_CHUNK(3)
+#undef GATEDMLP_Y_CHUNK
+}
+
+}  // namespace detail_
+
+template <typename T, int ACT>
+__global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = Traits;
+  extern __shared__ unsigned char smem_raw[];
+  // Align the ring to 1024 bytes (the 128-byte swizzle repeats every 8 rows).
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  float* epi = reinterpret_cast<float*>(smem + Tr::kStages * Tr::kStageBytes);
+  float* biasbuf = reinterpret_cast<float*>(smem + Tr::kStages * Tr::kStageBytes + 2 * Tr::kEpiBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kStages * Tr::kStageBytes + 2 * (Tr::kEpiBytes + Tr::kBiasBytes));
+  uint64_t* empty = full + Tr::kStages;
+
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Tr::kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------- producer
+    setmaxnreg_dec<40>();
+    if (tid == 0) {
+      tma_prefetch_map(&p.tma_x);
+      tma_prefetch_map(&p.tma_wg);
+      tma_prefetch_map(&p.tma_wu);
+      uint32_t it = 0;
+      for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        const detail_::TileCoord tc = detail_::tile_coord(p, t);
+        const int64_t n0 = int64_t(tc.nb) * Tr::BNO;
+        const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
+        const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
+        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+          const int s = it % Tr::kStages;
+          const uint32_t phase = (it / Tr::kStages) & 1;
+          mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
+          unsigned char* st = smem + s * Tr::kStageBytes;
+          mbar_arrive_expect_tx(&full[s], Tr::kStageBytes);
+          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
+          tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
+          tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+        }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------- consumers
+    setmaxnreg_inc<232>();
+    const int cw = wg - 1;  // rows 64*cw ... 64*cw + 63 of the tile
+    const int lane = tid % 32;
+    float* buf = epi + cw * (Tr::kEpiBytes / 4);
+    float* sbias = biasbuf + cw * (Tr::kBiasBytes / 4);
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.f;
+    const uint32_t ring = smem_addr(smem);
+    uint32_t it = 0;
+    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+      const detail_::TileCoord tc = detail_::tile_coord(p, t);
+      int prev = -1;
+      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        const int s = it % Tr::kStages;
+        mbar_wait(&full[s], (it / Tr::kStages) & 1);
+        const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
+        const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
+        const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
+        fence_regs(d);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Tr::BK / 16; ++kk)
+          wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+        wgmma_commit();
+        fence_regs(d);
+        // The previous k-step's wgmma has retired: its stage can be refilled.
+        wgmma_wait<1>();
+        fence_regs(d);
+        if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+        prev = s;
+      }
+      wgmma_wait<0>();
+      fence_regs(d);
+      if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+      detail_::epilogue<ACT>(p, d, buf, sbias, cw, tid, tc);
+    }
+  }
+#endif
+}
+
+}  // namespace gatedmlp::sm90

@@ -1,0 +1,37 @@
+// Host side of the Hopper fast path: what it takes, its tile, its launcher.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "gatedmlp/gatedmlp.hpp"
+#include "sm90_gemm_glu/params.hpp"
+
+namespace gatedmlp::sm90 {
+
+// The one compiled tile (see the note at the top of sm90_gemm_glu.cuh).
+struct Tile {
+  int tile_m, tile_n, tile_k, stages, threads;
+  int smem_bytes;
+};
+// Shared memory: 4 x (16 KB of X + 32 KB of weights), two 64 x 40 fp32
+// epilogue buffers, two 256-float bias buffers, 8 mbarriers, 1 KB alignment.
+inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * (64 * 40 * 4 + 256 * 4) + 64 + 1024};
+
+// True when this build contains the sm_90a kernel.
+bool compiled();
+
+// Why the fast path cannot take this (resolved) problem, or "" if it can.
+// `args` may be null (plan() without pointers assumes aligned pointers).
+std::string blocker(const Problem& resolved, const Arguments* args);
+
+// Builds the tensor maps and launches one persistent CTA per SM (at most one
+// per tile). The problem must have passed blocker().
+Status launch(const Problem& resolved, const Arguments& args, int sms, cudaStream_t stream);
+
+// Per-dtype kernel launchers (sm90_gemm_glu_{bf16,fp16}.cu).
+cudaError_t launch_bf16(const Params& p, int activation, int grid, cudaStream_t stream);
+cudaError_t launch_fp16(const Params& p, int activation, int grid, cudaStream_t stream);
+
+}  // namespace gatedmlp::sm90
