@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
 
@@ -119,7 +120,13 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
   p.m_tiles = static_cast<int>((r.m + BM - 1) / BM);
   p.n_tiles = static_cast<int>((r.u + BN - 1) / BN);
   p.k_blocks = static_cast<int>((r.k + BK - 1) / BK);
-  p.tiles = int64_t(p.m_tiles) * p.n_tiles * r.batch;
+  // Clusters of two CTAs sharing the weight tile through multicast are opt-in
+  // (GATEDMLP_SM90_CLUSTER=2): on H100 they measured the same as single CTAs
+  // (NOTES.md), so L2 bandwidth is not what limits the main loop.
+  const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER");
+  const int cluster_m = cl && std::string(cl) == "2" && p.m_tiles >= 2 ? 2 : 1;
+  p.m_units = (p.m_tiles + cluster_m - 1) / cluster_m;
+  p.tiles = int64_t(p.m_units) * p.n_tiles * r.batch;
 
   // X: (K, M, L).
   p.x_batched = r.batch > 1 && r.batch_stride_x != 0;
@@ -184,9 +191,24 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
   p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&
              reinterpret_cast<uintptr_t>(a.y) % (4 * out_size) == 0;
 
-  const int grid = static_cast<int>(std::min<int64_t>(p.tiles, std::max(sms, 1)));
-  const cudaError_t e = r.input_dtype == DType::bf16 ? launch_bf16(p, static_cast<int>(r.activation), grid, stream)
-                                                     : launch_fp16(p, static_cast<int>(r.activation), grid, stream);
+  // Y through TMA stores: 16-bit output whose rows (and batches) start on
+  // 16-byte boundaries.
+  // TMA stores write whole 16-byte chunks, so U must be a multiple of 8 too,
+  // or the last chunk of a row would spill into the row's padding.
+  p.y_tma = r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 && (r.batch == 1 || r.batch_stride_y % 8 == 0) &&
+            reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && r.ldy * 2 < kMaxStrideBytes &&
+            r.batch_stride_y * 2 < kMaxStrideBytes && r.u <= kMaxCoord;
+  if (p.y_tma) {
+    const bool batched = r.batch > 1;
+    const cuuint64_t dims[3] = {cuuint64_t(r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldy * 2), cuuint64_t(batched ? r.batch_stride_y * 2 : r.m * r.ldy * 2)};
+    const cuuint32_t box[3] = {64, 64, 1};
+    if (Status e = encode(fn, &p.tma_y, r.output_dtype, a.y, 3, dims, strides, box, "y"); !e) return e;
+  }
+
+  const int act = static_cast<int>(r.activation);
+  const cudaError_t e = r.input_dtype == DType::bf16 ? launch_bf16(p, act, cluster_m, sms, stream)
+                                                     : launch_fp16(p, act, cluster_m, sms, stream);
   if (e != cudaSuccess) return err(StatusCode::cuda_error, "Hopper kernel launch failed: ", cudaGetErrorString(e));
   return Status::Ok();
 }

@@ -2,6 +2,10 @@
 // included once per dtype translation unit.
 #pragma once
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
@@ -10,24 +14,61 @@ namespace gatedmlp::sm90 {
 static_assert(Traits::kSmemBytes == kTile.smem_bytes, "kTile.smem_bytes must match the kernel's layout");
 static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Traits::kStages == kTile.stages);
 
-template <typename T, int ACT>
-cudaError_t launch_act(const Params& p, int grid, cudaStream_t stream) {
-  auto kernel = sm90_gemm_glu_kernel<T, ACT>;
+// Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
+// item, at most as many as can be resident at once.
+template <typename T, int ACT, int CM>
+cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
+  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM>;
+  // Per call: the attribute belongs to the current device.
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
     return e;
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(Traits::kThreads);
+  cfg.dynamicSmemBytes = Traits::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CM;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int resident = sms / CM;
+  if constexpr (CM > 1) {
+    // Not every SM can host a cluster (GPCs with an odd free SM); ask once
+    // (per process: the library assumes one GPU model).
+    static int clusters = -1;
+    if (clusters < 0) {
+      cfg.gridDim = dim3(CM * resident);
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters <= 0) {
+        (void)cudaGetLastError();
+        clusters = resident;
+      }
+    }
+    resident = std::min(resident, clusters);
+    if (const char* v = std::getenv("GATEDMLP_SM90_CLUSTERS")) resident = std::max(1, std::atoi(v));
+    if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
+      std::fprintf(stderr, "[gatedmlp] sm90: %d resident clusters of %d reported, %d used\n", clusters, CM, resident);
+  }
+  const int64_t items = std::min<int64_t>(p.tiles, std::max(resident, 1));
+  cfg.gridDim = dim3(static_cast<unsigned>(items * CM));
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <typename T, int ACT>
+cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stream) {
+  return cluster_m == 2 ? launch_act<T, ACT, 2>(p, sms, stream) : launch_act<T, ACT, 1>(p, sms, stream);
 }
 
 template <typename T>
-cudaError_t launch_any(const Params& p, int activation, int grid, cudaStream_t stream) {
+cudaError_t launch_any(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream) {
   switch (activation) {
-    case 0: return launch_act<T, 0>(p, grid, stream);
-    case 1: return launch_act<T, 1>(p, grid, stream);
-    case 2: return launch_act<T, 2>(p, grid, stream);
-    case 3: return launch_act<T, 3>(p, grid, stream);
-    default: return launch_act<T, 4>(p, grid, stream);
+    case 0: return launch_cm<T, 0>(p, cluster_m, sms, stream);
+    case 1: return launch_cm<T, 1>(p, cluster_m, sms, stream);
+    case 2: return launch_cm<T, 2>(p, cluster_m, sms, stream);
+    case 3: return launch_cm<T, 3>(p, cluster_m, sms, stream);
+    default: return launch_cm<T, 4>(p, cluster_m, sms, stream);
   }
 }
 

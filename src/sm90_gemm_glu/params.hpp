@@ -19,11 +19,14 @@ struct Params {
   // they are the same map.
   CUtensorMap tma_wg;
   CUtensorMap tma_wu;
+  // Y as (U, M, L), 16-bit output only; box 64 x 64 x 1. Used when y_tma.
+  CUtensorMap tma_y;
 
   int64_t m, k, u;
   int batch;
   int m_tiles, n_tiles, k_blocks;
-  int64_t tiles;        // batch * m_tiles * n_tiles
+  int m_units;          // row units: m_tiles / (CTAs per cluster), rounded up
+  int64_t tiles;        // batch * m_units * n_tiles: the work items of clusters
   int64_t w_group;      // G of the tensor maps (U for stacked and separate)
   int gate_half, up_half;
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
@@ -40,6 +43,7 @@ struct Params {
   int out_dtype, bias_dtype, pre_dtype;  // 0 bf16, 1 fp16, 2 fp32
   int has_bias, has_pre;
   int y_vec4;          // 4 adjacent Y elements from a multiple of 4 may be stored as one vector
+  int y_tma;           // Y is written by TMA stores from a swizzled shared-memory tile
 };
 
 }  // namespace gatedmlp::sm90

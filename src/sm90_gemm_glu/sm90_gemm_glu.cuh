@@ -24,15 +24,18 @@
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of 16 row-blocks so that a wave's X rows and
-// weight rows stay in L2. Producer and consumers walk the same sequence, so
+// weight rows stay in L2. Optionally (GATEDMLP_SM90_CLUSTER=2) CTAs run in
+// clusters of two that share (multicast) the weight tile: see the kernel. Producer and consumers walk the same sequence, so
 // the producer starts loading the next tile while the consumers run the
 // epilogue.
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
-// registers, then 32-column chunks of the pre-activation (if asked) and of
-// act(g) * u go through a small shared-memory buffer so that the global
-// stores are row-contiguous vectors. Only Y (and the pre-activation) reaches
-// device memory.
+// registers; act(g) * u is rounded and written into a 128-byte-swizzled
+// shared tile that one thread hands to two TMA stores, which run while the
+// warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
+// engine cannot address, 32-column fp32 chunks go through the same bytes and
+// are stored by the threads; the pre-activation, if asked, goes that way too.)
+// Only Y (and the pre-activation) reaches device memory.
 //
 // Edges. TMA zero-fills rows past M and U and columns past K, so partial
 // tiles need no predication in the main loop; the epilogue bounds-checks.
@@ -61,14 +64,18 @@ struct Traits {
   static constexpr int kABytes = BM * BK * 2;          // 16 KB
   static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB: gate rows, then up rows
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kChunk = 32;                    // epilogue columns per pass
+  static constexpr int kChunk = 32;                    // generic epilogue: columns per pass
   static constexpr int kStageLd = kChunk + 8;          // padded: conflict-free float2 writes
-  static constexpr int kEpiBytes = 64 * kStageLd * 4;  // per consumer warpgroup
-  static constexpr int kBiasBytes = 2 * BNO * 4;       // per consumer warpgroup
+  // Per consumer warpgroup: its 64 x 128 Y tile in 16-bit, as two 64 x 64
+  // boxes with the 128-byte swizzle (what the TMA store reads). The generic
+  // epilogue reuses the same bytes for a 64 x 32 fp32 chunk.
+  static constexpr int kEpiBytes = 64 * BNO * 2;
+  static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
+  static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
   static constexpr int kBarBytes = 2 * kStages * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * (kEpiBytes + kBiasBytes) + kBarBytes + 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
 };
 
 namespace detail_ {
@@ -88,19 +95,22 @@ struct TileCoord {
   int l, mb, nb;
 };
 
-// Tile t -> (batch, row-block, column-block), row-blocks fastest within
-// groups of kGroupM so that concurrently running CTAs share X and W in L2.
-__device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t) {
-  const int64_t per_batch = int64_t(p.m_tiles) * p.n_tiles;
+// Tile t -> (batch, row-block, column-block). The CM CTAs of a cluster share
+// t and take consecutive row-blocks (a row unit), so they need the same
+// weight rows. Row units run fastest within groups of kGroupM, so that
+// concurrently running CTAs share X and W in L2.
+template <int CM>
+__device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int rank) {
+  const int64_t per_batch = int64_t(p.m_units) * p.n_tiles;
   TileCoord c;
   c.l = static_cast<int>(t / per_batch);
   const int64_t r = t - c.l * per_batch;
   const int64_t per_group = int64_t(Traits::kGroupM) * p.n_tiles;
   const int g = static_cast<int>(r / per_group);
   const int in = static_cast<int>(r - g * per_group);
-  const int rows = min(Traits::kGroupM, p.m_tiles - g * Traits::kGroupM);
-  c.mb = g * Traits::kGroupM + in % rows;
-  c.nb = in / rows;
+  const int units = min(Traits::kGroupM, p.m_units - g * Traits::kGroupM);
+  c.mb = (g * Traits::kGroupM + in % units) * CM + rank;
+  c.nb = in / units;
   return c;
 }
 
@@ -182,37 +192,66 @@ __device__ __forceinline__ void store_chunk(const Params& p, const float* buf, i
   }
 }
 
+// act(g) * u of the thread's fragment, rounded to OUT and written into the
+// warpgroup's swizzled 64 x 128 tile: the 16-byte chunk c of row r sits at
+// chunk c ^ (r % 8), so the 8 rows a warp writes hit distinct banks.
+template <int ACT, typename OUT>
+__device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned char* tile, int warp, int lane,
+                                                float ca, float cl) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * j + 2 * h;
+      const int r = 16 * warp + lane / 4 + 8 * h;
+      const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
+      const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
+      const OUT pair[2] = {gatedmlp::detail::from_float<OUT>(y0), gatedmlp::detail::from_float<OUT>(y1)};
+      const int off = (j / 8) * 8192 + r * 128 + (((j % 8) ^ (lane / 4)) * 16) + 4 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(tile + off) = *reinterpret_cast<const uint32_t*>(pair);
+    }
+}
+
 template <int ACT>
-__device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], float* buf, float* sbias, int cw, int tid,
-                                         const TileCoord& tc) {
+__device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsigned char* tile, float* sbias, int cw,
+                                         int tid, const TileCoord& tc) {
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
+  constexpr int kBothBar = 3;  // named barrier of both consumer warpgroups
   const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
   const int64_t col0 = int64_t(tc.nb) * Traits::BNO;
+  float* buf = reinterpret_cast<float*>(tile);
 
-  named_barrier(bar, 128);  // the previous tile's readers of buf and sbias are done
+  // The previous tile's TMA store must have read the tile before it is
+  // overwritten (it had a whole main loop to do so).
+  if (tid == 0) bulk_wait_read();
+  named_barrier(bar, 128);
+
   if (p.has_bias) {
+    // Bias depends only on the columns, which both warpgroups share.
+    named_barrier(kBothBar, 256);  // both are done reading the previous tile's
     const int64_t boff = int64_t(tc.l) * p.sb;
-    for (int i = tid; i < 2 * Traits::BNO; i += 128) {
-      const int half = i / Traits::BNO;
-      const int64_t j = col0 + i % Traits::BNO;
-      float b = 0.f;
-      if (j < p.u)
-        b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
-                                      : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
-      sbias[i] = b;
-    }
-    named_barrier(bar, 128);
+    const int i = cw * 128 + tid;  // 0 ... 255
+    const int half = i / Traits::BNO;
+    const int64_t j = col0 + i % Traits::BNO;
+    float b = 0.f;
+    if (j < p.u)
+      b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
+                                    : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
+    sbias[i] = b;
+    named_barrier(kBothBar, 256);
   }
   // g = alpha * acc + bias, u likewise, in place.
+  if (p.alpha != 1.f || p.has_bias) {
 #pragma unroll
-  for (int i = 0; i < 128; ++i) {
-    float v = d[i] * p.alpha;
-    if (p.has_bias) {
-      const int col = 8 * ((i % 64) / 4) + 2 * (lane % 4) + (i % 2);
-      v += sbias[(i / 64) * Traits::BNO + col];
+    for (int i = 0; i < 128; ++i) {
+      float v = d[i] * p.alpha;
+      if (p.has_bias) {
+        const int col = 8 * ((i % 64) / 4) + 2 * (lane % 4) + (i % 2);
+        v += sbias[(i / 64) * Traits::BNO + col];
+      }
+      d[i] = v;
     }
-    d[i] = v;
   }
 
   if (p.has_pre) {
@@ -231,6 +270,21 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], float
     GATEDMLP_PRE_CHUNK(3, true)
 #undef GATEDMLP_PRE_CHUNK
   }
+
+  if (p.y_tma) {
+    // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
+    // one thread and left in flight while the warpgroup starts the next tile.
+    if (p.out_dtype == 0) park_y_swizzled<ACT, __nv_bfloat16>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+    else park_y_swizzled<ACT, __half>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+    fence_proxy_async();
+    named_barrier(bar, 128);
+    if (tid == 0 && row0 < p.m) {
+      tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), tc.l);
+      if (col0 + 64 < p.u) tma_store_3d(&p.tma_y, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), tc.l);
+      bulk_commit();
+    }
+    return;
+  }
 #define GATEDMLP_Y_CHUNK(Q)                                                          \
   park_glu_chunk<ACT, Q>(d, buf, warp, lane, p.clamp_alpha, p.clamp_limit);          \
   named_barrier(bar, 128);                                                           \
@@ -245,29 +299,40 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], float
 
 }  // namespace detail_
 
-template <typename T, int ACT>
+// CM: CTAs per cluster along M (1 or 2). With 2, the pair computes two
+// row-blocks of the same columns; each CTA loads one half of the shared
+// weight tile (gate rows or up rows) and multicasts it to both, so each
+// k-step reads 32 KB per CTA from L2 instead of 48.
+template <typename T, int ACT, int CM>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
+  static_assert(CM == 1 || CM == 2, "clusters of one or two CTAs");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Traits;
   extern __shared__ unsigned char smem_raw[];
   // Align the ring to 1024 bytes (the 128-byte swizzle repeats every 8 rows).
+  // Every CTA gets the same base, so offsets agree across the cluster.
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
-  float* epi = reinterpret_cast<float*>(smem + Tr::kStages * Tr::kStageBytes);
-  float* biasbuf = reinterpret_cast<float*>(smem + Tr::kStages * Tr::kStageBytes + 2 * Tr::kEpiBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kStages * Tr::kStageBytes + 2 * (Tr::kEpiBytes + Tr::kBiasBytes));
+  unsigned char* epi = smem + Tr::kStages * Tr::kStageBytes;
+  float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
+  const uint32_t rank = CM > 1 ? cluster_rank() : 0;
+  const int64_t first_tile = blockIdx.x / CM, tile_step = gridDim.x / CM;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);  // one arrival per consumer warp
+      // One arrival per consumer warp of every CTA whose stage s the loads
+      // into this stage's slot (multicast) also fill.
+      mbar_init(&empty[s], 8 * CM);
     }
     fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (CM > 1) cluster_sync();
+  else __syncthreads();
 
   if (wg == 0) {
     // ---------------------------------------------------------- producer
@@ -277,8 +342,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       tma_prefetch_map(&p.tma_wg);
       tma_prefetch_map(&p.tma_wu);
       uint32_t it = 0;
-      for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        const detail_::TileCoord tc = detail_::tile_coord(p, t);
+      for (int64_t t = first_tile; t < p.tiles; t += tile_step) {
+        const detail_::TileCoord tc = detail_::tile_coord<CM>(p, t, rank);
         const int64_t n0 = int64_t(tc.nb) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
@@ -289,8 +354,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], Tr::kStageBytes);
           tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
-          tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
-          tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+          if constexpr (CM == 1) {
+            tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
+            tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+          } else if (rank == 0) {
+            tma_load_5d_multicast(st + Tr::kABytes, &p.tma_wg, &full[s], 0x3, kb * Tr::BK, c1, p.gate_half, c3, wl);
+          } else {
+            tma_load_5d_multicast(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], 0x3, kb * Tr::BK, c1,
+                                  p.up_half, c3, wl);
+          }
         }
       }
     }
@@ -299,15 +371,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     setmaxnreg_inc<232>();
     const int cw = wg - 1;  // rows 64*cw ... 64*cw + 63 of the tile
     const int lane = tid % 32;
-    float* buf = epi + cw * (Tr::kEpiBytes / 4);
-    float* sbias = biasbuf + cw * (Tr::kBiasBytes / 4);
+    unsigned char* tile = epi + cw * Tr::kEpiBytes;
+    if (p.y_tma && tid == 0) tma_prefetch_map(&p.tma_y);
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.f;
     const uint32_t ring = smem_addr(smem);
+    // Frees stage s in this CTA and, with multicast, in the peer (whose
+    // loads also write here).
+    auto release = [&](int s) {
+      if (lane != 0) return;
+      if constexpr (CM == 1) {
+        mbar_arrive(&empty[s]);
+      } else {
+        mbar_arrive(&empty[s]);
+        mbar_arrive_cluster(&empty[s], rank ^ 1);
+      }
+    };
     uint32_t it = 0;
-    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-      const detail_::TileCoord tc = detail_::tile_coord(p, t);
+    for (int64_t t = first_tile; t < p.tiles; t += tile_step) {
+      const detail_::TileCoord tc = detail_::tile_coord<CM>(p, t, rank);
       int prev = -1;
       for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
         const int s = it % Tr::kStages;
@@ -325,15 +408,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // The previous k-step's wgmma has retired: its stage can be refilled.
         wgmma_wait<1>();
         fence_regs(d);
-        if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+        if (prev >= 0) release(prev);
         prev = s;
       }
       wgmma_wait<0>();
       fence_regs(d);
-      if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
-      detail_::epilogue<ACT>(p, d, buf, sbias, cw, tid, tc);
+      if (prev >= 0) release(prev);
+      detail_::epilogue<ACT>(p, d, tile, sbias, cw, tid, tc);
     }
+    if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
   }
+  // A CTA may not exit while its peer can still multicast into it or arrive
+  // on its barriers.
+  if constexpr (CM > 1) cluster_sync();
 #endif
 }
 

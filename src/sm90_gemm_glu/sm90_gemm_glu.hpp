@@ -15,9 +15,9 @@ struct Tile {
   int tile_m, tile_n, tile_k, stages, threads;
   int smem_bytes;
 };
-// Shared memory: 4 x (16 KB of X + 32 KB of weights), two 64 x 40 fp32
-// epilogue buffers, two 256-float bias buffers, 8 mbarriers, 1 KB alignment.
-inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * (64 * 40 * 4 + 256 * 4) + 64 + 1024};
+// Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
+// per consumer warpgroup), 1 KB of bias, 8 mbarriers, 1 KB alignment slack.
+inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 1024};
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
@@ -27,11 +27,13 @@ bool compiled();
 std::string blocker(const Problem& resolved, const Arguments* args);
 
 // Builds the tensor maps and launches one persistent CTA per SM (at most one
-// per tile). The problem must have passed blocker().
+// per tile); with GATEDMLP_SM90_CLUSTER=2 and two or more row-blocks, in
+// clusters of two along M. The problem must have passed blocker().
 Status launch(const Problem& resolved, const Arguments& args, int sms, cudaStream_t stream);
 
-// Per-dtype kernel launchers (sm90_gemm_glu_{bf16,fp16}.cu).
-cudaError_t launch_bf16(const Params& p, int activation, int grid, cudaStream_t stream);
-cudaError_t launch_fp16(const Params& p, int activation, int grid, cudaStream_t stream);
+// Per-dtype kernel launchers (sm90_gemm_glu_{bf16,fp16}.cu); cluster_m is 1
+// or 2 CTAs per cluster, and p.m_units / p.tiles must count units of it.
+cudaError_t launch_bf16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);
+cudaError_t launch_fp16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);
 
 }  // namespace gatedmlp::sm90

@@ -2,7 +2,7 @@
 #include "sm90_gemm_glu/launch.cuh"
 
 namespace gatedmlp::sm90 {
-cudaError_t launch_fp16(const Params& p, int activation, int grid, cudaStream_t stream) {
-  return launch_any<__half>(p, activation, grid, stream);
+cudaError_t launch_fp16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream) {
+  return launch_any<__half>(p, activation, cluster_m, sms, stream);
 }
 }  // namespace gatedmlp::sm90
