@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|resources|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -11,7 +11,7 @@ mkdir -p "$out"
 build=build-gpu
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
-[ "${steps[0]}" = all ] && steps=(build smoke test sanitize resources accuracy bench python)
+[ "${steps[0]}" = all ] && steps=(build smoke test sanitize resources accuracy bench bars python)
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
@@ -63,6 +63,18 @@ for step in "${steps[@]}"; do
   bench)
     "$build/tools/gatedmlp" bench --model "${GATEDMLP_BENCH_MODEL:-8b}" --json "$out/bench.json" 2>"$out/bench.err" | tee "$out/bench.txt"
     note "bench: rc=${PIPESTATUS[0]} (table in bench.txt)" ;;
+  bars)
+    # The Hopper issue's bars, each ratio from one run: the three models at
+    # M = 1024/4096/16384, small M, many rows with small weights, and every
+    # layout against stacked on the 8B M=4096 shape.
+    g="$build/tools/gatedmlp"
+    { "$g" bench --model all --m 1024,4096,16384
+      "$g" bench --m 64,128,256,512
+      "$g" bench --m 512 --k 1024 --u 4096
+      for l in separate g1 g8 g32 g128 g256; do "$g" bench --m 4096 --layout "$l"; done
+      "$g" bench --m 4096 --layout g32 --first up
+    } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/bars.txt"
+    note "bars: table in bars.txt" ;;
   python)
     # Packaging as a user would (offline: the build tools are already there), then the tests and the binding bench.
     python3 -m pip install . --no-build-isolation -q >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; note "python: pip install FAILED"; continue; }
