@@ -126,6 +126,9 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
   const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER");
   const int cluster_m = cl && std::string(cl) == "2" && p.m_tiles >= 2 ? 2 : 1;
   p.m_units = (p.m_tiles + cluster_m - 1) / cluster_m;
+  // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
+  const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
+  p.group_m = gm ? std::max(1, std::atoi(gm)) : 16;
   p.tiles = int64_t(p.m_units) * p.n_tiles * r.batch;
 
   // X: (K, M, L).

@@ -25,6 +25,7 @@ struct Params {
   int64_t m, k, u;
   int batch;
   int m_tiles, n_tiles, k_blocks;
+  int group_m;          // row units per raster group (tile order, see tile_coord)
   int m_units;          // row units: m_tiles / (CTAs per cluster), rounded up
   int64_t tiles;        // batch * m_units * n_tiles: the work items of clusters
   int64_t w_group;      // G of the tensor maps (U for stacked and separate)

@@ -23,7 +23,7 @@
 //     reading it retired (wait_group 1). Registers: setmaxnreg 232.
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
-// of the grid size, in groups of 16 row-blocks so that a wave's X rows and
+// of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
 // weight rows stay in L2. Optionally (GATEDMLP_SM90_CLUSTER=2) CTAs run in
 // clusters of two that share (multicast) the weight tile: see the kernel. Producer and consumers walk the same sequence, so
 // the producer starts loading the next tile while the consumers run the
@@ -60,7 +60,6 @@ struct Traits {
   static constexpr int BK = 64;     // one 128-byte swizzled row of 16-bit elements
   static constexpr int kStages = 4;
   static constexpr int kThreads = 384;
-  static constexpr int kGroupM = 16;  // row-blocks per raster group
   static constexpr int kABytes = BM * BK * 2;          // 16 KB
   static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB: gate rows, then up rows
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -97,7 +96,7 @@ struct TileCoord {
 
 // Tile t -> (batch, row-block, column-block). The CM CTAs of a cluster share
 // t and take consecutive row-blocks (a row unit), so they need the same
-// weight rows. Row units run fastest within groups of kGroupM, so that
+// weight rows. Row units run fastest within groups of p.group_m, so that
 // concurrently running CTAs share X and W in L2.
 template <int CM>
 __device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int rank) {
@@ -105,11 +104,11 @@ __device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int 
   TileCoord c;
   c.l = static_cast<int>(t / per_batch);
   const int64_t r = t - c.l * per_batch;
-  const int64_t per_group = int64_t(Traits::kGroupM) * p.n_tiles;
+  const int64_t per_group = int64_t(p.group_m) * p.n_tiles;
   const int g = static_cast<int>(r / per_group);
   const int in = static_cast<int>(r - g * per_group);
-  const int units = min(Traits::kGroupM, p.m_units - g * Traits::kGroupM);
-  c.mb = (g * Traits::kGroupM + in % units) * CM + rank;
+  const int units = min(p.group_m, p.m_units - g * p.group_m);
+  c.mb = (g * p.group_m + in % units) * CM + rank;
   c.nb = in / units;
   return c;
 }
