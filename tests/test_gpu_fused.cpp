@@ -284,6 +284,20 @@ int64_t random_size(std::mt19937_64& rng, int64_t max) {
   return 1 + int64_t(rng() % uint64_t(max));
 }
 
+
+// Half the cases get a bias, a third a pre-activation output (sometimes
+// with a padded row stride), each in a random dtype. p.u must be final.
+void random_bias_and_preact(Problem& p, std::mt19937_64& rng) {
+  if (rng() % 2) {
+    p.has_bias = true;
+    p.bias_dtype = static_cast<DType>(rng() % 3);
+  }
+  if (rng() % 3 == 0) {
+    p.has_preact = true;
+    p.preact_dtype = static_cast<DType>(rng() % 3);
+    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
+  }
+}
 Problem random_problem(std::mt19937_64& rng, DType in) {
   Problem p;
   p.input_dtype = in;
@@ -308,15 +322,7 @@ Problem random_problem(std::mt19937_64& rng, DType in) {
   if (rng() % 5 == 0) p.weights.storage = WeightStorage::in_out;
   if (rng() % 5 == 0) p.weights.ld = (p.weights.storage == WeightStorage::out_in ? p.k : (fmt == 0 ? p.u : 2 * p.u)) + pick(rng, {1, 8, 13});
   p.output_dtype = static_cast<DType>(rng() % 3);
-  if (rng() % 2) {
-    p.has_bias = true;
-    p.bias_dtype = static_cast<DType>(rng() % 3);
-  }
-  if (rng() % 3 == 0) {
-    p.has_preact = true;
-    p.preact_dtype = static_cast<DType>(rng() % 3);
-    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
-  }
+  random_bias_and_preact(p, rng);
   p.alpha = float(pick(rng, {1, 1, 2, -3})) * 0.5f;
   if (rng() % 3 == 0) p.ldx = p.k + pick(rng, {1, 8, 24});
   if (rng() % 3 == 0) p.ldy = p.u + pick(rng, {1, 2, 7});
@@ -553,15 +559,7 @@ Problem fast_path_problem(std::mt19937_64& rng, int i) {
   p.k = pick(rng, {8, 72, 136, 520});
   const float alphas[] = {1.0f, 0.5f, -1.5f, 1.25f};
   p.alpha = alphas[rng() % 4];
-  if (rng() % 2) {
-    p.has_bias = true;
-    p.bias_dtype = static_cast<DType>(rng() % 3);
-  }
-  if (rng() % 3 == 0) {
-    p.has_preact = true;
-    p.preact_dtype = static_cast<DType>(rng() % 3);
-    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
-  }
+  random_bias_and_preact(p, rng);
   if (rng() % 4 == 0) p.ldx = p.k + 8 * pick(rng, {1, 3});
   if (rng() % 5 == 0) p.weights.ld = p.k + 8 * pick(rng, {1, 2});
   if (rng() % 4 == 0) p.ldy = p.u + pick(rng, {1, 3, 8});
