@@ -284,7 +284,6 @@ int64_t random_size(std::mt19937_64& rng, int64_t max) {
   return 1 + int64_t(rng() % uint64_t(max));
 }
 
-
 // Half the cases get a bias, a third a pre-activation output (sometimes
 // with a padded row stride), each in a random dtype. p.u must be final.
 void random_bias_and_preact(Problem& p, std::mt19937_64& rng) {
@@ -298,6 +297,7 @@ void random_bias_and_preact(Problem& p, std::mt19937_64& rng) {
     if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
   }
 }
+
 Problem random_problem(std::mt19937_64& rng, DType in) {
   Problem p;
   p.input_dtype = in;
