@@ -5,14 +5,15 @@
 # call per shape. The card's clocks are left as they are (--clock-control
 # none), so the numbers are what the benchmark sees. Output to $OUT or
 # ./profile-out.
-#   scripts/profile-hopper.sh [MODEL] [M,M,...]        (default: 405b 4096,16384)
+#   [NCU=0] scripts/profile-hopper.sh [MODEL] [M,M,...]        (default: 405b 4096,16384)
+# CLUSTERS="1 2" repeats the bench (and ncu) for each GATEDMLP_SM90_CLUSTER.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
 out="${OUT:-$PWD/profile-out}"
 mkdir -p "$out"
 model="${1:-405b}" ms="${2:-4096,16384}"
-b=build-prof
+b="${BUILD:-build-prof}"  # BUILD=build-gpu reuses gpu-check.sh's build
 if [ ! -x "$b/tools/gatedmlp" ]; then
   cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DGATEDMLP_BUILD_TESTS=OFF >"$out/build.log" 2>&1 && cmake --build "$b" -j"$(nproc)" >>"$out/build.log" 2>&1 ||
@@ -20,21 +21,26 @@ if [ ! -x "$b/tools/gatedmlp" ]; then
 fi
 g="$b/tools/gatedmlp"
 
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
-smi=$!
-"$g" bench --model "$model" --m "$ms" --json "$out/bench-$model.json" 2>"$out/bench.err" | tee "$out/bench-$model.txt"
-kill "$smi" 2>/dev/null
-# Clock and power while the GPU was busy (samples above 300 W).
-awk -F', ' 'NR > 1 && $4 + 0 > 300 {n++; c += $2; p += $4; if ($2 + 0 < cmin || cmin == 0) cmin = $2 + 0}
-  END {if (n) printf "busy samples %d: mean SM clock %.0f MHz (min %d), mean power %.0f W\n", n, c / n, cmin, p / n}' \
-  "$out/smi.csv" | tee "$out/smi-summary.txt"
+for cl in ${CLUSTERS:-default}; do
+  [ "$cl" = default ] || export GATEDMLP_SM90_CLUSTER=$cl
+  echo "=== cluster: $cl"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
+  smi=$!
+  "$g" bench --model "$model" --m "$ms" --json "$out/bench-$model-c$cl.json" 2>"$out/bench.err" | tee "$out/bench-$model.txt"
+  kill "$smi" 2>/dev/null
+  # Clock and power while the GPU was busy (samples above 300 W).
+  awk -F', ' 'NR > 1 && $4 + 0 > 300 {n++; c += $2; p += $4; if ($2 + 0 < cmin || cmin == 0) cmin = $2 + 0}
+    END {if (n) printf "busy samples %d: mean SM clock %.0f MHz (min %d), mean power %.0f W\n", n, c / n, cmin, p / n}' \
+    "$out/smi.csv" | tee "$out/smi-summary.txt"
 
-IFS=, read -ra mlist <<<"$ms"
-for m in "${mlist[@]}"; do
-  ncu --clock-control none --kernel-name regex:sm90_gemm_glu --launch-skip 1 --launch-count 1 \
-    --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum \
-    "$g" bench --model "$model" --m "$m" --reps 2 >"$out/ncu-$model-$m.txt" 2>&1
-  echo "--- ncu $model M=$m"
-  grep -E "gpu__time|cycles_elapsed|dram__bytes|hit_rate|gmma|sm__throughput|lts__t_bytes" "$out/ncu-$model-$m.txt" | head -12
+  IFS=, read -ra mlist <<<"$ms"
+  for m in "${mlist[@]}"; do
+    [ "${NCU:-1}" = 0 ] && break
+    ncu --clock-control none --kernel-name regex:sm90_gemm_glu --launch-skip 1 --launch-count 1 \
+      --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum \
+      "$g" bench --model "$model" --m "$m" --reps 2 >"$out/ncu-$model-$m-c$cl.txt" 2>&1
+    echo "--- ncu $model M=$m"
+    grep -E "gpu__time|cycles_elapsed|dram__bytes|hit_rate|gmma|sm__throughput|lts__t_bytes" "$out/ncu-$model-$m-c$cl.txt" | head -12
+  done
 done

@@ -35,6 +35,10 @@ int64_t map_group(const Problem& r) {
   return r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
 }
 
+// CTAs per cluster (along M) for this problem. Until measured otherwise, 1:
+// see NOTES.md.
+int cluster_size(const Problem&) { return 1; }
+
 }  // namespace
 
 std::string blocker(const Problem& r, const Arguments* a) {
@@ -120,11 +124,12 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
   p.m_tiles = static_cast<int>((r.m + BM - 1) / BM);
   p.n_tiles = static_cast<int>((r.u + BN - 1) / BN);
   p.k_blocks = static_cast<int>((r.k + BK - 1) / BK);
-  // Clusters of two CTAs sharing the weight tile through multicast are opt-in
-  // (GATEDMLP_SM90_CLUSTER=2): on H100 they measured the same as single CTAs
-  // (NOTES.md), so L2 bandwidth is not what limits the main loop.
-  const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER");
-  const int cluster_m = cl && std::string(cl) == "2" && p.m_tiles >= 2 ? 2 : 1;
+  // Clusters of CTAs sharing the weight tile through multicast: see
+  // cluster_size(). GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
+  int cluster_m = cluster_size(r);
+  if (const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER")) cluster_m = std::atoi(cl);
+  if (cluster_m != 2 && cluster_m != 4) cluster_m = 1;
+  while (cluster_m > 1 && p.m_tiles < cluster_m) cluster_m /= 2;
   p.m_units = (p.m_tiles + cluster_m - 1) / cluster_m;
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
@@ -152,15 +157,19 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
   p.gate_half = sep ? 0 : (r.weights.first == Half::gate ? 0 : 1);
   p.up_half = sep ? 0 : 1 - p.gate_half;
   {
-    // Blocks of at least a tile: the box is 128 consecutive rows of one
-    // block. Smaller blocks: the box takes 128/G blocks of G rows.
+    // Blocks of at least a tile: the box is `rows` consecutive rows of one
+    // block. Smaller blocks: the box takes rows/G blocks of G rows. `rows` is
+    // a whole half of the tile (128), or the part one CTA of a cluster loads.
     const bool big = g == r.u || g % BN == 0;
+    const int64_t rows = BN / std::max(1, cluster_m / 2);
+    p.w_part_c1 = big ? static_cast<int>(rows) : 0;
+    p.w_part_c3 = big ? 0 : static_cast<int>(rows / g);
     const cuuint64_t dims[5] = {cuuint64_t(r.k), cuuint64_t(g), cuuint64_t(halves), cuuint64_t(blocks),
                                 cuuint64_t(p.w_batched ? r.batch : 1)};
     const cuuint64_t strides[4] = {cuuint64_t(row_bytes), cuuint64_t(g * row_bytes),
                                    cuuint64_t(halves * g * row_bytes),
                                    cuuint64_t(p.w_batched ? r.batch_stride_w * 2 : blocks * halves * g * row_bytes)};
-    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(big ? BN : g), 1, cuuint32_t(big ? 1 : BN / g), 1};
+    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(big ? rows : g), 1, cuuint32_t(big ? 1 : rows / g), 1};
     if (Status e = encode(fn, &p.tma_wg, r.input_dtype, a.w, 5, dims, strides, box, sep ? "w (gate)" : "w"); !e)
       return e;
     if (sep) {

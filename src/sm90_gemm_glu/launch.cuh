@@ -58,7 +58,11 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 
 template <typename T, int ACT>
 cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stream) {
-  return cluster_m == 2 ? launch_act<T, ACT, 2>(p, sms, stream) : launch_act<T, ACT, 1>(p, sms, stream);
+  switch (cluster_m) {
+    case 4: return launch_act<T, ACT, 4>(p, sms, stream);
+    case 2: return launch_act<T, ACT, 2>(p, sms, stream);
+    default: return launch_act<T, ACT, 1>(p, sms, stream);
+  }
 }
 
 template <typename T>

@@ -30,6 +30,10 @@ struct Params {
   int64_t tiles;        // batch * m_units * n_tiles: the work items of clusters
   int64_t w_group;      // G of the tensor maps (U for stacked and separate)
   int gate_half, up_half;
+  // Clusters: part q of a weight half (128 / (CM/2) rows) is the box at
+  // (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
+  // whole blocks of G rows when G is smaller than the part.
+  int w_part_c1, w_part_c3;
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
 
   // Epilogue, strides in elements.

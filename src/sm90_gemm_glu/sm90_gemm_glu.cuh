@@ -24,10 +24,10 @@
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
-// weight rows stay in L2. Optionally (GATEDMLP_SM90_CLUSTER=2) CTAs run in
-// clusters of two that share (multicast) the weight tile: see the kernel. Producer and consumers walk the same sequence, so
-// the producer starts loading the next tile while the consumers run the
-// epilogue.
+// weight rows stay in L2. CTAs may run in clusters of two or four that share
+// (multicast) the weight tile: see the kernel. Producer and consumers walk the
+// same sequence, so the producer starts loading the next tile while the
+// consumers run the epilogue.
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
 // registers; act(g) * u is rounded and written into a 128-byte-swizzled
@@ -298,13 +298,16 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
 
 }  // namespace detail_
 
-// CM: CTAs per cluster along M (1 or 2). With 2, the pair computes two
-// row-blocks of the same columns; each CTA loads one half of the shared
-// weight tile (gate rows or up rows) and multicasts it to both, so each
-// k-step reads 32 KB per CTA from L2 instead of 48.
+// CM: CTAs per cluster along M (1, 2 or 4). The CTAs of a cluster compute CM
+// consecutive row-blocks of the same columns; each loads 1/CM of the shared
+// weight tile (CM = 2: the gate or the up rows; 4: half of one of them) and
+// multicasts it to all, so a k-step reads 16 + 32/CM KB per CTA from L2, and
+// the CTAs stay in step, which is what lets long-K problems (K = 16384: 12 MB
+// of operands per tile) share their weight reads rather than each going to
+// DRAM.
 template <typename T, int ACT, int CM>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
-  static_assert(CM == 1 || CM == 2, "clusters of one or two CTAs");
+  static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Traits;
   extern __shared__ unsigned char smem_raw[];
@@ -356,11 +359,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           if constexpr (CM == 1) {
             tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
             tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
-          } else if (rank == 0) {
-            tma_load_5d_multicast(st + Tr::kABytes, &p.tma_wg, &full[s], 0x3, kb * Tr::BK, c1, p.gate_half, c3, wl);
           } else {
-            tma_load_5d_multicast(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], 0x3, kb * Tr::BK, c1,
-                                  p.up_half, c3, wl);
+            // This CTA's part of the weight tile: half rank / kParts (gate,
+            // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
+            // every CTA of the cluster.
+            constexpr int kParts = CM / 2;
+            const int h = static_cast<int>(rank) / kParts, q = static_cast<int>(rank) % kParts;
+            tma_load_5d_multicast(st + Tr::kABytes + h * (Tr::kBBytes / 2) + q * (Tr::kBBytes / 2 / kParts),
+                                  h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * Tr::BK,
+                                  c1 + q * p.w_part_c1, h == 0 ? p.gate_half : p.up_half, c3 + q * p.w_part_c3, wl);
           }
         }
       }
@@ -380,12 +387,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     // loads also write here).
     auto release = [&](int s) {
       if (lane != 0) return;
-      if constexpr (CM == 1) {
-        mbar_arrive(&empty[s]);
-      } else {
-        mbar_arrive(&empty[s]);
-        mbar_arrive_cluster(&empty[s], rank ^ 1);
-      }
+      mbar_arrive(&empty[s]);
+      if constexpr (CM > 1)
+#pragma unroll
+        for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
     uint32_t it = 0;
     for (int64_t t = first_tile; t < p.tiles; t += tile_step) {

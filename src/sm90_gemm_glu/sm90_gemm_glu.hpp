@@ -27,12 +27,12 @@ bool compiled();
 std::string blocker(const Problem& resolved, const Arguments* args);
 
 // Builds the tensor maps and launches one persistent CTA per SM (at most one
-// per tile); with GATEDMLP_SM90_CLUSTER=2 and two or more row-blocks, in
-// clusters of two along M. The problem must have passed blocker().
+// per tile), in clusters of 1, 2 or 4 CTAs along M (launch.cpp,
+// cluster_size(); GATEDMLP_SM90_CLUSTER overrides). The problem must have passed blocker().
 Status launch(const Problem& resolved, const Arguments& args, int sms, cudaStream_t stream);
 
-// Per-dtype kernel launchers (sm90_gemm_glu_{bf16,fp16}.cu); cluster_m is 1
-// or 2 CTAs per cluster, and p.m_units / p.tiles must count units of it.
+// Per-dtype kernel launchers (sm90_gemm_glu_{bf16,fp16}.cu); cluster_m is 1,
+// 2 or 4 CTAs per cluster, and p.m_units / p.tiles must count units of it.
 cudaError_t launch_bf16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);
 cudaError_t launch_fp16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);
 
