@@ -35,9 +35,14 @@ int64_t map_group(const Problem& r) {
   return r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
 }
 
-// CTAs per cluster (along M) for this problem. Until measured otherwise, 1:
-// see NOTES.md.
-int cluster_size(const Problem&) { return 1; }
+// CTAs per cluster (along M). Two: the pair shares the weight tile and runs
+// in step, so CTAs that read the same weight rows do so at the same time.
+// Without it, on long K (70B, 405B) the persistent CTAs drift apart, a
+// wave's operands (128 MB at K = 16384) no longer fit L2, and DRAM reads grow
+// to 100x the operands: 0.50x cuBLAS at 405B M = 16384 single, 1.02x paired.
+// Four lose the 4 SMs that a GPC cannot fill with clusters of four (128 CTAs
+// of 132) and measured 0.90x. NOTES.md, version h5.
+int cluster_size(const Problem&) { return 2; }
 
 }  // namespace
 
