@@ -66,13 +66,15 @@ for step in "${steps[@]}"; do
   bars)
     # The Hopper issue's bars, each ratio from one run: the three models at
     # M = 1024/4096/16384, small M, many rows with small weights, and every
-    # layout against stacked on the 8B M=4096 shape.
+    # layout (and the pre-activation output) against stacked on the 8B M=4096
+    # shape.
     g="$build/tools/gatedmlp"
     { "$g" bench --model all --m 1024,4096,16384
       "$g" bench --m 64,128,256,512
       "$g" bench --m 512 --k 1024 --u 4096
       for l in separate g1 g8 g32 g128 g256; do "$g" bench --m 4096 --layout "$l"; done
       "$g" bench --m 4096 --layout g32 --first up
+      for l in stacked g1; do "$g" bench --m 4096 --layout "$l" --preact; done
     } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/bars.txt"
     note "bars: table in bars.txt" ;;
   python)

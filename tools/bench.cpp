@@ -190,7 +190,10 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   const size_t in_sz = dtype_size(p.input_dtype), out_sz = dtype_size(p.output_dtype);
   const size_t x_bytes = size_t(m) * k * in_sz, w_bytes = size_t(2 * u) * k * in_sz, y_bytes = size_t(m) * u * out_sz;
   const size_t inter_bytes = size_t(m) * 2 * u * in_sz;
-  row.act_fused_bytes = double(y_bytes);
+  // --preact: the fused kernel also writes [M, 2U] (the unfused path writes
+  // it in place of its intermediate).
+  const size_t pre_bytes = p.has_preact ? size_t(m) * 2 * u * dtype_size(p.preact_dtype) : 0;
+  row.act_fused_bytes = double(y_bytes + pre_bytes);
   row.act_unfused_bytes = double(inter_bytes + y_bytes);
 
   if (const Status s = check_support(p); !s.ok()) {
@@ -209,7 +212,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   }
 
   // Copies so that one rotation is more than twice the L2.
-  const size_t per_copy = x_bytes + w_bytes + y_bytes;
+  const size_t per_copy = x_bytes + w_bytes + y_bytes + pre_bytes;
   const size_t l2 = static_cast<size_t>(std::max(dev_.prop.l2CacheSize, 0));
   const int64_t copies =
       std::clamp<int64_t>(static_cast<int64_t>(2 * l2 / std::max<size_t>(per_copy, 1)) + 1, 1, kMaxCopies);
@@ -222,7 +225,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   }
 
   try {
-    std::vector<DeviceBuffer> xs, ws, ys;
+    std::vector<DeviceBuffer> xs, ws, ys, pres;
     std::vector<Arguments> args(copies);
     const float w_bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k)));
     for (int64_t c = 0; c < copies; ++c) {
@@ -241,6 +244,10 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
       a.w = ws.back().get();
       if (p.weights.format == WeightFormat::separate) a.w_up = ws.back().as<char>() + size_t(u) * k * in_sz;
       a.y = ys.back().get();
+      if (p.has_preact) {
+        pres.emplace_back(pre_bytes, "preact");
+        a.preact = pres.back().get();
+      }
     }
     DeviceBuffer fused_workspace(fused_ws, "fused workspace");
     std::unique_ptr<ref::Unfused> unfused;
@@ -344,6 +351,7 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
   out << "  \"activation\": " << json_str(to_string(base.activation)) << ",\n";
   out << "  \"input_dtype\": " << json_str(to_string(base.input_dtype)) << ",\n";
   out << "  \"output_dtype\": " << json_str(to_string(base.output_dtype)) << ",\n";
+  out << "  \"preact\": " << (base.has_preact ? json_str(to_string(base.preact_dtype)) : "null") << ",\n";
   out << "  \"schedule\": " << json_str(schedule_name(schedule)) << ",\n";
   out << "  \"force_path\": " << json_str(force_path) << ",\n";
   out << "  \"rows\": [";
@@ -379,6 +387,10 @@ int bench_main(int argc, char** argv) {
       {"u", "U", "custom shape: output features per half (with --k)"},
   };
   for (auto& s : kernel_flag_specs()) specs.push_back(s);
+  // Of the option flags, the pre-activation output (the Hopper issue's bar
+  // times it against Y alone).
+  for (auto& s : extra_flag_specs())
+    if (s.name == "preact" || s.name == "preact-dtype") specs.push_back(s);
   specs.push_back({"reps", "N",
                    "timed calls per path (default: adaptive, about 0.4 s per shape); with --schedule block, "
                    "split over the 3 rounds, rounded up"});
@@ -477,11 +489,11 @@ int bench_main(int argc, char** argv) {
     }
   }
 
-  std::printf("device: %s, driver %s, runtime %s, commit %s; layout %s, %s, %s; schedule %s, path %s\n",
+  std::printf("device: %s, driver %s, runtime %s, commit %s; layout %s, %s, %s%s; schedule %s, path %s\n",
               dev.prop.name, cuda_version_string(dev.driver_version).c_str(),
               cuda_version_string(dev.runtime_version).c_str(), git_commit().c_str(),
               layout_name(base.weights).c_str(), to_string(base.activation), to_string(base.input_dtype),
-              schedule_name(schedule), force_path.c_str());
+              base.has_preact ? ", +preact" : "", schedule_name(schedule), force_path.c_str());
   print_table(rows);
   if (!json.empty()) {
     write_json(json, dev, base, schedule, force_path, rows);

@@ -204,6 +204,21 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
   p.pre_dtype = static_cast<int>(r.preact_dtype);
   p.has_bias = r.has_bias;
   p.has_pre = r.has_preact;
+  // Pre-activation columns (see store_pre): runs per half, interleaved
+  // blocks of G (a power of two dividing 128), or G = 1 pairs.
+  if (sep || r.weights.group == r.u || r.weights.group % BN == 0) {
+    p.pre_mode = 0;
+  } else {
+    p.pre_mode = r.weights.group == 1 ? 2 : 1;
+    while ((int64_t{1} << p.pre_log2g) < r.weights.group) ++p.pre_log2g;
+  }
+  if (r.has_preact) {
+    // Pairs start at even columns of even runs: every run start (U for the
+    // up half of stacked weights) and stride must be even too.
+    const size_t pre_size = dtype_size(r.preact_dtype);
+    p.pre_vec2 = r.ldpre % 2 == 0 && (r.batch == 1 || r.batch_stride_preact % 2 == 0) &&
+                 (p.pre_mode != 0 || r.u % 2 == 0) && reinterpret_cast<uintptr_t>(a.preact) % (2 * pre_size) == 0;
+  }
   const size_t out_size = dtype_size(r.output_dtype);
   p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&
              reinterpret_cast<uintptr_t>(a.y) % (4 * out_size) == 0;

@@ -49,6 +49,9 @@ struct Params {
   int has_bias, has_pre;
   int y_vec4;          // 4 adjacent Y elements from a multiple of 4 may be stored as one vector
   int y_tma;           // Y is written by TMA stores from a swizzled shared-memory tile
+  int pre_mode;        // where a tile's pre-activation columns lie: see store_pre
+  int pre_log2g;       // pre_mode 1: log2(G)
+  int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
 };
 
 }  // namespace gatedmlp::sm90

@@ -34,8 +34,9 @@
 // shared tile that one thread hands to two TMA stores, which run while the
 // warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
 // engine cannot address, 32-column fp32 chunks go through the same bytes and
-// are stored by the threads; the pre-activation, if asked, goes that way too.)
-// Only Y (and the pre-activation) reaches device memory.
+// are stored by the threads.) The pre-activation, if asked, is stored from
+// the registers, two columns per store. Only Y (and the pre-activation)
+// reaches device memory.
 //
 // Edges. TMA zero-fills rows past M and U and columns past K, so partial
 // tiles need no predication in the main loop; the epilogue bounds-checks.
@@ -133,23 +134,6 @@ __device__ __forceinline__ void store_vec4(void* p, int dtype, int64_t i, float4
   }
 }
 
-// The accumulator fragment of a consumer thread (see wgmma_m64n256k16): for
-// output column chunk q (32 columns), the values at local column
-// 8*jj + 2*(lane%4) + e and local row 16*warp + lane/4 + 8*h are
-// d[4*(4q+jj) + 2h + e] (gate) and d[64 + ...] (up).
-template <int Q, bool UP>
-__device__ __forceinline__ void park_chunk(const float (&d)[128], float* buf, int warp, int lane) {
-#pragma unroll
-  for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = (UP ? 64 : 0) + 4 * (4 * Q + jj) + 2 * h;
-      const int r = 16 * warp + lane / 4 + 8 * h;
-      const int c = 8 * jj + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(buf + r * Traits::kStageLd + c) = make_float2(d[i], d[i + 1]);
-    }
-}
-
 template <int ACT, int Q>
 __device__ __forceinline__ void park_glu_chunk(const float (&d)[128], float* buf, int warp, int lane, float ca,
                                                float cl) {
@@ -166,10 +150,10 @@ __device__ __forceinline__ void park_glu_chunk(const float (&d)[128], float* buf
     }
 }
 
-// Writes a parked 64 x 32 chunk: to Y (half < 0) or to the pre-activation
-// columns of `half`. Each thread stores 4 consecutive columns of a row.
+// Writes a parked 64 x 32 chunk of Y. Each thread stores 4 consecutive
+// columns of a row.
 __device__ __forceinline__ void store_chunk(const Params& p, const float* buf, int tid, int l, int64_t row0,
-                                            int64_t col0, int half) {
+                                            int64_t col0) {
   for (int idx = tid; idx < 64 * (Traits::kChunk / 4); idx += 128) {
     const int r = idx / (Traits::kChunk / 4);
     const int c = (idx % (Traits::kChunk / 4)) * 4;
@@ -177,16 +161,78 @@ __device__ __forceinline__ void store_chunk(const Params& p, const float* buf, i
     if (row >= p.m || j0 >= p.u) continue;
     const float4 v = *reinterpret_cast<const float4*>(buf + r * Traits::kStageLd + c);
     const float vs[4] = {v.x, v.y, v.z, v.w};
-    if (half < 0) {
-      const int64_t yi = int64_t(l) * p.sy + row * p.ldy + j0;
-      if (p.y_vec4 && j0 + 4 <= p.u) {
-        store_vec4(p.y, p.out_dtype, yi, v);
-      } else {
-        for (int e = 0; e < 4 && j0 + e < p.u; ++e) store_float(p.y, p.out_dtype, yi + e, vs[e]);
-      }
+    const int64_t yi = int64_t(l) * p.sy + row * p.ldy + j0;
+    if (p.y_vec4 && j0 + 4 <= p.u) {
+      store_vec4(p.y, p.out_dtype, yi, v);
     } else {
-      const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
-      for (int e = 0; e < 4 && j0 + e < p.u; ++e) store_float(p.pre, p.pre_dtype, base + pre_col(p, half, j0 + e), vs[e]);
+      for (int e = 0; e < 4 && j0 + e < p.u; ++e) store_float(p.y, p.out_dtype, yi + e, vs[e]);
+    }
+  }
+}
+
+// Two adjacent pre-activation values at element i (even; the pair is 4-byte
+// aligned for 16-bit types, 8 for fp32 when p.pre_vec2), or one at a time.
+__device__ __forceinline__ void store_pre_pair(const Params& p, int64_t i, float a, float b, bool both) {
+  if (both && p.pre_vec2) {
+    if (p.pre_dtype == 2) {
+      *reinterpret_cast<float2*>(static_cast<float*>(p.pre) + i) = make_float2(a, b);
+    } else if (p.pre_dtype == 0) {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.pre) + i) = v;
+    } else {
+      const __half2 v = __floats2half2_rn(a, b);
+      *reinterpret_cast<__half2*>(static_cast<__half*>(p.pre) + i) = v;
+    }
+    return;
+  }
+  store_float(p.pre, p.pre_dtype, i, a);
+  if (both) store_float(p.pre, p.pre_dtype, i + 1, b);
+}
+
+// The pre-activation (alpha and bias applied) straight from the accumulator
+// fragment to device memory, two adjacent columns per store. Where the tile's
+// 128 columns of a half lie in the pre-activation row:
+//   pre_mode 0 (separate, stacked, G a multiple of 128): each half is one
+//     contiguous run starting at pre_col(half, col0);
+//   pre_mode 1 (G divides 128, G >= 2): the tile covers [2 col0, 2 col0 + 256)
+//     in blocks of G gate and G up columns; a thread's column pair never
+//     straddles a block (G even, pairs start at even columns);
+//   pre_mode 2 (G = 1): gate and up of column j sit side by side at 2j, so
+//     the pair stored is (gate, up) in the layout's order.
+// No shared memory and no barrier: the stores drain while the warpgroup goes
+// on to the next tile.
+__device__ __forceinline__ void store_pre(const Params& p, const float (&d)[128], int warp, int lane, int l,
+                                          int64_t row0, int64_t col0) {
+  const int64_t g0 = pre_col(p, 0, col0), u0 = pre_col(p, 1, col0);
+  const int q = 2 * (lane % 4);
+  const int lg = p.pre_log2g, gpos = p.first == 0 ? 0 : 1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row0 + 16 * warp + lane / 4 + 8 * h;
+    if (row >= p.m) continue;
+    const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const int jl = 8 * jj + q;  // column within the tile (even)
+      const int64_t j = col0 + jl;
+      if (j >= p.u) continue;
+      const bool both = j + 1 < p.u;
+      const int i = 4 * jj + 2 * h;  // gate d[i], d[i+1]; up d[i+64], d[i+65]
+      if (p.pre_mode == 0) {
+        store_pre_pair(p, base + g0 + jl, d[i], d[i + 1], both);
+        store_pre_pair(p, base + u0 + jl, d[i + 64], d[i + 65], both);
+      } else if (p.pre_mode == 1) {
+        const int64_t blk = 2 * col0 + ((jl >> lg) << (lg + 1)) + (jl & ((1 << lg) - 1));
+        store_pre_pair(p, base + blk + (int64_t(gpos) << lg), d[i], d[i + 1], both);
+        store_pre_pair(p, base + blk + (int64_t(1 - gpos) << lg), d[i + 64], d[i + 65], both);
+      } else {
+        const float g[2] = {d[i], d[i + 1]}, u[2] = {d[i + 64], d[i + 65]};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (e == 1 && !both) break;
+          store_pre_pair(p, base + 2 * (j + e), gpos == 0 ? g[e] : u[e], gpos == 0 ? u[e] : g[e], true);
+        }
+      }
     }
   }
 }
@@ -253,22 +299,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     }
   }
 
-  if (p.has_pre) {
-#define GATEDMLP_PRE_CHUNK(Q, UP)                                                  \
-  park_chunk<Q, UP>(d, buf, warp, lane);                                           \
-  named_barrier(bar, 128);                                                         \
-  store_chunk(p, buf, tid, tc.l, row0, col0 + Q * Traits::kChunk, UP ? 1 : 0);     \
-  named_barrier(bar, 128);
-    GATEDMLP_PRE_CHUNK(0, false)
-    GATEDMLP_PRE_CHUNK(1, false)
-    GATEDMLP_PRE_CHUNK(2, false)
-    GATEDMLP_PRE_CHUNK(3, false)
-    GATEDMLP_PRE_CHUNK(0, true)
-    GATEDMLP_PRE_CHUNK(1, true)
-    GATEDMLP_PRE_CHUNK(2, true)
-    GATEDMLP_PRE_CHUNK(3, true)
-#undef GATEDMLP_PRE_CHUNK
-  }
+  if (p.has_pre) store_pre(p, d, warp, lane, tc.l, row0, col0);
 
   if (p.y_tma) {
     // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
@@ -287,7 +318,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
 #define GATEDMLP_Y_CHUNK(Q)                                                          \
   park_glu_chunk<ACT, Q>(d, buf, warp, lane, p.clamp_alpha, p.clamp_limit);          \
   named_barrier(bar, 128);                                                           \
-  store_chunk(p, buf, tid, tc.l, row0, col0 + Q * Traits::kChunk, -1);               \
+  store_chunk(p, buf, tid, tc.l, row0, col0 + Q * Traits::kChunk);                   \
   if (Q < 3) named_barrier(bar, 128);
   GATEDMLP_Y_CHUNK(0)
   GATEDMLP_Y_CHUNK(1)
