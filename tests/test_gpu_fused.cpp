@@ -617,6 +617,42 @@ TEST(GpuFused, FastPathEveryLayoutActivationOption) {
               st.worst_ratio, auto_paths.wgmma, auto_paths.mma, sm90 ? "" : " (not a 9.0 device)");
 }
 
+// The pre-activation output on the fast path, every layout: 16-bit with
+// 16-byte rows (the TMA-store route), and fp32 or an odd row stride (the
+// direct-store route), M and U with tails. Both paths against the reference.
+TEST(GpuFused, FastPathPreactEveryLayout) {
+  SKIP_WITHOUT_GPU();
+  const bool sm90 = device_is_sm90();
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
+  for (int i = 0; i < 26; ++i) {
+    Problem p = fast_path_problem(rng, i);
+    // Redraw U as a multiple of 4 (2U rows of 16-bit values are then 16-byte
+    // multiples), keeping it a multiple of G, and reset what depended on it.
+    const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
+    if (g <= 1) p.u = pick(rng, {4, 36, 92, 132, 260});
+    p.ldy = 0;
+    p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
+    if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
+    p.has_preact = true;
+    const bool tma_route = i < 13;
+    p.preact_dtype = tma_route ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16);
+    p.ldpre = tma_route ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2);
+    p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + (tma_route ? 8 : 3) : kAuto;
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
+    ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
+    std::vector<Config> plans;
+    CaseOptions opt;
+    opt.variants = {kAutoPath, kPortablePath};
+    opt.plans = &plans;
+    run_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+    check_paths(plans, true, sm90);
+    if (HasFailure()) return;
+  }
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
+}
+
 // Problems the fast path must refuse: they fall back to the portable kernel,
 // with a reason, and are still right.
 TEST(GpuFused, FastPathFallbacks) {

@@ -257,6 +257,76 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
     }
 }
 
+// The pre-activation through the warpgroup's 16 KB shared tile, in two
+// passes of 128 pre-activation columns (two 64 x 64 swizzled boxes each),
+// each handed to TMA stores; the tile is free again once they have read it.
+// Pass 0 holds the gate run and pass 1 the up run (pre_mode 0), or the first
+// and second 128 of the tile's 256 interleaved columns (modes 1, 2).
+template <typename OUT>
+__device__ __forceinline__ void store_pre_tma(const Params& p, const float (&d)[128], unsigned char* tile, int tid,
+                                              int bar, int l, int64_t row0, int64_t col0) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int lg = p.pre_log2g, gpos = p.first == 0 ? 0 : 1;
+  // A column pair (c, c+1) of the pass at row r: 32-bit swizzled store.
+  auto put = [&](int r, int c, float a, float b) {
+    const OUT pair[2] = {gatedmlp::detail::from_float<OUT>(a), gatedmlp::detail::from_float<OUT>(b)};
+    const int off = (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + 2 * (c % 8);
+    *reinterpret_cast<uint32_t*>(tile + off) = *reinterpret_cast<const uint32_t*>(pair);
+  };
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      if (tid == 0) bulk_wait_read();
+      named_barrier(bar, 128);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * jj + 2 * h;
+        const int r = 16 * warp + lane / 4 + 8 * h;
+        const int jl = 8 * jj + 2 * (lane % 4);
+        if (p.pre_mode == 0) {
+          if (pass == 0) put(r, jl, d[i], d[i + 1]);
+          else put(r, jl, d[i + 64], d[i + 65]);
+        } else if (p.pre_mode == 1) {
+          const int blk = ((jl >> lg) << (lg + 1)) + (jl & ((1 << lg) - 1));
+          const int cg = blk + (gpos << lg), cu = blk + ((1 - gpos) << lg);
+          if ((cg >> 7) == pass) put(r, cg & 127, d[i], d[i + 1]);
+          if ((cu >> 7) == pass) put(r, cu & 127, d[i + 64], d[i + 65]);
+        } else {
+          // G = 1: (slot 0, slot 1) of column jl at 2 jl, of jl + 1 at 2 jl + 2.
+          if (((2 * jl) >> 7) == pass) {
+            put(r, (2 * jl) & 127, gpos == 0 ? d[i] : d[i + 64], gpos == 0 ? d[i + 64] : d[i]);
+            put(r, (2 * jl + 2) & 127, gpos == 0 ? d[i + 1] : d[i + 65], gpos == 0 ? d[i + 65] : d[i + 1]);
+          }
+        }
+      }
+    fence_proxy_async();
+    named_barrier(bar, 128);
+    if (tid == 0 && row0 < p.m) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (p.pre_mode == 0) {
+          // Run `pass` (gate, up), columns col0 + 64 b on: (j % G, slot, j / G).
+          const int64_t j = col0 + 64 * b;
+          if (j >= p.u) continue;  // past U the box would wrap into the next block
+          const int slot = (pass == 0) == (gpos == 0) ? 0 : 1;
+          tma_store_5d(&p.tma_pre, tile + b * 8192, static_cast<int>(j % p.w_group), p.separate ? pass : slot,
+                       static_cast<int>(j / p.w_group), static_cast<int>(row0), l);
+        } else {
+          const int64_t c = 2 * col0 + 128 * pass + 64 * b;
+          if (c >= 2 * p.u) continue;
+          tma_store_3d(&p.tma_pre, tile + b * 8192, static_cast<int>(c), static_cast<int>(row0), l);
+        }
+      }
+      bulk_commit();
+    }
+  }
+  if (tid == 0) bulk_wait_read();
+  named_barrier(bar, 128);
+}
+
 template <int ACT>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsigned char* tile, float* sbias, int cw,
                                          int tid, const TileCoord& tc) {
@@ -299,7 +369,11 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     }
   }
 
-  if (p.has_pre) store_pre(p, d, warp, lane, tc.l, row0, col0);
+  if (p.has_pre) {
+    if (!p.pre_tma) store_pre(p, d, warp, lane, tc.l, row0, col0);
+    else if (p.pre_dtype == 0) store_pre_tma<__nv_bfloat16>(p, d, tile, tid, bar, tc.l, row0, col0);
+    else store_pre_tma<__half>(p, d, tile, tid, bar, tc.l, row0, col0);
+  }
 
   if (p.y_tma) {
     // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
