@@ -1,5 +1,8 @@
-// Instantiates the Hopper kernel for one element type and every activation;
-// included once per dtype translation unit.
+// The Hopper kernel's launchers. Each activation's kernels (both dtypes, every
+// cluster size) are compiled in their own translation unit
+// (sm90_gemm_glu_<activation>.cu, through GATEDMLP_SM90_INSTANTIATE), so a
+// parallel build compiles them side by side; sm90_gemm_glu_launch.cu holds the
+// run-time dispatch over activations and sees only declarations.
 #pragma once
 
 #include <algorithm>
@@ -65,15 +68,14 @@ cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stre
   }
 }
 
-template <typename T>
-cudaError_t launch_any(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream) {
-  switch (activation) {
-    case 0: return launch_cm<T, 0>(p, cluster_m, sms, stream);
-    case 1: return launch_cm<T, 1>(p, cluster_m, sms, stream);
-    case 2: return launch_cm<T, 2>(p, cluster_m, sms, stream);
-    case 3: return launch_cm<T, 3>(p, cluster_m, sms, stream);
-    default: return launch_cm<T, 4>(p, cluster_m, sms, stream);
+// Explicit instantiation (in a kernel TU) or declaration (`extern`, in the
+// dispatch TU) of launch_cm for both dtypes and activation ACT.
+#define GATEDMLP_SM90_LAUNCHERS(EXTERN, ACT)                                                                  \
+  EXTERN template cudaError_t launch_cm<__nv_bfloat16, ACT>(const Params&, int, int, cudaStream_t);         \
+  EXTERN template cudaError_t launch_cm<__half, ACT>(const Params&, int, int, cudaStream_t);
+#define GATEDMLP_SM90_INSTANTIATE(ACT) \
+  namespace gatedmlp::sm90 {           \
+  GATEDMLP_SM90_LAUNCHERS(, ACT)       \
   }
-}
 
 }  // namespace gatedmlp::sm90

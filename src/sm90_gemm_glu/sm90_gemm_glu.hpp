@@ -31,7 +31,7 @@ std::string blocker(const Problem& resolved, const Arguments* args);
 // cluster_size(); GATEDMLP_SM90_CLUSTER overrides). The problem must have passed blocker().
 Status launch(const Problem& resolved, const Arguments& args, int sms, cudaStream_t stream);
 
-// Per-dtype kernel launchers (sm90_gemm_glu_{bf16,fp16}.cu); cluster_m is 1,
+// Per-dtype kernel launchers (sm90_gemm_glu_launch.cu); cluster_m is 1,
 // 2 or 4 CTAs per cluster, and p.m_units / p.tiles must count units of it.
 cudaError_t launch_bf16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);
 cudaError_t launch_fp16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);

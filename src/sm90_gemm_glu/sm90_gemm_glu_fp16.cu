@@ -1,8 +1,0 @@
-// fp16 instantiations of the Hopper kernel (built for sm_90a only).
-#include "sm90_gemm_glu/launch.cuh"
-
-namespace gatedmlp::sm90 {
-cudaError_t launch_fp16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream) {
-  return launch_any<__half>(p, activation, cluster_m, sms, stream);
-}
-}  // namespace gatedmlp::sm90

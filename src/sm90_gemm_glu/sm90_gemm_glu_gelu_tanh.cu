@@ -1,0 +1,5 @@
+// Hopper kernels for activation 1 (gelu_tanh): both dtypes, every cluster size
+// (sm_90a only).
+#include "sm90_gemm_glu/launch.cuh"
+
+GATEDMLP_SM90_INSTANTIATE(1)
