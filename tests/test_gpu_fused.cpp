@@ -618,8 +618,8 @@ TEST(GpuFused, FastPathEveryLayoutActivationOption) {
 }
 
 // The pre-activation output on the fast path, every layout: 16-bit with
-// 16-byte rows (the TMA-store route), and fp32 or an odd row stride (the
-// direct-store route), M and U with tails. Both paths against the reference.
+// 16-byte rows (paired stores), and fp32 or an odd row stride (fp32 pairs,
+// single stores), M and U with tails. Both paths against the reference.
 TEST(GpuFused, FastPathPreactEveryLayout) {
   SKIP_WITHOUT_GPU();
   const bool sm90 = device_is_sm90();
@@ -635,10 +635,10 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
     p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
     if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
     p.has_preact = true;
-    const bool tma_route = i < 13;
-    p.preact_dtype = tma_route ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16);
-    p.ldpre = tma_route ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2);
-    p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + (tma_route ? 8 : 3) : kAuto;
+    const bool aligned = i < 13;
+    p.preact_dtype = aligned ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16);
+    p.ldpre = aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2);
+    p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + (aligned ? 8 : 3) : kAuto;
     SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
     ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
     std::vector<Config> plans;

@@ -218,27 +218,6 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
     const size_t pre_size = dtype_size(r.preact_dtype);
     p.pre_vec2 = r.ldpre % 2 == 0 && (r.batch == 1 || r.batch_stride_preact % 2 == 0) &&
                  (p.pre_mode != 0 || r.u % 2 == 0) && reinterpret_cast<uintptr_t>(a.preact) % (2 * pre_size) == 0;
-    // Through TMA stores (16-byte rows, runs and strides), else the direct
-    // stores above.
-    p.pre_tma = r.preact_dtype != DType::fp32 && r.ldpre % 8 == 0 &&
-                (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&
-                (p.pre_mode != 0 || g % 8 == 0) && r.ldpre * 2 < kMaxStrideBytes &&
-                r.batch_stride_preact * 2 < kMaxStrideBytes;
-    if (p.pre_tma) {
-      const cuuint64_t row_stride = cuuint64_t(r.ldpre * 2);
-      const cuuint64_t batch_stride = cuuint64_t(r.batch > 1 ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2);
-      if (p.pre_mode == 0) {
-        const cuuint64_t dims[5] = {cuuint64_t(g), 2, cuuint64_t(r.u / g), cuuint64_t(r.m), cuuint64_t(r.batch)};
-        const cuuint64_t strides[4] = {cuuint64_t(g * 2), cuuint64_t(g * 4), row_stride, batch_stride};
-        const cuuint32_t box[5] = {64, 1, 1, 64, 1};
-        if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 5, dims, strides, box, "preact"); !e) return e;
-      } else {
-        const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
-        const cuuint64_t strides[2] = {row_stride, batch_stride};
-        const cuuint32_t box[3] = {64, 64, 1};
-        if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact"); !e) return e;
-      }
-    }
   }
   const size_t out_size = dtype_size(r.output_dtype);
   p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&

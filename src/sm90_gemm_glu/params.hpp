@@ -21,9 +21,6 @@ struct Params {
   CUtensorMap tma_wu;
   // Y as (U, M, L), 16-bit output only; box 64 x 64 x 1. Used when y_tma.
   CUtensorMap tma_y;
-  // Pre-activation, 16-bit, when pre_tma: pre_mode 0 as (G, H, U/G, M, L)
-  // with box 64 x 1 x 1 x 64 x 1; else as (2U, M, L) with box 64 x 64 x 1.
-  CUtensorMap tma_pre;
 
   int64_t m, k, u;
   int batch;
@@ -54,7 +51,6 @@ struct Params {
   int y_tma;           // Y is written by TMA stores from a swizzled shared-memory tile
   int pre_mode;        // where a tile's pre-activation columns lie: see store_pre
   int pre_log2g;       // pre_mode 1: log2(G)
-  int pre_tma;         // the pre-activation goes out through TMA stores (see store_pre_tma)
   int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
 };
 

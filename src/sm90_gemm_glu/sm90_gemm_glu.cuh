@@ -170,23 +170,22 @@ __device__ __forceinline__ void store_chunk(const Params& p, const float* buf, i
   }
 }
 
-// Two adjacent pre-activation values at element i (even; the pair is 4-byte
-// aligned for 16-bit types, 8 for fp32 when p.pre_vec2), or one at a time.
-__device__ __forceinline__ void store_pre_pair(const Params& p, int64_t i, float a, float b, bool both) {
+// Two adjacent pre-activation values at element `row + c` (c even; the pair is
+// 4-byte aligned for 16-bit types, 8 for fp32 when p.pre_vec2), or one at a
+// time. `row` is the row's first element.
+__device__ __forceinline__ void store_pre_pair(const Params& p, int64_t row, int c, float a, float b, bool both) {
   if (both && p.pre_vec2) {
     if (p.pre_dtype == 2) {
-      *reinterpret_cast<float2*>(static_cast<float*>(p.pre) + i) = make_float2(a, b);
+      *reinterpret_cast<float2*>(static_cast<float*>(p.pre) + row + c) = make_float2(a, b);
     } else if (p.pre_dtype == 0) {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.pre) + i) = v;
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.pre) + row + c) = __floats2bfloat162_rn(a, b);
     } else {
-      const __half2 v = __floats2half2_rn(a, b);
-      *reinterpret_cast<__half2*>(static_cast<__half*>(p.pre) + i) = v;
+      *reinterpret_cast<__half2*>(static_cast<__half*>(p.pre) + row + c) = __floats2half2_rn(a, b);
     }
     return;
   }
-  store_float(p.pre, p.pre_dtype, i, a);
-  if (both) store_float(p.pre, p.pre_dtype, i + 1, b);
+  store_float(p.pre, p.pre_dtype, row + c, a);
+  if (both) store_float(p.pre, p.pre_dtype, row + c + 1, b);
 }
 
 // The pre-activation (alpha and bias applied) straight from the accumulator
@@ -203,9 +202,12 @@ __device__ __forceinline__ void store_pre_pair(const Params& p, int64_t i, float
 // on to the next tile.
 __device__ __forceinline__ void store_pre(const Params& p, const float (&d)[128], int warp, int lane, int l,
                                           int64_t row0, int64_t col0) {
-  const int64_t g0 = pre_col(p, 0, col0), u0 = pre_col(p, 1, col0);
+  // Columns as 32-bit offsets from the row (2U < 2^31: the blocker checks).
+  const int g0 = static_cast<int>(pre_col(p, 0, col0)), u0 = static_cast<int>(pre_col(p, 1, col0));
+  const int c2 = static_cast<int>(2 * col0);
   const int q = 2 * (lane % 4);
   const int lg = p.pre_log2g, gpos = p.first == 0 ? 0 : 1;
+  const int ulim = static_cast<int>(min(p.u - col0, int64_t{128}));  // valid columns of the tile
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + 16 * warp + lane / 4 + 8 * h;
@@ -214,24 +216,21 @@ __device__ __forceinline__ void store_pre(const Params& p, const float (&d)[128]
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
       const int jl = 8 * jj + q;  // column within the tile (even)
-      const int64_t j = col0 + jl;
-      if (j >= p.u) continue;
-      const bool both = j + 1 < p.u;
+      if (jl >= ulim) continue;
+      const bool both = jl + 1 < ulim;
       const int i = 4 * jj + 2 * h;  // gate d[i], d[i+1]; up d[i+64], d[i+65]
       if (p.pre_mode == 0) {
-        store_pre_pair(p, base + g0 + jl, d[i], d[i + 1], both);
-        store_pre_pair(p, base + u0 + jl, d[i + 64], d[i + 65], both);
+        store_pre_pair(p, base, g0 + jl, d[i], d[i + 1], both);
+        store_pre_pair(p, base, u0 + jl, d[i + 64], d[i + 65], both);
       } else if (p.pre_mode == 1) {
-        const int64_t blk = 2 * col0 + ((jl >> lg) << (lg + 1)) + (jl & ((1 << lg) - 1));
-        store_pre_pair(p, base + blk + (int64_t(gpos) << lg), d[i], d[i + 1], both);
-        store_pre_pair(p, base + blk + (int64_t(1 - gpos) << lg), d[i + 64], d[i + 65], both);
+        const int blk = c2 + ((jl >> lg) << (lg + 1)) + (jl & ((1 << lg) - 1));
+        store_pre_pair(p, base, blk + (gpos << lg), d[i], d[i + 1], both);
+        store_pre_pair(p, base, blk + ((1 - gpos) << lg), d[i + 64], d[i + 65], both);
       } else {
-        const float g[2] = {d[i], d[i + 1]}, u[2] = {d[i + 64], d[i + 65]};
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (e == 1 && !both) break;
-          store_pre_pair(p, base + 2 * (j + e), gpos == 0 ? g[e] : u[e], gpos == 0 ? u[e] : g[e], true);
-        }
+        const int c = c2 + 2 * jl;
+        store_pre_pair(p, base, c, gpos == 0 ? d[i] : d[i + 64], gpos == 0 ? d[i + 64] : d[i], true);
+        if (both)
+          store_pre_pair(p, base, c + 2, gpos == 0 ? d[i + 1] : d[i + 65], gpos == 0 ? d[i + 65] : d[i + 1], true);
       }
     }
   }
@@ -255,76 +254,6 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
       const int off = (j / 8) * 8192 + r * 128 + (((j % 8) ^ (lane / 4)) * 16) + 4 * (lane % 4);
       *reinterpret_cast<uint32_t*>(tile + off) = *reinterpret_cast<const uint32_t*>(pair);
     }
-}
-
-// The pre-activation through the warpgroup's 16 KB shared tile, in two
-// passes of 128 pre-activation columns (two 64 x 64 swizzled boxes each),
-// each handed to TMA stores; the tile is free again once they have read it.
-// Pass 0 holds the gate run and pass 1 the up run (pre_mode 0), or the first
-// and second 128 of the tile's 256 interleaved columns (modes 1, 2).
-template <typename OUT>
-__device__ __forceinline__ void store_pre_tma(const Params& p, const float (&d)[128], unsigned char* tile, int tid,
-                                              int bar, int l, int64_t row0, int64_t col0) {
-  const int warp = tid / 32, lane = tid % 32;
-  const int lg = p.pre_log2g, gpos = p.first == 0 ? 0 : 1;
-  // A column pair (c, c+1) of the pass at row r: 32-bit swizzled store.
-  auto put = [&](int r, int c, float a, float b) {
-    const OUT pair[2] = {gatedmlp::detail::from_float<OUT>(a), gatedmlp::detail::from_float<OUT>(b)};
-    const int off = (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + 2 * (c % 8);
-    *reinterpret_cast<uint32_t*>(tile + off) = *reinterpret_cast<const uint32_t*>(pair);
-  };
-#pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-    if (pass == 1) {
-      if (tid == 0) bulk_wait_read();
-      named_barrier(bar, 128);
-    }
-#pragma unroll
-    for (int jj = 0; jj < 16; ++jj)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = 4 * jj + 2 * h;
-        const int r = 16 * warp + lane / 4 + 8 * h;
-        const int jl = 8 * jj + 2 * (lane % 4);
-        if (p.pre_mode == 0) {
-          if (pass == 0) put(r, jl, d[i], d[i + 1]);
-          else put(r, jl, d[i + 64], d[i + 65]);
-        } else if (p.pre_mode == 1) {
-          const int blk = ((jl >> lg) << (lg + 1)) + (jl & ((1 << lg) - 1));
-          const int cg = blk + (gpos << lg), cu = blk + ((1 - gpos) << lg);
-          if ((cg >> 7) == pass) put(r, cg & 127, d[i], d[i + 1]);
-          if ((cu >> 7) == pass) put(r, cu & 127, d[i + 64], d[i + 65]);
-        } else {
-          // G = 1: (slot 0, slot 1) of column jl at 2 jl, of jl + 1 at 2 jl + 2.
-          if (((2 * jl) >> 7) == pass) {
-            put(r, (2 * jl) & 127, gpos == 0 ? d[i] : d[i + 64], gpos == 0 ? d[i + 64] : d[i]);
-            put(r, (2 * jl + 2) & 127, gpos == 0 ? d[i + 1] : d[i + 65], gpos == 0 ? d[i + 65] : d[i + 1]);
-          }
-        }
-      }
-    fence_proxy_async();
-    named_barrier(bar, 128);
-    if (tid == 0 && row0 < p.m) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        if (p.pre_mode == 0) {
-          // Run `pass` (gate, up), columns col0 + 64 b on: (j % G, slot, j / G).
-          const int64_t j = col0 + 64 * b;
-          if (j >= p.u) continue;  // past U the box would wrap into the next block
-          const int slot = (pass == 0) == (gpos == 0) ? 0 : 1;
-          tma_store_5d(&p.tma_pre, tile + b * 8192, static_cast<int>(j % p.w_group), p.separate ? pass : slot,
-                       static_cast<int>(j / p.w_group), static_cast<int>(row0), l);
-        } else {
-          const int64_t c = 2 * col0 + 128 * pass + 64 * b;
-          if (c >= 2 * p.u) continue;
-          tma_store_3d(&p.tma_pre, tile + b * 8192, static_cast<int>(c), static_cast<int>(row0), l);
-        }
-      }
-      bulk_commit();
-    }
-  }
-  if (tid == 0) bulk_wait_read();
-  named_barrier(bar, 128);
 }
 
 template <int ACT>
@@ -369,11 +298,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     }
   }
 
-  if (p.has_pre) {
-    if (!p.pre_tma) store_pre(p, d, warp, lane, tc.l, row0, col0);
-    else if (p.pre_dtype == 0) store_pre_tma<__nv_bfloat16>(p, d, tile, tid, bar, tc.l, row0, col0);
-    else store_pre_tma<__half>(p, d, tile, tid, bar, tc.l, row0, col0);
-  }
+  if (p.has_pre) store_pre(p, d, warp, lane, tc.l, row0, col0);
 
   if (p.y_tma) {
     // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
