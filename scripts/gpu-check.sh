@@ -91,5 +91,5 @@ for step in "${steps[@]}"; do
 done
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "commit: ${GATEDMLP_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 printf '%s\n' "${summary[@]}"

@@ -24,7 +24,7 @@
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
-// weight rows stay in L2. CTAs may run in clusters of two or four that share
+// weight rows stay in L2. CTAs run in clusters of two (by default; or four) that share
 // (multicast) the weight tile: see the kernel. Producer and consumers walk the
 // same sequence, so the producer starts loading the next tile while the
 // consumers run the epilogue.
