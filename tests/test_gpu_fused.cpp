@@ -588,6 +588,22 @@ std::vector<int64_t> sample_rows(int64_t m, std::mt19937_64& rng) {
   return rows;
 }
 
+// A case the fast path must take, run with GATEDMLP_FORCE_PATH unset and
+// =portable, both checked against the reference; on a 9.0 device the unset
+// run must have taken the fast path. *taken: the unset run's plan.
+void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, bool sm90, Config* taken) {
+  ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
+  std::vector<Config> plans;
+  CaseOptions opt;
+  opt.variants = {kAutoPath, kPortablePath};
+  opt.plans = &plans;
+  run_case(p, rng, st, opt);
+  if (::testing::Test::HasFailure()) return;
+  check_paths(plans, true, sm90);
+  if (::testing::Test::HasFailure()) return;
+  *taken = plans[0];
+}
+
 }  // namespace
 
 // Every layout the fast path takes x every activation, with random options,
@@ -602,16 +618,10 @@ TEST(GpuFused, FastPathEveryLayoutActivationOption) {
   for (int i = 0; i < n; ++i) {
     const Problem p = fast_path_problem(rng, i);
     SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
-    ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
-    std::vector<Config> plans;
-    CaseOptions opt;
-    opt.variants = {kAutoPath, kPortablePath};
-    opt.plans = &plans;
-    run_case(p, rng, &st, opt);
+    Config taken;
+    run_fast_path_case(p, rng, &st, sm90, &taken);
     if (HasFailure()) return;
-    check_paths(plans, true, sm90);
-    if (HasFailure()) return;
-    auto_paths.add(plans[0]);
+    auto_paths.add(taken);
   }
   std::printf("[ cases ] %d passed, twice each; worst ratio %.3f; unset: %d sm90_wgmma, %d sm80_mma%s\n", st.cases,
               st.worst_ratio, auto_paths.wgmma, auto_paths.mma, sm90 ? "" : " (not a 9.0 device)");
@@ -640,14 +650,8 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
     p.ldpre = aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2);
     p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + (aligned ? 8 : 3) : kAuto;
     SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
-    ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
-    std::vector<Config> plans;
-    CaseOptions opt;
-    opt.variants = {kAutoPath, kPortablePath};
-    opt.plans = &plans;
-    run_case(p, rng, &st, opt);
-    if (HasFailure()) return;
-    check_paths(plans, true, sm90);
+    Config taken;
+    run_fast_path_case(p, rng, &st, sm90, &taken);
     if (HasFailure()) return;
   }
   std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
