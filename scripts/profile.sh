@@ -15,5 +15,5 @@ ncu --kernel-name regex:sm80_gemm_glu --launch-skip 2 --launch-count 1 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section WarpStateStats --section Occupancy --section LaunchStats \
   --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_tensor_op_hmma.sum,smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
-  build-prof/tools/gatedmlp bench --m "$m" --k "$k" --u "$u" --reps 3 >"$out/ncu.txt" 2>&1
+  build-prof/tools/gatedmlp bench --path portable --m "$m" --k "$k" --u "$u" --reps 3 >"$out/ncu.txt" 2>&1
 grep -E "stalled_.*ratio +[0-9]*\.[0-9]*[1-9]|inst_executed|Duration|Throughput|Pipe|Bank|bank|Stall|Warp Cycles|Issued|Occupancy|Registers|Shared Memory|L2 Hit|hmma|Block Limit" "$out/ncu.txt" | head -60

@@ -25,3 +25,11 @@ for t in ${TILES:-large wide wide4 tall}; do
   "$b/tools/gatedmlp" bench --model "${MODEL:-8b}" --m "${MS:-1024,4096,16384}" --json "$out/bench-$t.json" \
     2>"$out/bench-$t.err" | tee "$out/bench-$t.txt" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-140
 done
+# SASS=1: the opcode mix of each portable bf16 kernel with 16-byte loads (sm_90a).
+if [ "${SASS:-0}" = 1 ]; then
+  cuobjdump -sass -arch sm_90a "$b/src/libgatedmlp.a" >"$out/sass.txt" 2>/dev/null
+  awk '/Function : .*sm80_gemm_glu_kernelI13__nv_bfloat16.*Lb1E/ {f = $3; next} /Function :/ {f = ""}
+       f && /\/\*[0-9a-f]{4}\*\// {op = $2; if (op ~ /^@/) op = $3; sub(/\..*/, "", op); n[f, op]++; t[f]++}
+       END {for (k in n) {split(k, a, SUBSEP); if (n[k] * 100 >= t[a[1]]) printf "%s %6d %s\n", a[1], n[k], a[2]}}' \
+    "$out/sass.txt" | sort -k1,1 -k2,2nr | tee "$out/sass-mix.txt"
+fi
