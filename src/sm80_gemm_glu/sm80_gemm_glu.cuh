@@ -21,8 +21,7 @@
 // the loads are 16-byte cp.async (K, strides and pointers multiples of 8
 // elements), unpredicated for interior tiles; otherwise each element is loaded
 // by an ordinary load and zero-filled past the edges, which is slower but
-// takes any shape and stride. The copies of k-tile kt+STAGES-1 are issued a
-// quarter after each of kt's four k-steps, not in one burst.
+// takes any shape and stride.
 //
 // Shared-memory rows are BK = 64 elements (128 bytes, eight 16-byte chunks);
 // the chunk index is XORed with row%8 so the 8 rows one ldmatrix phase reads
@@ -291,41 +290,27 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     }
     __syncthreads();
 
-    // Loads k-tile kt into `stage`, in kParts pieces. On the common path
-    // (interior tile, whole k-tile, evenly spaced weight rows) piece `part`
-    // issues its share of the copies, and the main loop issues one piece per
-    // k-step, so the copies interleave with the mma instead of arriving at
-    // the shared-memory pipe in one burst. Every other path loads the whole
-    // tile with piece 0.
-    constexpr int kParts = BK / 16;
-    constexpr int kAPer = BM / kRowStep, kBPer = BN / kRowStep;  // chunks per thread
-    static_assert(kAPer % kParts == 0 && kBPer % kParts == 0, "copies must split evenly over the k-steps");
-    auto load_tile = [&](int stage, int kt, int part) {
+    auto load_tile = [&](int stage, int kt) {
       T* sa = smem + stage * K::kStageElems;
       T* sb = sa + BM * BK;
       const int64_t k0 = int64_t(kt) * BK;
       if constexpr (VEC) {
         const int64_t gk = k0 + my_chunk * 8;
-        if (interior && k0 + BK <= p.k && b_affine) {
-          // Every row and chunk in range: no predicates, no zero-fill operand.
-          const T* a = a_src + k0;
-#pragma unroll
-          for (int i = part * (kAPer / kParts); i < (part + 1) * (kAPer / kParts); ++i)
-            cp_async_16_full(smem_addr(sa + swz(tid / kChunksPerRow + i * kRowStep, my_chunk)), a + i * a_step);
-          constexpr int kHalf = BNO / kRowStep;  // chunks of one half per thread
-#pragma unroll
-          for (int i = part * (kBPer / kParts); i < (part + 1) * (kBPer / kParts); ++i) {
-            const int r = tid / kChunksPerRow + i * kRowStep;
-            cp_async_16_full(smem_addr(sb + swz(r, my_chunk)), b_base[i / kHalf] + (i % kHalf) * b_step + k0);
-          }
-          return;
-        }
-        if (part != 0) return;
         if (interior && k0 + BK <= p.k) {
+          // Every row and chunk in range: no predicates, no zero-fill operand.
           const T* a = a_src + k0;
 #pragma unroll
           for (int i = 0; i < BM / kRowStep; ++i)
             cp_async_16_full(smem_addr(sa + swz(tid / kChunksPerRow + i * kRowStep, my_chunk)), a + i * a_step);
+          if (b_affine) {
+            constexpr int kHalf = BNO / kRowStep;  // chunks of one half per thread
+#pragma unroll
+            for (int i = 0; i < BN / kRowStep; ++i) {
+              const int r = tid / kChunksPerRow + i * kRowStep;
+              cp_async_16_full(smem_addr(sb + swz(r, my_chunk)), b_base[i / kHalf] + (i % kHalf) * b_step + k0);
+            }
+            return;
+          }
 #pragma unroll
           for (int i = 0; i < BN / kRowStep; ++i) {
             const int r = tid / kChunksPerRow + i * kRowStep;
@@ -349,7 +334,6 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
           cp_async_16(smem_addr(sb + swz(r, my_chunk)), ok ? row + gk : static_cast<const T*>(p.x), ok ? 16 : 0);
         }
       } else {
-        if (part != 0) return;
         const T zero = T(0.0f);
         for (int idx = tid; idx < BM * BK; idx += K::kThreads) {
           const int r = idx / BK, kk = idx % BK;
@@ -382,9 +366,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < k_tiles)
-#pragma unroll
-        for (int part = 0; part < kParts; ++part) load_tile(s, s, part);
+      if (s < k_tiles) load_tile(s, s);
       cp_async_commit();
     }
 
@@ -423,6 +405,14 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
       load_frags(0, stage_addr, 0);
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
+        if (ks == p.load_step) {
+          // The next copies go out in one burst before k-step load_step's
+          // mma (default 1: after the first k-step's, so the latency of the
+          // row-pointer reads hides behind tensor-core work). Spreading them
+          // a quarter per k-step measured 13 % slower (NOTES.md).
+          if (nk < k_tiles) load_tile(nk % STAGES, nk);
+          cp_async_commit();
+        }
         if (ks + 1 < BK / 16) load_frags((ks + 1) & 1, stage_addr, ks + 1);
         const int cur = ks & 1;
 #pragma unroll
@@ -432,12 +422,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
               mma_16816<T>(acc[mt][h][nt], af[cur][mt], bf[cur][h][nt][0], bf[cur][h][nt][1]);
-        // Issued after this k-step's mma, so the latency of the address
-        // arithmetic (and, off the common path, of the row-pointer reads)
-        // hides behind tensor-core work.
-        if (nk < k_tiles) load_tile(nk % STAGES, nk, ks);
       }
-      cp_async_commit();
     }
     cp_async_wait<0>();
     __syncthreads();  // the next batch's prologue overwrites stages other warps may still read
