@@ -33,11 +33,3 @@ if [ "${SASS:-0}" = 1 ]; then
        END {for (k in n) {split(k, a, SUBSEP); if (n[k] * 100 >= t[a[1]]) printf "%s %6d %s\n", a[1], n[k], a[2]}}' \
     "$out/sass.txt" | sort -k1,1 -k2,2nr | tee "$out/sass-mix.txt"
 fi
-# STEPS="0 1 2 3": the bench again for each GATEDMLP_SM80_LOAD_STEP (the k-step
-# before whose mma the next k-tile's copies go out), tile as the dispatcher picks.
-for st in ${STEPS:-}; do
-  unset GATEDMLP_FORCE_TILE
-  echo "=== load step $st"
-  GATEDMLP_SM80_LOAD_STEP=$st "$b/tools/gatedmlp" bench --model "${MODEL:-8b}" --m "${MS:-1024,4096,16384}" \
-    2>/dev/null | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-110
-done

@@ -1,6 +1,5 @@
 // The public entry points: plan() and run().
 #include <cstdio>
-#include <cstdlib>
 
 #include "core/internal.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
@@ -57,14 +56,6 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
   k.pre_dtype = dtype_id(r.preact_dtype);
   k.has_bias = r.has_bias;
   k.has_pre = r.has_preact;
-  // Tuning knob: GATEDMLP_SM80_LOAD_STEP=0..3, where in a k-tile the next
-  // k-tile's copies are issued (default 1).
-  static const int load_step = [] {
-    const char* v = std::getenv("GATEDMLP_SM80_LOAD_STEP");
-    const int s = v ? std::atoi(v) : 1;
-    return s >= 0 && s <= 3 ? s : 1;
-  }();
-  k.load_step = load_step;
   // Tiles start at multiples of 8 columns, so 8-element vectors are aligned
   // when every row (and batch) starts on a multiple of 8 elements.
   k.y_vec_stores = r.ldy % 8 == 0 && (r.batch == 1 || r.batch_stride_y % 8 == 0) &&

@@ -32,7 +32,6 @@ struct Params {
   int y_vec_stores;    // 8 adjacent Y elements (from a multiple of 8) may be stored as 16-byte vectors
 
   int m_tiles, n_tiles;
-  int load_step;       // k-step (0-3) of a k-tile before whose mma the next copies are issued
 };
 
 }  // namespace gatedmlp::sm80

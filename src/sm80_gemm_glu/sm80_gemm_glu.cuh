@@ -405,11 +405,9 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
       load_frags(0, stage_addr, 0);
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
-        if (ks == p.load_step) {
-          // The next copies go out in one burst before k-step load_step's
-          // mma (default 1: after the first k-step's, so the latency of the
-          // row-pointer reads hides behind tensor-core work). Spreading them
-          // a quarter per k-step measured 13 % slower (NOTES.md).
+        if (ks == 1) {
+          // Issued after the first k-step's mma, so the latency of the row
+          // pointer reads (shared memory) hides behind tensor-core work.
           if (nk < k_tiles) load_tile(nk % STAGES, nk);
           cp_async_commit();
         }
