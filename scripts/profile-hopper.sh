@@ -7,6 +7,7 @@
 # ./profile-out.
 #   [NCU=0] scripts/profile-hopper.sh [MODEL] [M,M,...]        (default: 405b 4096,16384)
 # CLUSTERS="1 2" repeats the bench (and ncu) for each GATEDMLP_SM90_CLUSTER.
+# BENCH_ARGS="--preact" passes more options to every bench (and ncu) run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -27,7 +28,7 @@ for cl in ${CLUSTERS:-default}; do
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
   smi=$!
-  "$g" bench --model "$model" --m "$ms" --json "$out/bench-$model-c$cl.json" 2>"$out/bench.err" | tee "$out/bench-$model.txt"
+  "$g" bench --model "$model" --m "$ms" ${BENCH_ARGS:-} --json "$out/bench-$model-c$cl.json" 2>"$out/bench.err" | tee "$out/bench-$model.txt"
   kill "$smi" 2>/dev/null
   # Clock and power while the GPU was busy (samples above 300 W).
   awk -F', ' 'NR > 1 && $4 + 0 > 300 {n++; c += $2; p += $4; if ($2 + 0 < cmin || cmin == 0) cmin = $2 + 0}
@@ -38,9 +39,9 @@ for cl in ${CLUSTERS:-default}; do
   for m in "${mlist[@]}"; do
     [ "${NCU:-1}" = 0 ] && break
     ncu --clock-control none --kernel-name regex:sm90_gemm_glu --launch-skip 1 --launch-count 1 \
-      --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum \
-      "$g" bench --model "$model" --m "$m" --reps 2 >"$out/ncu-$model-$m-c$cl.txt" 2>&1
+      --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,lts__t_sectors_op_write.sum,smsp__inst_executed_op_global_st.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
+      "$g" bench --model "$model" --m "$m" --reps 2 ${BENCH_ARGS:-} >"$out/ncu-$model-$m-c$cl.txt" 2>&1
     echo "--- ncu $model M=$m"
-    grep -E "gpu__time|cycles_elapsed|dram__bytes|hit_rate|gmma|sm__throughput|lts__t_bytes" "$out/ncu-$model-$m-c$cl.txt" | head -12
+    grep -E "gpu__time|cycles_elapsed|dram__bytes|hit_rate|gmma|sm__throughput|lts__t_|global_st" "$out/ncu-$model-$m-c$cl.txt" | head -14
   done
 done

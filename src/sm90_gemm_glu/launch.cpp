@@ -212,6 +212,9 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
     p.pre_mode = r.weights.group == 1 ? 2 : 1;
     while ((int64_t{1} << p.pre_log2g) < r.weights.group) ++p.pre_log2g;
   }
+  // Experiment knob: GATEDMLP_SM90_PRE_STREAM=1 writes the pre-activation
+  // with streaming (evict-first) stores.
+  if (const char* v = std::getenv("GATEDMLP_SM90_PRE_STREAM")) p.pre_stream = std::atoi(v) != 0;
   if (r.has_preact) {
     // Pairs start at even columns of even runs: every run start (U for the
     // up half of stacked weights) and stride must be even too.

@@ -176,12 +176,24 @@ __device__ __forceinline__ void store_chunk(const Params& p, const float* buf, i
 __device__ __forceinline__ void store_pre_pair(const Params& p, int64_t row, int c, float a, float b, bool both) {
   if (both && p.pre_vec2) {
     if (p.pre_dtype == 2) {
-      *reinterpret_cast<float2*>(static_cast<float*>(p.pre) + row + c) = make_float2(a, b);
-    } else if (p.pre_dtype == 0) {
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.pre) + row + c) = __floats2bfloat162_rn(a, b);
-    } else {
-      *reinterpret_cast<__half2*>(static_cast<__half*>(p.pre) + row + c) = __floats2half2_rn(a, b);
+      float2* dst = reinterpret_cast<float2*>(static_cast<float*>(p.pre) + row + c);
+      if (p.pre_stream) __stcs(dst, make_float2(a, b));
+      else *dst = make_float2(a, b);
+      return;
     }
+    uint32_t w;
+    if (p.pre_dtype == 0) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+      w = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(a, b);
+      w = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    // Streaming (evict-first) stores keep the pre-activation, written once
+    // and not read again here, from pushing the operands out of L2.
+    unsigned int* dst = reinterpret_cast<unsigned int*>(static_cast<uint16_t*>(p.pre) + row + c);
+    if (p.pre_stream) __stcs(dst, w);
+    else *dst = w;
     return;
   }
   store_float(p.pre, p.pre_dtype, row + c, a);
