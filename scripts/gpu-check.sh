@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -77,6 +77,17 @@ for step in "${steps[@]}"; do
       for l in stacked g1; do "$g" bench --m 4096 --layout "$l" --preact; done
     } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/bars.txt"
     note "bars: table in bars.txt" ;;
+  preact)
+    # The pre-activation output's cost per layout (8B, M = 4096; each line
+    # times the fused call with and without it in separate runs), and memcheck
+    # on the fast path's pre-activation tests.
+    g="$build/tools/gatedmlp"
+    { for l in stacked separate g1 g32 g128; do
+        "$g" bench --m 4096 --layout "$l"; "$g" bench --m 4096 --layout "$l" --preact; done
+    } 2>"$out/preact.err" | grep -E "^(model|8b|custom) " | cut -c1-140 | tee "$out/preact.txt"
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/test_gpu" \
+      --gtest_filter='GpuFused.FastPathPreact*' >"$out/sanitize_preact.log" 2>&1
+    note "preact: table in preact.txt; memcheck rc=$?, $(grep -E "ERROR SUMMARY" "$out/sanitize_preact.log" | tail -1)" ;;
   python)
     # Packaging as a user would (offline: the build tools are already there), then the tests and the binding bench.
     python3 -m pip install . --no-build-isolation -q >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; note "python: pip install FAILED"; continue; }

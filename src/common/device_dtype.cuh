@@ -30,6 +30,17 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
   return __float2half_rn(v);
 }
 
+// Two values rounded to a 16-bit type and packed into one 32-bit word, a in
+// the low half (the lower address when stored).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  static_assert(sizeof(T) == 2, "16-bit types only");
+  const T h[2] = {from_float<T>(a), from_float<T>(b)};
+  uint32_t w;
+  __builtin_memcpy(&w, h, 4);
+  return w;
+}
+
 // Element i of an array whose type is known only at run time.
 __device__ __forceinline__ float load_float(const void* p, int dtype, int64_t i) {
   switch (dtype) {

@@ -212,15 +212,13 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
     p.pre_mode = r.weights.group == 1 ? 2 : 1;
     while ((int64_t{1} << p.pre_log2g) < r.weights.group) ++p.pre_log2g;
   }
-  // Experiment knob: GATEDMLP_SM90_PRE_STREAM=1 writes the pre-activation
-  // with streaming (evict-first) stores.
-  if (const char* v = std::getenv("GATEDMLP_SM90_PRE_STREAM")) p.pre_stream = std::atoi(v) != 0;
   if (r.has_preact) {
     // Pairs start at even columns of even runs: every run start (U for the
     // up half of stacked weights) and stride must be even too.
     const size_t pre_size = dtype_size(r.preact_dtype);
     p.pre_vec2 = r.ldpre % 2 == 0 && (r.batch == 1 || r.batch_stride_preact % 2 == 0) &&
                  (p.pre_mode != 0 || r.u % 2 == 0) && reinterpret_cast<uintptr_t>(a.preact) % (2 * pre_size) == 0;
+    p.pre_fast = p.pre_vec2 && r.preact_dtype != DType::fp32 && p.pre_mode != 1;
   }
   const size_t out_size = dtype_size(r.output_dtype);
   p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&

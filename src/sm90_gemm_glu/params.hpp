@@ -51,8 +51,8 @@ struct Params {
   int y_tma;           // Y is written by TMA stores from a swizzled shared-memory tile
   int pre_mode;        // where a tile's pre-activation columns lie: see store_pre
   int pre_log2g;       // pre_mode 1: log2(G)
-  int pre_stream;      // pre-activation stores are streaming (st.global.cs): see launch.cpp
   int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
+  int pre_fast;        // store_pre_fast applies to whole tiles: 16-bit, pre_vec2, pre_mode 0 or 2
 };
 
 }  // namespace gatedmlp::sm90
