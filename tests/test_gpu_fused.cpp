@@ -525,10 +525,13 @@ struct PathCount {
 // cycle with i so every pair shows up; everything else is drawn at random
 // within the fast path's rules (K a multiple of 8 but not of 64, padded
 // strides that are multiples of 8, odd M and U).
+// Layouts fast_path_problem cycles through.
+constexpr int kFastLayouts = 17;
+
 Problem fast_path_problem(std::mt19937_64& rng, int i) {
   Problem p;
-  // 0: separate; 1, 2: stacked, gate/up first; 3..12: G in {1, 8, 32, 128, 256} x {gate, up} first.
-  const int layout = i % 13;
+  // 0: separate; 1, 2: stacked, gate/up first; 3..16: G in {1, 2, 4, 8, 32, 128, 256} x {gate, up} first.
+  const int layout = i % kFastLayouts;
   int64_t g = 0;
   if (layout == 0) {
     p.weights.format = WeightFormat::separate;
@@ -536,19 +539,20 @@ Problem fast_path_problem(std::mt19937_64& rng, int i) {
     p.weights.format = WeightFormat::fused;
     p.weights.first = layout % 2 ? Half::gate : Half::up;
     if (layout >= 3) {
-      const int64_t groups[] = {1, 8, 32, 128, 256};
+      const int64_t groups[] = {1, 2, 4, 8, 32, 128, 256};
       g = groups[(layout - 3) / 2];
     }
     p.weights.group = g;
   }
   if (g == 0) p.u = pick(rng, {1, 17, 72, 129, 200, 264});  // separate and stacked: any U
   else if (g == 1) p.u = pick(rng, {37, 95, 129, 251});
+  else if (g == 2 || g == 4) p.u = g * pick(rng, {3, 35, 66});
   else if (g == 8) p.u = 8 * pick(rng, {1, 3, 13, 25});
   else if (g == 32) p.u = 32 * pick(rng, {1, 3, 5, 7});
   else if (g == 128) p.u = 128 * pick(rng, {1, 2, 3});
   else p.u = 256 * pick(rng, {1, 2});
 
-  p.activation = static_cast<Activation>((i / 13) % 5);
+  p.activation = static_cast<Activation>((i / kFastLayouts) % 5);
   if (p.activation == Activation::swiglu_clamped && rng() % 2) {
     p.act_params.clamp_limit = 0.5f + float(rng() % 40) / 10.f;
     p.act_params.clamp_alpha = 1.0f + float(rng() % 10) / 10.f;
@@ -612,7 +616,7 @@ TEST(GpuFused, FastPathEveryLayoutActivationOption) {
   SKIP_WITHOUT_GPU();
   const bool sm90 = device_is_sm90();
   std::mt19937_64 rng(fresh_seed());
-  const int n = cases(156);  // 12 rounds of the 13 layouts
+  const int n = cases(12 * kFastLayouts);  // 12 rounds of the layouts
   CaseStats st;
   PathCount auto_paths;
   for (int i = 0; i < n; ++i) {
@@ -635,17 +639,18 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
   const bool sm90 = device_is_sm90();
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  for (int i = 0; i < 26; ++i) {
+  for (int i = 0; i < 2 * kFastLayouts; ++i) {
     Problem p = fast_path_problem(rng, i);
     // Redraw U as a multiple of 4 (2U rows of 16-bit values are then 16-byte
     // multiples), keeping it a multiple of G, and reset what depended on it.
     const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
     if (g <= 1) p.u = pick(rng, {4, 36, 92, 132, 260});
+    else if (g == 2) p.u = 2 * pick(rng, {2, 18, 66});
     p.ldy = 0;
     p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
     if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
     p.has_preact = true;
-    const bool aligned = i < 13;
+    const bool aligned = i < kFastLayouts;
     p.preact_dtype = aligned ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16);
     p.ldpre = aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2);
     p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + (aligned ? 8 : 3) : kAuto;

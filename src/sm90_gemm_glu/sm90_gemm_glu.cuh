@@ -237,9 +237,9 @@ __device__ __forceinline__ void store_pre(const Params& p, const float (&d)[128]
 }
 
 // The common pre-activation case in a few instructions per pair: 16-bit
-// output, pairs aligned (p.pre_vec2), a whole tile of columns, and either
-// one contiguous run per half (MODE 0) or gate/up side by side (MODE 2, G =
-// 1). The general store_pre above branches on the mode, the dtype and the
+// output, pairs aligned (p.pre_vec2), a whole tile of columns, in each of
+// store_pre's modes (one run per half, blocks of G, gate/up side by side).
+// The general store_pre above branches on the mode, the dtype and the
 // edges for every pair; fully unrolled, that code was big enough to miss the
 // instruction cache on every tile (ncu: 23 % of stall samples "no
 // instruction" with the pre-activation on). Here each pair is one pack and
@@ -262,6 +262,23 @@ __device__ __forceinline__ void store_pre_fast(const Params& p, const float (&d)
         const int i = 4 * jj + 2 * h;
         g[4 * jj] = gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]);
         u[4 * jj] = gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]);
+      }
+    } else if constexpr (MODE == 1) {
+      // Blocks of G = 2^lg gate and G up columns from 2 col0 on; a pair
+      // never straddles a block (G and the pair's first column are even).
+      // Tile column c sits at f(c) = (c / G) * 2G + c % G past the block
+      // start, and f(8 jj + q) = f(8 jj) + f(q): for G <= 8, 8 jj is whole
+      // blocks; for G >= 8, q < 8 stays in 8 jj's block.
+      const int lg = p.pre_log2g, gm1 = (1 << lg) - 1;
+      auto f = [&](int c) { return ((c >> lg) << (lg + 1)) + (c & gm1); };
+      OUT* g = base + 2 * col0 + ((gate_first ? 0 : 1) << lg) + f(q);
+      OUT* u = base + 2 * col0 + ((gate_first ? 1 : 0) << lg) + f(q);
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int i = 4 * jj + 2 * h;
+        const int off = f(8 * jj);
+        *reinterpret_cast<uint32_t*>(g + off) = gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]);
+        *reinterpret_cast<uint32_t*>(u + off) = gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]);
       }
     } else {
       // Column j's (gate, up) pair in the layout's order at 2j.
@@ -342,13 +359,18 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
 
   if (p.has_pre) {
     if (p.pre_fast && col0 + Traits::BNO <= p.u) {
+#define GATEDMLP_PRE_FAST(OUT)                                                                   \
+  switch (p.pre_mode) {                                                                          \
+    case 0: store_pre_fast<OUT, 0>(p, d, warp, lane, tc.l, row0, col0); break;                   \
+    case 1: store_pre_fast<OUT, 1>(p, d, warp, lane, tc.l, row0, col0); break;                   \
+    default: store_pre_fast<OUT, 2>(p, d, warp, lane, tc.l, row0, col0); break;                  \
+  }
       if (p.pre_dtype == 0) {
-        if (p.pre_mode == 0) store_pre_fast<__nv_bfloat16, 0>(p, d, warp, lane, tc.l, row0, col0);
-        else store_pre_fast<__nv_bfloat16, 2>(p, d, warp, lane, tc.l, row0, col0);
+        GATEDMLP_PRE_FAST(__nv_bfloat16)
       } else {
-        if (p.pre_mode == 0) store_pre_fast<__half, 0>(p, d, warp, lane, tc.l, row0, col0);
-        else store_pre_fast<__half, 2>(p, d, warp, lane, tc.l, row0, col0);
+        GATEDMLP_PRE_FAST(__half)
       }
+#undef GATEDMLP_PRE_FAST
     } else {
       store_pre(p, d, warp, lane, tc.l, row0, col0);
     }
