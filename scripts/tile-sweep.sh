@@ -3,7 +3,7 @@
 # suites on the portable path with that tile forced (a tile must be correct
 # for every shape before its speed counts), then the benchmark. Output to
 # $OUT or ./sweep-out.
-#   [TILES="large wide"] [MODEL=8b] [MS=1024,4096,16384] scripts/tile-sweep.sh
+#   [TILES="large small"] [MODEL=8b] [MS=1024,4096,16384] scripts/tile-sweep.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -15,7 +15,7 @@ if [ ! -x "$b/tools/gatedmlp" ] || [ ! -x "$b/tests/test_gpu" ]; then
     cmake --build "$b" -j"$(nproc)" >>"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 fi
 export GATEDMLP_FORCE_PATH=portable
-for t in ${TILES:-large wide wide4 tall}; do
+for t in ${TILES:-large small}; do
   export GATEDMLP_FORCE_TILE=$t
   echo "=== tile $t"
   timeout 300 "$b/tests/test_gpu" \

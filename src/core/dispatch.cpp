@@ -89,11 +89,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     const std::string v = f;
     if (v == "large") pick = &sm80::kTileLarge;
     else if (v == "small") pick = &sm80::kTileSmall;
-    else if (v == "wide") pick = &sm80::kTileWide;
-    else if (v == "wide4") pick = &sm80::kTileWide4;
-    else if (v == "tall") pick = &sm80::kTileTall;
-    if (v == "large" || v == "small" || v == "wide" || v == "wide4" || v == "tall")
-      tile_why = "tile forced by GATEDMLP_FORCE_TILE";
+    if (v == "large" || v == "small") tile_why = "tile forced by GATEDMLP_FORCE_TILE";
   }
   // A device with less shared memory per block (sm_86/89 allow ~99 KB) still
   // gets the small tile rather than a refusal.

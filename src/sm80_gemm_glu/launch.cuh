@@ -25,20 +25,6 @@ template <typename T>
 cudaError_t launch_any(const Params& p, const Config& cfg, cudaStream_t stream) {
   static_assert(Sm80GemmGlu<T, 128, 64, 2, 2, 3, true>::kSmemBytes == kTileLarge.smem_bytes);
   static_assert(Sm80GemmGlu<T, 64, 64, 2, 2, 3, true>::kSmemBytes == kTileSmall.smem_bytes);
-  static_assert(Sm80GemmGlu<T, 128, 128, 2, 4, 3, true>::kSmemBytes == kTileWide.smem_bytes);
-  static_assert(Sm80GemmGlu<T, 128, 128, 2, 4, 4, true>::kSmemBytes == kTileWide4.smem_bytes);
-  static_assert(Sm80GemmGlu<T, 256, 64, 4, 2, 3, true>::kSmemBytes == kTileTall.smem_bytes);
-  if (cfg.tile_m == 128 && cfg.tile_n == 128) {
-    if (cfg.stages == 4)
-      return cfg.vector_loads ? launch_tile<T, 128, 128, 2, 4, 4, true>(p, stream)
-                              : launch_tile<T, 128, 128, 2, 4, 4, false>(p, stream);
-    return cfg.vector_loads ? launch_tile<T, 128, 128, 2, 4, 3, true>(p, stream)
-                            : launch_tile<T, 128, 128, 2, 4, 3, false>(p, stream);
-  }
-  if (cfg.tile_m == 256) {
-    return cfg.vector_loads ? launch_tile<T, 256, 64, 4, 2, 3, true>(p, stream)
-                            : launch_tile<T, 256, 64, 4, 2, 3, false>(p, stream);
-  }
   if (cfg.tile_m == kTileLarge.tile_m) {
     return cfg.vector_loads ? launch_tile<T, 128, 64, 2, 2, 3, true>(p, stream)
                             : launch_tile<T, 128, 64, 2, 2, 3, false>(p, stream);

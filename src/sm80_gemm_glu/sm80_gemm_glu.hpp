@@ -17,11 +17,6 @@ struct Tile {
 // Shared memory: stages x (A rows + B rows) x 64 x 2 bytes, plus one pointer per B row.
 inline constexpr Tile kTileLarge{128, 64, 64, 3, 128, 3 * (128 + 128) * 64 * 2 + 128 * 8};
 inline constexpr Tile kTileSmall{64, 64, 64, 3, 128, 3 * (64 + 128) * 64 * 2 + 128 * 8};
-// One CTA per SM, 8 warps: a quarter fewer operand bytes per FLOP than the
-// 128x64 tile (measured against it in NOTES.md; GATEDMLP_FORCE_TILE picks).
-inline constexpr Tile kTileWide{128, 128, 64, 3, 256, 3 * (128 + 256) * 64 * 2 + 256 * 8};
-inline constexpr Tile kTileWide4{128, 128, 64, 4, 256, 4 * (128 + 256) * 64 * 2 + 256 * 8};
-inline constexpr Tile kTileTall{256, 64, 64, 3, 256, 3 * (256 + 128) * 64 * 2 + 128 * 8};
 
 // Launch with one of the tiles above (selected by cfg.tile_m) and cfg.vector_loads.
 cudaError_t launch_bf16(Params p, const Config& cfg, cudaStream_t stream);
