@@ -35,8 +35,9 @@
 // warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
 // engine cannot address, 32-column fp32 chunks go through the same bytes and
 // are stored by the threads.) The pre-activation, if asked, is stored from
-// the registers, two columns per store. Only Y (and the pre-activation)
-// reaches device memory.
+// the registers, two columns per store (store_pre_fast for whole tiles of
+// 16-bit output: straight-line code, small enough to stay in the instruction
+// cache). Only Y (and the pre-activation) reaches device memory.
 //
 // Edges. TMA zero-fills rows past M and U and columns past K, so partial
 // tiles need no predication in the main loop; the epilogue bounds-checks.
