@@ -521,13 +521,13 @@ struct PathCount {
   void add(const Config& c) { (c.path == KernelPath::sm90_wgmma ? wgmma : mma)++; }
 };
 
+// Layouts fast_path_problem cycles through.
+constexpr int kFastLayouts = 17;
+
 // Case i of FastPathEveryLayoutActivationOption: the layout and activation
 // cycle with i so every pair shows up; everything else is drawn at random
 // within the fast path's rules (K a multiple of 8 but not of 64, padded
 // strides that are multiples of 8, odd M and U).
-// Layouts fast_path_problem cycles through.
-constexpr int kFastLayouts = 17;
-
 Problem fast_path_problem(std::mt19937_64& rng, int i) {
   Problem p;
   // 0: separate; 1, 2: stacked, gate/up first; 3..16: G in {1, 2, 4, 8, 32, 128, 256} x {gate, up} first.
@@ -646,11 +646,14 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
     const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
     if (g <= 1) p.u = pick(rng, {4, 36, 92, 132, 260});
     else if (g == 2) p.u = 2 * pick(rng, {2, 18, 66});
+    const bool aligned = i < kFastLayouts;
+    // Aligned cases get at least one whole 128-column tile (the compact
+    // store path) and usually a partial one (the general path).
+    if (aligned && p.u < 128) p.u += 128;
     p.ldy = 0;
     p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
     if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
     p.has_preact = true;
-    const bool aligned = i < kFastLayouts;
     p.preact_dtype = aligned ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16);
     p.ldpre = aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2);
     p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + (aligned ? 8 : 3) : kAuto;
