@@ -218,7 +218,6 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
     const size_t pre_size = dtype_size(r.preact_dtype);
     p.pre_vec2 = r.ldpre % 2 == 0 && (r.batch == 1 || r.batch_stride_preact % 2 == 0) &&
                  (p.pre_mode != 0 || r.u % 2 == 0) && reinterpret_cast<uintptr_t>(a.preact) % (2 * pre_size) == 0;
-    p.pre_fast = p.pre_vec2 && r.preact_dtype != DType::fp32;
   }
   const size_t out_size = dtype_size(r.output_dtype);
   p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&

@@ -52,7 +52,6 @@ struct Params {
   int pre_mode;        // where a tile's pre-activation columns lie: see store_pre
   int pre_log2g;       // pre_mode 1: log2(G)
   int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
-  int pre_fast;        // store_pre_fast applies to whole tiles: 16-bit pre-activation, pre_vec2
 };
 
 }  // namespace gatedmlp::sm90

@@ -171,6 +171,11 @@ __device__ __forceinline__ void store_chunk(const Params& p, const float* buf, i
   }
 }
 
+// pre_mode 1: where tile column c (of one half) lies from the start of the
+// tile's blocks, 2 col0: whole blocks of 2G columns, then c's place in its
+// block of G = 2^lg.
+__device__ __forceinline__ int block_col(int c, int lg) { return ((c >> lg) << (lg + 1)) + (c & ((1 << lg) - 1)); }
+
 // Two adjacent pre-activation values at element `row + c` (c even; the pair is
 // 4-byte aligned for 16-bit types, 8 for fp32 when p.pre_vec2), or one at a
 // time. `row` is the row's first element.
@@ -224,7 +229,7 @@ __device__ __forceinline__ void store_pre(const Params& p, const float (&d)[128]
         store_pre_pair(p, base, g0 + jl, d[i], d[i + 1], both);
         store_pre_pair(p, base, u0 + jl, d[i + 64], d[i + 65], both);
       } else if (p.pre_mode == 1) {
-        const int blk = c2 + ((jl >> lg) << (lg + 1)) + (jl & ((1 << lg) - 1));
+        const int blk = c2 + block_col(jl, lg);
         store_pre_pair(p, base, blk + (gpos << lg), d[i], d[i + 1], both);
         store_pre_pair(p, base, blk + ((1 - gpos) << lg), d[i + 64], d[i + 65], both);
       } else {
@@ -267,17 +272,15 @@ __device__ __forceinline__ void store_pre_fast(const Params& p, const float (&d)
     } else if constexpr (MODE == 1) {
       // Blocks of G = 2^lg gate and G up columns from 2 col0 on; a pair
       // never straddles a block (G and the pair's first column are even).
-      // Tile column c sits at f(c) = (c / G) * 2G + c % G past the block
-      // start, and f(8 jj + q) = f(8 jj) + f(q): for G <= 8, 8 jj is whole
-      // blocks; for G >= 8, q < 8 stays in 8 jj's block.
-      const int lg = p.pre_log2g, gm1 = (1 << lg) - 1;
-      auto f = [&](int c) { return ((c >> lg) << (lg + 1)) + (c & gm1); };
-      OUT* g = base + 2 * col0 + ((gate_first ? 0 : 1) << lg) + f(q);
-      OUT* u = base + 2 * col0 + ((gate_first ? 1 : 0) << lg) + f(q);
+      // block_col(8 jj + q) = block_col(8 jj) + block_col(q): for G <= 8,
+      // 8 jj is whole blocks; for G >= 8, q < 8 stays in 8 jj's block.
+      const int lg = p.pre_log2g;
+      OUT* g = base + 2 * col0 + ((gate_first ? 0 : 1) << lg) + block_col(q, lg);
+      OUT* u = base + 2 * col0 + ((gate_first ? 1 : 0) << lg) + block_col(q, lg);
 #pragma unroll
       for (int jj = 0; jj < 16; ++jj) {
         const int i = 4 * jj + 2 * h;
-        const int off = f(8 * jj);
+        const int off = block_col(8 * jj, lg);
         *reinterpret_cast<uint32_t*>(g + off) = gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]);
         *reinterpret_cast<uint32_t*>(u + off) = gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]);
       }
@@ -310,9 +313,8 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
       const int r = 16 * warp + lane / 4 + 8 * h;
       const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
       const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
-      const OUT pair[2] = {gatedmlp::detail::from_float<OUT>(y0), gatedmlp::detail::from_float<OUT>(y1)};
       const int off = (j / 8) * 8192 + r * 128 + (((j % 8) ^ (lane / 4)) * 16) + 4 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(tile + off) = *reinterpret_cast<const uint32_t*>(pair);
+      *reinterpret_cast<uint32_t*>(tile + off) = gatedmlp::detail::pack2<OUT>(y0, y1);
     }
 }
 
@@ -359,7 +361,8 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
   }
 
   if (p.has_pre) {
-    if (p.pre_fast && col0 + Traits::BNO <= p.u) {
+    // Whole tiles of 16-bit, pair-aligned output take the compact path.
+    if (p.pre_vec2 && p.pre_dtype != 2 && col0 + Traits::BNO <= p.u) {
 #define GATEDMLP_PRE_FAST(OUT)                                                                   \
   switch (p.pre_mode) {                                                                          \
     case 0: store_pre_fast<OUT, 0>(p, d, warp, lane, tc.l, row0, col0); break;                   \
