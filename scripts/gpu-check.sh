@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|split|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -29,7 +29,7 @@ for step in "${steps[@]}"; do
   smoke)
     # A few cases with a hard time limit: a kernel that hangs (a pipeline
     # barrier never completing) shows up here in seconds, not at ctest's limit.
-    timeout 120 "$build/tests/test_gpu" --gtest_filter='GpuApi.PlanNamesThePathAndWhy:GpuFused.EdgeShapes:GpuFused.LargerVectorShapes' \
+    timeout 120 "$build/tests/test_gpu" --gtest_filter='GpuApi.PlanNamesThePathAndWhy:GpuApi.BadWorkspaceWritesNothing:GpuFused.EdgeShapes:GpuFused.LargerVectorShapes:GpuFused.FastPathLargeShapes' \
       >"$out/smoke.log" 2>&1
     rc=$?
     tail -25 "$out/smoke.log"
@@ -88,6 +88,18 @@ for step in "${steps[@]}"; do
     compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/test_gpu" \
       --gtest_filter='GpuFused.FastPathPreact*' >"$out/sanitize_preact.log" 2>&1
     note "preact: table in preact.txt; memcheck rc=$?, $(grep -E "ERROR SUMMARY" "$out/sanitize_preact.log" | tail -1)" ;;
+  split)
+    # The Hopper split tail on and off (GATEDMLP_SM90_SPLIT_TAIL), each run
+    # with cuBLAS in the same run: the shapes whose last wave is partial.
+    g="$build/tools/gatedmlp"
+    { for v in 0 1; do
+        echo "-- GATEDMLP_SM90_SPLIT_TAIL=$v"
+        GATEDMLP_SM90_SPLIT_TAIL=$v "$g" bench --m 1,64,128,256,512,1024,4096,16384
+        GATEDMLP_SM90_SPLIT_TAIL=$v "$g" bench --model 70b --m 1024,4096
+        GATEDMLP_SM90_SPLIT_TAIL=$v "$g" bench --m 512 --k 1024 --u 4096
+      done
+    } 2>"$out/split.err" | grep -E "^(--|model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/split.txt"
+    note "split: table in split.txt" ;;
   python)
     # Packaging as a user would (offline: the build tools are already there), then the tests and the binding bench.
     python3 -m pip install . --no-build-isolation -q >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; note "python: pip install FAILED"; continue; }

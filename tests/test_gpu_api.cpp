@@ -75,6 +75,51 @@ TEST(GpuApi, BadPointersWriteNothing) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the checks leave no sticky error behind
 }
 
+// The workspace is checked like a tensor: present with its size, aligned,
+// device memory, overlapping nothing. Each bad one is refused by name and
+// nothing is written.
+TEST(GpuApi, BadWorkspaceWritesNothing) {
+  SKIP_WITHOUT_GPU();
+  Problem p = small();
+  p.k = 256;  // several k-blocks: the split tail may use the workspace
+  DeviceBuffer x(p.m * p.k * 2), w(2 * p.u * p.k * 2), y(p.m * p.u * 2), ws(1 << 20);
+  ASSERT_TRUE(x.p && w.p && y.p && ws.p);
+  CUDA_OK(cudaMemset(y.p, 0x5A, y.bytes));
+  Arguments a;
+  a.x = x.p;
+  a.w = w.p;
+  a.y = y.p;
+  std::vector<unsigned char> host_ws(4096);
+  struct Bad {
+    void* ptr;
+    size_t bytes;
+    const char* says;
+  };
+  const Bad bad[] = {
+      {nullptr, 4096, "'workspace' is null but workspace_bytes=4096"},
+      {ws.p, 0, "workspace_bytes=0"},
+      {static_cast<char*>(ws.p) + 8, 4096, "16-byte aligned"},
+      {host_ws.data(), host_ws.size(), "host memory"},
+      {static_cast<char*>(y.p) - 1024, 4096, "overlaps 'y'"},
+      {x.p, 64, "overlaps 'x'"},
+  };
+  for (const Bad& b : bad) {
+    const Status s = run(p, a, b.ptr, b.bytes, nullptr);
+    ASSERT_FALSE(s.ok()) << b.says;
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+    EXPECT_NE(s.message().find("workspace"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(b.says), std::string::npos) << s.message();
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<unsigned char> out(y.bytes);
+  CUDA_OK(cudaMemcpy(out.data(), y.p, y.bytes, cudaMemcpyDeviceToHost));
+  for (unsigned char c : out) ASSERT_EQ(c, 0x5A);
+  // Less workspace than workspace_size() is fine: the call runs unsplit.
+  ASSERT_TRUE(run(p, a, ws.p, 256, nullptr).ok());
+  ASSERT_TRUE(run(p, a, nullptr, 0, nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
 TEST(GpuApi, PlanNamesThePathAndWhy) {
   SKIP_WITHOUT_GPU();
   Config c;

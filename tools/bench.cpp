@@ -69,6 +69,10 @@ struct Row {
   double check_rel = NAN;  // ||fused - unfused|| / ||unfused|| on sampled rows
   int64_t reps = 0, copies = 0;
   double act_fused_bytes = 0, act_unfused_bytes = 0;
+  // Scratch the fused call used (workspace_size: the split tail's partial
+  // tiles), reused across calls and layers, so not activation memory; the
+  // unfused baseline's cuBLASLt workspace is 32 MB.
+  double workspace_fused_bytes = 0;
 };
 
 double flops(int64_t m, int64_t k, int64_t u) { return 2.0 * double(m) * double(k) * double(2 * u); }
@@ -218,6 +222,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
       std::clamp<int64_t>(static_cast<int64_t>(2 * l2 / std::max<size_t>(per_copy, 1)) + 1, 1, kMaxCopies);
   row.copies = copies;
   const size_t fused_ws = row.fused_ok ? workspace_size(p) : 0;
+  row.workspace_fused_bytes = double(fused_ws);
   const size_t need = size_t(copies) * per_copy + inter_bytes + (size_t{32} << 20) + fused_ws + kSlackBytes;
   if (!fits_in_memory(need, &row.note)) {
     row.skipped = true;
@@ -367,6 +372,7 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
     out << ", \"unfused_over_fused\": " << json_num(r.unfused_ms / r.fused_ms);
     out << ", \"act_bytes_fused\": " << json_num(r.act_fused_bytes);
     out << ", \"act_bytes_unfused\": " << json_num(r.act_unfused_bytes);
+    out << ", \"workspace_bytes_fused\": " << json_num(r.workspace_fused_bytes);
     out << ", \"check_rel_vs_unfused\": " << json_num(r.check_rel);
     out << ", \"path\": " << json_str(r.path) << ", \"config\": " << json_str(r.config);
     out << ", \"reps\": " << r.reps << ", \"copies\": " << r.copies;

@@ -146,6 +146,23 @@ def _empty(like, shape, what):
     )
 
 
+def _workspace_alloc(like):
+    """n -> n bytes of scratch allocated like `like` (torch and CuPy: their
+    caching allocators), or None: the call then runs without a workspace."""
+    fw = _framework(like)
+    if fw == "torch":
+        torch = _sys.modules["torch"]
+        return lambda n: _export(torch.empty(n, dtype=torch.uint8, device=like.device))
+    if fw == "cupy":
+        cupy = _sys.modules["cupy"]
+
+        def alloc(n):
+            with cupy.cuda.Device(like.device.id):
+                return cupy.empty(n, dtype=cupy.uint8)
+        return alloc
+    return None
+
+
 def make_problem(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
                  activation=Activation.silu, act_params=None, group=0, first=Half.gate,
                  storage=WeightStorage.out_in, alpha=1.0) -> Problem:
@@ -179,6 +196,9 @@ def gate_up(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
              (swiglu_clamped's alpha and limit).
     stream:  a cudaStream_t as an int, or a torch/CuPy stream object;
              None: current_stream(x).
+    workspace: optional device scratch of workspace_size(make_problem(...))
+             bytes (any dtype). None: allocated like x when the call uses one
+             (the Hopper path's split tail); a smaller one runs unsplit.
 
     Returns `out`. No copy of any tensor is made.
     """
@@ -196,7 +216,8 @@ def gate_up(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
         stream = current_stream(x)
     _C.gate_up(_export(x), _export(w), _export(out), _export(w_up), _export(bias), _export(bias_up),
                _export(preact), activation=activation, act_params=act_params, group=group, first=first,
-               storage=storage, alpha=alpha, stream=_stream_handle(stream), workspace=_export(workspace))
+               storage=storage, alpha=alpha, stream=_stream_handle(stream), workspace=_export(workspace),
+               workspace_alloc=_workspace_alloc(x))
     return out
 
 

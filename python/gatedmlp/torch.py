@@ -93,7 +93,8 @@ def _launch(x, w, w_up, bias, bias_up, out, preact, activation, clamp_alpha, cla
         _capsule(preact),
         activation=_ACTIVATIONS[activation],
         act_params=_C.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit),
-        group=group, first=_HALVES[first], storage=_STORAGES[storage], alpha=alpha, stream=stream)
+        group=group, first=_HALVES[first], storage=_STORAGES[storage], alpha=alpha, stream=stream,
+        workspace_alloc=lambda n: _capsule(torch.empty(n, dtype=torch.uint8, device=x.device)))
 
 
 # ---------------------------------------------------------------- operators

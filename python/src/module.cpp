@@ -410,7 +410,8 @@ const void* ptr(const std::optional<TensorView>& t) { return t ? t->data : nullp
 // ---------------------------------------------------------------- the functional entry point
 void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params, int64_t group,
-             Half first, WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace) {
+             Half first, WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
+             nb::handle workspace_alloc) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.gate_up allocates it)");
   GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact);
   const Problem p = describe(t, make_options(activation, act_params, group, first, storage, alpha));
@@ -427,10 +428,16 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   const cudaStream_t stream = as_stream(stream_handle);
   DeviceGuard guard(t.x.device_type == kDeviceCUDA ? t.x.device_id : -1);
 
-  // Workspace: the library needs none today; take the caller's if it asks for some.
+  // Workspace: the caller's, or workspace_alloc(workspace_size()) when the
+  // call uses one (the Python wrappers pass their framework's allocator);
+  // without one the call runs, unsplit.
   void* ws = nullptr;
-  size_t ws_bytes = workspace_size(p);
-  std::optional<TensorView> wsv = import_optional(workspace, "workspace", true);
+  size_t ws_bytes = 0;
+  nb::object allocated;
+  if (workspace.is_none() && !workspace_alloc.is_none())
+    if (const size_t n = workspace_size(p); n > 0) allocated = workspace_alloc(n);
+  std::optional<TensorView> wsv = import_optional(allocated.is_valid() ? nb::handle(allocated) : workspace,
+                                                  "workspace", true);
   if (wsv) {
     size_t n = 1;
     for (int i = 0; i < wsv->ndim; ++i) n *= static_cast<size_t>(wsv->shape[static_cast<size_t>(i)]);
@@ -807,9 +814,10 @@ NB_MODULE(_gatedmlp, m) {
   m.def("gate_up", &gate_up, "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(),
         "bias_up"_a = nb::none(), "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu,
         "act_params"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate, "storage"_a = WeightStorage::out_in,
-        "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(),
+        "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(), "workspace_alloc"_a = nb::none(),
         "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
-        "allocates `out` and picks the stream.");
+        "allocates `out` and picks the stream. Without `workspace`, workspace_alloc(n) (if given) returns "
+        "n bytes of device scratch when the call uses some.");
   m.def("make_problem", &make_problem, "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(),
         "bias"_a = nb::none(), "bias_up"_a = nb::none(), "preact"_a = nb::none(), nb::kw_only(),
         "activation"_a = Activation::silu, "act_params"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate,

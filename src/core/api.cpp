@@ -65,12 +65,23 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
 
 }  // namespace
 
+// The Hopper path's split tail is the only user of workspace: a flag and an
+// fp32 partial tile per CTA and consumer warpgroup. Other paths, and devices
+// without one, need none.
+size_t workspace_size(const Problem& p) {
+  if (!check_support(p)) return 0;
+  detail::DeviceInfo dev;
+  if (!detail::device_info(-1, &dev)) return 0;
+  Config cfg;
+  const Problem r = p.resolved();
+  if (!detail::select_config(r, nullptr, dev, &cfg) || cfg.path != KernelPath::sm90_wgmma) return 0;
+  if (r.k <= sm90::kTile.tile_k) return 0;  // one k-block: nothing to split
+  return sm90::workspace_bytes(dev.sms);
+}
+
 Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  (void)workspace;
-  if (workspace_bytes < workspace_size(p))
-    return err(StatusCode::invalid_argument, "workspace_bytes=", workspace_bytes, " is less than workspace_size()=",
-               workspace_size(p));
   if (Status s = validate(p, a); !s) return s;
+  if (Status s = detail::validate_workspace(p, a, workspace, workspace_bytes); !s) return s;
   const Problem r = p.resolved();
   detail::DeviceInfo dev;
   if (Status s = detail::device_info(-1, &dev); !s) return s;
@@ -79,7 +90,7 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (detail::log_enabled())
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
-  if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch(r, a, dev.sms, stream);
+  if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch(r, a, dev.sms, workspace, workspace_bytes, stream);
 
   const sm80::Params k = make_params(r, a);
   const cudaError_t e = r.input_dtype == DType::bf16 ? sm80::launch_bf16(k, cfg, stream)

@@ -47,4 +47,10 @@ inline int64_t weight_rows(const Problem& p) {
 
 bool log_enabled();
 
+// run()'s workspace: with workspace_bytes > 0 it must be 16-byte aligned
+// device memory of the current device that shares no byte with a tensor of
+// `args`. (nullptr, 0) is always accepted. Call after validate(problem, args).
+Status validate_workspace(const Problem& problem, const Arguments& args, const void* workspace,
+                          size_t workspace_bytes);
+
 }  // namespace gatedmlp::detail

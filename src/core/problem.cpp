@@ -249,6 +249,5 @@ Status check_support(const Problem& p) {
   return Status::Ok();
 }
 
-size_t workspace_size(const Problem&) { return 0; }
 
 }  // namespace gatedmlp

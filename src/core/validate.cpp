@@ -61,6 +61,30 @@ Status check_device_pointer(const Tensor& t, int device) {
   }
 }
 
+// The tensors of a call and the bytes each spans (resolved problem).
+Status tensors(const Problem& r, const Arguments& a, std::vector<Tensor>* out) {
+  detail::Extents e;
+  if (Status s = detail::extents(r, &e); !s) return s;
+  const bool sep = r.weights.format == WeightFormat::separate;
+  std::vector<Tensor>& ts = *out;
+  ts = {{"x", a.x, e.x, r.input_dtype, false}, {"w", a.w, e.w, r.input_dtype, false}};
+  if (sep) ts.push_back({"w_up", a.w_up, e.w, r.input_dtype, false});
+  if (r.has_bias) ts.push_back({"bias", a.bias, e.bias, r.bias_dtype, false});
+  if (r.has_bias && sep) ts.push_back({"bias_up", a.bias_up, e.bias, r.bias_dtype, false});
+  ts.push_back({"y", a.y, e.y, r.output_dtype, true});
+  if (r.has_preact) ts.push_back({"preact", a.preact, e.preact, r.preact_dtype, true});
+  return Status::Ok();
+}
+
+// The current device, or no_device with the runtime's reason.
+Status current_device(int* device) {
+  if (cudaError_t ce = cudaGetDevice(device); ce != cudaSuccess) {
+    cudaGetLastError();
+    return err(StatusCode::no_device, "no usable CUDA device: ", cudaGetErrorString(ce));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate(const Problem& p, const Arguments& a) {
@@ -89,14 +113,8 @@ Status validate(const Problem& p, const Arguments& a) {
       !s)
     return s;
 
-  detail::Extents e;
-  if (Status s = detail::extents(r, &e); !s) return s;
-  std::vector<Tensor> ts = {{"x", a.x, e.x, r.input_dtype, false}, {"w", a.w, e.w, r.input_dtype, false}};
-  if (sep) ts.push_back({"w_up", a.w_up, e.w, r.input_dtype, false});
-  if (r.has_bias) ts.push_back({"bias", a.bias, e.bias, r.bias_dtype, false});
-  if (r.has_bias && sep) ts.push_back({"bias_up", a.bias_up, e.bias, r.bias_dtype, false});
-  ts.push_back({"y", a.y, e.y, r.output_dtype, true});
-  if (r.has_preact) ts.push_back({"preact", a.preact, e.preact, r.preact_dtype, true});
+  std::vector<Tensor> ts;
+  if (Status s = tensors(r, a, &ts); !s) return s;
 
   for (const Tensor& t : ts) {
     const size_t es = dtype_size(t.dtype);
@@ -120,13 +138,39 @@ Status validate(const Problem& p, const Arguments& a) {
     }
 
   int device = -1;
-  if (cudaError_t ce = cudaGetDevice(&device); ce != cudaSuccess) {
-    cudaGetLastError();
-    return err(StatusCode::no_device, "no usable CUDA device: ", cudaGetErrorString(ce));
-  }
+  if (Status s = current_device(&device); !s) return s;
   for (const Tensor& t : ts)
     if (Status s = check_device_pointer(t, device); !s) return s;
   return Status::Ok();
 }
+
+namespace detail {
+
+Status validate_workspace(const Problem& p, const Arguments& a, const void* ws, size_t bytes) {
+  if (ws == nullptr && bytes == 0) return Status::Ok();
+  if (ws == nullptr)
+    return err(StatusCode::invalid_argument, "argument 'workspace' is null but workspace_bytes=", bytes,
+               "; pass nullptr with 0 to run without one");
+  if (bytes == 0)
+    return err(StatusCode::invalid_argument, "argument 'workspace' is set (", hex(ws),
+               ") but workspace_bytes=0; pass its size, or nullptr with 0");
+  if (reinterpret_cast<uintptr_t>(ws) % 16 != 0)
+    return err(StatusCode::invalid_argument, "argument 'workspace' (", hex(ws), ") must be 16-byte aligned");
+  std::vector<Tensor> ts;
+  if (Status s = tensors(p.resolved(), a, &ts); !s) return s;
+  const uintptr_t w0 = reinterpret_cast<uintptr_t>(ws), w1 = w0 + bytes;
+  for (const Tensor& t : ts) {
+    const uintptr_t b0 = reinterpret_cast<uintptr_t>(t.ptr);
+    const uintptr_t b1 = b0 + uintptr_t(t.elems) * dtype_size(t.dtype);
+    if (w0 < b1 && b0 < w1)
+      return err(StatusCode::invalid_argument, "argument 'workspace' [", hex(ws), ", +", bytes, " bytes) overlaps '",
+                 t.name, "' [", hex(t.ptr), ", +", b1 - b0, " bytes)");
+  }
+  int device = -1;
+  if (Status s = current_device(&device); !s) return s;
+  return check_device_pointer({"workspace", ws, static_cast<int64_t>(bytes), DType::bf16, true}, device);
+}
+
+}  // namespace detail
 
 }  // namespace gatedmlp

@@ -147,6 +147,23 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ------------------------------------------------------------------ flags between CTAs
+// A flag in global memory that one CTA raises after its threads' writes (the
+// caller synchronises them first with a barrier, so the release covers them)
+// and another waits for before reading those writes.
+__device__ __forceinline__ void flag_raise(int* flag) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
+}
+
+__device__ __forceinline__ void flag_wait(const int* flag) {
+  int v;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    if (v != 0) return;
+    __nanosleep(64);
+  }
+}
+
 // ------------------------------------------------------------------ wgmma
 // Shared-memory matrix descriptor for a K-major operand stored as 128-byte
 // rows with the 128-byte swizzle (what TMA writes with SWIZZLE_128B): 8-row

@@ -115,7 +115,14 @@ Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, 
 
 }  // namespace
 
-Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream) {
+namespace {
+constexpr size_t kFlagBytesAlign = 256;
+size_t flag_bytes(int ctas) { return (size_t(ctas) * 2 * sizeof(int) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign; }
+}  // namespace
+
+size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + size_t(ctas) * 2 * 64 * 256 * sizeof(float); }
+
+Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, size_t ws_bytes, cudaStream_t stream) {
   Status s;
   auto fn = encode_fn(&s);
   if (!fn) return s;
@@ -236,6 +243,13 @@ Status launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream
     const cuuint64_t strides[2] = {cuuint64_t(r.ldy * 2), cuuint64_t(batched ? r.batch_stride_y * 2 : r.m * r.ldy * 2)};
     const cuuint32_t box[3] = {64, 64, 1};
     if (Status e = encode(fn, &p.tma_y, r.output_dtype, a.y, 3, dims, strides, box, "y"); !e) return e;
+  }
+
+  // Split-tail workspace: flags first, then the partial tiles.
+  if (workspace && ws_bytes >= workspace_bytes(sms)) {
+    p.sk_flag = static_cast<int*>(workspace);
+    p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
+    p.sk_ctas = sms;
   }
 
   const int act = static_cast<int>(r.activation);

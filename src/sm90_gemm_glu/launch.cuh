@@ -18,7 +18,8 @@ static_assert(Traits::kSmemBytes == kTile.smem_bytes, "kTile.smem_bytes must mat
 static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Traits::kStages == kTile.stages);
 
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
-// item, at most as many as can be resident at once.
+// item, at most as many as can be resident at once; all of them when the tail
+// is split.
 template <typename T, int ACT, int CM>
 cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   auto kernel = sm90_gemm_glu_kernel<T, ACT, CM>;
@@ -54,7 +55,21 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
     if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
       std::fprintf(stderr, "[gatedmlp] sm90: %d resident clusters of %d reported, %d used\n", clusters, CM, resident);
   }
-  const int64_t items = std::min<int64_t>(p.tiles, std::max(resident, 1));
+  resident = std::max(resident, 1);
+  // Split tail (schedule.hpp): GATEDMLP_SM90_SPLIT_TAIL=0 turns it off.
+  const char* st = std::getenv("GATEDMLP_SM90_SPLIT_TAIL");
+  const bool split = plan_split_tail(p, resident, CM, !st || std::atoi(st) != 0);
+  const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
+  // The owners wait for flags that start at zero; the workspace arrives as
+  // the caller left it.
+  if (split)
+    if (cudaError_t e = cudaMemsetAsync(p.sk_flag, 0, size_t(resident) * CM * 2 * sizeof(int), stream);
+        e != cudaSuccess)
+      return e;
+  if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
+    std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d; %s\n", static_cast<long long>(p.tiles),
+                 resident, CM,
+                 split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"));
   cfg.gridDim = dim3(static_cast<unsigned>(items * CM));
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }

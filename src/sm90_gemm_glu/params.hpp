@@ -52,6 +52,15 @@ struct Params {
   int pre_mode;        // where a tile's pre-activation columns lie: see store_pre
   int pre_log2g;       // pre_mode 1: log2(G)
   int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
+
+  // Split tail (stream-K over the last waves; see Schedule in the kernel).
+  // Work items [0, sk_first) run whole, a wave at a time; the k-blocks of
+  // items [sk_first, tiles) are shared out evenly, sk_iters of them in all,
+  // over the clusters. sk_iters = 0: no split, every item runs whole.
+  int64_t sk_first, sk_iters;
+  float* sk_part;      // per CTA and consumer warpgroup: one 64 x 256 fp32 partial tile
+  int* sk_flag;        // per partial: raised when it is written (zeroed before the launch)
+  int64_t sk_ctas;     // CTAs the workspace has partials for (0: no workspace, no split)
 };
 
 }  // namespace gatedmlp::sm90

@@ -26,8 +26,12 @@
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
 // weight rows stay in L2. CTAs run in clusters of two (by default; or four) that share
 // (multicast) the weight tile: see the kernel. Producer and consumers walk the
-// same sequence, so the producer starts loading the next tile while the
-// consumers run the epilogue.
+// same sequence (schedule.hpp), so the producer starts loading the next tile
+// while the consumers run the epilogue. When the tiles do not fill whole
+// waves and a workspace is given, the last one to two waves are split along
+// K evenly over all clusters (stream-K): pieces that end inside a tile leave
+// fp32 partial sums in the workspace, and the piece with the tile's last
+// k-block adds them and runs the epilogue.
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
 // registers; act(g) * u is rounded and written into a 128-byte-swizzled
@@ -53,6 +57,7 @@
 #include "common/layout_math.hpp"
 #include "sm90_gemm_glu/hopper.cuh"
 #include "sm90_gemm_glu/params.hpp"
+#include "sm90_gemm_glu/schedule.hpp"
 
 namespace gatedmlp::sm90 {
 
@@ -113,6 +118,35 @@ __device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int 
   c.mb = (g * p.group_m + in % units) * CM + rank;
   c.nb = in / units;
   return c;
+}
+
+// A tail partial: the warpgroup's 64 x 256 accumulators as float2 pairs, pair
+// q of thread t at (q * 128 + t) * 2, so a warp's store is 256 contiguous
+// bytes. Rows past M are neither written nor read.
+__device__ __forceinline__ float* partial_slot(const Params& p, int64_t cta, int cw) {
+  return p.sk_part + (cta * 2 + cw) * (64 * 256);
+}
+
+__device__ __forceinline__ void store_partial(const Params& p, const float (&d)[128], float* slot, int tid,
+                                              int64_t row0) {
+  const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
+#pragma unroll
+  for (int q = 0; q < 64; ++q) {
+    if (r + 8 * (q % 2) >= p.m) continue;  // d[2q] is in row r + 8 * (q % 2)
+    __stcg(reinterpret_cast<float2*>(slot) + q * 128 + tid, make_float2(d[2 * q], d[2 * q + 1]));
+  }
+}
+
+__device__ __forceinline__ void add_partial(const Params& p, float (&d)[128], const float* slot, int tid,
+                                            int64_t row0) {
+  const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
+#pragma unroll
+  for (int q = 0; q < 64; ++q) {
+    if (r + 8 * (q % 2) >= p.m) continue;
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(slot) + q * 128 + tid);
+    d[2 * q] += v.x;
+    d[2 * q + 1] += v.y;
+  }
 }
 
 // Four adjacent elements at i (a multiple of 4; 8-byte aligned for 16-bit
@@ -433,7 +467,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   const uint32_t rank = CM > 1 ? cluster_rank() : 0;
-  const int64_t first_tile = blockIdx.x / CM, tile_step = gridDim.x / CM;
+  // This cluster's work: whole items, then its share of the split tail.
+  const Schedule sched(p, blockIdx.x / CM, gridDim.x / CM);
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&full[s], 1);
@@ -454,12 +489,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       tma_prefetch_map(&p.tma_wg);
       tma_prefetch_map(&p.tma_wu);
       uint32_t it = 0;
-      for (int64_t t = first_tile; t < p.tiles; t += tile_step) {
-        const detail_::TileCoord tc = detail_::tile_coord<CM>(p, t, rank);
+      for (int64_t w = 0; w < sched.n; ++w) {
+        const Work wk = sched.at(p, w);
+        const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
         const int64_t n0 = int64_t(tc.nb) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
-        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
           const int s = it % Tr::kStages;
           const uint32_t phase = (it / Tr::kStages) & 1;
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
@@ -503,10 +539,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
     uint32_t it = 0;
-    for (int64_t t = first_tile; t < p.tiles; t += tile_step) {
-      const detail_::TileCoord tc = detail_::tile_coord<CM>(p, t, rank);
+    for (int64_t w = 0; w < sched.n; ++w) {
+      const Work wk = sched.at(p, w);
+      const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
       int prev = -1;
-      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+      for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
@@ -516,7 +553,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Tr::BK / 16; ++kk)
-          wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+          wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
         wgmma_commit();
         fence_regs(d);
         // The previous k-step's wgmma has retired: its stage can be refilled.
@@ -528,6 +565,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       wgmma_wait<0>();
       fence_regs(d);
       if (prev >= 0) release(prev);
+      const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
+      if (wk.role == kPartial) {
+        // Hand the sums to the item's owner; no epilogue here.
+        detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
+        named_barrier(1 + cw, 128);
+        if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw);
+        continue;
+      }
+      if (wk.role == kOwner) {
+        // Add the partials of the lower clusters that share this item (the
+        // CTA of the same rank in each, the same warpgroup).
+        for (int64_t j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
+          if (!sched.has_share(p, j)) continue;  // no share, no partial
+          const int64_t cta = j * CM + rank;
+          if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw);
+          named_barrier(1 + cw, 128);
+          detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
+        }
+      }
       detail_::epilogue<ACT>(p, d, tile, sbias, cw, tid, tc);
     }
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store

@@ -26,10 +26,17 @@ bool compiled();
 // `args` may be null (plan() without pointers assumes aligned pointers).
 std::string blocker(const Problem& resolved, const Arguments* args);
 
+// Workspace for the split tail of `ctas` CTAs: a flag and a 64 x 256 fp32
+// partial tile per consumer warpgroup (128 KB per CTA).
+size_t workspace_bytes(int ctas);
+
 // Builds the tensor maps and launches one persistent CTA per SM (at most one
 // per tile), in clusters of 1, 2 or 4 CTAs along M (launch.cpp,
 // cluster_size(); GATEDMLP_SM90_CLUSTER overrides). The problem must have passed blocker().
-Status launch(const Problem& resolved, const Arguments& args, int sms, cudaStream_t stream);
+// With at least workspace_bytes(sms) of workspace the last waves are split
+// (see the kernel's Schedule); with less, or none, every item runs whole.
+Status launch(const Problem& resolved, const Arguments& args, int sms, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream);
 
 // Per-dtype kernel launchers (sm90_gemm_glu_launch.cu); cluster_m is 1,
 // 2 or 4 CTAs per cluster, and p.m_units / p.tiles must count units of it.

@@ -336,6 +336,27 @@ def test_out_variant_writes_into_a_slice():
     assert torch.isnan(big[..., :u]).all() and torch.isnan(big[..., 2 * u:]).all()
 
 
+def test_workspace_given_allocated_or_too_small():
+    # 300 x 1024 x 1300: 3 x 11 tiles, a partial wave on any H100/H200, 16
+    # k-blocks: the Hopper path splits the tail in the workspace.
+    m, k, u = 300, 1024, 1300
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    wg, wu = logical_weights(u, k, torch.bfloat16)
+    w = torch.cat([wg, wu])
+    ref, unfused = references(x, wg, wu, None, None, "gelu_tanh", 1.0, torch.bfloat16)
+    n = gatedmlp.workspace_size(gatedmlp.make_problem(x, w, activation="gelu_tanh"))
+    assert n >= 0
+    given = torch.full((max(n, 1),), 255, device=DEV, dtype=torch.uint8)  # garbage in: must not matter
+    for ws, what in [(None, "allocated"), (given, "given"), (given[:16], "too small")]:
+        y = gatedmlp.gate_up(x, w, activation="gelu_tanh", workspace=ws)
+        assert_within_rule(y, unfused, ref, f"workspace {what}")
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="'workspace'.*host memory"):
+        gatedmlp.gate_up(x, w, activation="gelu_tanh", workspace=given.cpu())
+    with torch.no_grad():
+        y = gt.gate_up(x, w, activation="gelu_tanh")  # the torch op allocates its own
+    assert_within_rule(y, unfused, ref, "torch op")
+
+
 def test_errors_on_the_gpu():
     x = torch.randn(8, 64, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(96, 64, device=DEV, dtype=torch.bfloat16)

@@ -1,0 +1,113 @@
+// The Hopper kernel's work schedule (src/sm90_gemm_glu/schedule.hpp), on the
+// host: for many item counts, cluster counts and k-block counts, every k-block
+// of every item runs exactly once, the split tail is balanced, and each owner
+// adds exactly the partials written for its item, each of which was written
+// by a lower cluster as its first tail piece (so no wait can deadlock or
+// chain).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "sm90_gemm_glu/schedule.hpp"
+
+using namespace gatedmlp::sm90;
+
+namespace {
+
+Params params(int64_t tiles, int k_blocks, int64_t ctas) {
+  Params p{};
+  p.tiles = tiles;
+  p.k_blocks = k_blocks;
+  p.sk_ctas = ctas;
+  return p;
+}
+
+// Runs the schedule of every cluster and checks it; returns a failure message or "".
+::testing::AssertionResult check(const Params& p, int64_t clusters) {
+  const int64_t T = p.tiles, KB = p.k_blocks;
+  std::vector<int> runs(size_t(T * KB), 0);
+  std::map<int64_t, std::set<int64_t>> written;  // item -> clusters that wrote a partial of it
+  std::map<int64_t, std::set<int64_t>> added;    // item -> clusters whose partials its owner adds
+  std::vector<int64_t> tail_blocks(size_t(clusters), 0);
+  for (int64_t c = 0; c < clusters; ++c) {
+    const Schedule s(p, c, clusters);
+    int partials = 0;
+    for (int64_t w = 0; w < s.n; ++w) {
+      const Work wk = s.at(p, w);
+      if (wk.item < 0 || wk.item >= T || wk.kb0 < 0 || wk.kb0 >= wk.kb1 || wk.kb1 > KB)
+        return ::testing::AssertionFailure() << "cluster " << c << " piece " << w << ": item " << wk.item << " k ["
+                                             << wk.kb0 << ", " << wk.kb1 << ")";
+      for (int kb = wk.kb0; kb < wk.kb1; ++kb) runs[size_t(wk.item * KB + kb)]++;
+      if (wk.item >= p.sk_first && p.sk_iters > 0) tail_blocks[size_t(c)] += wk.kb1 - wk.kb0;
+      const bool ends = wk.kb1 == KB, starts = wk.kb0 == 0;
+      if ((wk.role == kWhole) != (starts && ends) || (wk.role == kPartial) != !ends ||
+          (wk.role == kOwner) != (ends && !starts))
+        return ::testing::AssertionFailure() << "cluster " << c << " item " << wk.item << " k [" << wk.kb0 << ", "
+                                             << wk.kb1 << "): wrong role " << wk.role;
+      if (wk.role == kPartial) {
+        // A cluster has one partial slot, written by its first tail piece.
+        if (++partials > 1 || w != s.whole)
+          return ::testing::AssertionFailure() << "cluster " << c << ": partial at piece " << w << " (tail starts at "
+                                               << s.whole << ")";
+        written[wk.item].insert(c);
+      }
+      if (wk.role == kOwner) {
+        if (w != s.n - 1)
+          return ::testing::AssertionFailure() << "cluster " << c << ": owner piece " << w << " is not its last";
+        for (int64_t j = c - 1, stop = s.first_partial(p, wk.item); j > stop; --j)
+          if (s.has_share(p, j)) added[wk.item].insert(j);
+        if (added[wk.item].empty())
+          return ::testing::AssertionFailure() << "cluster " << c << " owns item " << wk.item << " with no partials";
+      }
+    }
+  }
+  for (int64_t i = 0; i < T * KB; ++i)
+    if (runs[size_t(i)] != 1)
+      return ::testing::AssertionFailure() << "item " << i / KB << " k-block " << i % KB << " ran " << runs[size_t(i)]
+                                           << " times";
+  if (written != added) return ::testing::AssertionFailure() << "the partials written differ from those added";
+  if (p.sk_iters > 0) {
+    const auto [mn, mx] = std::minmax_element(tail_blocks.begin(), tail_blocks.end());
+    if (*mx - *mn > 1)
+      return ::testing::AssertionFailure() << "tail shares from " << *mn << " to " << *mx << " k-blocks";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+TEST(Schedule, EveryBlockOnceAndOwnersAddTheirPartials) {
+  int split = 0, whole = 0;
+  for (int64_t clusters : {1, 2, 3, 7, 66, 132})
+    for (int kb : {1, 2, 3, 5, 64})
+      for (int64_t tiles = 1; tiles <= 300; ++tiles) {
+        Params p = params(tiles, kb, 2 * clusters);
+        const bool s = plan_split_tail(p, clusters, 2, true);
+        (s ? split : whole)++;
+        EXPECT_EQ(s, kb >= 2 && tiles % clusters != 0) << tiles << " items, " << clusters << " clusters, " << kb;
+        ASSERT_TRUE(check(p, clusters)) << tiles << " items on " << clusters << " clusters, " << kb << " k-blocks, "
+                                        << (s ? "split" : "whole");
+      }
+  EXPECT_GT(split, 0);
+  EXPECT_GT(whole, 0);
+}
+
+TEST(Schedule, SplitNeedsWorkspaceAndIsOptional) {
+  // 8B M = 4096: 1792 items on 66 clusters of two, 64 k-blocks.
+  Params p = params(1792, 64, 132);
+  ASSERT_TRUE(plan_split_tail(p, 66, 2, true));
+  EXPECT_EQ(p.sk_first, 26 * 66);  // 26 whole waves, the other 1.15 waves split
+  EXPECT_EQ(p.sk_iters, (1792 - 26 * 66) * 64);
+  EXPECT_TRUE(check(p, 66));
+  p.sk_ctas = 131;  // too little workspace for 66 clusters of two
+  EXPECT_FALSE(plan_split_tail(p, 66, 2, true));
+  EXPECT_EQ(p.sk_iters, 0);
+  p.sk_ctas = 132;
+  EXPECT_FALSE(plan_split_tail(p, 66, 2, false));  // turned off
+  EXPECT_TRUE(check(p, 66));
+  Params q = params(132, 64, 132);  // whole waves: nothing to split
+  EXPECT_FALSE(plan_split_tail(q, 66, 2, true));
+}
