@@ -92,12 +92,16 @@ for step in "${steps[@]}"; do
     # The Hopper split tail on and off (GATEDMLP_SM90_SPLIT_TAIL), each run
     # with cuBLAS in the same run: the shapes whose last wave is partial.
     g="$build/tools/gatedmlp"
-    { for v in 0 1; do
-        echo "-- GATEDMLP_SM90_SPLIT_TAIL=$v"
-        GATEDMLP_SM90_SPLIT_TAIL=$v "$g" bench --m 1,64,128,256,512,1024,4096,16384
-        GATEDMLP_SM90_SPLIT_TAIL=$v "$g" bench --model 70b --m 1024,4096
-        GATEDMLP_SM90_SPLIT_TAIL=$v "$g" bench --m 512 --k 1024 --u 4096
+    # GATEDMLP_SM90_SPLIT_WAVES=1: only the partial last wave is split.
+    { for v in "0 2" "1 1" "1 2"; do
+        set -- $v
+        echo "-- GATEDMLP_SM90_SPLIT_TAIL=$1 GATEDMLP_SM90_SPLIT_WAVES=$2"
+        export GATEDMLP_SM90_SPLIT_TAIL=$1 GATEDMLP_SM90_SPLIT_WAVES=$2
+        "$g" bench --m ${SPLIT_MS:-1,64,128,256,512,1024,4096,16384}
+        "$g" bench --model 70b --m 1024,4096
+        "$g" bench --m 512 --k 1024 --u 4096
       done
+      unset GATEDMLP_SM90_SPLIT_TAIL GATEDMLP_SM90_SPLIT_WAVES
     } 2>"$out/split.err" | grep -E "^(--|model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/split.txt"
     note "split: table in split.txt" ;;
   python)

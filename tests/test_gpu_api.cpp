@@ -100,7 +100,7 @@ TEST(GpuApi, BadWorkspaceWritesNothing) {
       {ws.p, 0, "workspace_bytes=0"},
       {static_cast<char*>(ws.p) + 8, 4096, "16-byte aligned"},
       {host_ws.data(), host_ws.size(), "host memory"},
-      {static_cast<char*>(y.p) - 1024, 4096, "overlaps 'y'"},
+      {static_cast<char*>(y.p) + 16, 64, "overlaps 'y'"},
       {x.p, 64, "overlaps 'x'"},
   };
   for (const Bad& b : bad) {

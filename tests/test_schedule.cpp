@@ -81,16 +81,20 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
 
 TEST(Schedule, EveryBlockOnceAndOwnersAddTheirPartials) {
   int split = 0, whole = 0;
-  for (int64_t clusters : {1, 2, 3, 7, 66, 132})
-    for (int kb : {1, 2, 3, 5, 64})
-      for (int64_t tiles = 1; tiles <= 300; ++tiles) {
-        Params p = params(tiles, kb, 2 * clusters);
-        const bool s = plan_split_tail(p, clusters, 2, true);
-        (s ? split : whole)++;
-        EXPECT_EQ(s, kb >= 2 && tiles % clusters != 0) << tiles << " items, " << clusters << " clusters, " << kb;
-        ASSERT_TRUE(check(p, clusters)) << tiles << " items on " << clusters << " clusters, " << kb << " k-blocks, "
-                                        << (s ? "split" : "whole");
-      }
+  for (int waves : {1, 2})
+    for (int64_t clusters : {1, 2, 3, 7, 66, 132})
+      for (int kb : {1, 2, 3, 5, 64})
+        for (int64_t tiles = 1; tiles <= 300; ++tiles) {
+          Params p = params(tiles, kb, 2 * clusters);
+          const bool s = plan_split_tail(p, clusters, 2, true, waves);
+          (s ? split : whole)++;
+          EXPECT_EQ(s, kb >= 2 && tiles % clusters != 0) << tiles << " items, " << clusters << " clusters, " << kb;
+          ASSERT_TRUE(check(p, clusters)) << tiles << " items on " << clusters << " clusters, " << kb << " k-blocks, "
+                                          << (s ? "split" : "whole") << ", split_waves " << waves;
+          if (s) {
+            EXPECT_LT(tiles - p.sk_first, waves * clusters) << "more than " << waves << " waves split";
+          }
+        }
   EXPECT_GT(split, 0);
   EXPECT_GT(whole, 0);
 }
@@ -101,6 +105,9 @@ TEST(Schedule, SplitNeedsWorkspaceAndIsOptional) {
   ASSERT_TRUE(plan_split_tail(p, 66, 2, true));
   EXPECT_EQ(p.sk_first, 26 * 66);  // 26 whole waves, the other 1.15 waves split
   EXPECT_EQ(p.sk_iters, (1792 - 26 * 66) * 64);
+  EXPECT_TRUE(check(p, 66));
+  ASSERT_TRUE(plan_split_tail(p, 66, 2, true, 1));
+  EXPECT_EQ(p.sk_first, 27 * 66);  // only the partial last wave
   EXPECT_TRUE(check(p, 66));
   p.sk_ctas = 131;  // too little workspace for 66 clusters of two
   EXPECT_FALSE(plan_split_tail(p, 66, 2, true));

@@ -148,18 +148,19 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 }
 
 // ------------------------------------------------------------------ flags between CTAs
-// A flag in global memory that one CTA raises after its threads' writes (the
-// caller synchronises them first with a barrier, so the release covers them)
-// and another waits for before reading those writes.
-__device__ __forceinline__ void flag_raise(int* flag) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
+// A flag in global memory that one CTA raises, by storing the launch's
+// token, after its threads' writes (the caller synchronises them first with a
+// barrier, so the release covers them), and another waits for before reading
+// those writes.
+__device__ __forceinline__ void flag_raise(uint64_t* flag, uint64_t token) {
+  asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(flag), "l"(token) : "memory");
 }
 
-__device__ __forceinline__ void flag_wait(const int* flag) {
-  int v;
+__device__ __forceinline__ void flag_wait(const uint64_t* flag, uint64_t token) {
+  uint64_t v;
   for (;;) {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-    if (v != 0) return;
+    asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+    if (v == token) return;
     __nanosleep(64);
   }
 }

@@ -117,7 +117,9 @@ Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, 
 
 namespace {
 constexpr size_t kFlagBytesAlign = 256;
-size_t flag_bytes(int ctas) { return (size_t(ctas) * 2 * sizeof(int) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign; }
+size_t flag_bytes(int ctas) {
+  return (size_t(ctas) * 2 * sizeof(uint64_t) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign;
+}
 }  // namespace
 
 size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + size_t(ctas) * 2 * 64 * 256 * sizeof(float); }
@@ -247,7 +249,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
 
   // Split-tail workspace: flags first, then the partial tiles.
   if (workspace && ws_bytes >= workspace_bytes(sms)) {
-    p.sk_flag = static_cast<int*>(workspace);
+    p.sk_flag = static_cast<uint64_t*>(workspace);
     p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
     p.sk_ctas = sms;
   }

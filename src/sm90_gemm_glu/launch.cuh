@@ -6,6 +6,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <random>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,6 +22,17 @@ static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Trait
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
 // item, at most as many as can be resident at once; all of them when the tail
 // is split.
+// A fresh, nonzero 64-bit token per launch (splitmix64 of a counter seeded
+// per process): the split tail's flags compare against it.
+inline uint64_t next_token() {
+  static std::atomic<uint64_t> counter{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
+  uint64_t z = counter.fetch_add(0x9e3779b97f4a7c15ull) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
 template <typename T, int ACT, int CM>
 cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   auto kernel = sm90_gemm_glu_kernel<T, ACT, CM>;
@@ -57,15 +70,12 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   }
   resident = std::max(resident, 1);
   // Split tail (schedule.hpp): GATEDMLP_SM90_SPLIT_TAIL=0 turns it off.
+  // GATEDMLP_SM90_SPLIT_WAVES=1 splits only the partial last wave.
   const char* st = std::getenv("GATEDMLP_SM90_SPLIT_TAIL");
-  const bool split = plan_split_tail(p, resident, CM, !st || std::atoi(st) != 0);
+  const char* sw = std::getenv("GATEDMLP_SM90_SPLIT_WAVES");
+  const bool split = plan_split_tail(p, resident, CM, !st || std::atoi(st) != 0, sw ? std::atoi(sw) : 2);
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
-  // The owners wait for flags that start at zero; the workspace arrives as
-  // the caller left it.
-  if (split)
-    if (cudaError_t e = cudaMemsetAsync(p.sk_flag, 0, size_t(resident) * CM * 2 * sizeof(int), stream);
-        e != cudaSuccess)
-      return e;
+  if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
     std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d; %s\n", static_cast<long long>(p.tiles),
                  resident, CM,

@@ -59,7 +59,13 @@ struct Params {
   // over the clusters. sk_iters = 0: no split, every item runs whole.
   int64_t sk_first, sk_iters;
   float* sk_part;      // per CTA and consumer warpgroup: one 64 x 256 fp32 partial tile
-  int* sk_flag;        // per partial: raised when it is written (zeroed before the launch)
+  // Per partial: a flag raised (set to sk_token) once it is written. The
+  // token is new for every launch, so the flags need no zeroing: what a
+  // previous launch, or anything else, left there does not equal it (a
+  // 64-bit value drawn per launch: a stale or garbage flag matches with
+  // probability 2^-64).
+  uint64_t* sk_flag;
+  uint64_t sk_token;
   int64_t sk_ctas;     // CTAs the workspace has partials for (0: no workspace, no split)
 };
 

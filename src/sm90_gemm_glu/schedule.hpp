@@ -25,13 +25,16 @@ namespace gatedmlp::sm90 {
 // over all C clusters. Sets p.sk_first and p.sk_iters; returns whether the
 // tail is split. A split needs the workspace (p.sk_ctas partials for the
 // clusters' CTAs) and at least two k-blocks per item.
-inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bool enabled) {
+inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bool enabled, int split_waves = 2) {
   p.sk_first = p.sk_iters = 0;
   if (!enabled || clusters <= 0 || p.sk_ctas < clusters * cta_per_cluster || p.k_blocks < 2 ||
       p.tiles % clusters == 0)
     return false;
   const int64_t waves = p.tiles / clusters;
-  p.sk_first = waves > 0 ? (waves - 1) * clusters : 0;
+  // split_waves 1: only the partial last wave is split (shorter shares, more
+  // pieces per item).
+  const int64_t whole_waves = split_waves == 1 ? waves : (waves > 0 ? waves - 1 : 0);
+  p.sk_first = whole_waves * clusters;
   p.sk_iters = (p.tiles - p.sk_first) * p.k_blocks;
   return true;
 }

@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // Hand the sums to the item's owner; no epilogue here.
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
         named_barrier(1 + cw, 128);
-        if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw);
+        if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
         continue;
       }
       if (wk.role == kOwner) {
@@ -579,7 +579,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (int64_t j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
           if (!sched.has_share(p, j)) continue;  // no share, no partial
           const int64_t cta = j * CM + rank;
-          if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw);
+          if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
           named_barrier(1 + cw, 128);
           detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
         }
