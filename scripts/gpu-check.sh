@@ -92,11 +92,11 @@ for step in "${steps[@]}"; do
     # The Hopper split tail on and off (GATEDMLP_SM90_SPLIT_TAIL), each run
     # with cuBLAS in the same run: the shapes whose last wave is partial.
     g="$build/tools/gatedmlp"
-    # GATEDMLP_SM90_SPLIT_WAVES=1: only the partial last wave is split.
-    { for v in "0 2" "1 1" "1 2"; do
-        set -- $v
-        echo "-- GATEDMLP_SM90_SPLIT_TAIL=$1 GATEDMLP_SM90_SPLIT_WAVES=$2"
-        export GATEDMLP_SM90_SPLIT_TAIL=$1 GATEDMLP_SM90_SPLIT_WAVES=$2
+    # SPLIT_VARIANTS: "TAIL:WAVES" pairs (GATEDMLP_SM90_SPLIT_TAIL,
+    # GATEDMLP_SM90_SPLIT_WAVES); default: off, then the default (1 wave).
+    { for v in ${SPLIT_VARIANTS:-0:1 1:1}; do
+        echo "-- GATEDMLP_SM90_SPLIT_TAIL=${v%%:*} GATEDMLP_SM90_SPLIT_WAVES=${v##*:}"
+        export GATEDMLP_SM90_SPLIT_TAIL=${v%%:*} GATEDMLP_SM90_SPLIT_WAVES=${v##*:}
         "$g" bench --m ${SPLIT_MS:-1,64,128,256,512,1024,4096,16384}
         "$g" bench --model 70b --m 1024,4096
         "$g" bench --m 512 --k 1024 --u 4096

@@ -129,16 +129,19 @@ class ScopedEnv {
 };
 
 // One fused run of a case: under which GATEDMLP_FORCE_PATH, and with or
-// without the workspace (on the Hopper path, with it the last waves are split
-// along K; without, every tile runs whole).
+// without the workspace. On the Hopper path the workspace holds the split
+// tail's partial sums; GATEDMLP_SM90_SPLIT_TAIL=force splits every tail that
+// can be split (the default splits only where it pays, which the small test
+// shapes rarely reach; the schedule tests check that choice on the CPU).
 struct Variant {
   const char* label = "fused";
   bool set_env = false;              // false: GATEDMLP_FORCE_PATH as the environment has it
   const char* force_path = nullptr;  // with set_env: the value; nullptr unsets it
   bool workspace = true;             // workspace_size() bytes, poisoned; false: (nullptr, 0)
+  const char* split_tail = nullptr;  // GATEDMLP_SM90_SPLIT_TAIL for the run; nullptr: as the environment has it
 };
 const Variant kAsIs{};
-const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset", true, nullptr};
+const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset, split tail forced", true, nullptr, true, "force"};
 const Variant kAutoNoWorkspace{"fused, GATEDMLP_FORCE_PATH unset, no workspace", true, nullptr, false};
 const Variant kPortablePath{"fused, GATEDMLP_FORCE_PATH=portable", true, "portable"};
 
@@ -228,8 +231,9 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
   }
 
   for (const Variant& v : opt.variants) {
-    std::optional<ScopedEnv> env;
+    std::optional<ScopedEnv> env, split_env;
     if (v.set_env) env.emplace(kForcePathEnv, v.force_path);
+    if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
     Config cfg;
     const Status sp = plan(p, &cfg);
     ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();

@@ -21,6 +21,7 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
   Params p{};
   p.tiles = tiles;
   p.k_blocks = k_blocks;
+  p.m_tiles = 2;
   p.sk_ctas = ctas;
   return p;
 }
@@ -82,19 +83,22 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
 TEST(Schedule, EveryBlockOnceAndOwnersAddTheirPartials) {
   int split = 0, whole = 0;
   for (int waves : {1, 2})
-    for (int64_t clusters : {1, 2, 3, 7, 66, 132})
-      for (int kb : {1, 2, 3, 5, 64})
-        for (int64_t tiles = 1; tiles <= 300; ++tiles) {
-          Params p = params(tiles, kb, 2 * clusters);
-          const bool s = plan_split_tail(p, clusters, 2, true, waves);
-          (s ? split : whole)++;
-          EXPECT_EQ(s, kb >= 2 && tiles % clusters != 0) << tiles << " items, " << clusters << " clusters, " << kb;
-          ASSERT_TRUE(check(p, clusters)) << tiles << " items on " << clusters << " clusters, " << kb << " k-blocks, "
-                                          << (s ? "split" : "whole") << ", split_waves " << waves;
-          if (s) {
-            EXPECT_LT(tiles - p.sk_first, waves * clusters) << "more than " << waves << " waves split";
+    for (bool force : {false, true})
+      for (int64_t clusters : {1, 2, 3, 7, 66, 132})
+        for (int kb : {1, 2, 3, 5, 16, 64})
+          for (int64_t tiles = 1; tiles <= 300; ++tiles) {
+            Params p = params(tiles, kb, 2 * clusters);
+            const bool s = plan_split_tail(p, clusters, 2, true, force, waves);
+            (s ? split : whole)++;
+            const bool worth = (clusters - tiles % clusters) * kb >= kSplitMinIdleKBlocks * clusters;
+            EXPECT_EQ(s, kb >= 2 && tiles % clusters != 0 && (force || worth))
+                << tiles << " items, " << clusters << " clusters, " << kb << " k-blocks, force " << force;
+            ASSERT_TRUE(check(p, clusters)) << tiles << " items on " << clusters << " clusters, " << kb
+                                            << " k-blocks, " << (s ? "split" : "whole") << ", split_waves " << waves;
+            if (s) {
+              EXPECT_LT(tiles - p.sk_first, waves * clusters) << "more than " << waves << " waves split";
+            }
           }
-        }
   EXPECT_GT(split, 0);
   EXPECT_GT(whole, 0);
 }
@@ -103,12 +107,20 @@ TEST(Schedule, SplitNeedsWorkspaceAndIsOptional) {
   // 8B M = 4096: 1792 items on 66 clusters of two, 64 k-blocks.
   Params p = params(1792, 64, 132);
   ASSERT_TRUE(plan_split_tail(p, 66, 2, true));
-  EXPECT_EQ(p.sk_first, 26 * 66);  // 26 whole waves, the other 1.15 waves split
-  EXPECT_EQ(p.sk_iters, (1792 - 26 * 66) * 64);
+  EXPECT_EQ(p.sk_first, 27 * 66);  // 27 whole waves, the partial one split
+  EXPECT_EQ(p.sk_iters, (1792 - 27 * 66) * 64);
   EXPECT_TRUE(check(p, 66));
-  ASSERT_TRUE(plan_split_tail(p, 66, 2, true, 1));
-  EXPECT_EQ(p.sk_first, 27 * 66);  // only the partial last wave
+  ASSERT_TRUE(plan_split_tail(p, 66, 2, true, false, 2));
+  EXPECT_EQ(p.sk_first, 26 * 66);  // the last whole wave too
   EXPECT_TRUE(check(p, 66));
+  // Not worth it: 64 items on 66 clusters of 16 k-blocks (M = 512, K = 1024,
+  // U = 4096) recover 2/66 of a wave; a single row-block streams weights.
+  Params small = params(64, 16, 132);
+  EXPECT_FALSE(plan_split_tail(small, 66, 2, true));
+  EXPECT_TRUE(plan_split_tail(small, 66, 2, true, true));
+  Params one_row_block = params(112, 64, 132);
+  one_row_block.m_tiles = 1;
+  EXPECT_FALSE(plan_split_tail(one_row_block, 132, 1, true));
   p.sk_ctas = 131;  // too little workspace for 66 clusters of two
   EXPECT_FALSE(plan_split_tail(p, 66, 2, true));
   EXPECT_EQ(p.sk_iters, 0);

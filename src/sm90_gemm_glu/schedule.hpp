@@ -20,19 +20,31 @@ namespace gatedmlp::sm90 {
 // Split tail. With C clusters and T items that do not fill whole waves, the
 // last wave runs T mod C items and leaves the other clusters idle for a whole
 // item's time: 8B M = 4096 is 1792 items on 66 clusters, 27.15 waves run as
-// 28. Split, the first (T / C - 1) waves run whole and the k-blocks of the
-// remaining items (between one and two waves of them) are shared out evenly
-// over all C clusters. Sets p.sk_first and p.sk_iters; returns whether the
-// tail is split. A split needs the workspace (p.sk_ctas partials for the
-// clusters' CTAs) and at least two k-blocks per item.
-inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bool enabled, int split_waves = 2) {
+// 28. Split, the whole waves run as before and the k-blocks of the items of
+// the partial wave (split_waves = 1) or of the last whole wave too
+// (split_waves = 2) are shared out evenly over all C clusters. Measured on
+// H100 (NOTES.md, h8): 1 is as good or better than 2.
+//
+// Worth it only when the idle time it recovers, (ceil(T/C) - T/C) items of
+// k_blocks each, exceeds what the pieces cost (drains, partials, epilogues:
+// a few k-blocks' time): at least min_idle_kblocks. And never with a single
+// row-block (M <= 128): such calls stream the weights at the DRAM's rate
+// already, and splitting only added partial traffic (-7 % at M = 1 ... 128).
+//
+// Sets p.sk_first and p.sk_iters; returns whether the tail is split. A split
+// needs the workspace (p.sk_ctas partials for the clusters' CTAs) and at
+// least two k-blocks per item. force: whenever it is possible (tests).
+constexpr int kSplitMinIdleKBlocks = 8;
+
+inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bool enabled, bool force = false,
+                            int split_waves = 1) {
   p.sk_first = p.sk_iters = 0;
   if (!enabled || clusters <= 0 || p.sk_ctas < clusters * cta_per_cluster || p.k_blocks < 2 ||
       p.tiles % clusters == 0)
     return false;
+  const int64_t idle = clusters - p.tiles % clusters;  // clusters idle in the last wave
+  if (!force && (p.m_tiles < 2 || idle * p.k_blocks < int64_t{kSplitMinIdleKBlocks} * clusters)) return false;
   const int64_t waves = p.tiles / clusters;
-  // split_waves 1: only the partial last wave is split (shorter shares, more
-  // pieces per item).
   const int64_t whole_waves = split_waves == 1 ? waves : (waves > 0 ? waves - 1 : 0);
   p.sk_first = whole_waves * clusters;
   p.sk_iters = (p.tiles - p.sk_first) * p.k_blocks;

@@ -337,8 +337,8 @@ def test_out_variant_writes_into_a_slice():
 
 
 def test_workspace_given_allocated_or_too_small():
-    # 300 x 1024 x 1300: 3 x 11 tiles, a partial wave on any H100/H200, 16
-    # k-blocks: the Hopper path splits the tail in the workspace.
+    # 300 x 1024 x 1300: 22 cluster items of 16 k-blocks on an H100's 66
+    # clusters: the Hopper path splits them in the workspace.
     m, k, u = 300, 1024, 1300
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     wg, wu = logical_weights(u, k, torch.bfloat16)
