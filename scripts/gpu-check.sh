@@ -55,8 +55,11 @@ for step in "${steps[@]}"; do
       echo "   $k:"
       grep -A1 "$k" "$out/resources.txt" | grep -oE "REG:[0-9]+ STACK:[0-9]+ SHARED:[0-9]+ LOCAL:[0-9]+" | sort | uniq -c | sed 's/^/   /'
     done
-    cuobjdump -sass -arch sm_90a "$build/src/libgatedmlp.a" >"$out/sass_sm90a.txt" 2>/dev/null
-    note "sm_90a SASS: $(grep -cE '\bHMMA' "$out/sass_sm90a.txt") HMMA (portable), $(grep -c HGMMA "$out/sass_sm90a.txt") HGMMA (Hopper), $(grep -cE '\b(LDL|STL)' "$out/sass_sm90a.txt") local loads/stores" ;;
+    cuobjdump -sass -arch sm_90a "$build/src/libgatedmlp.a" >"$build/sass_sm90a.txt" 2>/dev/null
+    # Which kernels touch local memory, and the lines around each spill store.
+    awk '/Function :/ {fn=$3} /\<(LDL|STL)\>/ {n[fn]++} END {for (f in n) print "   local memory:", n[f], f}' "$build/sass_sm90a.txt"
+    grep -B3 -A1 -E '\bSTL' "$build/sass_sm90a.txt" | head -60 >"$out/spills.txt"
+    note "sm_90a SASS: $(grep -cE '\bHMMA' "$build/sass_sm90a.txt") HMMA (portable), $(grep -c HGMMA "$build/sass_sm90a.txt") HGMMA (Hopper), $(grep -cE '\b(LDL|STL)' "$build/sass_sm90a.txt") local loads/stores" ;;
   accuracy)
     "$build/tools/gatedmlp" accuracy --json "$out/accuracy.json" 2>&1 | tee "$out/accuracy.txt" | tail -15
     note "accuracy: rc=${PIPESTATUS[0]} (table in accuracy.txt)" ;;

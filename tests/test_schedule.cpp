@@ -34,10 +34,18 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
   std::map<int64_t, std::set<int64_t>> added;    // item -> clusters whose partials its owner adds
   std::vector<int64_t> tail_blocks(size_t(clusters), 0);
   for (int64_t c = 0; c < clusters; ++c) {
-    const Schedule s(p, c, clusters);
+    const Schedule s(p, static_cast<int>(c), static_cast<int>(clusters));
+    if (s.begin(p, static_cast<int>(c)) != c * p.sk_iters / clusters)
+      return ::testing::AssertionFailure() << "cluster " << c << ": share starts at " << s.begin(p, static_cast<int>(c))
+                                           << ", not " << c * p.sk_iters / clusters;
+    const int n = s.count(), whole = s.whole;
     int partials = 0;
-    for (int64_t w = 0; w < s.n; ++w) {
-      const Work wk = s.at(p, w);
+    Work past;
+    if (s.at(p, n, &past))
+      return ::testing::AssertionFailure() << "cluster " << c << ": a piece past the " << n << " counted";
+    for (int w = 0; w < n; ++w) {
+      Work wk;
+      if (!s.at(p, w, &wk)) return ::testing::AssertionFailure() << "cluster " << c << ": no piece " << w;
       if (wk.item < 0 || wk.item >= T || wk.kb0 < 0 || wk.kb0 >= wk.kb1 || wk.kb1 > KB)
         return ::testing::AssertionFailure() << "cluster " << c << " piece " << w << ": item " << wk.item << " k ["
                                              << wk.kb0 << ", " << wk.kb1 << ")";
@@ -50,15 +58,15 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
                                              << wk.kb1 << "): wrong role " << wk.role;
       if (wk.role == kPartial) {
         // A cluster has one partial slot, written by its first tail piece.
-        if (++partials > 1 || w != s.whole)
+        if (++partials > 1 || w != whole)
           return ::testing::AssertionFailure() << "cluster " << c << ": partial at piece " << w << " (tail starts at "
-                                               << s.whole << ")";
+                                               << whole << ")";
         written[wk.item].insert(c);
       }
       if (wk.role == kOwner) {
-        if (w != s.n - 1)
+        if (w != n - 1)
           return ::testing::AssertionFailure() << "cluster " << c << ": owner piece " << w << " is not its last";
-        for (int64_t j = c - 1, stop = s.first_partial(p, wk.item); j > stop; --j)
+        for (int j = static_cast<int>(c) - 1, stop = s.first_partial(p, wk.item); j > stop; --j)
           if (s.has_share(p, j)) added[wk.item].insert(j);
         if (added[wk.item].empty())
           return ::testing::AssertionFailure() << "cluster " << c << " owns item " << wk.item << " with no partials";

@@ -62,6 +62,8 @@ std::string blocker(const Problem& r, const Arguments* a) {
     os << "weights.group=" << g << " neither divides nor is a multiple of the 128-column tile";
   else if (r.m > kMaxCoord || r.k > kMaxCoord || 2 * r.u > kMaxCoord || r.batch > kMaxCoord)
     os << "m, k or 2u exceeds 2^31-1 (TMA coordinates)";
+  else if ((r.m + kTile.tile_m - 1) / kTile.tile_m * ((r.u + kTile.tile_n - 1) / kTile.tile_n) > kMaxCoord / r.batch)
+    os << "batch x m x u make 2^31 or more tiles (the kernel's schedule counts them in 32 bits)";
   else if (halves * g * ldw_bytes * (r.u / g) >= kMaxStrideBytes || r.batch_stride_w * 2 >= kMaxStrideBytes ||
            r.batch_stride_x * 2 >= kMaxStrideBytes || r.m * r.ldx * 2 >= kMaxStrideBytes)
     os << "a stride exceeds the tensor map's 2^40-byte limit";

@@ -58,6 +58,8 @@ struct Params {
   // items [sk_first, tiles) are shared out evenly, sk_iters of them in all,
   // over the clusters. sk_iters = 0: no split, every item runs whole.
   int64_t sk_first, sk_iters;
+  int64_t sk_q;        // sk_iters / clusters
+  int sk_r;            // sk_iters % clusters
   float* sk_part;      // per CTA and consumer warpgroup: one 64 x 256 fp32 partial tile
   // Per partial: a flag raised (set to sk_token) once it is written. The
   // token is new for every launch, so the flags need no zeroing: what a

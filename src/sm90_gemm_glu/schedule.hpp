@@ -38,7 +38,8 @@ constexpr int kSplitMinIdleKBlocks = 8;
 
 inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bool enabled, bool force = false,
                             int split_waves = 1) {
-  p.sk_first = p.sk_iters = 0;
+  p.sk_first = p.sk_iters = p.sk_q = 0;
+  p.sk_r = 0;
   if (!enabled || clusters <= 0 || p.sk_ctas < clusters * cta_per_cluster || p.k_blocks < 2 ||
       p.tiles % clusters == 0)
     return false;
@@ -48,6 +49,8 @@ inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bo
   const int64_t whole_waves = split_waves == 1 ? waves : (waves > 0 ? waves - 1 : 0);
   p.sk_first = whole_waves * clusters;
   p.sk_iters = (p.tiles - p.sk_first) * p.k_blocks;
+  p.sk_q = p.sk_iters / clusters;
+  p.sk_r = static_cast<int>(p.sk_iters % clusters);
   return true;
 }
 
@@ -68,58 +71,69 @@ struct Work {
 };
 constexpr int kWhole = 0, kPartial = 1, kOwner = 2;
 
+// A cluster's pieces. The kernel builds it before the accumulators are live
+// (the divisions here are calls that would make ptxas spill around them) and
+// keeps only 32-bit state: work items number fewer than 2^31 (the fast path's
+// blocker checks). at() and the owner's questions need no 64-bit division.
 struct Schedule {
-  int64_t c, clusters;  // this cluster, all clusters
-  int64_t whole;        // whole items before the split tail
-  int64_t lo, hi;       // this cluster's tail iterations
-  int64_t n;            // pieces in all (whole items included)
+  int c, clusters;  // this cluster, all clusters
+  int whole;        // whole items before the tail
+  int i0, i1;       // tail items i0 ... i1, counted from p.sk_first (i1 < i0: no share)
+  int a0, b1;       // the share starts at k-block a0 of item i0 and ends before k-block b1 of item i1
 
-  GATEDMLP_HD Schedule(const Params& p, int64_t c_, int64_t clusters_) : c(c_), clusters(clusters_), lo(0), hi(0) {
-    if (p.sk_iters == 0) {
-      whole = p.tiles > c ? (p.tiles - c + clusters - 1) / clusters : 0;
-      n = whole;
-      return;
-    }
-    whole = p.sk_first / clusters;  // a multiple of the cluster count
-    lo = begin(p, c);
-    hi = begin(p, c + 1);
-    n = whole + (hi > lo ? (hi - 1) / p.k_blocks - lo / p.k_blocks + 1 : 0);
+  GATEDMLP_HD Schedule(const Params& p, int c_, int clusters_) : c(c_), clusters(clusters_) {
+    whole = static_cast<int>(p.sk_iters == 0 ? (p.tiles > c ? (p.tiles - c + clusters - 1) / clusters : 0)
+                                             : p.sk_first / clusters);  // a multiple of the cluster count
+    i0 = 0, i1 = -1, a0 = b1 = 0;
+    if (p.sk_iters == 0) return;
+    const int64_t lo = begin(p, c), hi = begin(p, c + 1);
+    if (hi <= lo) return;
+    i0 = static_cast<int>(lo / p.k_blocks);
+    i1 = static_cast<int>((hi - 1) / p.k_blocks);
+    a0 = static_cast<int>(lo - int64_t(i0) * p.k_blocks);
+    b1 = static_cast<int>(hi - int64_t(i1) * p.k_blocks);
   }
 
-  // Tail iterations [begin(j), begin(j + 1)) belong to cluster j.
-  GATEDMLP_HD int64_t begin(const Params& p, int64_t j) const { return j * p.sk_iters / clusters; }
+  // Tail iterations [begin(j), begin(j + 1)) belong to cluster j:
+  // floor(j S / C) = j q + floor(j r / C) with S = q C + r (p.sk_q, p.sk_r).
+  GATEDMLP_HD int64_t begin(const Params& p, int j) const {
+    return int64_t(j) * p.sk_q + static_cast<int>(static_cast<unsigned>(j * p.sk_r) / static_cast<unsigned>(clusters));
+  }
 
-  GATEDMLP_HD Work at(const Params& p, int64_t w) const {
-    Work wk;
+  // Pieces in all, whole items included.
+  GATEDMLP_HD int count() const { return whole + (i1 >= i0 ? i1 - i0 + 1 : 0); }
+
+  // Piece w of this cluster; false past the last one. Tail pieces run from
+  // the share's last item down to its first.
+  GATEDMLP_HD bool at(const Params& p, int w, Work* wk) const {
     if (w < whole) {
-      wk.item = c + w * clusters;
-      wk.kb0 = 0;
-      wk.kb1 = p.k_blocks;
-      wk.role = kWhole;
-      return wk;
+      wk->item = c + int64_t(w) * clusters;
+      wk->kb0 = 0;
+      wk->kb1 = p.k_blocks;
+      wk->role = kWhole;
+      return true;
     }
-    const int64_t kb = p.k_blocks;
-    const int64_t i = (hi - 1) / kb - (w - whole);  // tail item, counted from p.sk_first
-    const int64_t a = lo > i * kb ? lo : i * kb, b = hi < (i + 1) * kb ? hi : (i + 1) * kb;
-    wk.item = p.sk_first + i;
-    wk.kb0 = static_cast<int>(a - i * kb);
-    wk.kb1 = static_cast<int>(b - i * kb);
-    wk.role = b < (i + 1) * kb ? kPartial : (a > i * kb ? kOwner : kWhole);
-    return wk;
+    const int i = i1 - (w - whole);
+    if (i < i0) return false;
+    wk->item = p.sk_first + i;
+    wk->kb0 = i == i0 ? a0 : 0;
+    wk->kb1 = i == i1 ? b1 : p.k_blocks;
+    wk->role = wk->kb1 < p.k_blocks ? kPartial : (wk->kb0 > 0 ? kOwner : kWhole);
+    return true;
   }
 
   // The first cluster below c whose share does not reach into tail item
   // `item`. Every cluster between it and c with a share at all (with fewer
   // tail iterations than clusters, some have none) ends its share inside the
   // item and wrote a partial of it.
-  GATEDMLP_HD int64_t first_partial(const Params& p, int64_t item) const {
+  GATEDMLP_HD int first_partial(const Params& p, int64_t item) const {
     const int64_t start = (item - p.sk_first) * p.k_blocks;
-    int64_t j = c - 1;
+    int j = c - 1;
     while (j >= 0 && begin(p, j + 1) > start) --j;
     return j;
   }
 
-  GATEDMLP_HD bool has_share(const Params& p, int64_t j) const { return begin(p, j) != begin(p, j + 1); }
+  GATEDMLP_HD bool has_share(const Params& p, int j) const { return begin(p, j) != begin(p, j + 1); }
 };
 
 }  // namespace gatedmlp::sm90

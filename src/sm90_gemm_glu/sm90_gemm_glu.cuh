@@ -15,12 +15,13 @@
 //   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
 //     ring, each stage guarded by a "full" mbarrier (TMA transaction count)
 //     and an "empty" mbarrier (one arrival per consumer warp). It gives its
-//     registers away (setmaxnreg 40).
+//     registers away (setmaxnreg 56).
 //   warpgroups 1 and 2, the consumers: each takes 64 rows of the tile and runs
 //     one wgmma m64n256k16 per 16-deep k-slice, so gate column c and up
 //     column c of a row land in the same thread (d[i] and d[i + 64]). A stage
 //     is released once the next k-step's wgmma has been issued and the one
-//     reading it retired (wait_group 1). Registers: setmaxnreg 232.
+//     reading it retired (wait_group 1). Registers: setmaxnreg 224; with the
+//     producer's 56 that is the CTA's 384 x 168 (128 x 56 + 256 x 224).
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
@@ -130,22 +131,32 @@ __device__ __forceinline__ float* partial_slot(const Params& p, int64_t cta, int
 __device__ __forceinline__ void store_partial(const Params& p, const float (&d)[128], float* slot, int tid,
                                               int64_t row0) {
   const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
+  const bool row_a = r < p.m, row_b = r + 8 < p.m;  // d[2q] is in row r + 8 * (q % 2)
 #pragma unroll
-  for (int q = 0; q < 64; ++q) {
-    if (r + 8 * (q % 2) >= p.m) continue;  // d[2q] is in row r + 8 * (q % 2)
-    __stcg(reinterpret_cast<float2*>(slot) + q * 128 + tid, make_float2(d[2 * q], d[2 * q + 1]));
-  }
+  for (int q = 0; q < 64; ++q)
+    if (q % 2 ? row_b : row_a) __stcg(reinterpret_cast<float2*>(slot) + q * 128 + tid, make_float2(d[2 * q], d[2 * q + 1]));
 }
 
+// Eight loads in flight at a time: unbounded, the compiler hoists all 64
+// ahead of the adds, and 128 more live registers next to the accumulators
+// spill.
 __device__ __forceinline__ void add_partial(const Params& p, float (&d)[128], const float* slot, int tid,
                                             int64_t row0) {
   const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
+  const bool row_a = r < p.m, row_b = r + 8 < p.m;  // the thread's two rows
 #pragma unroll
-  for (int q = 0; q < 64; ++q) {
-    if (r + 8 * (q % 2) >= p.m) continue;
-    const float2 v = __ldcg(reinterpret_cast<const float2*>(slot) + q * 128 + tid);
-    d[2 * q] += v.x;
-    d[2 * q + 1] += v.y;
+  for (int q0 = 0; q0 < 64; q0 += 8) {
+    float2 v[8];
+#pragma unroll
+    for (int q = q0; q < q0 + 8; ++q)
+      v[q - q0] = (q % 2 ? row_b : row_a) ? __ldcg(reinterpret_cast<const float2*>(slot) + q * 128 + tid)
+                                          : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int q = q0; q < q0 + 8; ++q) {
+      d[2 * q] += v[q - q0].x;
+      d[2 * q + 1] += v[q - q0].y;
+    }
+    asm volatile("" ::: "memory");  // the next eight loads stay below these adds
   }
 }
 
@@ -467,8 +478,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   const uint32_t rank = CM > 1 ? cluster_rank() : 0;
-  // This cluster's work: whole items, then its share of the split tail.
-  const Schedule sched(p, blockIdx.x / CM, gridDim.x / CM);
+  // This cluster's work: whole items, then its share of the split tail. Each
+  // role builds its own copy after setmaxnreg, so that no schedule state is
+  // live across the register reallocation (it spilled there otherwise).
+  const int cluster = static_cast<int>(blockIdx.x / CM), clusters = static_cast<int>(gridDim.x / CM);
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&full[s], 1);
@@ -483,14 +496,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
 
   if (wg == 0) {
     // ---------------------------------------------------------- producer
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<56>();
     if (tid == 0) {
+      const Schedule sched(p, cluster, clusters);
       tma_prefetch_map(&p.tma_x);
       tma_prefetch_map(&p.tma_wg);
       tma_prefetch_map(&p.tma_wu);
       uint32_t it = 0;
-      for (int64_t w = 0; w < sched.n; ++w) {
-        const Work wk = sched.at(p, w);
+      Work wk;
+      for (int w = 0; sched.at(p, w, &wk); ++w) {
         const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
         const int64_t n0 = int64_t(tc.nb) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
@@ -520,7 +534,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     }
   } else {
     // ---------------------------------------------------------- consumers
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<224>();
+    const Schedule sched(p, cluster, clusters);
     const int cw = wg - 1;  // rows 64*cw ... 64*cw + 63 of the tile
     const int lane = tid % 32;
     unsigned char* tile = epi + cw * Tr::kEpiBytes;
@@ -539,8 +554,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
     uint32_t it = 0;
-    for (int64_t w = 0; w < sched.n; ++w) {
-      const Work wk = sched.at(p, w);
+    Work wk;
+    for (int w = 0; sched.at(p, w, &wk); ++w) {
       const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
       int prev = -1;
       for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
@@ -576,7 +591,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       if (wk.role == kOwner) {
         // Add the partials of the lower clusters that share this item (the
         // CTA of the same rank in each, the same warpgroup).
-        for (int64_t j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
+        for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
           if (!sched.has_share(p, j)) continue;  // no share, no partial
           const int64_t cta = j * CM + rank;
           if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
@@ -584,6 +599,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
         }
       }
+#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
+      // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
+      // costs the tile loop. Y is never written.
+      continue;
+#endif
       detail_::epilogue<ACT>(p, d, tile, sbias, cw, tid, tc);
     }
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
