@@ -593,8 +593,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       if (p.pingpong) {
         const bool turn_from_other = cw == 1 || last_passes == 2;
         last_passes = passes;
-        if (cw == 1) it += wk.kb1 - wk.kb0;  // warpgroup 0's pass
-        if (cw >= passes) continue;          // this half is past M in the whole cluster
+        if (cw >= passes) continue;  // this half is past M in the whole cluster
+        if (cw == 1) it += wk.kb1 - wk.kb0;
         if (turn_from_other) named_barrier(cw == 0 ? detail_::kTurnTo0 : detail_::kTurnTo1, 256);
         Work next;
         hand_over = cw == 0 ? passes == 2 : sched.at(p, w + 1, &next);
