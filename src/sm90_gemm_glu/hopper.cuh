@@ -147,11 +147,6 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrives on a named barrier without waiting for it (the other side syncs).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // ------------------------------------------------------------------ flags between CTAs
 // A flag in global memory that one CTA raises, by storing the launch's
 // token, after its threads' writes (the caller synchronises them first with a

@@ -127,14 +127,9 @@ __device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int 
 // (multicast) each stage's weights, so they must run the same passes.
 template <int CM>
 __device__ __forceinline__ int pingpong_passes(const Params& p, const TileCoord& tc, int rank) {
-  const int64_t first_half2 = int64_t(tc.mb - rank) * Traits::BM + 64;  // second half of the cluster's first CTA
-  return first_half2 < p.m ? 2 : 1;
+  const int64_t last_half = int64_t(tc.mb - rank + CM - 1) * Traits::BM + 64;  // the cluster's last half
+  return last_half < p.m ? 2 : 1;
 }
-
-// Ping-pong turns: named barriers (after the warpgroups' own 1 and 2) that
-// warpgroup 0 arrives on once it has waited for its pass's last stage and
-// warpgroup 1 syncs on before it waits for its first, and the other way round.
-constexpr int kTurnTo1 = 3, kTurnTo0 = 4;
 
 // A tail partial: the warpgroup's 64 x 256 accumulators as float2 pairs, pair
 // q of thread t at (q * 128 + t) * 2, so a warp's store is 256 contiguous
@@ -578,32 +573,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
     uint32_t it = 0;
-    int last_passes = 0;  // the previous piece's passes
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
       const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
       // Ping-pong: the ring holds warpgroup 0's pass of the piece, then
-      // warpgroup 1's; each skips the other's k-blocks. A warpgroup waits
-      // for its turn (the previous pass, if the other warpgroup's, has
-      // waited for its last stage) before it waits for a stage: the full
-      // barriers are waited on by phase parity, which is unambiguous only
-      // for a waiter at most one phase ahead of the ring.
+      // warpgroup 1's; each skips the other's k-blocks.
       const int passes = p.pingpong ? detail_::pingpong_passes<CM>(p, tc, rank) : 1;
-      bool hand_over = false;  // arrive for the other warpgroup after the last stage's wait
-      if (p.pingpong) {
-        const bool turn_from_other = cw == 1 || last_passes == 2;
-        last_passes = passes;
-        if (cw >= passes) continue;  // this half is past M in the whole cluster
-        if (cw == 1) it += wk.kb1 - wk.kb0;
-        if (turn_from_other) named_barrier(cw == 0 ? detail_::kTurnTo0 : detail_::kTurnTo1, 256);
-        Work next;
-        hand_over = cw == 0 ? passes == 2 : sched.at(p, w + 1, &next);
-      }
+      if (p.pingpong && cw >= passes) continue;  // this half is past M in the whole cluster
+      if (p.pingpong && cw == 1) it += wk.kb1 - wk.kb0;
       int prev = -1;
       for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
-        if (hand_over && kb + 1 == wk.kb1) named_barrier_arrive(cw == 0 ? detail_::kTurnTo1 : detail_::kTurnTo0, 256);
         const uint32_t a_addr = ring + s * Tr::kStageBytes + (p.pingpong ? 0 : cw * 64 * 128);
         const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
         const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
