@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|split|schedule|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|split|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -57,7 +57,7 @@ for step in "${steps[@]}"; do
     done
     cuobjdump -sass -arch sm_90a "$build/src/libgatedmlp.a" >"$build/sass_sm90a.txt" 2>/dev/null
     # Which kernels touch local memory, and the lines around each spill store.
-    awk '/Function :/ {fn=$3} /[ \t](LDL|STL)[ .]/ {n[fn]++} END {for (f in n) print "   local memory:", n[f], f}' "$build/sass_sm90a.txt"
+    awk '/Function :/ {fn=$3} /\<(LDL|STL)\>/ {n[fn]++} END {for (f in n) print "   local memory:", n[f], f}' "$build/sass_sm90a.txt"
     grep -B3 -A1 -E '\bSTL' "$build/sass_sm90a.txt" | head -60 >"$out/spills.txt"
     note "sm_90a SASS: $(grep -cE '\bHMMA' "$build/sass_sm90a.txt") HMMA (portable), $(grep -c HGMMA "$build/sass_sm90a.txt") HGMMA (Hopper), $(grep -cE '\b(LDL|STL)' "$build/sass_sm90a.txt") local loads/stores" ;;
   accuracy)
@@ -107,20 +107,6 @@ for step in "${steps[@]}"; do
       unset GATEDMLP_SM90_SPLIT_TAIL GATEDMLP_SM90_SPLIT_WAVES
     } 2>"$out/split.err" | grep -E "^(--|model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/split.txt"
     note "split: table in split.txt" ;;
-  schedule)
-    # The Hopper kernel's two schedules (GATEDMLP_SM90_PINGPONG=0 cooperative,
-    # =1 ping-pong), alternated twice, each with cuBLAS in the same run.
-    g="$build/tools/gatedmlp"
-    { for v in 0 1 0 1; do
-        echo "-- GATEDMLP_SM90_PINGPONG=$v"
-        export GATEDMLP_SM90_PINGPONG=$v
-        "$g" bench --m ${SCHEDULE_MS:-64,256,512,1024,4096,16384}
-        "$g" bench --model 70b --m 1024,4096
-        "$g" bench --m 512 --k 1024 --u 4096
-      done
-      unset GATEDMLP_SM90_PINGPONG
-    } 2>"$out/schedule.err" | grep -E "^(--|model|8b|70b|405b|custom) " | cut -c1-100 | tee "$out/schedule.txt"
-    note "schedule: table in schedule.txt" ;;
   python)
     # Packaging as a user would (offline: the build tools are already there), then the tests and the binding bench.
     python3 -m pip install . --no-build-isolation -q >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; note "python: pip install FAILED"; continue; }

@@ -139,15 +139,11 @@ struct Variant {
   const char* force_path = nullptr;  // with set_env: the value; nullptr unsets it
   bool workspace = true;             // workspace_size() bytes, poisoned; false: (nullptr, 0)
   const char* split_tail = nullptr;  // GATEDMLP_SM90_SPLIT_TAIL for the run; nullptr: as the environment has it
-  const char* pingpong = nullptr;    // GATEDMLP_SM90_PINGPONG for the run; nullptr: as the environment has it
 };
 const Variant kAsIs{};
 const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset, split tail forced", true, nullptr, true, "force"};
 const Variant kAutoNoWorkspace{"fused, GATEDMLP_FORCE_PATH unset, no workspace", true, nullptr, false};
 const Variant kPortablePath{"fused, GATEDMLP_FORCE_PATH=portable", true, "portable"};
-// The Hopper kernel's other schedule (the default is ping-pong), split tail forced.
-const Variant kCooperative{"fused, GATEDMLP_FORCE_PATH unset, cooperative, split tail forced", true, nullptr, true,
-                           "force", "0"};
 
 struct CaseOptions {
   std::vector<Variant> variants{kAsIs};  // one fused run each, on the same inputs
@@ -235,10 +231,9 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
   }
 
   for (const Variant& v : opt.variants) {
-    std::optional<ScopedEnv> env, split_env, pingpong_env;
+    std::optional<ScopedEnv> env, split_env;
     if (v.set_env) env.emplace(kForcePathEnv, v.force_path);
     if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
-    if (v.pingpong) pingpong_env.emplace("GATEDMLP_SM90_PINGPONG", v.pingpong);
     Config cfg;
     const Status sp = plan(p, &cfg);
     ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();
@@ -611,16 +606,15 @@ std::vector<int64_t> sample_rows(int64_t m, std::mt19937_64& rng) {
   return rows;
 }
 
-// A case the fast path must take, run with GATEDMLP_FORCE_PATH unset (both
-// Hopper schedules) and =portable, all checked against the reference; on a
-// 9.0 device the unset run must have taken the fast path. *taken: the unset
-// run's plan.
+// A case the fast path must take, run with GATEDMLP_FORCE_PATH unset and
+// =portable, both checked against the reference; on a 9.0 device the unset
+// run must have taken the fast path. *taken: the unset run's plan.
 void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, bool sm90, Config* taken,
                         bool also_without_workspace = false) {
   ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
   std::vector<Config> plans;
   CaseOptions opt;
-  opt.variants = {kAutoPath, kPortablePath, kCooperative};
+  opt.variants = {kAutoPath, kPortablePath};
   if (also_without_workspace) opt.variants.push_back(kAutoNoWorkspace);
   opt.plans = &plans;
   run_case(p, rng, st, opt);
@@ -649,7 +643,7 @@ TEST(GpuFused, FastPathEveryLayoutActivationOption) {
     if (HasFailure()) return;
     auto_paths.add(taken);
   }
-  std::printf("[ cases ] %d passed, each on both paths (and both Hopper schedules); worst ratio %.3f; unset: %d sm90_wgmma, %d sm80_mma%s\n", st.cases,
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f; unset: %d sm90_wgmma, %d sm80_mma%s\n", st.cases,
               st.worst_ratio, auto_paths.wgmma, auto_paths.mma, sm90 ? "" : " (not a 9.0 device)");
 }
 
@@ -684,7 +678,7 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
     run_fast_path_case(p, rng, &st, sm90, &taken);
     if (HasFailure()) return;
   }
-  std::printf("[ cases ] %d passed, each on both paths (and both Hopper schedules); worst ratio %.3f\n", st.cases, st.worst_ratio);
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
 }
 
 // Problems the fast path must refuse: they fall back to the portable kernel,
@@ -818,7 +812,7 @@ TEST(GpuFused, FastPathLargeShapes) {
     ASSERT_TRUE(fast_path_eligible(p));
     std::vector<Config> plans;
     CaseOptions opt;
-    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kCooperative};
+    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace};
     opt.plans = &plans;
     opt.ref_rows = sample_rows(p.m, rng);
     run_case(p, rng, &st, opt);
@@ -827,6 +821,6 @@ TEST(GpuFused, FastPathLargeShapes) {
     if (HasFailure()) return;
     auto_paths.add(plans[0]);
   }
-  std::printf("[ cases ] %d passed, each on both paths (and both Hopper schedules); worst ratio %.3f; unset: %d sm90_wgmma, %d sm80_mma%s\n", st.cases,
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f; unset: %d sm90_wgmma, %d sm80_mma%s\n", st.cases,
               st.worst_ratio, auto_paths.wgmma, auto_paths.mma, sm90 ? "" : " (not a 9.0 device)");
 }

@@ -151,11 +151,6 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
   p.group_m = gm ? std::max(1, std::atoi(gm)) : 16;
   p.tiles = int64_t(p.m_units) * p.n_tiles * r.batch;
-  // Ping-pong (each consumer warpgroup runs its own half of an item, so one
-  // warpgroup's epilogue overlaps the other's main loop) or cooperative.
-  // GATEDMLP_SM90_PINGPONG=0|1 overrides.
-  p.pingpong = 1;
-  if (const char* pp = std::getenv("GATEDMLP_SM90_PINGPONG")) p.pingpong = std::atoi(pp) != 0;
 
   // X: (K, M, L).
   p.x_batched = r.batch > 1 && r.batch_stride_x != 0;
@@ -163,7 +158,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
     const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(r.m), cuuint64_t(p.x_batched ? r.batch : 1)};
     const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2),
                                    cuuint64_t(p.x_batched ? r.batch_stride_x * 2 : r.m * r.ldx * 2)};
-    const cuuint32_t box[3] = {cuuint32_t(BK), cuuint32_t(p.pingpong ? BM / 2 : BM), 1};
+    const cuuint32_t box[3] = {cuuint32_t(BK), cuuint32_t(BM), 1};
     if (Status e = encode(fn, &p.tma_x, r.input_dtype, a.x, 3, dims, strides, box, "x"); !e) return e;
   }
 

@@ -10,7 +10,7 @@ namespace gatedmlp::sm90 {
 // Passed by value as a __grid_constant__ kernel parameter, so the tensor maps
 // live in parameter space where the copy engine can read them.
 struct Params {
-  // X as (K, M, L); box 64 x 128 x 1 (64 x 64 x 1 with ping-pong).
+  // X as (K, M, L); box 64 x 128 x 1.
   CUtensorMap tma_x;
   // Weights as (K, G, H, U/G, L): G rows per interleave block, H = 2 halves
   // per block (fused) or 1 (separate). Gate rows of output columns [n0, n0+128)
@@ -35,10 +35,6 @@ struct Params {
   // whole blocks of G rows when G is smaller than the part.
   int w_part_c1, w_part_c3;
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
-  // 1: ping-pong, each consumer warpgroup runs its own 64-row half of an
-  // item in turn (X box 64 rows); 0: cooperative, both run the item's 128
-  // rows together (X box 128 rows). See the kernel's note.
-  int pingpong;
 
   // Epilogue, strides in elements.
   const void* bias;

@@ -15,13 +15,13 @@
 //   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
 //     ring, each stage guarded by a "full" mbarrier (TMA transaction count)
 //     and an "empty" mbarrier (one arrival per consumer warp). It gives its
-//     registers away (setmaxnreg 72).
+//     registers away (setmaxnreg 56).
 //   warpgroups 1 and 2, the consumers: each takes 64 rows of the tile and runs
 //     one wgmma m64n256k16 per 16-deep k-slice, so gate column c and up
 //     column c of a row land in the same thread (d[i] and d[i + 64]). A stage
 //     is released once the next k-step's wgmma has been issued and the one
-//     reading it retired (wait_group 1). Registers: setmaxnreg 216; with the
-//     producer's 72 that is the CTA's 384 x 168 (128 x 72 + 256 x 216).
+//     reading it retired (wait_group 1). Registers: setmaxnreg 224; with the
+//     producer's 56 that is the CTA's 384 x 168 (128 x 56 + 256 x 224).
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
@@ -78,11 +78,11 @@ struct Traits {
   // epilogue reuses the same bytes for a 64 x 32 fp32 chunk.
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
-  static_assert(2 * BNO * 4 <= kEpiBytes, "the tile's gate and up bias are staged in the Y tile's bytes");
+  static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
   static constexpr int kBarBytes = 2 * kStages * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBarBytes + 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
 };
 
 namespace detail_ {
@@ -119,16 +119,6 @@ __device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int 
   c.mb = (g * p.group_m + in % units) * CM + rank;
   c.nb = in / units;
   return c;
-}
-
-// Ping-pong (p.pingpong): the 64-row halves of an item that its CTAs run,
-// one per consumer warpgroup, in turn. The second half is skipped only when
-// it lies past M in every CTA of the cluster: the CTAs of a cluster share
-// (multicast) each stage's weights, so they must run the same passes.
-template <int CM>
-__device__ __forceinline__ int pingpong_passes(const Params& p, const TileCoord& tc, int rank) {
-  const int64_t last_half = int64_t(tc.mb - rank + CM - 1) * Traits::BM + 64;  // the cluster's last half
-  return last_half < p.m ? 2 : 1;
 }
 
 // A tail partial: the warpgroup's 64 x 256 accumulators as float2 pairs, pair
@@ -374,10 +364,11 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
 }
 
 template <int ACT>
-__device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsigned char* tile, int cw, int tid,
-                                         const TileCoord& tc) {
+__device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsigned char* tile, float* sbias, int cw,
+                                         int tid, const TileCoord& tc) {
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
+  constexpr int kBothBar = 3;  // named barrier of both consumer warpgroups
   const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
   const int64_t col0 = int64_t(tc.nb) * Traits::BNO;
   float* buf = reinterpret_cast<float*>(tile);
@@ -387,23 +378,19 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
   if (tid == 0) bulk_wait_read();
   named_barrier(bar, 128);
 
-  // The tile's gate and up bias, staged in the warpgroup's own Y tile (each
-  // warpgroup loads its own: with ping-pong the two run their epilogues at
-  // different times, and a barrier across both would serialise them).
-  float* sbias = buf;
   if (p.has_bias) {
+    // Bias depends only on the columns, which both warpgroups share.
+    named_barrier(kBothBar, 256);  // both are done reading the previous tile's
     const int64_t boff = int64_t(tc.l) * p.sb;
-#pragma unroll
-    for (int i = tid; i < 2 * Traits::BNO; i += 128) {
-      const int half = i / Traits::BNO;
-      const int64_t j = col0 + i % Traits::BNO;
-      float b = 0.f;
-      if (j < p.u)
-        b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
-                                      : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
-      sbias[i] = b;
-    }
-    named_barrier(bar, 128);
+    const int i = cw * 128 + tid;  // 0 ... 255
+    const int half = i / Traits::BNO;
+    const int64_t j = col0 + i % Traits::BNO;
+    float b = 0.f;
+    if (j < p.u)
+      b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
+                                    : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
+    sbias[i] = b;
+    named_barrier(kBothBar, 256);
   }
   // g = alpha * acc + bias, u likewise, in place.
   if (p.alpha != 1.f || p.has_bias) {
@@ -417,7 +404,6 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
       d[i] = v;
     }
   }
-  if (p.has_bias) named_barrier(bar, 128);  // every thread has read the bias: the tile's bytes are Y's now
 
   if (p.has_pre) {
     // Whole tiles of 16-bit, pair-aligned output take the compact path.
@@ -485,7 +471,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
   unsigned char* epi = smem + Tr::kStages * Tr::kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes);
+  float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
 
   const int wg = threadIdx.x / 128;
@@ -498,10 +485,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   if (threadIdx.x == 0) {
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&full[s], 1);
-      // One arrival per consumer warp that reads the stage (both warpgroups,
-      // or with ping-pong the one whose half it holds) in every CTA whose
-      // stage s the loads into this stage's slot (multicast) also fill.
-      mbar_init(&empty[s], (p.pingpong ? 4 : 8) * CM);
+      // One arrival per consumer warp of every CTA whose stage s the loads
+      // into this stage's slot (multicast) also fill.
+      mbar_init(&empty[s], 8 * CM);
     }
     fence_barrier_init();
   }
@@ -510,7 +496,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
 
   if (wg == 0) {
     // ---------------------------------------------------------- producer
-    setmaxnreg_dec<72>();
+    setmaxnreg_dec<56>();
     if (tid == 0) {
       const Schedule sched(p, cluster, clusters);
       tma_prefetch_map(&p.tma_x);
@@ -523,18 +509,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         const int64_t n0 = int64_t(tc.nb) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
-        // Cooperative: one pass, 128 rows of X per stage. Ping-pong: a pass
-        // per 64-row half, each with the whole weight tile.
-        const int passes = p.pingpong ? detail_::pingpong_passes<CM>(p, tc, rank) : 1;
-        const uint32_t stage_bytes = p.pingpong ? Tr::kStageBytes - Tr::kABytes / 2 : Tr::kStageBytes;
-        for (int h = 0; h < passes; ++h)
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
           const int s = it % Tr::kStages;
           const uint32_t phase = (it / Tr::kStages) & 1;
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
-          mbar_arrive_expect_tx(&full[s], stage_bytes);
-          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM + 64 * h, xl);
+          mbar_arrive_expect_tx(&full[s], Tr::kStageBytes);
+          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
           if constexpr (CM == 1) {
             tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
             tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
@@ -553,7 +534,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     }
   } else {
     // ---------------------------------------------------------- consumers
-    setmaxnreg_inc<216>();
+    setmaxnreg_inc<224>();
     const Schedule sched(p, cluster, clusters);
     const int cw = wg - 1;  // rows 64*cw ... 64*cw + 63 of the tile
     const int lane = tid % 32;
@@ -576,16 +557,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
       const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
-      // Ping-pong: the ring holds warpgroup 0's pass of the piece, then
-      // warpgroup 1's; each skips the other's k-blocks.
-      const int passes = p.pingpong ? detail_::pingpong_passes<CM>(p, tc, rank) : 1;
-      if (p.pingpong && cw >= passes) continue;  // this half is past M in the whole cluster
-      if (p.pingpong && cw == 1) it += wk.kb1 - wk.kb0;
       int prev = -1;
       for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
-        const uint32_t a_addr = ring + s * Tr::kStageBytes + (p.pingpong ? 0 : cw * 64 * 128);
+        const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
         const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
         const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
         fence_regs(d);
@@ -604,7 +580,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       wgmma_wait<0>();
       fence_regs(d);
       if (prev >= 0) release(prev);
-      if (p.pingpong && cw == 0 && passes == 2) it += wk.kb1 - wk.kb0;
       const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
@@ -629,7 +604,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // costs the tile loop. Y is never written.
       continue;
 #endif
-      detail_::epilogue<ACT>(p, d, tile, cw, tid, tc);
+      detail_::epilogue<ACT>(p, d, tile, sbias, cw, tid, tc);
     }
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
   }
