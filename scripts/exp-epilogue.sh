@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# Timing experiment: the Hopper kernel with and without its epilogue
-# (GATEDMLP_SM90_EXP_SKIP_EPILOGUE: Y is never written), each against cuBLAS
-# in the same run. The difference bounds what overlapping the epilogue with
-# the next tile's main loop (a ping-pong schedule) could win.
+# Timing experiments on the Hopper kernel's epilogue, each build against
+# cuBLAS in the same run (silu, the bench's default):
+#   base   as shipped
+#   skip   GATEDMLP_SM90_EXP_SKIP_EPILOGUE: no epilogue at all (Y never written);
+#          bounds what overlapping it with the main loop could win
+#   noact  GATEDMLP_SM90_EXP_NO_ACT: Y = g * u (no special functions)
+#   tanh   GATEDMLP_SM90_EXP_TANH_SILU: silu through one tanh.approx
 #   scripts/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
+# VARIANTS picks builds (default: base skip).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--m 1024,4096,16384)
-for v in base skip; do
+variants=(${VARIANTS:-base skip})
+for v in "${variants[@]}"; do
   b=build-exp-$v
-  flags=""
-  [ $v = skip ] && flags="-DGATEDMLP_SM90_EXP_SKIP_EPILOGUE"
+  case $v in
+    base) flags="" ;;
+    skip) flags="-DGATEDMLP_SM90_EXP_SKIP_EPILOGUE" ;;
+    noact) flags="-DGATEDMLP_SM90_EXP_NO_ACT" ;;
+    tanh) flags="-DGATEDMLP_SM90_EXP_TANH_SILU" ;;
+    *) echo "unknown variant $v"; exit 2 ;;
+  esac
   cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a" -DCMAKE_CUDA_FLAGS="$flags" \
-    -DGATEDMLP_BUILD_TESTS=OFF >/dev/null && cmake --build $b -j"$(nproc)" --target gatedmlp_tool >/dev/null || exit 1
+    -DGATEDMLP_BUILD_TESTS=OFF >/tmp/exp-$v.log 2>&1 && cmake --build $b -j"$(nproc)" --target gatedmlp_tool >>/tmp/exp-$v.log 2>&1 ||
+    { tail -20 /tmp/exp-$v.log; exit 1; }
 done
-for v in base skip base skip; do
+for v in "${variants[@]}" "${variants[@]}"; do
   echo "-- $v"
   build-exp-$v/tools/gatedmlp bench "${args[@]}" 2>/dev/null | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-100
 done
