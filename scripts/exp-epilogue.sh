@@ -5,7 +5,6 @@
 #   skip   GATEDMLP_SM90_EXP_SKIP_EPILOGUE: no epilogue at all (Y never written);
 #          bounds what overlapping it with the main loop could win
 #   noact  GATEDMLP_SM90_EXP_NO_ACT: Y = g * u (no special functions)
-#   tanh   GATEDMLP_SM90_EXP_TANH_SILU: silu through one tanh.approx
 #   scripts/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
 # VARIANTS picks builds (default: base skip).
 set -uo pipefail
@@ -20,7 +19,6 @@ for v in "${variants[@]}"; do
     base) flags="" ;;
     skip) flags="-DGATEDMLP_SM90_EXP_SKIP_EPILOGUE" ;;
     noact) flags="-DGATEDMLP_SM90_EXP_NO_ACT" ;;
-    tanh) flags="-DGATEDMLP_SM90_EXP_TANH_SILU" ;;
     *) echo "unknown variant $v"; exit 2 ;;
   esac
   cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a" -DCMAKE_CUDA_FLAGS="$flags" \

@@ -360,12 +360,6 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
       // Timing experiment only (scripts/exp-epilogue.sh): Y = g * u, no
       // special functions.
       const float y0 = d[i] * d[i + 64], y1 = d[i + 1] * d[i + 65];
-#elif defined(GATEDMLP_SM90_EXP_TANH_SILU)
-      // Timing experiment only: silu through one tanh.approx (1 MUFU op)
-      // instead of ex2 + rcp (2).
-      auto th = [](float x) { float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; };
-      const float y0 = 0.5f * d[i] * (1.f + th(0.5f * d[i])) * d[i + 64];
-      const float y1 = 0.5f * d[i + 1] * (1.f + th(0.5f * d[i + 1])) * d[i + 65];
 #else
       const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
       const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
