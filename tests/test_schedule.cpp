@@ -90,7 +90,7 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
 
 TEST(Schedule, EveryBlockOnceAndOwnersAddTheirPartials) {
   int split = 0, whole = 0;
-  for (int waves : {1, 2})
+  for (int waves : {0, 1, 2})
     for (bool force : {false, true})
       for (int64_t clusters : {1, 2, 3, 7, 66, 132})
         for (int kb : {1, 2, 3, 5, 16, 64})
@@ -104,7 +104,8 @@ TEST(Schedule, EveryBlockOnceAndOwnersAddTheirPartials) {
             ASSERT_TRUE(check(p, clusters)) << tiles << " items on " << clusters << " clusters, " << kb
                                             << " k-blocks, " << (s ? "split" : "whole") << ", split_waves " << waves;
             if (s) {
-              EXPECT_LT(tiles - p.sk_first, waves * clusters) << "more than " << waves << " waves split";
+              const int64_t at_most = waves ? waves : (tiles < 2 * clusters ? 2 : 1);  // 0: automatic
+              EXPECT_LT(tiles - p.sk_first, at_most * clusters) << "more than " << at_most << " waves split";
             }
           }
   EXPECT_GT(split, 0);
@@ -135,6 +136,12 @@ TEST(Schedule, SplitNeedsWorkspaceAndIsOptional) {
   p.sk_ctas = 132;
   EXPECT_FALSE(plan_split_tail(p, 66, 2, false));  // turned off
   EXPECT_TRUE(check(p, 66));
+  // 8B M = 256: 112 items on 66 clusters, one whole wave: all of it is shared out.
+  Params m256 = params(112, 64, 132);
+  ASSERT_TRUE(plan_split_tail(m256, 66, 2, true));
+  EXPECT_EQ(m256.sk_first, 0);
+  EXPECT_EQ(m256.sk_iters, 112 * 64);
+  EXPECT_TRUE(check(m256, 66));
   Params q = params(132, 64, 132);  // whole waves: nothing to split
   EXPECT_FALSE(plan_split_tail(q, 66, 2, true));
 }

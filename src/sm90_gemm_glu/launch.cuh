@@ -71,12 +71,13 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   }
   resident = std::max(resident, 1);
   // Split tail (schedule.hpp): GATEDMLP_SM90_SPLIT_TAIL=0 turns it off,
-  // =force splits whenever possible (tests); GATEDMLP_SM90_SPLIT_WAVES=2
-  // also splits the last whole wave.
+  // =force splits whenever possible (tests); GATEDMLP_SM90_SPLIT_WAVES=1|2
+  // splits the partial wave only, or the last whole wave too (default:
+  // plan_split_tail's choice).
   const char* st = std::getenv("GATEDMLP_SM90_SPLIT_TAIL");
   const char* sw = std::getenv("GATEDMLP_SM90_SPLIT_WAVES");
   const bool force = st && std::string(st) == "force";
-  const bool split = plan_split_tail(p, resident, CM, !st || force || std::atoi(st) != 0, force, sw ? std::atoi(sw) : 1);
+  const bool split = plan_split_tail(p, resident, CM, !st || force || std::atoi(st) != 0, force, sw ? std::atoi(sw) : 0);
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
   if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')

@@ -22,8 +22,12 @@ namespace gatedmlp::sm90 {
 // item's time: 8B M = 4096 is 1792 items on 66 clusters, 27.15 waves run as
 // 28. Split, the whole waves run as before and the k-blocks of the items of
 // the partial wave (split_waves = 1) or of the last whole wave too
-// (split_waves = 2) are shared out evenly over all C clusters. Measured on
-// H100 (NOTES.md, h8): 1 is as good or better than 2.
+// (split_waves = 2) are shared out evenly over all C clusters. split_waves =
+// 0 (the default) is 2 when there is only one whole wave (all of the work is
+// shared out) and 1 otherwise. Measured on H200 (NOTES.md, h8): 8B M = 256
+// (1.7 waves) 0.946 -> 0.982 of cuBLAS with 2; at 3.4 waves and more (M =
+// 512, 1024, 4096) 2 is no better than 1 (within noise; on H100, 1 was as
+// good or better).
 //
 // Worth it only when the idle time it recovers, (ceil(T/C) - T/C) items of
 // k_blocks each, exceeds what the pieces cost (drains, partials, epilogues:
@@ -37,7 +41,7 @@ namespace gatedmlp::sm90 {
 constexpr int kSplitMinIdleKBlocks = 8;
 
 inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bool enabled, bool force = false,
-                            int split_waves = 1) {
+                            int split_waves = 0) {
   p.sk_first = p.sk_iters = p.sk_q = 0;
   p.sk_r = 0;
   if (!enabled || clusters <= 0 || p.sk_ctas < clusters * cta_per_cluster || p.k_blocks < 2 ||
@@ -46,6 +50,7 @@ inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bo
   const int64_t idle = clusters - p.tiles % clusters;  // clusters idle in the last wave
   if (!force && (p.m_tiles < 2 || idle * p.k_blocks < int64_t{kSplitMinIdleKBlocks} * clusters)) return false;
   const int64_t waves = p.tiles / clusters;
+  if (split_waves == 0) split_waves = waves <= 1 ? 2 : 1;
   const int64_t whole_waves = split_waves == 1 ? waves : (waves > 0 ? waves - 1 : 0);
   p.sk_first = whole_waves * clusters;
   p.sk_iters = (p.tiles - p.sk_first) * p.k_blocks;
