@@ -10,6 +10,10 @@
 // warpgroups (128 registers each: one m64n256k16 accumulator), and it moves
 // 48 KB per 64-deep k-step for 4 MFLOP, so the tensor cores, not memory, set
 // the pace; four stages (192 KB) keep three k-steps of loads in flight.
+// Both consumer warpgroups work on the same tile (cooperative): a ping-pong
+// schedule, each warpgroup on its own 64-row tile so that one's epilogue runs
+// under the other's main loop, loads the weight tile per 64 rows and was 6 %
+// slower (NOTES.md, h10).
 //
 // Warpgroups. 384 threads:
 //   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
