@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
+#include "common/activation_math.hpp"
 #include "reference/reference.hpp"
 
 using namespace gatedmlp;
@@ -94,6 +96,41 @@ TEST(Reference, ClampIsApplied) {
   std::vector<double> y;
   cpu_reference(p, h, &y, nullptr);
   EXPECT_NEAR(y[0], 7.0 / (1.0 + std::exp(-1.702 * 7.0)) * -6.0, 1e-5);
+}
+
+// The kernels' paired form (two sigmoids share one reciprocal) against the
+// naive formula, over both tails and with NaN and infinities in one element
+// of the pair: the other element must not notice.
+TEST(Reference, PairedActivationMatchesNaive) {
+  auto rng = fresh_rng();
+  std::uniform_real_distribution<float> wide(-120.f, 120.f), narrow(-8.f, 8.f);
+  for (Activation a : {Activation::silu, Activation::swiglu_clamped}) {
+    SCOPED_TRACE(to_string(a));
+    const int act = static_cast<int>(a);
+    for (int i = 0; i < 100000; ++i) {
+      const float g0 = i % 2 ? wide(rng) : narrow(rng), g1 = i % 3 ? narrow(rng) : wide(rng);
+      const float u0 = narrow(rng), u1 = narrow(rng);
+      float y0, y1;
+      detail::glu2(act, g0, u0, g1, u1, 1.702f, 7.0f, y0, y1);
+      for (auto [g, u, y] : {std::tuple{g0, u0, y0}, std::tuple{g1, u1, y1}}) {
+        const double ref = naive_act(a, g, u);
+        ASSERT_LE(std::fabs(y - ref), 4e-6 * std::fabs(ref) + 1e-37) << "g " << g << " u " << u << ": " << y << " vs " << ref;
+      }
+    }
+    float y0, y1;
+    detail::glu2(act, NAN, 1.f, 0.5f, 2.f, 1.702f, 7.0f, y0, y1);
+    EXPECT_TRUE(std::isnan(y0)) << "a NaN gate gave " << y0;
+    EXPECT_NEAR(y1, naive_act(a, 0.5, 2.0), 1e-6) << "the NaN's neighbour";
+    detail::glu2(act, 0.5f, 2.f, -INFINITY, 1.f, 1.702f, 7.0f, y0, y1);
+    EXPECT_NEAR(y0, naive_act(a, 0.5, 2.0), 1e-6) << "the neighbour of -inf";
+    detail::glu2(act, INFINITY, 1.f, 0.5f, 2.f, 1.702f, 7.0f, y0, y1);
+    EXPECT_NEAR(y1, naive_act(a, 0.5, 2.0), 1e-6) << "the neighbour of +inf";
+  }
+  // gelu and relu go through the scalar form, element by element.
+  float y0, y1;
+  detail::glu2(static_cast<int>(Activation::relu), -1.f, 3.f, 2.f, 3.f, 0.f, 0.f, y0, y1);
+  EXPECT_EQ(y0, 0.f);
+  EXPECT_EQ(y1, 6.f);
 }
 
 // Every layout, activation and option against a naive loop over logical weights.

@@ -171,8 +171,10 @@ __device__ __forceinline__ void store_tile(const Params& p, const float* sacc, i
         uu[e] += p.separate ? load_float(p.bias_up, p.bias_dtype, boff + j0 + e)
                             : load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j0 + e));
       }
-      out[e] = gatedmlp::detail::glu<float>(ACT, gg[e], uu[e], p.clamp_alpha, p.clamp_limit);
     }
+#pragma unroll
+    for (int e = 0; e < 8; e += 2)
+      gatedmlp::detail::glu2(ACT, gg[e], uu[e], gg[e + 1], uu[e + 1], p.clamp_alpha, p.clamp_limit, out[e], out[e + 1]);
     if (p.has_pre) {
       const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
       for (int e = 0; e < 8 && j0 + e < p.u; ++e) {
