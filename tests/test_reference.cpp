@@ -114,7 +114,12 @@ TEST(Reference, PairedActivationMatchesNaive) {
       detail::glu2(act, g0, u0, g1, u1, 1.702f, 7.0f, y0, y1);
       for (auto [g, u, y] : {std::tuple{g0, u0, y0}, std::tuple{g1, u1, y1}}) {
         const double ref = naive_act(a, g, u);
-        ASSERT_LE(std::fabs(y - ref), 4e-6 * std::fabs(ref) + 1e-37) << "g " << g << " u " << u << ": " << y << " vs " << ref;
+        // A few float roundings, plus exp's condition number |x| times the
+        // float rounding of its argument x (alpha g: 1.702 in float and the
+        // product), which is no fault of the paired form.
+        const double x = a == Activation::swiglu_clamped ? 1.702 * std::min(double(g), 7.0) : g;
+        const double tol = (4e-6 + 2.5e-7 * std::fabs(x)) * std::fabs(ref) + 1e-37;
+        ASSERT_LE(std::fabs(y - ref), tol) << "g " << g << " u " << u << ": " << y << " vs " << ref;
       }
     }
     float y0, y1;

@@ -66,11 +66,12 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
   return F(0);
 }
 
-// Two GLU values at once (the fused kernels' epilogues: adjacent columns).
-// The epilogue is bound by the special-function unit (an exp and a
-// reciprocal per sigmoid; NOTES.md h11), so for silu and the clamped SwiGLU
-// the two sigmoids share one reciprocal, a quarter fewer special-function
-// operations. With t = exp(-|x|) in [0, 1] and d = 1 + t in [1, 2], d0 d1
+// Two GLU values at once (the portable kernel's epilogue: adjacent columns).
+// For silu and the clamped SwiGLU the two sigmoids share one reciprocal, a
+// quarter fewer special-function operations for a few more plain ones
+// (NOTES.md h12: it helps the portable kernel; in the Hopper kernel, whose
+// epilogue is bound by instructions, not the special-function unit, it
+// was slower). With t = exp(-|x|) in [0, 1] and d = 1 + t in [1, 2], d0 d1
 // cannot overflow; 1/d0 = d1 / (d0 d1), and sigmoid(x) is 1/d for x >= 0 and
 // t/d for x < 0, accurate in both tails. A NaN stays in its own element: a
 // NaN d is replaced by 2 before the shared reciprocal (fminf returns the

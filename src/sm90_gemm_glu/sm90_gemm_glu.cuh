@@ -194,8 +194,8 @@ __device__ __forceinline__ void park_glu_chunk(const float (&d)[128], float* buf
       const int i = 4 * (4 * Q + jj) + 2 * h;
       const int r = 16 * warp + lane / 4 + 8 * h;
       const int c = 8 * jj + 2 * (lane % 4);
-      float y0, y1;
-      gatedmlp::detail::glu2(ACT, d[i], d[i + 64], d[i + 1], d[i + 65], ca, cl, y0, y1);
+      const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
+      const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
       *reinterpret_cast<float2*>(buf + r * Traits::kStageLd + c) = make_float2(y0, y1);
     }
 }
@@ -365,8 +365,8 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
       // special functions.
       const float y0 = d[i] * d[i + 64], y1 = d[i + 1] * d[i + 65];
 #else
-      float y0, y1;
-      gatedmlp::detail::glu2(ACT, d[i], d[i + 64], d[i + 1], d[i + 65], ca, cl, y0, y1);
+      const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
+      const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
 #endif
       const int off = (j / 8) * 8192 + r * 128 + (((j % 8) ^ (lane / 4)) * 16) + 4 * (lane % 4);
       *reinterpret_cast<uint32_t*>(tile + off) = gatedmlp::detail::pack2<OUT>(y0, y1);
