@@ -98,44 +98,63 @@ TEST(Reference, ClampIsApplied) {
   EXPECT_NEAR(y[0], 7.0 / (1.0 + std::exp(-1.702 * 7.0)) * -6.0, 1e-5);
 }
 
-// The kernels' paired form (two sigmoids share one reciprocal) against the
-// naive formula, over both tails and with NaN and infinities in one element
-// of the pair: the other element must not notice.
-TEST(Reference, PairedActivationMatchesNaive) {
-  auto rng = fresh_rng();
+// The portable kernel's grouped form (N sigmoids share one reciprocal)
+// against the naive formula, over both tails, and with NaN and infinities in
+// one element of a group: the others must not notice.
+template <int N>
+void check_grouped_activation(std::mt19937_64& rng) {
   std::uniform_real_distribution<float> wide(-120.f, 120.f), narrow(-8.f, 8.f);
   for (Activation a : {Activation::silu, Activation::swiglu_clamped}) {
-    SCOPED_TRACE(to_string(a));
+    SCOPED_TRACE(std::string(to_string(a)) + ", N = " + std::to_string(N));
     const int act = static_cast<int>(a);
-    for (int i = 0; i < 100000; ++i) {
-      const float g0 = i % 2 ? wide(rng) : narrow(rng), g1 = i % 3 ? narrow(rng) : wide(rng);
-      const float u0 = narrow(rng), u1 = narrow(rng);
-      float y0, y1;
-      detail::glu2(act, g0, u0, g1, u1, 1.702f, 7.0f, y0, y1);
-      for (auto [g, u, y] : {std::tuple{g0, u0, y0}, std::tuple{g1, u1, y1}}) {
-        const double ref = naive_act(a, g, u);
+    for (int i = 0; i < 20000; ++i) {
+      float g[N], u[N], y[N];
+      for (int e = 0; e < N; ++e) {
+        g[e] = (i + e) % 3 ? narrow(rng) : wide(rng);
+        u[e] = narrow(rng);
+      }
+      detail::glu_n<N>(act, g, u, 1.702f, 7.0f, y);
+      for (int e = 0; e < N; ++e) {
+        const double ref = naive_act(a, g[e], u[e]);
         // A few float roundings, plus exp's condition number |x| times the
         // float rounding of its argument x (alpha g: 1.702 in float and the
-        // product), which is no fault of the paired form.
-        const double x = a == Activation::swiglu_clamped ? 1.702 * std::min(double(g), 7.0) : g;
+        // product), which is no fault of the grouping.
+        const double x = a == Activation::swiglu_clamped ? 1.702 * std::min(double(g[e]), 7.0) : g[e];
         const double tol = (4e-6 + 2.5e-7 * std::fabs(x)) * std::fabs(ref) + 1e-37;
-        ASSERT_LE(std::fabs(y - ref), tol) << "g " << g << " u " << u << ": " << y << " vs " << ref;
+        ASSERT_LE(std::fabs(y[e] - ref), tol) << "g " << g[e] << " u " << u[e] << ": " << y[e] << " vs " << ref;
       }
     }
-    float y0, y1;
-    detail::glu2(act, NAN, 1.f, 0.5f, 2.f, 1.702f, 7.0f, y0, y1);
-    EXPECT_TRUE(std::isnan(y0)) << "a NaN gate gave " << y0;
-    EXPECT_NEAR(y1, naive_act(a, 0.5, 2.0), 1e-6) << "the NaN's neighbour";
-    detail::glu2(act, 0.5f, 2.f, -INFINITY, 1.f, 1.702f, 7.0f, y0, y1);
-    EXPECT_NEAR(y0, naive_act(a, 0.5, 2.0), 1e-6) << "the neighbour of -inf";
-    detail::glu2(act, INFINITY, 1.f, 0.5f, 2.f, 1.702f, 7.0f, y0, y1);
-    EXPECT_NEAR(y1, naive_act(a, 0.5, 2.0), 1e-6) << "the neighbour of +inf";
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      float g[N], u[N], y[N];
+      for (int e = 0; e < N; ++e) g[e] = 0.5f + e, u[e] = 2.f;
+      g[N / 2] = bad;
+      detail::glu_n<N>(act, g, u, 1.702f, 7.0f, y);
+      for (int e = 0; e < N; ++e) {
+        if (e == N / 2) {
+          if (std::isnan(bad)) EXPECT_TRUE(std::isnan(y[e])) << "a NaN gate gave " << y[e];
+          continue;
+        }
+        EXPECT_NEAR(y[e], naive_act(a, g[e], u[e]), 1e-5 * std::fabs(naive_act(a, g[e], u[e])))
+            << "element " << e << " beside a gate of " << bad;
+      }
+    }
   }
-  // gelu and relu go through the scalar form, element by element.
-  float y0, y1;
-  detail::glu2(static_cast<int>(Activation::relu), -1.f, 3.f, 2.f, 3.f, 0.f, 0.f, y0, y1);
-  EXPECT_EQ(y0, 0.f);
-  EXPECT_EQ(y1, 6.f);
+}
+
+TEST(Reference, GroupedActivationMatchesNaive) {
+  auto rng = fresh_rng();
+  check_grouped_activation<1>(rng);
+  check_grouped_activation<2>(rng);
+  check_grouped_activation<8>(rng);
+  // The other activations go through the scalar form, element by element.
+  std::uniform_real_distribution<float> d(-8.f, 8.f);
+  for (Activation a : {Activation::gelu_tanh, Activation::gelu_erf, Activation::relu}) {
+    float g[8], u[8], y[8];
+    for (int e = 0; e < 8; ++e) g[e] = d(rng), u[e] = d(rng);
+    detail::glu_n<8>(static_cast<int>(a), g, u, 1.702f, 7.0f, y);
+    for (int e = 0; e < 8; ++e)
+      EXPECT_EQ(y[e], detail::glu<float>(static_cast<int>(a), g[e], u[e], 1.702f, 7.0f)) << to_string(a);
+  }
 }
 
 // Every layout, activation and option against a naive loop over logical weights.

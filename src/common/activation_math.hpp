@@ -66,46 +66,61 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
   return F(0);
 }
 
-// Two GLU values at once (the portable kernel's epilogue: adjacent columns).
-// For silu and the clamped SwiGLU the two sigmoids share one reciprocal, a
-// quarter fewer special-function operations for a few more plain ones
-// (NOTES.md h12: it helps the portable kernel; in the Hopper kernel, whose
-// epilogue is bound by instructions, not the special-function unit, it
-// was slower). With t = exp(-|x|) in [0, 1] and d = 1 + t in [1, 2], d0 d1
-// cannot overflow; 1/d0 = d1 / (d0 d1), and sigmoid(x) is 1/d for x >= 0 and
-// t/d for x < 0, accurate in both tails. A NaN stays in its own element: a
-// NaN d is replaced by 2 before the shared reciprocal (fminf returns the
-// other operand), and the NaN x still reaches its own result through t.
-GATEDMLP_HD void sigmoid2(float x0, float x1, float& s0, float& s1) {
-  const float t0 = m_exp(-fabsf(x0)), t1 = m_exp(-fabsf(x1));
-  const float d0 = fminf(1.0f + t0, 2.0f), d1 = fminf(1.0f + t1, 2.0f);
+// N GLU values at once (the portable kernel's epilogue: adjacent columns).
+// For silu and the clamped SwiGLU the N sigmoids share one reciprocal: fewer
+// special-function operations for a few more plain ones (NOTES.md, v11: it
+// helps the portable kernel; in the Hopper kernel, whose epilogue is bound
+// by instructions rather than the special-function unit, it was slower,
+// h12). With t = exp(-|x|) in [0, 1] and d = 1 + t in [1, 2], the product of
+// the d stays within [1, 2^N] (no overflow for N <= 64); 1/d_i is the
+// product of the other d times 1/(product of all), built from prefix and
+// suffix products. sigmoid(x) is 1/d for x >= 0 and t/d for x < 0, accurate
+// in both tails. A NaN stays in its own element: a NaN d is replaced by 2
+// before the products (fminf returns the other operand), and the NaN x still
+// reaches its own result through t.
+template <int N>
+GATEDMLP_HD void sigmoid_n(const float (&x)[N], float (&s)[N]) {
+  static_assert(N >= 1 && N <= 64, "the product of N values in [1, 2] must stay finite");
+  float t[N], d[N], pre[N];
+  float run = 1.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    t[i] = m_exp(-fabsf(x[i]));
+    d[i] = fminf(1.0f + t[i], 2.0f);
+    pre[i] = run;  // product of d[0 .. i-1]
+    run *= d[i];
+  }
 #if defined(__CUDA_ARCH__)
-  const float r = __fdividef(1.0f, d0 * d1);
+  float r = __fdividef(1.0f, run);  // 1 / (product of all)
 #else
-  const float r = 1.0f / (d0 * d1);
+  float r = 1.0f / run;
 #endif
-  const float i0 = d1 * r, i1 = d0 * r;
-  s0 = x0 >= 0.0f ? i0 : t0 * i0;
-  s1 = x1 >= 0.0f ? i1 : t1 * i1;
+#pragma unroll
+  for (int i = N - 1; i >= 0; --i) {
+    const float inv = pre[i] * r;  // r holds 1 / (d[0] ... d[i])
+    r *= d[i];
+    s[i] = x[i] >= 0.0f ? inv : t[i] * inv;
+  }
 }
 
-GATEDMLP_HD void glu2(int act, float g0, float u0, float g1, float u1, float clamp_alpha, float clamp_limit,
-                      float& y0, float& y1) {
-  if (act == kSilu) {
-    float s0, s1;
-    sigmoid2(g0, g1, s0, s1);
-    y0 = g0 * s0 * u0;
-    y1 = g1 * s1 * u1;
-  } else if (act == kSwigluClamped) {
-    clamp_swiglu(g0, u0, clamp_limit);
-    clamp_swiglu(g1, u1, clamp_limit);
-    float s0, s1;
-    sigmoid2(clamp_alpha * g0, clamp_alpha * g1, s0, s1);
-    y0 = g0 * s0 * (u0 + 1.0f);
-    y1 = g1 * s1 * (u1 + 1.0f);
+template <int N>
+GATEDMLP_HD void glu_n(int act, const float (&g_in)[N], const float (&u_in)[N], float clamp_alpha, float clamp_limit,
+                       float (&y)[N]) {
+  if (act == kSilu || act == kSwigluClamped) {
+    float g[N], u[N], x[N], sg[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      g[i] = g_in[i];
+      u[i] = u_in[i];
+      if (act == kSwigluClamped) clamp_swiglu(g[i], u[i], clamp_limit);
+      x[i] = act == kSwigluClamped ? clamp_alpha * g[i] : g[i];
+    }
+    sigmoid_n<N>(x, sg);
+#pragma unroll
+    for (int i = 0; i < N; ++i) y[i] = g[i] * sg[i] * (act == kSwigluClamped ? u[i] + 1.0f : u[i]);
   } else {
-    y0 = glu<float>(act, g0, u0, clamp_alpha, clamp_limit);
-    y1 = glu<float>(act, g1, u1, clamp_alpha, clamp_limit);
+#pragma unroll
+    for (int i = 0; i < N; ++i) y[i] = glu<float>(act, g_in[i], u_in[i], clamp_alpha, clamp_limit);
   }
 }
 

@@ -172,9 +172,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const float* sacc, i
                             : load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j0 + e));
       }
     }
-#pragma unroll
-    for (int e = 0; e < 8; e += 2)
-      gatedmlp::detail::glu2(ACT, gg[e], uu[e], gg[e + 1], uu[e + 1], p.clamp_alpha, p.clamp_limit, out[e], out[e + 1]);
+    gatedmlp::detail::glu_n<8>(ACT, gg, uu, p.clamp_alpha, p.clamp_limit, out);
     if (p.has_pre) {
       const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
       for (int e = 0; e < 8 && j0 + e < p.u; ++e) {
