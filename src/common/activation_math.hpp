@@ -79,11 +79,11 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 // before the products (fminf returns the other operand), and the NaN x still
 // reaches its own result through t.
 template <int N>
-GATEDMLP_HD void sigmoid_n(const float (&x)[N], float (&s)[N]) {
+GATEDMLP_HD void sigmoid_n(const float* x, float* s) {
   static_assert(N >= 1 && N <= 64, "the product of N values in [1, 2] must stay finite");
   float t[N], d[N], pre[N];
   float run = 1.0f;
-#pragma unroll
+GATEDMLP_UNROLL
   for (int i = 0; i < N; ++i) {
     t[i] = m_exp(-fabsf(x[i]));
     d[i] = fminf(1.0f + t[i], 2.0f);
@@ -95,7 +95,7 @@ GATEDMLP_HD void sigmoid_n(const float (&x)[N], float (&s)[N]) {
 #else
   float r = 1.0f / run;
 #endif
-#pragma unroll
+GATEDMLP_UNROLL
   for (int i = N - 1; i >= 0; --i) {
     const float inv = pre[i] * r;  // r holds 1 / (d[0] ... d[i])
     r *= d[i];
@@ -103,12 +103,12 @@ GATEDMLP_HD void sigmoid_n(const float (&x)[N], float (&s)[N]) {
   }
 }
 
+// g_in, u_in and y: N consecutive values each.
 template <int N>
-GATEDMLP_HD void glu_n(int act, const float (&g_in)[N], const float (&u_in)[N], float clamp_alpha, float clamp_limit,
-                       float (&y)[N]) {
+GATEDMLP_HD void glu_n(int act, const float* g_in, const float* u_in, float clamp_alpha, float clamp_limit, float* y) {
   if (act == kSilu || act == kSwigluClamped) {
     float g[N], u[N], x[N], sg[N];
-#pragma unroll
+GATEDMLP_UNROLL
     for (int i = 0; i < N; ++i) {
       g[i] = g_in[i];
       u[i] = u_in[i];
@@ -116,10 +116,10 @@ GATEDMLP_HD void glu_n(int act, const float (&g_in)[N], const float (&u_in)[N], 
       x[i] = act == kSwigluClamped ? clamp_alpha * g[i] : g[i];
     }
     sigmoid_n<N>(x, sg);
-#pragma unroll
+GATEDMLP_UNROLL
     for (int i = 0; i < N; ++i) y[i] = g[i] * sg[i] * (act == kSwigluClamped ? u[i] + 1.0f : u[i]);
   } else {
-#pragma unroll
+GATEDMLP_UNROLL
     for (int i = 0; i < N; ++i) y[i] = glu<float>(act, g_in[i], u_in[i], clamp_alpha, clamp_limit);
   }
 }

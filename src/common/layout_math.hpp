@@ -9,6 +9,14 @@
 #define GATEDMLP_HD inline
 #endif
 
+// Unrolls a loop in device code; nothing for host compilers, which do not
+// know the pragma (and warn).
+#if defined(__CUDACC__)
+#define GATEDMLP_UNROLL _Pragma("unroll")
+#else
+#define GATEDMLP_UNROLL
+#endif
+
 namespace gatedmlp::detail {
 
 // half: 0 = gate, 1 = up; first: which half block 0 holds.
