@@ -9,9 +9,9 @@
 #define GATEDMLP_HD inline
 #endif
 
-// Unrolls a loop in device code; nothing for host compilers, which do not
-// know the pragma (and warn).
-#if defined(__CUDACC__)
+// Unrolls a loop in device code; nothing for host compilers (nvcc's host
+// pass included), which do not know the pragma (and warn).
+#if defined(__CUDA_ARCH__)
 #define GATEDMLP_UNROLL _Pragma("unroll")
 #else
 #define GATEDMLP_UNROLL
