@@ -91,17 +91,17 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 // by instructions rather than the special-function unit, it was slower,
 // h12). With t = exp(-|x|) in [0, 1] and d = 1 + t in [1, 2], the product of
 // the d stays within [1, 2^N] (no overflow for N <= 64); 1/d_i is the
-// product of the other d times 1/(product of all), built from prefix and
-// suffix products. sigmoid(x) is 1/d for x >= 0 and t/d for x < 0, accurate
-// in both tails. A NaN stays in its own element: a NaN d is replaced by 2
-// before the products (fminf returns the other operand), and the NaN x still
-// reaches its own result through t.
+// product of the d before it (a prefix product) times 1/(d_0 ... d_i) (the
+// reciprocal of all, multiplied back by the d after i). sigmoid(x) is 1/d
+// for x >= 0 and t/d for x < 0, accurate in both tails. A NaN stays in its
+// own element: a NaN d is replaced by 2 before the products (fminf returns
+// the other operand), and the NaN x still reaches its own result through t.
 template <int N>
 GATEDMLP_HD void sigmoid_n(const float* x, float* s) {
   static_assert(N >= 1 && N <= 64, "the product of N values in [1, 2] must stay finite");
   float t[N], d[N], pre[N];
   float run = 1.0f;
-GATEDMLP_UNROLL
+  GATEDMLP_UNROLL
   for (int i = 0; i < N; ++i) {
     t[i] = m_exp(-fabsf(x[i]));
     d[i] = fminf(1.0f + t[i], 2.0f);
@@ -113,7 +113,7 @@ GATEDMLP_UNROLL
 #else
   float r = 1.0f / run;
 #endif
-GATEDMLP_UNROLL
+  GATEDMLP_UNROLL
   for (int i = N - 1; i >= 0; --i) {
     const float inv = pre[i] * r;  // r holds 1 / (d[0] ... d[i])
     r *= d[i];
@@ -126,7 +126,7 @@ template <int N>
 GATEDMLP_HD void glu_n(int act, const float* g_in, const float* u_in, float clamp_alpha, float clamp_limit, float* y) {
   if (act == kSilu || act == kSwigluClamped) {
     float g[N], u[N], x[N], sg[N];
-GATEDMLP_UNROLL
+    GATEDMLP_UNROLL
     for (int i = 0; i < N; ++i) {
       g[i] = g_in[i];
       u[i] = u_in[i];
@@ -134,10 +134,10 @@ GATEDMLP_UNROLL
       x[i] = act == kSwigluClamped ? clamp_alpha * g[i] : g[i];
     }
     sigmoid_n<N>(x, sg);
-GATEDMLP_UNROLL
+    GATEDMLP_UNROLL
     for (int i = 0; i < N; ++i) y[i] = g[i] * sg[i] * (act == kSwigluClamped ? u[i] + 1.0f : u[i]);
   } else {
-GATEDMLP_UNROLL
+    GATEDMLP_UNROLL
     for (int i = 0; i < N; ++i) y[i] = glu<float>(act, g_in[i], u_in[i], clamp_alpha, clamp_limit);
   }
 }
