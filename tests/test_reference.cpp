@@ -131,7 +131,9 @@ void check_grouped_activation(std::mt19937_64& rng) {
       detail::glu_n<N>(act, g, u, 1.702f, 7.0f, y);
       for (int e = 0; e < N; ++e) {
         if (e == N / 2) {
-          if (std::isnan(bad)) EXPECT_TRUE(std::isnan(y[e])) << "a NaN gate gave " << y[e];
+          if (std::isnan(bad)) {
+            EXPECT_TRUE(std::isnan(y[e])) << "a NaN gate gave " << y[e];
+          }
           continue;
         }
         EXPECT_NEAR(y[e], naive_act(a, g[e], u[e]), 1e-5 * std::fabs(naive_act(a, g[e], u[e])))
