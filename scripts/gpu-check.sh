@@ -57,7 +57,7 @@ for step in "${steps[@]}"; do
     done
     cuobjdump -sass -arch sm_90a "$build/src/libgatedmlp.a" >"$build/sass_sm90a.txt" 2>/dev/null
     # Which kernels touch local memory, and the lines around each spill store.
-    awk '/Function :/ {fn=$3} /\<(LDL|STL)\>/ {n[fn]++} END {for (f in n) print "   local memory:", n[f], f}' "$build/sass_sm90a.txt"
+    awk '/Function :/ {fn=$3} /[ \t](LDL|STL)[ .]/ {n[fn]++} END {for (f in n) print "   local memory:", n[f], f}' "$build/sass_sm90a.txt"
     grep -B3 -A1 -E '\bSTL' "$build/sass_sm90a.txt" | head -60 >"$out/spills.txt"
     note "sm_90a SASS: $(grep -cE '\bHMMA' "$build/sass_sm90a.txt") HMMA (portable), $(grep -c HGMMA "$build/sass_sm90a.txt") HGMMA (Hopper), $(grep -cE '\b(LDL|STL)' "$build/sass_sm90a.txt") local loads/stores" ;;
   accuracy)
