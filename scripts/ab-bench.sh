@@ -15,7 +15,8 @@ for t in . "$other"; do
 done
 for r in $(seq "${ROUNDS:-3}"); do
   for t in . "$other"; do
-    echo "-- ${t/#./this tree}, round $r"
+    if [ "$t" = . ]; then label="this tree"; else label=$t; fi
+    echo "-- $label, round $r"
     "$t/build-ab/tools/gatedmlp" bench "$@" 2>/dev/null | grep -E "^(8b|70b|405b|custom) " | cut -c1-100
   done
 done
