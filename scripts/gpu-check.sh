@@ -82,12 +82,14 @@ for step in "${steps[@]}"; do
     note "bars: table in bars.txt" ;;
   preact)
     # The pre-activation output's cost per layout (8B, M = 4096; each line
-    # times the fused call with and without it in separate runs), and memcheck
-    # on the fast path's pre-activation tests.
+    # times the fused call in its own run: without it, with it through TMA
+    # stores, and with GATEDMLP_SM90_PRE_TMA=0, stored from registers), and
+    # memcheck on the fast path's pre-activation tests.
     g="$build/tools/gatedmlp"
     { for l in stacked separate g1 g32 g128; do
-        "$g" bench --m 4096 --layout "$l"; "$g" bench --m 4096 --layout "$l" --preact; done
-    } 2>"$out/preact.err" | grep -E "^(model|8b|custom) " | cut -c1-140 | tee "$out/preact.txt"
+        "$g" bench --m 4096 --layout "$l"; "$g" bench --m 4096 --layout "$l" --preact
+        GATEDMLP_SM90_PRE_TMA=0 "$g" bench --m 4096 --layout "$l" --preact | sed 's/^8b /8b-reg /'; done
+    } 2>"$out/preact.err" | grep -E "^(model|8b|8b-reg|custom) " | cut -c1-140 | tee "$out/preact.txt"
     compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/test_gpu" \
       --gtest_filter='GpuFused.FastPathPreact*' >"$out/sanitize_preact.log" 2>&1
     note "preact: table in preact.txt; memcheck rc=$?, $(grep -E "ERROR SUMMARY" "$out/sanitize_preact.log" | tail -1)" ;;

@@ -681,6 +681,35 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
   std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
 }
 
+// The pre-activation through TMA stores (the fast path's PRE = 1 kernels):
+// every layout with U a multiple of the 128-column tile, the pre-activation
+// in the input's dtype with 16-byte rows and batch strides, M with row
+// tails (the stores clip them), batches, and the split tail with and
+// without a workspace. Both paths against the reference.
+TEST(GpuFused, FastPathPreactTma) {
+  SKIP_WITHOUT_GPU();
+  const bool sm90 = device_is_sm90();
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
+  for (int i = 0; i < 2 * kFastLayouts; ++i) {
+    Problem p = fast_path_problem(rng, i);
+    const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
+    p.u = g == 256 ? 256 * pick(rng, {1, 2}) : 128 * pick(rng, {1, 2, 3});
+    p.ldy = 0;
+    p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
+    if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
+    p.has_preact = true;
+    p.preact_dtype = p.input_dtype;
+    p.ldpre = 2 * p.u + 8 * (i % 3);
+    p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + 8 * (1 + i % 2) : kAuto;
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
+    Config taken;
+    run_fast_path_case(p, rng, &st, sm90, &taken, i % 2 == 0);
+    if (HasFailure()) return;
+  }
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
+}
+
 // Problems the fast path must refuse: they fall back to the portable kernel,
 // with a reason, and are still right.
 TEST(GpuFused, FastPathFallbacks) {

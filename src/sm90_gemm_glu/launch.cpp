@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
+#include <string>
 
 #include "core/internal.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
@@ -247,6 +248,26 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
     const cuuint64_t strides[2] = {cuuint64_t(r.ldy * 2), cuuint64_t(batched ? r.batch_stride_y * 2 : r.m * r.ldy * 2)};
     const cuuint32_t box[3] = {64, 64, 1};
     if (Status e = encode(fn, &p.tma_y, r.output_dtype, a.y, 3, dims, strides, box, "y"); !e) return e;
+  }
+
+  // The pre-activation through TMA stores, like Y, in kernels of their own
+  // (PRE = 1): the input's dtype, rows and batches on 16-byte boundaries, U
+  // whole tiles (so no box reaches past a run of columns), cluster size 1 or
+  // 2. Stored from registers instead, its 4-byte stores fill half of each
+  // 32-byte sector and cost 8-12 % of the time (NOTES.md, h13).
+  // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons).
+  const char* pre_tma_env = std::getenv("GATEDMLP_SM90_PRE_TMA");
+  p.pre_tma = r.has_preact && !(pre_tma_env && std::string(pre_tma_env) == "0") &&
+              r.preact_dtype == r.input_dtype && r.u % BN == 0 && cluster_m <= 2 &&
+              r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&
+              r.m * r.ldpre * 2 < kMaxStrideBytes && r.batch_stride_preact * 2 < kMaxStrideBytes;
+  if (p.pre_tma) {
+    const bool batched = r.batch > 1;
+    const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2),
+                                   cuuint64_t(batched ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2)};
+    const cuuint32_t box[3] = {64, 64, 1};
+    if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact"); !e) return e;
   }
 
   // Split-tail workspace: flags first, then the partial tiles.

@@ -34,9 +34,9 @@ inline uint64_t next_token() {
   return z ? z : 1;
 }
 
-template <typename T, int ACT, int CM>
+template <typename T, int ACT, int CM, int PRE>
 cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
-  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM>;
+  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE>;
   // Per call: the attribute belongs to the current device.
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
@@ -90,10 +90,12 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 
 template <typename T, int ACT>
 cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stream) {
+  // The TMA pre-activation kernels come in the cluster sizes the library
+  // picks (1, 2); four is a tuning override (launch.cpp clears p.pre_tma).
   switch (cluster_m) {
-    case 4: return launch_act<T, ACT, 4>(p, sms, stream);
-    case 2: return launch_act<T, ACT, 2>(p, sms, stream);
-    default: return launch_act<T, ACT, 1>(p, sms, stream);
+    case 4: return launch_act<T, ACT, 4, 0>(p, sms, stream);
+    case 2: return p.pre_tma ? launch_act<T, ACT, 2, 1>(p, sms, stream) : launch_act<T, ACT, 2, 0>(p, sms, stream);
+    default: return p.pre_tma ? launch_act<T, ACT, 1, 1>(p, sms, stream) : launch_act<T, ACT, 1, 0>(p, sms, stream);
   }
 }
 

@@ -43,10 +43,13 @@
 // shared tile that one thread hands to two TMA stores, which run while the
 // warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
 // engine cannot address, 32-column fp32 chunks go through the same bytes and
-// are stored by the threads.) The pre-activation, if asked, is stored from
-// the registers, two columns per store (store_pre_fast for whole tiles of
-// 16-bit output: straight-line code, small enough to stay in the instruction
-// cache). Only Y (and the pre-activation) reaches device memory.
+// are stored by the threads.) The pre-activation, if asked, goes first:
+// when it is 16-bit with 16-byte rows and U is whole tiles, through the same
+// shared tile in two rounds of 128 columns and TMA stores (store_pre_tma, in
+// kernels of their own: PRE = 1); otherwise from the registers, two columns
+// per store (store_pre_fast for whole tiles of 16-bit output: straight-line
+// code, small enough to stay in the instruction cache). Only Y (and the
+// pre-activation) reaches device memory.
 //
 // Edges. TMA zero-fills rows past M and U and columns past K, so partial
 // tiles need no predication in the main loop; the epilogue bounds-checks.
@@ -348,9 +351,90 @@ __device__ __forceinline__ void store_pre_fast(const Params& p, const float (&d)
   }
 }
 
+// Byte offset of 16-bit column c (0 ... 127) of row r in a warpgroup's
+// shared 64 x 128 tile: two 64 x 64 boxes with the 128-byte swizzle, the
+// 16-byte chunk c / 8 of a row at chunk (c / 8) ^ (r % 8). The rows a warp
+// writes at once differ in r % 8 = lane / 4, so they hit distinct banks.
+__device__ __forceinline__ int swizzled_off(int r, int c, int lane) {
+  return (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (lane / 4)) * 16) + (c % 8) * 2;
+}
+
+// Half ROUND of a whole tile's 256 pre-activation columns, in their order
+// in the pre-activation row, written into the warpgroup's shared tile:
+//   MODE 0 (one run per half): round 0 is the gate run, round 1 the up run;
+//   MODE 1 and 2 (blocks of G < 128, the tile's 256 columns one run from
+//     2 col0): round 0 is the run's first 128 columns, which hold tile
+//     columns 0 ... 63 of both halves, round 1 the rest.
+template <typename OUT, int MODE, int ROUND>
+__device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128], unsigned char* tile, int warp,
+                                         int lane) {
+  const int q = 2 * (lane % 4);
+  const bool gate_first = p.first == 0;
+  const int lg = p.pre_log2g;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const int i = 4 * jj + 2 * h;  // gate d[i], d[i+1]; up d[i+64], d[i+65]
+      const int jl = 8 * jj + q;      // tile column (even)
+      auto put = [&](int off, uint32_t v) { *reinterpret_cast<uint32_t*>(tile + swizzled_off(r, off, lane)) = v; };
+      if constexpr (MODE == 0) {
+        put(jl, ROUND == 0 ? gatedmlp::detail::pack2<OUT>(d[i], d[i + 1])
+                           : gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]));
+      } else {
+        if ((jj < 8) != (ROUND == 0)) continue;  // resolved at compile time
+        const int base = 2 * 64 * ROUND;         // the round's first run column
+        if constexpr (MODE == 1) {
+          const int bc = block_col(8 * jj, lg) + block_col(q, lg) - base;
+          put(bc + ((gate_first ? 0 : 1) << lg), gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]));
+          put(bc + ((gate_first ? 1 : 0) << lg), gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]));
+        } else {
+          const int c = 2 * jl - base;
+          put(c, gate_first ? gatedmlp::detail::pack2<OUT>(d[i], d[i + 64])
+                            : gatedmlp::detail::pack2<OUT>(d[i + 64], d[i]));
+          put(c + 2, gate_first ? gatedmlp::detail::pack2<OUT>(d[i + 1], d[i + 65])
+                                : gatedmlp::detail::pack2<OUT>(d[i + 65], d[i + 1]));
+        }
+      }
+    }
+  }
+}
+
+// A tile's pre-activation (16-bit, p.pre_tma: U is whole tiles, so every
+// tile is) through the warpgroup's shared tile in two rounds of 128
+// columns, each handed to two TMA stores (rows past M are clipped by them).
+// The 4-byte stores of store_pre_fast half-fill every 32-byte sector; here
+// the copy engine writes whole lines and the warpgroup only waits for it to
+// have read the shared tile before reusing it. Leaves the tile free for Y.
+template <typename OUT, int MODE>
+__device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], unsigned char* tile, int bar,
+                                              int tid, int l, int64_t row0, int64_t col0) {
+  const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int round = 0; round < 2; ++round) {
+    // Nothing computed from d (this round's packs, the next round's, Y's) is
+    // hoisted above the barrier before it: held across, those values spill.
+    fence_regs(d);
+    if (round == 0) park_pre<OUT, MODE, 0>(p, d, tile, warp, lane);
+    else park_pre<OUT, MODE, 1>(p, d, tile, warp, lane);
+    fence_proxy_async();
+    named_barrier(bar, 128);
+    if (tid == 0 && row0 < p.m) {
+      const int c0 = static_cast<int>(MODE == 0 ? pre_col(p, round, col0) : 2 * col0 + 128 * round);
+      tma_store_3d(&p.tma_pre, tile, c0, static_cast<int>(row0), l);
+      tma_store_3d(&p.tma_pre, tile + 8192, c0 + 64, static_cast<int>(row0), l);
+      bulk_commit();
+    }
+    // The stores must have read the tile before it is written again.
+    if (tid == 0) bulk_wait_read();
+    named_barrier(bar, 128);
+  }
+  fence_regs(d);
+}
+
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
-// warpgroup's swizzled 64 x 128 tile: the 16-byte chunk c of row r sits at
-// chunk c ^ (r % 8), so the 8 rows a warp writes hit distinct banks.
+// warpgroup's swizzled 64 x 128 tile (swizzled_off).
 template <int ACT, typename OUT>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
@@ -368,12 +452,12 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
       const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
       const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
 #endif
-      const int off = (j / 8) * 8192 + r * 128 + (((j % 8) ^ (lane / 4)) * 16) + 4 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(tile + off) = gatedmlp::detail::pack2<OUT>(y0, y1);
+      *reinterpret_cast<uint32_t*>(tile + swizzled_off(r, 8 * j + 2 * (lane % 4), lane)) =
+          gatedmlp::detail::pack2<OUT>(y0, y1);
     }
 }
 
-template <int ACT>
+template <typename T, int ACT, int PRE>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsigned char* tile, float* sbias, int cw,
                                          int tid, const TileCoord& tc) {
   const int warp = tid / 32, lane = tid % 32;
@@ -415,7 +499,15 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     }
   }
 
-  if (p.has_pre) {
+  if constexpr (PRE == 1) {
+    // Its own kernels: next to the register-direct paths below, this path
+    // made ptxas spill ~300 B in some of them.
+    switch (p.pre_mode) {
+      case 0: store_pre_tma<T, 0>(p, d, tile, bar, tid, tc.l, row0, col0); break;
+      case 1: store_pre_tma<T, 1>(p, d, tile, bar, tid, tc.l, row0, col0); break;
+      default: store_pre_tma<T, 2>(p, d, tile, bar, tid, tc.l, row0, col0); break;
+    }
+  } else if (p.has_pre) {
     // Whole tiles of 16-bit, pair-aligned output take the compact path.
     if (p.pre_vec2 && p.pre_dtype != 2 && col0 + Traits::BNO <= p.u) {
 #define GATEDMLP_PRE_FAST(OUT)                                                                   \
@@ -463,6 +555,9 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
 
 }  // namespace detail_
 
+// PRE: 1 for the kernels that store the pre-activation through TMA (a 16-bit
+// pre-activation of T with 16-byte rows, U whole tiles, p.pre_tma), 0 for
+// the rest, with or without a pre-activation.
 // CM: CTAs per cluster along M (1, 2 or 4). The CTAs of a cluster compute CM
 // consecutive row-blocks of the same columns; each loads 1/CM of the shared
 // weight tile (CM = 2: the gate or the up rows; 4: half of one of them) and
@@ -470,7 +565,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
 // the CTAs stay in step, which is what lets long-K problems (K = 16384: 12 MB
 // of operands per tile) share their weight reads rather than each going to
 // DRAM.
-template <typename T, int ACT, int CM>
+template <typename T, int ACT, int CM, int PRE>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -550,6 +645,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     const int lane = tid % 32;
     unsigned char* tile = epi + cw * Tr::kEpiBytes;
     if (p.y_tma && tid == 0) tma_prefetch_map(&p.tma_y);
+    if (PRE == 1 && tid == 0) tma_prefetch_map(&p.tma_pre);
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.f;
@@ -614,7 +710,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // costs the tile loop. Y is never written.
       continue;
 #endif
-      detail_::epilogue<ACT>(p, d, tile, sbias, cw, tid, tc);
+      detail_::epilogue<T, ACT, PRE>(p, d, tile, sbias, cw, tid, tc);
     }
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
   }
