@@ -81,9 +81,10 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
   if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
-    std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d; %s\n", static_cast<long long>(p.tiles),
+    std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d; %s%s\n", static_cast<long long>(p.tiles),
                  resident, CM,
-                 split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"));
+                 split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
+                 PRE ? "; pre-activation by TMA stores" : (p.has_pre ? "; pre-activation stored from registers" : ""));
   cfg.gridDim = dim3(static_cast<unsigned>(items * CM));
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
@@ -91,11 +92,16 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 template <typename T, int ACT>
 cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stream) {
   // The TMA pre-activation kernels come in the cluster sizes the library
-  // picks (1, 2); four is a tuning override (launch.cpp clears p.pre_tma).
+  // picks (1, 2), and not for gelu_erf, whose activation needs more
+  // registers: with the TMA pre-activation beside it, its kernels spilled
+  // 24-60 B. launch.cpp clears p.pre_tma for both.
+  if constexpr (ACT != static_cast<int>(Activation::gelu_erf)) {
+    if (p.pre_tma) return cluster_m == 2 ? launch_act<T, ACT, 2, 1>(p, sms, stream) : launch_act<T, ACT, 1, 1>(p, sms, stream);
+  }
   switch (cluster_m) {
     case 4: return launch_act<T, ACT, 4, 0>(p, sms, stream);
-    case 2: return p.pre_tma ? launch_act<T, ACT, 2, 1>(p, sms, stream) : launch_act<T, ACT, 2, 0>(p, sms, stream);
-    default: return p.pre_tma ? launch_act<T, ACT, 1, 1>(p, sms, stream) : launch_act<T, ACT, 1, 0>(p, sms, stream);
+    case 2: return launch_act<T, ACT, 2, 0>(p, sms, stream);
+    default: return launch_act<T, ACT, 1, 0>(p, sms, stream);
   }
 }
 

@@ -411,7 +411,8 @@ template <typename OUT, int MODE>
 __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], unsigned char* tile, int bar,
                                               int tid, int l, int64_t row0, int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
-#pragma unroll
+  // Not unrolled: unrolled, the gelu_tanh kernels spilled 8-12 B.
+#pragma unroll 1
   for (int round = 0; round < 2; ++round) {
     // Nothing computed from d (this round's packs, the next round's, Y's) is
     // hoisted above the barrier before it: held across, those values spill.
