@@ -693,6 +693,9 @@ TEST(GpuFused, FastPathPreactTma) {
   CaseStats st;
   for (int i = 0; i < 2 * kFastLayouts; ++i) {
     Problem p = fast_path_problem(rng, i);
+    // Every activation (gelu_erf takes the register-direct store), over the
+    // layouts in turn.
+    p.activation = static_cast<Activation>(i % 5);
     const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
     p.u = g == 256 ? 256 * pick(rng, {1, 2}) : 128 * pick(rng, {1, 2, 3});
     p.ldy = 0;

@@ -414,8 +414,9 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
   // Not unrolled: unrolled, the gelu_tanh kernels spilled 8-12 B.
 #pragma unroll 1
   for (int round = 0; round < 2; ++round) {
-    // Nothing computed from d (this round's packs, the next round's, Y's) is
-    // hoisted above the barrier before it: held across, those values spill.
+    // Keeps what is computed from d (the packs, Y) from being hoisted above
+    // the barriers and held across them. A guard: ptxas reported the same
+    // spills with and without it while they were being chased.
     fence_regs(d);
     if (round == 0) park_pre<OUT, MODE, 0>(p, d, tile, warp, lane);
     else park_pre<OUT, MODE, 1>(p, d, tile, warp, lane);
