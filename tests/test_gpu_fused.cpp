@@ -647,6 +647,21 @@ TEST(GpuFused, FastPathEveryLayoutActivationOption) {
               st.worst_ratio, auto_paths.wgmma, auto_paths.mma, sm90 ? "" : " (not a 9.0 device)");
 }
 
+// For a case whose U was redrawn: the strides that depended on it back to
+// their defaults (shared weights in every other case), and a pre-activation
+// of dtype dt with row stride ldpre, batches `pad` elements past M rows apart.
+namespace {
+void ask_preact(Problem& p, int i, DType dt, int64_t ldpre, int64_t pad) {
+  p.ldy = 0;
+  p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
+  if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
+  p.has_preact = true;
+  p.preact_dtype = dt;
+  p.ldpre = ldpre;
+  p.batch_stride_preact = p.batch > 1 ? p.m * ldpre + pad : kAuto;
+}
+}  // namespace
+
 // The pre-activation output on the fast path, every layout: 16-bit with
 // 16-byte rows (paired stores), and fp32 or an odd row stride (fp32 pairs,
 // single stores), M and U with tails. Both paths against the reference.
@@ -666,13 +681,8 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
     // Aligned cases get at least one whole 128-column tile (the compact
     // store path) and usually a partial one (the general path).
     if (aligned && p.u < 128) p.u += 128;
-    p.ldy = 0;
-    p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
-    if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
-    p.has_preact = true;
-    p.preact_dtype = aligned ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16);
-    p.ldpre = aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2);
-    p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + (aligned ? 8 : 3) : kAuto;
+    ask_preact(p, i, aligned ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16),
+               aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2), aligned ? 8 : 3);
     SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
     Config taken;
     run_fast_path_case(p, rng, &st, sm90, &taken);
@@ -698,13 +708,7 @@ TEST(GpuFused, FastPathPreactTma) {
     p.activation = static_cast<Activation>(i % 5);
     const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
     p.u = g == 256 ? 256 * pick(rng, {1, 2}) : 128 * pick(rng, {1, 2, 3});
-    p.ldy = 0;
-    p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = kAuto;
-    if (p.batch > 1 && i % 2) p.batch_stride_w = 0;  // shared weights
-    p.has_preact = true;
-    p.preact_dtype = p.input_dtype;
-    p.ldpre = 2 * p.u + 8 * (i % 3);
-    p.batch_stride_preact = p.batch > 1 ? p.m * p.ldpre + 8 * (1 + i % 2) : kAuto;
+    ask_preact(p, i, p.input_dtype, 2 * p.u + 8 * (i % 3), 8 * (1 + i % 2));
     SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
     Config taken;
     run_fast_path_case(p, rng, &st, sm90, &taken, i % 2 == 0);

@@ -253,8 +253,9 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   // The pre-activation through TMA stores, like Y, in kernels of their own
   // (PRE = 1): the input's dtype, rows and batches on 16-byte boundaries, U
   // whole tiles (so no box reaches past a run of columns), cluster size 1 or
-  // 2, any activation but gelu_erf (launch.cuh). Stored from registers instead, its 4-byte stores fill half of each
-  // 32-byte sector and cost 8-12 % of the time (NOTES.md, h13).
+  // 2, any activation but gelu_erf (launch.cuh). Stored from registers
+  // instead, its 4-byte stores fill half of each 32-byte sector and cost
+  // 7-13 % of the time rather than 2-5 % (NOTES.md, h13).
   // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons).
   const char* pre_tma_env = std::getenv("GATEDMLP_SM90_PRE_TMA");
   p.pre_tma = r.has_preact && !(pre_tma_env && std::string(pre_tma_env) == "0") &&

@@ -22,7 +22,7 @@ struct Params {
   // Y as (U, M, L), 16-bit output only; box 64 x 64 x 1. Used when y_tma.
   CUtensorMap tma_y;
   // The pre-activation as (2U, M, L), 16-bit only; box 64 x 64 x 1. Used
-  // when pre_tma, for tiles whose 128 columns are all inside U.
+  // when pre_tma (U is then a multiple of the 128-column tile).
   CUtensorMap tma_pre;
 
   int64_t m, k, u;
@@ -55,7 +55,7 @@ struct Params {
   int pre_mode;        // where a tile's pre-activation columns lie: see store_pre
   int pre_log2g;       // pre_mode 1: log2(G)
   int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
-  int pre_tma;         // whole tiles' pre-activation goes through shared memory and TMA stores (see store_pre_tma)
+  int pre_tma;         // the pre-activation goes through shared memory and TMA stores (PRE = 1 kernels, store_pre_tma)
 
   // Split tail (stream-K over the last waves; see Schedule in the kernel).
   // Work items [0, sk_first) run whole, a wave at a time; the k-blocks of
