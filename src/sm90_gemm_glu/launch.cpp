@@ -151,6 +151,11 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
   p.group_m = gm ? std::max(1, std::atoi(gm)) : 16;
+  // One row-block: the call streams the weights from device memory, and the
+  // ring's four stages are all the weight bytes a CTA has in flight. The
+  // producer can also prefetch into L2, p.w_prefetch k-blocks ahead
+  // (GATEDMLP_SM90_L2_PREFETCH; more than the stage count, or off).
+  if (const char* pf = std::getenv("GATEDMLP_SM90_L2_PREFETCH"); pf && p.m_tiles == 1) p.w_prefetch = std::atoi(pf);
   p.tiles = int64_t(p.m_units) * p.n_tiles * r.batch;
 
   // X: (K, M, L).

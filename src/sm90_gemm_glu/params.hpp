@@ -37,6 +37,7 @@ struct Params {
   // (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
   // whole blocks of G rows when G is smaller than the part.
   int w_part_c1, w_part_c3;
+  int w_prefetch;            // k-blocks ahead of its loads that the producer prefetches the weights into L2 (0: off)
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
 
   // Epilogue, strides in elements.

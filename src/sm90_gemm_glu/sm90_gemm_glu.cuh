@@ -46,7 +46,8 @@
 // are stored by the threads.) The pre-activation, if asked, goes first:
 // when it is 16-bit with 16-byte rows and U is whole tiles, through the same
 // shared tile in two rounds of 128 columns and TMA stores (store_pre_tma, in
-// kernels of their own: PRE = 1); otherwise from the registers, two columns
+// kernels of their own: PRE = 1), each round's wait for the copy engine
+// covered by computing half of Y; otherwise from the registers, two columns
 // per store (store_pre_fast for whole tiles of 16-bit output: straight-line
 // code, small enough to stay in the instruction cache). Only Y (and the
 // pre-activation) reaches device memory.
@@ -187,7 +188,29 @@ __device__ __forceinline__ void store_vec4(void* p, int dtype, int64_t i, float4
   }
 }
 
-template <int ACT, int Q>
+// Y of fragment element i: act(g) * u, or, with DONE, the value that
+// glu_in_place already left in g's place.
+template <int ACT, bool DONE>
+__device__ __forceinline__ float y_of(const float (&d)[128], int i, float ca, float cl) {
+#if defined(GATEDMLP_SM90_EXP_NO_ACT)
+  // Timing experiment only (scripts/exp-epilogue.sh): Y = g * u, no special
+  // functions.
+  if constexpr (!DONE) return d[i] * d[i + 64];
+#endif
+  if constexpr (DONE) return d[i];
+  else return gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
+}
+
+// act(g) * u of tile columns [64 H, 64 H + 64) written over g (d[i]), u kept:
+// the PRE = 1 kernels compute Y while a TMA store of the pre-activation reads
+// the shared tile, instead of waiting for it.
+template <int ACT, int H>
+__device__ __forceinline__ void glu_in_place(float (&d)[128], float ca, float cl) {
+#pragma unroll
+  for (int i = 32 * H; i < 32 * H + 32; ++i) d[i] = y_of<ACT, false>(d, i, ca, cl);
+}
+
+template <int ACT, bool DONE, int Q>
 __device__ __forceinline__ void park_glu_chunk(const float (&d)[128], float* buf, int warp, int lane, float ca,
                                                float cl) {
 #pragma unroll
@@ -197,9 +220,8 @@ __device__ __forceinline__ void park_glu_chunk(const float (&d)[128], float* buf
       const int i = 4 * (4 * Q + jj) + 2 * h;
       const int r = 16 * warp + lane / 4 + 8 * h;
       const int c = 8 * jj + 2 * (lane % 4);
-      const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
-      const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
-      *reinterpret_cast<float2*>(buf + r * Traits::kStageLd + c) = make_float2(y0, y1);
+      *reinterpret_cast<float2*>(buf + r * Traits::kStageLd + c) =
+          make_float2(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
 }
 
@@ -402,21 +424,24 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
 }
 
 // A tile's pre-activation (16-bit, p.pre_tma: U is whole tiles, so every
-// tile is) through the warpgroup's shared tile in two rounds of 128
-// columns, each handed to two TMA stores (rows past M are clipped by them).
-// The 4-byte stores of store_pre_fast half-fill every 32-byte sector; here
-// the copy engine writes whole lines and the warpgroup only waits for it to
-// have read the shared tile before reusing it. Leaves the tile free for Y.
-template <typename OUT, int MODE>
+// tile is) through the warpgroup's shared tile in two rounds of 128 columns,
+// each handed to two TMA stores (rows past M are clipped by them). The
+// 4-byte stores of store_pre_fast half-fill every 32-byte sector; here the
+// copy engine writes whole lines. While it reads the tile, the warpgroup
+// computes Y of tile columns [64 round, 64 round + 64) in place of g: every
+// value the round parked is out of the registers' way by then, and round 1
+// needs only u (MODE 0) or the other 64 columns (MODE 1, 2). Then it waits
+// until the tile has been read, so that it can be written again. Leaves the
+// tile free for Y, and Y itself in d[0 ... 63].
+template <typename OUT, int MODE, int ACT>
 __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], unsigned char* tile, int bar,
                                               int tid, int l, int64_t row0, int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
-  // Not unrolled: unrolled, the gelu_tanh kernels spilled 8-12 B.
+  // Not unrolled: unrolled, silu spilled 12-20 B and gelu_tanh 8-12 B.
 #pragma unroll 1
   for (int round = 0; round < 2; ++round) {
     // Keeps what is computed from d (the packs, Y) from being hoisted above
-    // the barriers and held across them. A guard: ptxas reported the same
-    // spills with and without it while they were being chased.
+    // the barriers and held across them.
     fence_regs(d);
     if (round == 0) park_pre<OUT, MODE, 0>(p, d, tile, warp, lane);
     else park_pre<OUT, MODE, 1>(p, d, tile, warp, lane);
@@ -428,7 +453,9 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
       tma_store_3d(&p.tma_pre, tile + 8192, c0 + 64, static_cast<int>(row0), l);
       bulk_commit();
     }
-    // The stores must have read the tile before it is written again.
+    fence_regs(d);
+    if (round == 0) glu_in_place<ACT, 0>(d, p.clamp_alpha, p.clamp_limit);
+    else glu_in_place<ACT, 1>(d, p.clamp_alpha, p.clamp_limit);
     if (tid == 0) bulk_wait_read();
     named_barrier(bar, 128);
   }
@@ -437,7 +464,7 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
 // warpgroup's swizzled 64 x 128 tile (swizzled_off).
-template <int ACT, typename OUT>
+template <int ACT, bool DONE, typename OUT>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
 #pragma unroll
@@ -446,16 +473,8 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned 
     for (int h = 0; h < 2; ++h) {
       const int i = 4 * j + 2 * h;
       const int r = 16 * warp + lane / 4 + 8 * h;
-#if defined(GATEDMLP_SM90_EXP_NO_ACT)
-      // Timing experiment only (scripts/exp-epilogue.sh): Y = g * u, no
-      // special functions.
-      const float y0 = d[i] * d[i + 64], y1 = d[i + 1] * d[i + 65];
-#else
-      const float y0 = gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
-      const float y1 = gatedmlp::detail::glu<float>(ACT, d[i + 1], d[i + 65], ca, cl);
-#endif
       *reinterpret_cast<uint32_t*>(tile + swizzled_off(r, 8 * j + 2 * (lane % 4), lane)) =
-          gatedmlp::detail::pack2<OUT>(y0, y1);
+          gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
 }
 
@@ -505,9 +524,9 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     // Its own kernels: next to the register-direct paths below, this path
     // made ptxas spill ~300 B in some of them.
     switch (p.pre_mode) {
-      case 0: store_pre_tma<T, 0>(p, d, tile, bar, tid, tc.l, row0, col0); break;
-      case 1: store_pre_tma<T, 1>(p, d, tile, bar, tid, tc.l, row0, col0); break;
-      default: store_pre_tma<T, 2>(p, d, tile, bar, tid, tc.l, row0, col0); break;
+      case 0: store_pre_tma<T, 0, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
+      case 1: store_pre_tma<T, 1, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
+      default: store_pre_tma<T, 2, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
     }
   } else if (p.has_pre) {
     // Whole tiles of 16-bit, pair-aligned output take the compact path.
@@ -529,11 +548,15 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     }
   }
 
+  // With PRE = 1, store_pre_tma has already computed Y (in d[0 ... 63]).
+  constexpr bool kDone = PRE == 1;
   if (p.y_tma) {
     // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
     // one thread and left in flight while the warpgroup starts the next tile.
-    if (p.out_dtype == 0) park_y_swizzled<ACT, __nv_bfloat16>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
-    else park_y_swizzled<ACT, __half>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+    if (p.out_dtype == 0)
+      park_y_swizzled<ACT, kDone, __nv_bfloat16>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+    else
+      park_y_swizzled<ACT, kDone, __half>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     fence_proxy_async();
     named_barrier(bar, 128);
     if (tid == 0 && row0 < p.m) {
@@ -544,7 +567,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     return;
   }
 #define GATEDMLP_Y_CHUNK(Q)                                                          \
-  park_glu_chunk<ACT, Q>(d, buf, warp, lane, p.clamp_alpha, p.clamp_limit);          \
+  park_glu_chunk<ACT, kDone, Q>(d, buf, warp, lane, p.clamp_alpha, p.clamp_limit);   \
   named_barrier(bar, 128);                                                           \
   store_chunk(p, buf, tid, tc.l, row0, col0 + Q * Traits::kChunk);                   \
   if (Q < 3) named_barrier(bar, 128);
@@ -626,6 +649,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           if constexpr (CM == 1) {
             tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
             tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+            // Weight streaming (one row-block): more of the weights in
+            // flight than the ring holds.
+            if (p.w_prefetch > Tr::kStages) {
+              // At an item's first k-block, everything past the ring up to
+              // the distance; then one k-block per k-block.
+              for (int t = kb == wk.kb0 ? kb + Tr::kStages : kb + p.w_prefetch;
+                   t <= kb + p.w_prefetch && t < wk.kb1; ++t) {
+                tma_prefetch_l2_5d(&p.tma_wg, t * Tr::BK, c1, p.gate_half, c3, wl);
+                tma_prefetch_l2_5d(&p.tma_wu, t * Tr::BK, c1, p.up_half, c3, wl);
+              }
+            }
           } else {
             // This CTA's part of the weight tile: half rank / kParts (gate,
             // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
