@@ -3,12 +3,11 @@
 # which clock limit the portable kernel runs into at M = 65536. Needs a build
 # (BUILD, default build-prof: scripts/profile-hopper.sh makes one). Output to
 # $OUT or ./profile-out.
-#   scripts/probe-small-m.sh [steps...]     (default: scale ncu source clock)
+#   scripts/probe-small-m.sh [steps...]     (default: scale narrow ncu source clock)
 #   scale:  bench M = 64 and 512 as shipped, with the split tail forced, and
 #           at M = 64 on fewer resident CTAs (GATEDMLP_SM90_CLUSTERS): if the
 #           time grows as 1 / CTAs, each SM's stream is the limit, if not, DRAM.
-#   prefetch: M = 1 ... 128 with the weights prefetched into L2 ahead of the
-#           ring, at several distances.
+#   narrow: M = 1 ... 128, X boxes of M rows against 128-row boxes.
 #   ncu:    DRAM bytes and throughput, tensor-pipe activity, fused and cuBLAS.
 #   source: per-instruction stall sampling of the Hopper kernel at M = 512.
 #   clock:  SM clock, power and throttle reasons (nvidia-smi, every 100 ms)
@@ -23,7 +22,7 @@ g="$b/tools/gatedmlp"
 [ -x "$g" ] || { echo "build $b first"; exit 1; }
 rows() { grep -E "^(model|8b|70b|405b|custom) " | cut -c1-140; }
 
-for step in ${@:-scale ncu source clock}; do
+for step in ${@:-scale narrow ncu source clock}; do
   case "$step" in
   scale)
     echo "=== as shipped"; "$g" bench --m 64,512 2>/dev/null | rows
@@ -31,14 +30,14 @@ for step in ${@:-scale ncu source clock}; do
     for c in 96 66 33; do
       echo "=== M = 64 on $c resident CTAs"; GATEDMLP_SM90_CLUSTERS=$c "$g" bench --m 64 2>/dev/null | rows
     done ;;
-  prefetch)
-    # The producer's L2 prefetch of the weights at one row-block
-    # (GATEDMLP_SM90_L2_PREFETCH k-blocks ahead; 0 = off), three rounds
-    # interleaved so that drift hits every setting alike.
+  narrow)
+    # X boxes of only M rows (rounded up to 8) against full 128-row boxes
+    # mostly past the edge (GATEDMLP_SM90_NARROW_X=0), three rounds
+    # interleaved so that drift hits both alike.
     for round in 1 2 3; do
-      for d in 0 8 16 32; do
-        echo "=== round $round, GATEDMLP_SM90_L2_PREFETCH=$d"
-        GATEDMLP_SM90_L2_PREFETCH=$d "$g" bench --m 1,16,64,128 2>/dev/null | rows | grep -v '^model'
+      for v in 1 0; do
+        echo "=== round $round, GATEDMLP_SM90_NARROW_X=$v"
+        GATEDMLP_SM90_NARROW_X=$v "$g" bench --m 1,16,64,100,128 2>/dev/null | rows | grep -v '^model'
       done
     done ;;
   ncu)

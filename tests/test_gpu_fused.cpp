@@ -573,7 +573,9 @@ Problem fast_path_problem(std::mt19937_64& rng, int i) {
   }
   p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
   p.output_dtype = static_cast<DType>(rng() % 3);
-  p.m = pick(rng, {1, 7, 129, 300});
+  // M < 128: X boxes of M rows rounded up to 8 (1, 7: 8 rows; 60: 64; 100:
+  // 104), the other A rows zeroed once; then row tails.
+  p.m = pick(rng, {1, 7, 60, 100, 129, 300});
   p.k = pick(rng, {8, 72, 136, 520});
   const float alphas[] = {1.0f, 0.5f, -1.5f, 1.25f};
   p.alpha = alphas[rng() % 4];

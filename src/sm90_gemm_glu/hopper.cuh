@@ -103,15 +103,6 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const void* map, uint64_t
       : "memory");
 }
 
-// Starts moving a tensor box from device memory into L2 only: no shared
-// memory, no barrier; a hint that may be dropped.
-__device__ __forceinline__ void tma_prefetch_l2_5d(const void* map, int c0, int c1, int c2, int c3, int c4) {
-  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
-               : "memory");
-}
-
 // Shared memory -> tensor box; clipped at the tensor's edges. Tracked by the
 // issuing thread's bulk async-groups.
 __device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1, int c2) {

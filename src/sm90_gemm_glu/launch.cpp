@@ -151,11 +151,6 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
   p.group_m = gm ? std::max(1, std::atoi(gm)) : 16;
-  // One row-block: the call streams the weights from device memory, and the
-  // ring's four stages are all the weight bytes a CTA has in flight. The
-  // producer can also prefetch into L2, p.w_prefetch k-blocks ahead
-  // (GATEDMLP_SM90_L2_PREFETCH; more than the stage count, or off).
-  if (const char* pf = std::getenv("GATEDMLP_SM90_L2_PREFETCH"); pf && p.m_tiles == 1) p.w_prefetch = std::atoi(pf);
   p.tiles = int64_t(p.m_units) * p.n_tiles * r.batch;
 
   // X: (K, M, L).
@@ -164,7 +159,13 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
     const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(r.m), cuuint64_t(p.x_batched ? r.batch : 1)};
     const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2),
                                    cuuint64_t(p.x_batched ? r.batch_stride_x * 2 : r.m * r.ldx * 2)};
-    const cuuint32_t box[3] = {cuuint32_t(BK), cuuint32_t(BM), 1};
+    // M < BM: boxes of only the rows there are (rounded up to 8, the
+    // swizzle's period), not boxes mostly past the tensor's edge: with those,
+    // 8B M = 1 and 16 took 16 % longer than M = 128 (NOTES.md, h14).
+    // GATEDMLP_SM90_NARROW_X=0: always BM rows.
+    const char* nx = std::getenv("GATEDMLP_SM90_NARROW_X");
+    p.x_rows = (r.m < BM && !(nx && std::atoi(nx) == 0)) ? static_cast<int>((r.m + 7) / 8 * 8) : BM;
+    const cuuint32_t box[3] = {cuuint32_t(BK), cuuint32_t(p.x_rows), 1};
     if (Status e = encode(fn, &p.tma_x, r.input_dtype, a.x, 3, dims, strides, box, "x"); !e) return e;
   }
 

@@ -37,8 +37,8 @@ struct Params {
   // (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
   // whole blocks of G rows when G is smaller than the part.
   int w_part_c1, w_part_c3;
-  int w_prefetch;            // k-blocks ahead of its loads that the producer prefetches the weights into L2 (0: off)
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
+  int x_rows;                // rows per X box: BM, or M rounded up to 8 when M < BM (the rest of the ring's A rows are zeroed once)
 
   // Epilogue, strides in elements.
   const void* bias;

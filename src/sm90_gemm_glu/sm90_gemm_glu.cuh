@@ -644,22 +644,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           const uint32_t phase = (it / Tr::kStages) & 1;
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
-          mbar_arrive_expect_tx(&full[s], Tr::kStageBytes);
+          mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
           tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
           if constexpr (CM == 1) {
             tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
             tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
-            // Weight streaming (one row-block): more of the weights in
-            // flight than the ring holds.
-            if (p.w_prefetch > Tr::kStages) {
-              // At an item's first k-block, everything past the ring up to
-              // the distance; then one k-block per k-block.
-              for (int t = kb == wk.kb0 ? kb + Tr::kStages : kb + p.w_prefetch;
-                   t <= kb + p.w_prefetch && t < wk.kb1; ++t) {
-                tma_prefetch_l2_5d(&p.tma_wg, t * Tr::BK, c1, p.gate_half, c3, wl);
-                tma_prefetch_l2_5d(&p.tma_wu, t * Tr::BK, c1, p.up_half, c3, wl);
-              }
-            }
           } else {
             // This CTA's part of the weight tile: half rank / kParts (gate,
             // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
@@ -682,6 +671,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     unsigned char* tile = epi + cw * Tr::kEpiBytes;
     if (p.y_tma && tid == 0) tma_prefetch_map(&p.tma_y);
     if (PRE == 1 && tid == 0) tma_prefetch_map(&p.tma_pre);
+    if (p.x_rows < Tr::BM) {
+      // X boxes of x_rows rows (M < BM): the A rows after them are never
+      // loaded. Zero them once, so that the MMAs read what a full box's zero
+      // fill would have given (those rows are past M and never stored).
+      const int off = p.x_rows * Tr::BK * 2, bytes = Tr::kABytes - off;
+      for (int s = 0; s < Tr::kStages; ++s)
+        for (int o = (cw * 128 + tid) * 16; o < bytes; o += 256 * 16)
+          *reinterpret_cast<uint4*>(smem + s * Tr::kStageBytes + off + o) = make_uint4(0u, 0u, 0u, 0u);
+      fence_proxy_async();
+      named_barrier(3, 256);
+    }
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) d[i] = 0.f;
