@@ -699,30 +699,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
       const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
+      const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
+      // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
+      // of a last row-block) only frees the stages: its sums would never be
+      // stored, and its MMAs would read the shared weight tile for nothing.
+      const bool idle = row0 >= p.m;
       int prev = -1;
       for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
-        const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
-        const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
-        const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
-        fence_regs(d);
-        wgmma_fence();
+        if (!idle) {
+          const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
+          const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
+          const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
+          fence_regs(d);
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < Tr::BK / 16; ++kk)
-          wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
-        wgmma_commit();
-        fence_regs(d);
-        // The previous k-step's wgmma has retired: its stage can be refilled.
-        wgmma_wait<1>();
-        fence_regs(d);
+          for (int kk = 0; kk < Tr::BK / 16; ++kk)
+            wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
+          wgmma_commit();
+          fence_regs(d);
+          // The previous k-step's wgmma has retired: its stage can be refilled.
+          wgmma_wait<1>();
+          fence_regs(d);
+        }
         if (prev >= 0) release(prev);
         prev = s;
       }
       wgmma_wait<0>();
       fence_regs(d);
       if (prev >= 0) release(prev);
-      const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
