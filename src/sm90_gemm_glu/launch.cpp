@@ -161,7 +161,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
                                    cuuint64_t(p.x_batched ? r.batch_stride_x * 2 : r.m * r.ldx * 2)};
     // M < BM: boxes of only the rows there are (rounded up to 8, the
     // swizzle's period), not boxes mostly past the tensor's edge: with those,
-    // 8B M = 1 and 16 took 16 % longer than M = 128 (NOTES.md, h14).
+    // 8B M = 1 and 16 took 16 % longer than M = 128 (NOTES.md, h16).
     // GATEDMLP_SM90_NARROW_X=0: always BM rows.
     const char* nx = std::getenv("GATEDMLP_SM90_NARROW_X");
     p.x_rows = (r.m < BM && !(nx && std::atoi(nx) == 0)) ? static_cast<int>((r.m + 7) / 8 * 8) : BM;

@@ -54,6 +54,9 @@
 //
 // Edges. TMA zero-fills rows past M and U and columns past K, so partial
 // tiles need no predication in the main loop; the epilogue bounds-checks.
+// When M < 128, X boxes hold only M rows (rounded up to 8): boxes mostly past
+// the edge cost the copy engine as much as real rows (NOTES.md, h16). A
+// consumer warpgroup whose 64 rows all lie past M skips its MMAs (h17).
 #pragma once
 
 #include <cuda_bf16.h>
