@@ -662,6 +662,26 @@ void ask_preact(Problem& p, int i, DType dt, int64_t ldpre, int64_t pad) {
   p.ldpre = ldpre;
   p.batch_stride_preact = p.batch > 1 ? p.m * ldpre + pad : kAuto;
 }
+
+// Two rounds of the fast-path layouts, each case drawn by fast_path_problem,
+// then given its pre-activation (and a new U) by ask(p, i, rng); both paths
+// against the reference, every other case also without a workspace if
+// asked.
+template <typename Ask>
+void run_preact_suite(Ask ask, bool also_without_workspace) {
+  const bool sm90 = device_is_sm90();
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
+  for (int i = 0; i < 2 * kFastLayouts; ++i) {
+    Problem p = fast_path_problem(rng, i);
+    ask(p, i, rng);
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
+    Config taken;
+    run_fast_path_case(p, rng, &st, sm90, &taken, also_without_workspace && i % 2 == 0);
+    if (::testing::Test::HasFailure()) return;
+  }
+  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
+}
 }  // namespace
 
 // The pre-activation output on the fast path, every layout: 16-bit with
@@ -669,28 +689,21 @@ void ask_preact(Problem& p, int i, DType dt, int64_t ldpre, int64_t pad) {
 // single stores), M and U with tails. Both paths against the reference.
 TEST(GpuFused, FastPathPreactEveryLayout) {
   SKIP_WITHOUT_GPU();
-  const bool sm90 = device_is_sm90();
-  std::mt19937_64 rng(fresh_seed());
-  CaseStats st;
-  for (int i = 0; i < 2 * kFastLayouts; ++i) {
-    Problem p = fast_path_problem(rng, i);
-    // Redraw U as a multiple of 4 (2U rows of 16-bit values are then 16-byte
-    // multiples), keeping it a multiple of G, and reset what depended on it.
-    const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
-    if (g <= 1) p.u = pick(rng, {4, 36, 92, 132, 260});
-    else if (g == 2) p.u = 2 * pick(rng, {2, 18, 66});
-    const bool aligned = i < kFastLayouts;
-    // Aligned cases get at least one whole 128-column tile (the compact
-    // store path) and usually a partial one (the general path).
-    if (aligned && p.u < 128) p.u += 128;
-    ask_preact(p, i, aligned ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16),
-               aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2), aligned ? 8 : 3);
-    SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
-    Config taken;
-    run_fast_path_case(p, rng, &st, sm90, &taken);
-    if (HasFailure()) return;
-  }
-  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
+  run_preact_suite(
+      [](Problem& p, int i, std::mt19937_64& rng) {
+        // Redraw U as a multiple of 4 (2U rows of 16-bit values are then
+        // 16-byte multiples), keeping it a multiple of G.
+        const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
+        if (g <= 1) p.u = pick(rng, {4, 36, 92, 132, 260});
+        else if (g == 2) p.u = 2 * pick(rng, {2, 18, 66});
+        const bool aligned = i < kFastLayouts;
+        // Aligned cases get at least one whole 128-column tile (the compact
+        // store path) and usually a partial one (the general path).
+        if (aligned && p.u < 128) p.u += 128;
+        ask_preact(p, i, aligned ? (i % 2 ? DType::bf16 : DType::fp16) : (i % 2 ? DType::fp32 : DType::bf16),
+                   aligned ? 2 * p.u + 8 * (i % 3) : 2 * p.u + 1 + 2 * (i % 2), aligned ? 8 : 3);
+      },
+      false);
 }
 
 // The pre-activation through TMA stores (the fast path's PRE = 1 kernels):
@@ -700,23 +713,16 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
 // without a workspace. Both paths against the reference.
 TEST(GpuFused, FastPathPreactTma) {
   SKIP_WITHOUT_GPU();
-  const bool sm90 = device_is_sm90();
-  std::mt19937_64 rng(fresh_seed());
-  CaseStats st;
-  for (int i = 0; i < 2 * kFastLayouts; ++i) {
-    Problem p = fast_path_problem(rng, i);
-    // Every activation (gelu_erf takes the register-direct store), over the
-    // layouts in turn.
-    p.activation = static_cast<Activation>(i % 5);
-    const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
-    p.u = g == 256 ? 256 * pick(rng, {1, 2}) : 128 * pick(rng, {1, 2, 3});
-    ask_preact(p, i, p.input_dtype, 2 * p.u + 8 * (i % 3), 8 * (1 + i % 2));
-    SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
-    Config taken;
-    run_fast_path_case(p, rng, &st, sm90, &taken, i % 2 == 0);
-    if (HasFailure()) return;
-  }
-  std::printf("[ cases ] %d passed, twice each; worst ratio %.3f\n", st.cases, st.worst_ratio);
+  run_preact_suite(
+      [](Problem& p, int i, std::mt19937_64& rng) {
+        // Every activation (gelu_erf takes the register-direct store), over
+        // the layouts in turn.
+        p.activation = static_cast<Activation>(i % 5);
+        const int64_t g = p.weights.format == WeightFormat::fused ? p.weights.group : 0;
+        p.u = g == 256 ? 256 * pick(rng, {1, 2}) : 128 * pick(rng, {1, 2, 3});
+        ask_preact(p, i, p.input_dtype, 2 * p.u + 8 * (i % 3), 8 * (1 + i % 2));
+      },
+      true);
 }
 
 // Problems the fast path must refuse: they fall back to the portable kernel,

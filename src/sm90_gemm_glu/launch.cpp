@@ -120,6 +120,12 @@ Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, 
 
 namespace {
 constexpr size_t kFlagBytesAlign = 256;
+
+// A timing knob set to "0": the default behaviour turned off.
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "0";
+}
 size_t flag_bytes(int ctas) {
   return (size_t(ctas) * 2 * sizeof(uint64_t) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign;
 }
@@ -163,8 +169,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
     // swizzle's period), not boxes mostly past the tensor's edge: with those,
     // 8B M = 1 and 16 took 16 % longer than M = 128 (NOTES.md, h16).
     // GATEDMLP_SM90_NARROW_X=0: always BM rows.
-    const char* nx = std::getenv("GATEDMLP_SM90_NARROW_X");
-    p.x_rows = (r.m < BM && !(nx && std::atoi(nx) == 0)) ? static_cast<int>((r.m + 7) / 8 * 8) : BM;
+    p.x_rows = (r.m < BM && !env_off("GATEDMLP_SM90_NARROW_X")) ? static_cast<int>((r.m + 7) / 8 * 8) : BM;
     const cuuint32_t box[3] = {cuuint32_t(BK), cuuint32_t(p.x_rows), 1};
     if (Status e = encode(fn, &p.tma_x, r.input_dtype, a.x, 3, dims, strides, box, "x"); !e) return e;
   }
@@ -263,8 +268,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   // instead, its 4-byte stores fill half of each 32-byte sector and cost
   // 7-13 % of the time rather than 2-5 % (NOTES.md, h13).
   // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons).
-  const char* pre_tma_env = std::getenv("GATEDMLP_SM90_PRE_TMA");
-  p.pre_tma = r.has_preact && !(pre_tma_env && std::string(pre_tma_env) == "0") &&
+  p.pre_tma = r.has_preact && !env_off("GATEDMLP_SM90_PRE_TMA") &&
               r.preact_dtype == r.input_dtype && r.u % BN == 0 && cluster_m <= 2 &&
               r.activation != Activation::gelu_erf &&
               r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&

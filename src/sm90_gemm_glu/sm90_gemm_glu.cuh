@@ -98,6 +98,9 @@ struct Traits {
 
 namespace detail_ {
 
+// Named barriers: 1 + cw for consumer warpgroup cw alone, kBothBar for both.
+constexpr int kBothBar = 3;
+
 using gatedmlp::detail::load_float;
 using gatedmlp::detail::store_float;
 
@@ -486,7 +489,6 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
                                          int tid, const TileCoord& tc) {
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
-  constexpr int kBothBar = 3;  // named barrier of both consumer warpgroups
   const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
   const int64_t col0 = int64_t(tc.nb) * Traits::BNO;
   float* buf = reinterpret_cast<float*>(tile);
@@ -683,7 +685,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (int o = (cw * 128 + tid) * 16; o < bytes; o += 256 * 16)
           *reinterpret_cast<uint4*>(smem + s * Tr::kStageBytes + off + o) = make_uint4(0u, 0u, 0u, 0u);
       fence_proxy_async();
-      named_barrier(3, 256);
+      named_barrier(detail_::kBothBar, 256);
     }
     float d[128];
 #pragma unroll
