@@ -5,8 +5,6 @@
 #   skip   GATEDMLP_SM90_EXP_SKIP_EPILOGUE: no epilogue at all (Y never written);
 #          bounds what overlapping it with the main loop could win
 #   noact  GATEDMLP_SM90_EXP_NO_ACT: Y = g * u (no special functions)
-#   split  GATEDMLP_SM90_EXP_SPLIT_N: each m64n256k16 as two m64n128k16 (gate,
-#          up): two accumulator chains per warpgroup instead of one
 #   scripts/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
 # VARIANTS picks builds (default: base skip).
 set -uo pipefail
@@ -21,7 +19,6 @@ for v in "${variants[@]}"; do
     base) flags="" ;;
     skip) flags="-DGATEDMLP_SM90_EXP_SKIP_EPILOGUE" ;;
     noact) flags="-DGATEDMLP_SM90_EXP_NO_ACT" ;;
-    split) flags="-DGATEDMLP_SM90_EXP_SPLIT_N" ;;
     *) echo "unknown variant $v"; exit 2 ;;
   esac
   cmake -S . -B $b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a" -DCMAKE_CUDA_FLAGS="$flags" \

@@ -720,18 +720,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           fence_regs(d);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < Tr::BK / 16; ++kk) {
-#if defined(GATEDMLP_SM90_EXP_SPLIT_N)
-            // Timing experiment only (scripts/exp-epilogue.sh split): the
-            // same sums as two m64n128k16 per slice, gate rows then up rows
-            // (B + 128 rows = 16 KB): two accumulator chains per warpgroup
-            // instead of one; d[i] keeps its column.
-            wgmma_m64n128k16<T, 0>(d, da + 2 * kk, db + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
-            wgmma_m64n128k16<T, 64>(d, da + 2 * kk, db + (16384 >> 4) + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
-#else
+          for (int kk = 0; kk < Tr::BK / 16; ++kk)
             wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
-#endif
-          }
           wgmma_commit();
           fence_regs(d);
           // The previous k-step's wgmma has retired: its stage can be refilled.
