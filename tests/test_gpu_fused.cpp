@@ -139,15 +139,11 @@ struct Variant {
   const char* force_path = nullptr;  // with set_env: the value; nullptr unsets it
   bool workspace = true;             // workspace_size() bytes, poisoned; false: (nullptr, 0)
   const char* split_tail = nullptr;  // GATEDMLP_SM90_SPLIT_TAIL for the run; nullptr: as the environment has it
-  const char* pingpong = nullptr;    // GATEDMLP_SM90_PINGPONG for the run; nullptr: as the environment has it
 };
 const Variant kAsIs{};
 const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset, split tail forced", true, nullptr, true, "force"};
 const Variant kAutoNoWorkspace{"fused, GATEDMLP_FORCE_PATH unset, no workspace", true, nullptr, false};
 const Variant kPortablePath{"fused, GATEDMLP_FORCE_PATH=portable", true, "portable"};
-// The Hopper ping-pong kernel where it takes the call (16-bit Y by TMA, no
-// pre-activation); the cooperative kernel otherwise.
-const Variant kPingPong{"fused, GATEDMLP_SM90_PINGPONG=1", true, nullptr, true, nullptr, "1"};
 
 struct CaseOptions {
   std::vector<Variant> variants{kAsIs};  // one fused run each, on the same inputs
@@ -235,10 +231,9 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
   }
 
   for (const Variant& v : opt.variants) {
-    std::optional<ScopedEnv> env, split_env, pp_env;
+    std::optional<ScopedEnv> env, split_env;
     if (v.set_env) env.emplace(kForcePathEnv, v.force_path);
     if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
-    if (v.pingpong) pp_env.emplace("GATEDMLP_SM90_PINGPONG", v.pingpong);
     Config cfg;
     const Status sp = plan(p, &cfg);
     ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();
@@ -621,7 +616,7 @@ void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, b
   ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
   std::vector<Config> plans;
   CaseOptions opt;
-  opt.variants = {kAutoPath, kPortablePath, kPingPong};
+  opt.variants = {kAutoPath, kPortablePath};
   if (also_without_workspace) opt.variants.push_back(kAutoNoWorkspace);
   opt.plans = &plans;
   run_case(p, rng, st, opt);
@@ -861,7 +856,7 @@ TEST(GpuFused, FastPathLargeShapes) {
     ASSERT_TRUE(fast_path_eligible(p));
     std::vector<Config> plans;
     CaseOptions opt;
-    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kPingPong};
+    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace};
     opt.plans = &plans;
     opt.ref_rows = sample_rows(p.m, rng);
     run_case(p, rng, &st, opt);

@@ -12,7 +12,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 namespace gatedmlp::sm90 {
 
@@ -148,12 +147,6 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrives on named barrier `id` without waiting: the other `threads` minus
-// this warpgroup's wait on it (bar.sync) for their turn.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // ------------------------------------------------------------------ flags between CTAs
 // A flag in global memory that one CTA raises, by storing the launch's
 // token, after its threads' writes (the caller synchronises them first with a
@@ -253,38 +246,5 @@ __device__ __forceinline__ void wgmma_m64n256k16<__half>(float (&d)[128], uint64
 }
 
 #undef GATEDMLP_WGMMA_M64N256K16
-
-// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T into d[OFF ... OFF + 63] (the
-// ping-pong kernel keeps two of these, rows 0-63 and 64-127 of its tile, in
-// one array). Thread t holds D(row, col) in d[OFF + i] with row and col as for
-// m64n256k16 above (i < 64).
-#define GATEDMLP_WGMMA_M64N128K16(TYPES) \
-  asm volatile( \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " {" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-  "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
-  : \
-    "+f"(d[OFF + 0]), "+f"(d[OFF + 1]), "+f"(d[OFF + 2]), "+f"(d[OFF + 3]), "+f"(d[OFF + 4]), "+f"(d[OFF + 5]), "+f"(d[OFF + 6]), "+f"(d[OFF + 7]), \
-    "+f"(d[OFF + 8]), "+f"(d[OFF + 9]), "+f"(d[OFF + 10]), "+f"(d[OFF + 11]), "+f"(d[OFF + 12]), "+f"(d[OFF + 13]), "+f"(d[OFF + 14]), "+f"(d[OFF + 15]), \
-    "+f"(d[OFF + 16]), "+f"(d[OFF + 17]), "+f"(d[OFF + 18]), "+f"(d[OFF + 19]), "+f"(d[OFF + 20]), "+f"(d[OFF + 21]), "+f"(d[OFF + 22]), "+f"(d[OFF + 23]), \
-    "+f"(d[OFF + 24]), "+f"(d[OFF + 25]), "+f"(d[OFF + 26]), "+f"(d[OFF + 27]), "+f"(d[OFF + 28]), "+f"(d[OFF + 29]), "+f"(d[OFF + 30]), "+f"(d[OFF + 31]), \
-    "+f"(d[OFF + 32]), "+f"(d[OFF + 33]), "+f"(d[OFF + 34]), "+f"(d[OFF + 35]), "+f"(d[OFF + 36]), "+f"(d[OFF + 37]), "+f"(d[OFF + 38]), "+f"(d[OFF + 39]), \
-    "+f"(d[OFF + 40]), "+f"(d[OFF + 41]), "+f"(d[OFF + 42]), "+f"(d[OFF + 43]), "+f"(d[OFF + 44]), "+f"(d[OFF + 45]), "+f"(d[OFF + 46]), "+f"(d[OFF + 47]), \
-    "+f"(d[OFF + 48]), "+f"(d[OFF + 49]), "+f"(d[OFF + 50]), "+f"(d[OFF + 51]), "+f"(d[OFF + 52]), "+f"(d[OFF + 53]), "+f"(d[OFF + 54]), "+f"(d[OFF + 55]), \
-    "+f"(d[OFF + 56]), "+f"(d[OFF + 57]), "+f"(d[OFF + 58]), "+f"(d[OFF + 59]), "+f"(d[OFF + 60]), "+f"(d[OFF + 61]), "+f"(d[OFF + 62]), "+f"(d[OFF + 63]) \
-  : "l"(a_desc), "l"(b_desc), "r"(scale_d))
-
-template <typename T, int OFF>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int scale_d) {
-  static_assert(OFF == 0 || OFF == 64, "one of the two 64-row halves");
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) GATEDMLP_WGMMA_M64N128K16("bf16.bf16");
-  else GATEDMLP_WGMMA_M64N128K16("f16.f16");
-}
-
-#undef GATEDMLP_WGMMA_M64N128K16
 
 }  // namespace gatedmlp::sm90

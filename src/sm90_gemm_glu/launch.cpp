@@ -139,12 +139,13 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   if (!fn) return s;
 
   Params p{};
-  constexpr int BM = kTile.tile_m, BK = kTile.tile_k;
+  constexpr int BM = kTile.tile_m, BN = kTile.tile_n, BK = kTile.tile_k;
   p.m = r.m;
   p.k = r.k;
   p.u = r.u;
   p.batch = static_cast<int>(r.batch);
   p.m_tiles = static_cast<int>((r.m + BM - 1) / BM);
+  p.n_tiles = static_cast<int>((r.u + BN - 1) / BN);
   p.k_blocks = static_cast<int>((r.k + BK - 1) / BK);
   // Clusters of CTAs sharing the weight tile through multicast: see
   // cluster_size(). GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
@@ -152,30 +153,6 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   if (const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER")) cluster_m = std::atoi(cl);
   if (cluster_m != 2 && cluster_m != 4) cluster_m = 1;
   while (cluster_m > 1 && p.m_tiles < cluster_m) cluster_m /= 2;
-
-  // Y through TMA stores: 16-bit output whose rows (and batches) start on
-  // 16-byte boundaries.
-  // TMA stores write whole 16-byte chunks, so U must be a multiple of 8 too,
-  // or the last chunk of a row would spill into the row's padding.
-  p.y_tma = r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 && (r.batch == 1 || r.batch_stride_y % 8 == 0) &&
-            reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && r.ldy * 2 < kMaxStrideBytes &&
-            r.batch_stride_y * 2 < kMaxStrideBytes && r.u <= kMaxCoord;
-  // The ping-pong kernel (pingpong.cuh): Y by TMA, no pre-activation, no
-  // split tail, clusters of at most two. GATEDMLP_SM90_PINGPONG=1 asks for
-  // it (experimental: not yet faster everywhere).
-  {
-    const char* pp = std::getenv("GATEDMLP_SM90_PINGPONG");
-    p.pingpong = pp && std::string(pp) == "1" && p.y_tma && !r.has_preact;
-    if (p.pingpong && cluster_m > 2) cluster_m = 2;
-  }
-  if (p.pingpong) {
-    // Its ring has 6 stages, not a divisor of 2^32: a CTA's 32-bit count of
-    // k-blocks loaded may not wrap. Calls that big take the cooperative kernel.
-    const int64_t tiles = (p.m_tiles + cluster_m - 1) / cluster_m * ((r.u + kPingTile.tile_n - 1) / kPingTile.tile_n) * r.batch;
-    if (tiles > kMaxCoord / 2 || tiles * p.k_blocks >= (int64_t{1} << 32)) p.pingpong = 0;
-  }
-  const int BN = p.pingpong ? kPingTile.tile_n : kTile.tile_n;
-  p.n_tiles = static_cast<int>((r.u + BN - 1) / BN);
   p.m_units = (p.m_tiles + cluster_m - 1) / cluster_m;
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
@@ -252,7 +229,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   p.has_pre = r.has_preact;
   // Pre-activation columns (see store_pre): runs per half, interleaved
   // blocks of G (a power of two dividing 128), or G = 1 pairs.
-  if (sep || r.weights.group == r.u || r.weights.group % kTile.tile_n == 0) {
+  if (sep || r.weights.group == r.u || r.weights.group % BN == 0) {
     p.pre_mode = 0;
   } else {
     p.pre_mode = r.weights.group == 1 ? 2 : 1;
@@ -269,6 +246,13 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&
              reinterpret_cast<uintptr_t>(a.y) % (4 * out_size) == 0;
 
+  // Y through TMA stores: 16-bit output whose rows (and batches) start on
+  // 16-byte boundaries.
+  // TMA stores write whole 16-byte chunks, so U must be a multiple of 8 too,
+  // or the last chunk of a row would spill into the row's padding.
+  p.y_tma = r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 && (r.batch == 1 || r.batch_stride_y % 8 == 0) &&
+            reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && r.ldy * 2 < kMaxStrideBytes &&
+            r.batch_stride_y * 2 < kMaxStrideBytes && r.u <= kMaxCoord;
   if (p.y_tma) {
     const bool batched = r.batch > 1;
     const cuuint64_t dims[3] = {cuuint64_t(r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
@@ -285,7 +269,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   // 7-13 % of the time rather than 2-5 % (NOTES.md, h13).
   // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons).
   p.pre_tma = r.has_preact && !env_off("GATEDMLP_SM90_PRE_TMA") &&
-              r.preact_dtype == r.input_dtype && r.u % kTile.tile_n == 0 && cluster_m <= 2 &&
+              r.preact_dtype == r.input_dtype && r.u % BN == 0 && cluster_m <= 2 &&
               r.activation != Activation::gelu_erf &&
               r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&
               r.m * r.ldpre * 2 < kMaxStrideBytes && r.batch_stride_preact * 2 < kMaxStrideBytes;
@@ -299,7 +283,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   }
 
   // Split-tail workspace: flags first, then the partial tiles.
-  if (workspace && ws_bytes >= workspace_bytes(sms) && !p.pingpong) {
+  if (workspace && ws_bytes >= workspace_bytes(sms)) {
     p.sk_flag = static_cast<uint64_t*>(workspace);
     p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
     p.sk_ctas = sms;

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "sm90_gemm_glu/pingpong.cuh"
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
@@ -20,8 +19,6 @@ namespace gatedmlp::sm90 {
 
 static_assert(Traits::kSmemBytes == kTile.smem_bytes, "kTile.smem_bytes must match the kernel's layout");
 static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Traits::kStages == kTile.stages);
-static_assert(PingTraits::kSmemBytes == kPingTile.smem_bytes && PingTraits::BNO == kPingTile.tile_n &&
-              PingTraits::BM == kPingTile.tile_m && PingTraits::kStages == kPingTile.stages);
 
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
 // item, at most as many as can be resident at once; all of them when the tail
@@ -37,20 +34,16 @@ inline uint64_t next_token() {
   return z ? z : 1;
 }
 
-// PP: the ping-pong kernel (pingpong.cuh; PRE is then 0).
-template <typename T, int ACT, int CM, int PRE, bool PP = false>
+template <typename T, int ACT, int CM, int PRE>
 cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
-  void (*kernel)(Params);
-  if constexpr (PP) kernel = sm90_pingpong_kernel<T, ACT, CM>;
-  else kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE>;
-  constexpr int smem = PP ? PingTraits::kSmemBytes : Traits::kSmemBytes;
+  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE>;
   // Per call: the attribute belongs to the current device.
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
       e != cudaSuccess)
     return e;
   cudaLaunchConfig_t cfg{};
   cfg.blockDim = dim3(Traits::kThreads);
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = Traits::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -85,13 +78,12 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   const char* st = std::getenv("GATEDMLP_SM90_SPLIT_TAIL");
   const char* sw = std::getenv("GATEDMLP_SM90_SPLIT_WAVES");
   const bool force = st && std::string(st) == "force";
-  const bool split =
-      !PP && plan_split_tail(p, resident, CM, !st || force || std::atoi(st) != 0, force, sw ? std::atoi(sw) : 0);
+  const bool split = plan_split_tail(p, resident, CM, !st || force || std::atoi(st) != 0, force, sw ? std::atoi(sw) : 0);
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
   if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
-    std::fprintf(stderr, "[gatedmlp] sm90%s: %lld items on %d clusters of %d; %s%s\n", PP ? " ping-pong" : "",
-                 static_cast<long long>(p.tiles), resident, CM,
+    std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d; %s%s\n", static_cast<long long>(p.tiles),
+                 resident, CM,
                  split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
                  PRE ? "; pre-activation by TMA stores" : (p.has_pre ? "; pre-activation stored from registers" : ""));
   cfg.gridDim = dim3(static_cast<unsigned>(items * CM));
@@ -104,7 +96,6 @@ cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stre
   // picks (1, 2), and not for gelu_erf, whose activation needs more
   // registers: with the TMA pre-activation beside it, its kernels spilled
   // 24-60 B. launch.cpp clears p.pre_tma for both.
-  if (p.pingpong) return cluster_m == 2 ? launch_act<T, ACT, 2, 0, true>(p, sms, stream) : launch_act<T, ACT, 1, 0, true>(p, sms, stream);
   if constexpr (ACT != static_cast<int>(Activation::gelu_erf)) {
     if (p.pre_tma) return cluster_m == 2 ? launch_act<T, ACT, 2, 1>(p, sms, stream) : launch_act<T, ACT, 1, 1>(p, sms, stream);
   }

@@ -18,10 +18,6 @@ struct Tile {
 // Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
 // per consumer warpgroup), 1 KB of bias, 8 mbarriers, 1 KB alignment slack.
 inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 1024};
-// The ping-pong kernel's tile (pingpong.cuh): 128 rows x 64 output columns per
-// consumer warpgroup; 6 x (16 KB of X + 16 KB of weights), two 16 KB Y tiles,
-// 1 KB of bias, 12 mbarriers, 1 KB alignment slack.
-inline constexpr Tile kPingTile{128, 64, 64, 6, 384, 6 * 32768 + 2 * 16384 + 1024 + 96 + 1024};
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
