@@ -9,6 +9,8 @@
 #           time grows as 1 / CTAs, each SM's stream is the limit, if not, DRAM.
 #   narrow: M = 1 ... 128, X boxes of M rows against 128-row boxes.
 #   ncu:    DRAM bytes and throughput, tensor-pipe activity, fused and cuBLAS.
+#   gmma:   wgmma shared-memory wavefronts and bank conflicts, ours and
+#           cuBLAS's, at M = 4096 and 512.
 #   source: per-instruction stall sampling of the Hopper kernel at M = 512.
 #   clock:  SM clock, power and throttle reasons (nvidia-smi, every 100 ms)
 #           while the portable kernel's benchmark runs at M = 65536.
@@ -47,6 +49,17 @@ for step in ${@:-scale narrow ncu source clock}; do
         "$g" bench --m "$m" --reps 2 >"$out/ncu-small-$m.txt" 2>&1
       echo "--- ncu 8b M=$m"
       awk '/^  [a-zA-Z_].*\(/ {name = substr($1, 1, 40)} /gpu__time|cycles_elapsed|dram__|hit_rate|gmma|grid_size/ {print "  " name, $1, $(NF-1), $NF}' "$out/ncu-small-$m.txt"
+    done ;;
+  gmma)
+    # How the tensor pipe's shared-memory operand reads fare, ours against
+    # cuBLAS at 8B M = 4096 and 512: wgmma instructions, the shared-memory
+    # wavefronts and bank conflicts they cause, bank reads against peak.
+    for m in 4096 512; do
+      ncu --clock-control none --kernel-name 'regex:gemm_glu_kernel|nvjet|xmma|cutlass' --launch-skip 2 --launch-count 2 \
+        --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed_pipe_tensor_op_gmma.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_gmma.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed \
+        "$g" bench --m "$m" --reps 2 >"$out/ncu-gmma-$m.txt" 2>&1
+      echo "--- ncu gmma 8b M=$m"
+      awk '/^  [a-zA-Z_].*\(/ {name = substr($1, 1, 40)} /gpu__time|cycles_elapsed|sm__throughput|gmma|bank_/ {print "  " name, $1, $(NF-1), $NF}' "$out/ncu-gmma-$m.txt"
     done ;;
   source)
     OUT="$out" KERNEL=sm90_gemm_glu BUILD="$b" scripts/profile-source.sh 512 4096 14336 | head -40 ;;
