@@ -12,7 +12,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 namespace gatedmlp::sm90 {
 
@@ -113,12 +112,8 @@ __device__ __forceinline__ void tma_store_3d(const void* map, const void* src, i
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Waits until all but the N most recent of the thread's bulk store groups
-// have finished reading shared memory.
-template <int N = 0>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
+// Waits until the thread's bulk stores have finished reading shared memory.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // Waits until they have completed.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
@@ -199,45 +194,57 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, both operands K-major in shared
+// D[64 x 256] (+)= A[64 x 16] * B[256 x 16]^T, both operands K-major in shared
 // memory. scale_d = 0 overwrites D (the first k-step of a tile).
-// The kernel keeps a 64 x 256 tile (gate columns 0-127, then up columns
-// 0-127) in one 128-register array and runs it as two of these, set S = 0, 1:
-// B rows 0-63 are gate columns 64 S ..., rows 64-127 the up columns of the
-// same outputs. Thread t holds D(row, n) in
-//   d[LO + i] (n < 64) or d[HI + i - 32] (n >= 64), LO = 32 S, HI = 64 + 32 S,
-//   row = 16*(t/32) + (t%32)/4 + 8*((i/2)%2),  n = 8*(i/4) + 2*(t%4) + i%2,
-// so d[i] holds gate column 8*(i/4) + 2*(t%4) + i%2 of the 128 for i < 64,
-// and d[i + 64] the up value of the same column: the layout one m64n256k16
-// over [gate | up] would give.
-#define GATEDMLP_WGMMA_M64N128K16(TYPES) \
+// Thread t of the warpgroup holds D(row, col) in d[i] for
+//   row = 16*(t/32) + (t%32)/4 + 8*((i/2)%2),  col = 8*(i/4) + 2*(t%4) + i%2.
+#define GATEDMLP_WGMMA_M64N256K16(TYPES) \
   asm volatile( \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " {" \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPES " {" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-  "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+  "}, %128, %129, p, 1, 1, 0, 0;\n}\n" \
   : \
-    "+f"(d[LO + 0]), "+f"(d[LO + 1]), "+f"(d[LO + 2]), "+f"(d[LO + 3]), "+f"(d[LO + 4]), "+f"(d[LO + 5]), "+f"(d[LO + 6]), "+f"(d[LO + 7]), \
-    "+f"(d[LO + 8]), "+f"(d[LO + 9]), "+f"(d[LO + 10]), "+f"(d[LO + 11]), "+f"(d[LO + 12]), "+f"(d[LO + 13]), "+f"(d[LO + 14]), "+f"(d[LO + 15]), \
-    "+f"(d[LO + 16]), "+f"(d[LO + 17]), "+f"(d[LO + 18]), "+f"(d[LO + 19]), "+f"(d[LO + 20]), "+f"(d[LO + 21]), "+f"(d[LO + 22]), "+f"(d[LO + 23]), \
-    "+f"(d[LO + 24]), "+f"(d[LO + 25]), "+f"(d[LO + 26]), "+f"(d[LO + 27]), "+f"(d[LO + 28]), "+f"(d[LO + 29]), "+f"(d[LO + 30]), "+f"(d[LO + 31]), \
-    "+f"(d[HI + 0]), "+f"(d[HI + 1]), "+f"(d[HI + 2]), "+f"(d[HI + 3]), "+f"(d[HI + 4]), "+f"(d[HI + 5]), "+f"(d[HI + 6]), "+f"(d[HI + 7]), \
-    "+f"(d[HI + 8]), "+f"(d[HI + 9]), "+f"(d[HI + 10]), "+f"(d[HI + 11]), "+f"(d[HI + 12]), "+f"(d[HI + 13]), "+f"(d[HI + 14]), "+f"(d[HI + 15]), \
-    "+f"(d[HI + 16]), "+f"(d[HI + 17]), "+f"(d[HI + 18]), "+f"(d[HI + 19]), "+f"(d[HI + 20]), "+f"(d[HI + 21]), "+f"(d[HI + 22]), "+f"(d[HI + 23]), \
-    "+f"(d[HI + 24]), "+f"(d[HI + 25]), "+f"(d[HI + 26]), "+f"(d[HI + 27]), "+f"(d[HI + 28]), "+f"(d[HI + 29]), "+f"(d[HI + 30]), "+f"(d[HI + 31]) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 
-template <typename T, int S>
-__device__ __forceinline__ void wgmma_m64n128k16_set(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int scale_d) {
-  static_assert(S == 0 || S == 1, "one of the two column sets");
-  constexpr int LO = 32 * S, HI = 64 + 32 * S;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) GATEDMLP_WGMMA_M64N128K16("bf16.bf16");
-  else GATEDMLP_WGMMA_M64N128K16("f16.f16");
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int scale_d);
+
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16>(float (&d)[128], uint64_t a_desc, uint64_t b_desc,
+                                                                int scale_d) {
+  GATEDMLP_WGMMA_M64N256K16("bf16.bf16");
 }
 
-#undef GATEDMLP_WGMMA_M64N128K16
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__half>(float (&d)[128], uint64_t a_desc, uint64_t b_desc,
+                                                         int scale_d) {
+  GATEDMLP_WGMMA_M64N256K16("f16.f16");
+}
+
+#undef GATEDMLP_WGMMA_M64N256K16
 
 }  // namespace gatedmlp::sm90

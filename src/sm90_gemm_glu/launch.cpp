@@ -185,12 +185,11 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   p.gate_half = sep ? 0 : (r.weights.first == Half::gate ? 0 : 1);
   p.up_half = sep ? 0 : 1 - p.gate_half;
   {
-    // The kernel loads each half of the weight tile as two 64-row parts
-    // (one column set each: see the kernel). Blocks of at least a tile: the
-    // box is 64 consecutive rows of one block. Smaller blocks: the box takes
-    // 64/G blocks of G rows.
+    // Blocks of at least a tile: the box is `rows` consecutive rows of one
+    // block. Smaller blocks: the box takes rows/G blocks of G rows. `rows` is
+    // a whole half of the tile (128), or the part one CTA of a cluster loads.
     const bool big = g == r.u || g % BN == 0;
-    const int64_t rows = BN / 2;
+    const int64_t rows = BN / std::max(1, cluster_m / 2);
     p.w_part_c1 = big ? static_cast<int>(rows) : 0;
     p.w_part_c3 = big ? 0 : static_cast<int>(rows / g);
     const cuuint64_t dims[5] = {cuuint64_t(r.k), cuuint64_t(g), cuuint64_t(halves), cuuint64_t(blocks),
@@ -282,11 +281,6 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
     const cuuint32_t box[3] = {64, 64, 1};
     if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact"); !e) return e;
   }
-
-  // The Y-only epilogue in two halves, each under wgmmas still running (see
-  // the kernel's consumer loop). GATEDMLP_SM90_OVERLAP=0 turns it off (for
-  // timing comparisons).
-  p.epi_overlap = p.y_tma && !r.has_preact && !env_off("GATEDMLP_SM90_OVERLAP");
 
   // Split-tail workspace: flags first, then the partial tiles.
   if (workspace && ws_bytes >= workspace_bytes(sms)) {

@@ -33,9 +33,9 @@ struct Params {
   int64_t tiles;        // batch * m_units * n_tiles: the work items of clusters
   int64_t w_group;      // G of the tensor maps (U for stacked and separate)
   int gate_half, up_half;
-  // Part q (0, 1) of a weight half, its rows 64 q ... 64 q + 63, is the box
-  // at (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
-  // whole blocks of G rows when G is smaller than 64.
+  // Clusters: part q of a weight half (128 / (CM/2) rows) is the box at
+  // (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
+  // whole blocks of G rows when G is smaller than the part.
   int w_part_c1, w_part_c3;
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
   int x_rows;                // rows per X box: BM, or M rounded up to 8 when M < BM (the rest of the ring's A rows are zeroed once)
@@ -57,7 +57,6 @@ struct Params {
   int pre_log2g;       // pre_mode 1: log2(G)
   int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
   int pre_tma;         // the pre-activation goes through shared memory and TMA stores (PRE = 1 kernels, store_pre_tma)
-  int epi_overlap;     // Y-only TMA epilogue, run in two halves under the tensor cores' work (epilogue_y_half)
 
   // Split tail (stream-K over the last waves; see Schedule in the kernel).
   // Work items [0, sk_first) run whole, a wave at a time; the k-blocks of

@@ -63,7 +63,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/activation_math.hpp"
 #include "common/device_dtype.cuh"
@@ -81,8 +80,7 @@ struct Traits {
   static constexpr int kStages = 4;
   static constexpr int kThreads = 384;
   static constexpr int kABytes = BM * BK * 2;          // 16 KB
-  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB: gate and up rows, in 64-row parts
-  static constexpr int kPartBytes = 64 * BK * 2;       // 8 KB: [gate 0-63 | up 0-63 | gate 64-127 | up 64-127]
+  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB: gate rows, then up rows
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kChunk = 32;                    // generic epilogue: columns per pass
   static constexpr int kStageLd = kChunk + 8;          // padded: conflict-free float2 writes
@@ -122,25 +120,18 @@ struct TileCoord {
 // t and take consecutive row-blocks (a row unit), so they need the same
 // weight rows. Row units run fastest within groups of p.group_m, so that
 // concurrently running CTAs share X and W in L2.
-// In 32-bit arithmetic: work items number fewer than 2^31 (the blocker
-// checks), and 64-bit divisions are calls, which cost spills around them and
-// make ptxas wait for wgmmas in flight (the consumers ask while theirs run).
 template <int CM>
 __device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int rank) {
-  const unsigned per_batch = unsigned(p.m_units) * unsigned(p.n_tiles);
-  const unsigned t32 = static_cast<unsigned>(t);
+  const int64_t per_batch = int64_t(p.m_units) * p.n_tiles;
   TileCoord c;
-  c.l = static_cast<int>(t32 / per_batch);
-  const unsigned r = t32 - unsigned(c.l) * per_batch;
-  // Groups of at most m_units row units: the same groups, and the product
-  // stays below 2^31.
-  const unsigned gm = unsigned(min(p.group_m, p.m_units));
-  const unsigned per_group = gm * unsigned(p.n_tiles);
-  const unsigned g = r / per_group;
-  const unsigned in = r - g * per_group;
-  const unsigned units = min(gm, unsigned(p.m_units) - g * gm);
-  c.mb = static_cast<int>((g * gm + in % units) * CM) + rank;
-  c.nb = static_cast<int>(in / units);
+  c.l = static_cast<int>(t / per_batch);
+  const int64_t r = t - c.l * per_batch;
+  const int64_t per_group = int64_t(p.group_m) * p.n_tiles;
+  const int g = static_cast<int>(r / per_group);
+  const int in = static_cast<int>(r - g * per_group);
+  const int units = min(p.group_m, p.m_units - g * p.group_m);
+  c.mb = (g * p.group_m + in % units) * CM + rank;
+  c.nb = in / units;
   return c;
 }
 
@@ -477,65 +468,19 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
   fence_regs(d);
 }
 
-// act(g) * u of tile columns [8 j, 8 j + 8) of the thread's fragment (its
-// elements 4 j ... 4 j + 3 and the same + 64), rounded to OUT and written
-// into the warpgroup's swizzled 64 x 128 tile (swizzled_off).
-template <int ACT, bool DONE, typename OUT>
-__device__ __forceinline__ void park_y_cols8(const float (&d)[128], unsigned char* tile, int warp, int lane, float ca,
-                                             float cl, int j) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int i = 4 * j + 2 * h;
-    const int r = 16 * warp + lane / 4 + 8 * h;
-    *reinterpret_cast<uint32_t*>(tile + swizzled_off(r, 8 * j + 2 * (lane % 4), lane)) =
-        gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
-  }
-}
-
+// act(g) * u of the thread's fragment, rounded to OUT and written into the
+// warpgroup's swizzled 64 x 128 tile (swizzled_off).
 template <int ACT, bool DONE, typename OUT>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) park_y_cols8<ACT, DONE, OUT>(d, tile, warp, lane, ca, cl, j);
-}
-
-// Ties the inputs of tile columns [8 j, 8 j + 8) (j a constant once
-// unrolled) to this point in the instruction stream: nothing computed from
-// them moves above it, nor above the shared-memory stores before it.
-__device__ __forceinline__ void fence_cols8(float (&d)[128], int j) {
+  for (int j = 0; j < 16; ++j)
 #pragma unroll
-  for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[4 * j + e]), "+f"(d[4 * j + e + 64])::"memory");
-}
-
-// The gate and up bias of the tile's columns into shared memory, for both
-// consumer warpgroups (bias depends only on the columns).
-__device__ __forceinline__ void load_bias(const Params& p, float* sbias, int cw, int tid, int l, int64_t col0) {
-  named_barrier(kBothBar, 256);  // both are done reading the previous tile's
-  const int64_t boff = int64_t(l) * p.sb;
-  const int i = cw * 128 + tid;  // 0 ... 255
-  const int half = i / Traits::BNO;
-  const int64_t j = col0 + i % Traits::BNO;
-  float b = 0.f;
-  if (j < p.u)
-    b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
-                                  : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
-  sbias[i] = b;
-  named_barrier(kBothBar, 256);
-}
-
-// g = alpha * acc + bias, u likewise, in place, for tile columns
-// [C0, C0 + NC) of both halves (fragment elements [C0/2, (C0 + NC)/2) and
-// the same + 64).
-template <int C0, int NC>
-__device__ __forceinline__ void scale_bias(const Params& p, float (&d)[128], const float* sbias, int lane) {
-  if (p.alpha == 1.f && !p.has_bias) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 64 * h + C0 / 2; i < 64 * h + (C0 + NC) / 2; ++i) {
-      float v = d[i] * p.alpha;
-      if (p.has_bias) v += sbias[h * Traits::BNO + 8 * ((i % 64) / 4) + 2 * (lane % 4) + (i % 2)];
-      d[i] = v;
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * j + 2 * h;
+      const int r = 16 * warp + lane / 4 + 8 * h;
+      *reinterpret_cast<uint32_t*>(tile + swizzled_off(r, 8 * j + 2 * (lane % 4), lane)) =
+          gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
 }
 
@@ -553,8 +498,32 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
   if (tid == 0) bulk_wait_read();
   named_barrier(bar, 128);
 
-  if (p.has_bias) load_bias(p, sbias, cw, tid, tc.l, col0);
-  scale_bias<0, 128>(p, d, sbias, lane);
+  if (p.has_bias) {
+    // Bias depends only on the columns, which both warpgroups share.
+    named_barrier(kBothBar, 256);  // both are done reading the previous tile's
+    const int64_t boff = int64_t(tc.l) * p.sb;
+    const int i = cw * 128 + tid;  // 0 ... 255
+    const int half = i / Traits::BNO;
+    const int64_t j = col0 + i % Traits::BNO;
+    float b = 0.f;
+    if (j < p.u)
+      b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
+                                    : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
+    sbias[i] = b;
+    named_barrier(kBothBar, 256);
+  }
+  // g = alpha * acc + bias, u likewise, in place.
+  if (p.alpha != 1.f || p.has_bias) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) {
+      float v = d[i] * p.alpha;
+      if (p.has_bias) {
+        const int col = 8 * ((i % 64) / 4) + 2 * (lane % 4) + (i % 2);
+        v += sbias[(i / 64) * Traits::BNO + col];
+      }
+      d[i] = v;
+    }
+  }
 
   if constexpr (PRE == 1) {
     // Its own kernels: next to the register-direct paths below, this path
@@ -612,62 +581,6 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
   GATEDMLP_Y_CHUNK(2)
   GATEDMLP_Y_CHUNK(3)
 #undef GATEDMLP_Y_CHUNK
-}
-
-// One k-step of column set S (tile columns 64 S ... 64 S + 63, gate and up)
-// from the ring stage at shared address `stage`: four m64n128k16 over
-// consumer warpgroup cw's 64 rows, committed as one group. (A function, not
-// a lambda: a lambda capturing d by reference put d in local memory.)
-template <typename T, int S, bool COMMIT = true>
-__device__ __forceinline__ void mma_set(float (&d)[128], uint32_t stage, int cw, bool first) {
-  const uint64_t da = desc_sw128(stage + cw * 64 * 128);
-  const uint64_t db = desc_sw128(stage + Traits::kABytes + S * 2 * Traits::kPartBytes);
-#pragma unroll
-  for (int kk = 0; kk < Traits::BK / 16; ++kk)
-    wgmma_m64n128k16_set<T, S>(d, da + 2 * kk, db + 2 * kk, (first && kk == 0) ? 0 : 1);
-  if (COMMIT) wgmma_commit();
-}
-
-// Half H of the epilogue for the common case, Y by TMA stores and no
-// pre-activation: tile columns [64 H, 64 H + 64), i.e. column set H, into
-// box H of the shared tile and one TMA store. The kernel runs half 0 as soon
-// as set 0 of the last k-step has retired, while set 1's wgmmas still run,
-// and half 1 while set 0 of the next item's first k-steps runs: see the
-// consumer loop.
-template <typename T, int ACT, int H>
-__device__ __forceinline__ void epilogue_y_half(const Params& p, float (&d)[128], unsigned char* tile, float* sbias,
-                                                int cw, int tid, const TileCoord& tc) {
-  const int warp = tid / 32, lane = tid % 32;
-  const int bar = 1 + cw;
-  const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
-  const int64_t col0 = int64_t(tc.nb) * Traits::BNO;
-  // Box H must have been read by the previous tile's store. Half 0: every
-  // earlier store (the last one was issued a main loop ago). Half 1: all but
-  // the most recent group, which is half 0's store of this tile (the kernel
-  // runs halves only for tiles with rows below M, so that store was issued).
-  if (tid == 0) bulk_wait_read<H>();
-  named_barrier(bar, 128);
-  if (H == 0 && p.has_bias) load_bias(p, sbias, cw, tid, tc.l, col0);
-  scale_bias<64 * H, 64>(p, d, sbias, lane);
-  // Eight columns at a time, each chunk's inputs fenced after the previous
-  // chunk's stores: left free, the compiler computes all 64 columns at once,
-  // and with the other set's 64 accumulators in flight that many temporaries
-  // made ptxas serialise every wgmma (C7514).
-#pragma unroll
-  for (int j = 8 * H; j < 8 * H + 8; ++j) {
-    fence_cols8(d, j);
-    if (p.out_dtype == 0)
-      park_y_cols8<ACT, false, __nv_bfloat16>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit, j);
-    else
-      park_y_cols8<ACT, false, __half>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit, j);
-  }
-  fence_proxy_async();
-  named_barrier(bar, 128);
-  if (tid == 0) {
-    if (H == 0 || col0 + 64 < p.u)
-      tma_store_3d(&p.tma_y, tile + 8192 * H, static_cast<int>(col0 + 64 * H), static_cast<int>(row0), tc.l);
-    bulk_commit();
-  }
 }
 
 }  // namespace detail_
@@ -738,18 +651,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
           tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
-          // The weight tile as four 64-row parts, part (h, q) = rows 64 q ...
-          // of half h (gate, up) at slot 2 q + h, so that each column set's
-          // gate and up rows are one 128-row B operand. This CTA loads
-          // 4 / CM of them and, in a cluster, multicasts them to every CTA.
-#pragma unroll
-          for (int j = 0; j < 4 / CM; ++j) {
-            const int part = static_cast<int>(rank) * (4 / CM) + j, h = part / 2, q = part % 2;
-            unsigned char* dst = st + Tr::kABytes + (2 * q + h) * Tr::kPartBytes;
-            const void* map = h == 0 ? &p.tma_wg : &p.tma_wu;
-            const int c1q = c1 + q * p.w_part_c1, hh = h == 0 ? p.gate_half : p.up_half, c3q = c3 + q * p.w_part_c3;
-            if constexpr (CM == 1) tma_load_5d(dst, map, &full[s], kb * Tr::BK, c1q, hh, c3q, wl);
-            else tma_load_5d_multicast(dst, map, &full[s], (1u << CM) - 1, kb * Tr::BK, c1q, hh, c3q, wl);
+          if constexpr (CM == 1) {
+            tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
+            tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+          } else {
+            // This CTA's part of the weight tile: half rank / kParts (gate,
+            // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
+            // every CTA of the cluster.
+            constexpr int kParts = CM / 2;
+            const int h = static_cast<int>(rank) / kParts, q = static_cast<int>(rank) % kParts;
+            tma_load_5d_multicast(st + Tr::kABytes + h * (Tr::kBBytes / 2) + q * (Tr::kBBytes / 2 / kParts),
+                                  h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * Tr::BK,
+                                  c1 + q * p.w_part_c1, h == 0 ? p.gate_half : p.up_half, c3 + q * p.w_part_c3, wl);
           }
         }
       }
@@ -787,22 +700,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
 #pragma unroll
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
-    // Epilogue overlap: k-steps of the next item whose set 0 is issued
-    // before the epilogue's half 1 (all the stages that can be full then).
-    constexpr int kAhead = Tr::kStages - 1;
-    uint32_t it = 0;  // ring position of the next k-step to finish
-    int ahead = 0;    // k-steps of this item whose set 0 already ran
+    uint32_t it = 0;
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
-      // The next item, for the epilogue overlap. (Asked for here: asked for
-      // after the main loop, as the loop's condition too, it made ptxas
-      // spill some 450 bytes.)
-      bool next_ok = false;  // the next item has kAhead k-steps and rows of this warpgroup
-      if constexpr (PRE == 0) {
-        Work nx;
-        next_ok = sched.at(p, w + 1, &nx) && nx.kb1 - nx.kb0 >= kAhead &&
-                  int64_t(detail_::tile_coord<CM>(p, nx.item, rank).mb) * Tr::BM + 64 * cw < p.m;
-      }
       const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
       const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
       // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
@@ -810,112 +710,55 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // stored, and its MMAs would read the shared weight tile for nothing.
       const bool idle = row0 >= p.m;
       int prev = -1;
-      for (int kb = wk.kb0 + ahead; kb < wk.kb1; ++kb, ++it) {
+      for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
+          const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
+          const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
+          const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
           fence_regs(d);
           wgmma_fence();
-          detail_::mma_set<T, 0>(d, ring + s * Tr::kStageBytes, cw, kb == wk.kb0);
-          detail_::mma_set<T, 1>(d, ring + s * Tr::kStageBytes, cw, kb == wk.kb0);
+#pragma unroll
+          for (int kk = 0; kk < Tr::BK / 16; ++kk)
+            wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
+          wgmma_commit();
           fence_regs(d);
-          // The previous k-step's groups have retired: its stage can be refilled.
-          wgmma_wait<2>();
+          // The previous k-step's wgmma has retired: its stage can be refilled.
+          wgmma_wait<1>();
           fence_regs(d);
-        } else {
-          // Nothing is in flight; said for ptxas, whose count of pending
-          // groups must stay exact on every path (C7514 otherwise).
-          wgmma_wait<0>();
         }
         if (prev >= 0) release(prev);
         prev = s;
       }
-      // Overlap the epilogue with the tensor cores' work: a whole item with
-      // Y-only TMA output, followed by an item this warpgroup computes.
-      bool overlap = false;
-#if !defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
-      if constexpr (PRE == 0) {
-        overlap = p.epi_overlap && wk.role == kWhole && !idle && next_ok;
+      wgmma_wait<0>();
+      fence_regs(d);
+      if (prev >= 0) release(prev);
+      if (wk.role == kPartial) {
+        // Hand the sums to the item's owner; no epilogue here.
+        detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
+        named_barrier(1 + cw, 128);
+        if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
+        continue;
       }
-#endif
-      if (overlap) {
-        // Half 0 of the epilogue while set 1 of the last k-step runs.
-        wgmma_wait<1>();
-        fence_regs(d);
-        detail_::epilogue_y_half<T, ACT, 0>(p, d, tile, sbias, cw, tid, tc);
-        // Set 0 of the next item's first k-steps, then half 1 while they run.
-        // (Unrolled, like the catch-up below: ptxas tracks which groups are
-        // pending through straight-line code, and reads of accumulators it
-        // cannot prove retired serialise every wgmma of the kernel.)
-#pragma unroll
-        for (int j = 0; j < kAhead; ++j) {
-          const uint32_t i2 = it + j;
-          mbar_wait(&full[i2 % Tr::kStages], (i2 / Tr::kStages) & 1);
-        }
-        fence_regs(d);
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kAhead; ++j)
-          detail_::mma_set<T, 0, false>(d, ring + (it + j) % Tr::kStages * Tr::kStageBytes, cw, j == 0);
-        wgmma_commit();
-        fence_regs(d);
-        wgmma_wait<1>();  // set 1 of the last k-step
-        fence_regs(d);
-        release(prev);
-        detail_::epilogue_y_half<T, ACT, 1>(p, d, tile, sbias, cw, tid, tc);
-        // Catch up: set 1 of those k-steps, each stage freed once both sets
-        // of it have retired; the next item's main loop goes on from there,
-        // with nothing in flight. (Each step waits for its own group: with
-        // one group left in flight, as in the main loop, ptxas serialised
-        // every wgmma of the kernel, C7514. The other warpgroup's wgmmas
-        // keep the tensor cores busy meanwhile.)
-#pragma unroll
-        for (int j = 0; j < kAhead; ++j, ++it) {
-          const int s = it % Tr::kStages;
-          fence_regs(d);
-          wgmma_fence();
-          detail_::mma_set<T, 1>(d, ring + s * Tr::kStageBytes, cw, j == 0);
-          fence_regs(d);
-          wgmma_wait<0>();
-          fence_regs(d);
-          release(s);
-        }
-        ahead = kAhead;
-      } else {
-        ahead = 0;
-        wgmma_wait<0>();
-        fence_regs(d);
-        if (prev >= 0) release(prev);
-        if (wk.role == kPartial) {
-          // Hand the sums to the item's owner; no epilogue here.
-          detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
+      if (wk.role == kOwner) {
+        // Add the partials of the lower clusters that share this item (the
+        // CTA of the same rank in each, the same warpgroup).
+        for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
+          if (!sched.has_share(p, j)) continue;  // no share, no partial
+          const int64_t cta = j * CM + rank;
+          if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
           named_barrier(1 + cw, 128);
-          if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
-        } else {
-          if (wk.role == kOwner) {
-            // Add the partials of the lower clusters that share this item (the
-            // CTA of the same rank in each, the same warpgroup).
-            for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
-              if (!sched.has_share(p, j)) continue;  // no share, no partial
-              const int64_t cta = j * CM + rank;
-              if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
-              named_barrier(1 + cw, 128);
-              detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
-            }
-          }
-#if !defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
-          // (Timing experiment GATEDMLP_SM90_EXP_SKIP_EPILOGUE, scripts/
-          // exp-epilogue.sh: what the epilogue costs the tile loop; Y is
-          // never written.)
-          detail_::epilogue<T, ACT, PRE>(p, d, tile, sbias, cw, tid, tc);
-#endif
+          detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
         }
       }
+#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
+      // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
+      // costs the tile loop. Y is never written.
+      continue;
+#endif
+      detail_::epilogue<T, ACT, PRE>(p, d, tile, sbias, cw, tid, tc);
     }
-    // Nothing is in flight here (an item is overlapped only when another
-    // follows), but ptxas cannot tell: without this wait it serialised every
-    // wgmma of the kernel (warning C7518).
-    wgmma_wait<0>();
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
   }
   // A CTA may not exit while its peer can still multicast into it or arrive
