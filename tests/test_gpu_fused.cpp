@@ -146,9 +146,9 @@ const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset, split tail forced", t
 const Variant kAutoNoWorkspace{"fused, GATEDMLP_FORCE_PATH unset, no workspace", true, nullptr, false};
 const Variant kPortablePath{"fused, GATEDMLP_FORCE_PATH=portable", true, "portable"};
 // The Hopper kernel on one cluster: every item but the last is followed by
-// another, so the epilogue runs overlapped with the next item's first
-// k-steps wherever it can (the small test shapes otherwise give each
-// cluster one item).
+// another, so the persistent loop, the ring's phases across items and each
+// item's Y stores in flight under the next item's main loop all run (the
+// small test shapes otherwise give each cluster one item).
 const Variant kOneCluster{"fused, GATEDMLP_FORCE_PATH unset, one cluster", true, nullptr, true, nullptr, "1"};
 
 struct CaseOptions {
@@ -158,6 +158,9 @@ struct CaseOptions {
   // fused output must agree with the unfused one.
   std::vector<int64_t> ref_rows;
   std::vector<Config>* plans = nullptr;  // if set: plan() under each variant, in order
+  // If set: the first variant's run, with GATEDMLP_LOG=1, must print this to
+  // stderr (the library's own word on which kernel ran).
+  std::string log_must_contain;
 };
 
 // One random case, end to end: inputs, the unfused yardstick and the float64
@@ -258,7 +261,18 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
     DeviceBuffer ws(ws_bytes);
     ASSERT_EQ(ws.bytes, ws_bytes) << "cudaMalloc of the workspace";
     if (ws_bytes) CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));
+    const bool check_log = !opt.log_must_contain.empty() && &v == &opt.variants.front();
+    std::optional<ScopedEnv> log_env;
+    if (check_log) {
+      log_env.emplace("GATEDMLP_LOG", "1");
+      ::testing::internal::CaptureStderr();
+    }
     const Status s = run(p, args_with(yf, pf), ws.p, ws_bytes, nullptr);
+    if (check_log) {
+      const std::string log = ::testing::internal::GetCapturedStderr();
+      EXPECT_NE(log.find(opt.log_must_contain), std::string::npos)
+          << v.label << ": GATEDMLP_LOG=1 printed no \"" << opt.log_must_contain << "\"; it printed:\n" << log;
+    }
     ASSERT_TRUE(s.ok()) << s.message();
     CUDA_OK(cudaDeviceSynchronize());
 
@@ -620,10 +634,11 @@ std::vector<int64_t> sample_rows(int64_t m, std::mt19937_64& rng) {
 // =portable, both checked against the reference; on a 9.0 device the unset
 // run must have taken the fast path. *taken: the unset run's plan.
 void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, bool sm90, Config* taken,
-                        bool also_without_workspace = false) {
+                        bool also_without_workspace = false, const char* log_must_contain = nullptr) {
   ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
   std::vector<Config> plans;
   CaseOptions opt;
+  if (log_must_contain) opt.log_must_contain = log_must_contain;
   opt.variants = {kAutoPath, kPortablePath, kOneCluster};
   if (also_without_workspace) opt.variants.push_back(kAutoNoWorkspace);
   opt.plans = &plans;
@@ -674,9 +689,11 @@ void ask_preact(Problem& p, int i, DType dt, int64_t ldpre, int64_t pad) {
 // Two rounds of the fast-path layouts, each case drawn by fast_path_problem,
 // then given its pre-activation (and a new U) by ask(p, i, rng); both paths
 // against the reference, every other case also without a workspace if
-// asked.
+// asked. expect_log(p), if given, names what GATEDMLP_LOG=1 must print for
+// the first (fast-path) run of case p on a 9.0 device.
 template <typename Ask>
-void run_preact_suite(Ask ask, bool also_without_workspace) {
+void run_preact_suite(Ask ask, bool also_without_workspace,
+                      const char* (*expect_log)(const Problem&) = nullptr) {
   const bool sm90 = device_is_sm90();
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
@@ -685,7 +702,8 @@ void run_preact_suite(Ask ask, bool also_without_workspace) {
     ask(p, i, rng);
     SCOPED_TRACE("case " + std::to_string(i) + ": " + to_string(p));
     Config taken;
-    run_fast_path_case(p, rng, &st, sm90, &taken, also_without_workspace && i % 2 == 0);
+    run_fast_path_case(p, rng, &st, sm90, &taken, also_without_workspace && i % 2 == 0,
+                       sm90 && expect_log ? expect_log(p) : nullptr);
     if (::testing::Test::HasFailure()) return;
   }
   std::printf("[ cases ] %d passed, on each variant; worst ratio %.3f\n", st.cases, st.worst_ratio);
@@ -718,7 +736,8 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
 // every layout with U a multiple of the 128-column tile, the pre-activation
 // in the input's dtype with 16-byte rows and batch strides, M with row
 // tails (the stores clip them), batches, and the split tail with and
-// without a workspace. Both paths against the reference.
+// without a workspace. Both paths against the reference, and the launcher's
+// log must name the TMA pre-activation (gelu_erf: from registers).
 TEST(GpuFused, FastPathPreactTma) {
   SKIP_WITHOUT_GPU();
   run_preact_suite(
@@ -730,7 +749,12 @@ TEST(GpuFused, FastPathPreactTma) {
         p.u = g == 256 ? 256 * pick(rng, {1, 2}) : 128 * pick(rng, {1, 2, 3});
         ask_preact(p, i, p.input_dtype, 2 * p.u + 8 * (i % 3), 8 * (1 + i % 2));
       },
-      true);
+      true,
+      // The kernel that ran, in the launcher's words (launch.cuh).
+      [](const Problem& p) {
+        return p.activation == Activation::gelu_erf ? "pre-activation stored from registers"
+                                                    : "pre-activation by TMA stores";
+      });
 }
 
 // Problems the fast path must refuse: they fall back to the portable kernel,
