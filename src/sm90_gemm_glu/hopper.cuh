@@ -142,6 +142,16 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 
+// Four 8 x 8 matrices of 16-bit values from the warp's registers to shared
+// memory: lanes 8 i ... 8 i + 7 give the addresses of matrix i's rows 0-7,
+// and each lane holds, in register i, row lane / 4, columns 2 (lane % 4) and
+// + 1 of matrix i: the layout of an mma accumulator fragment.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Named barrier over `threads` threads (a warpgroup's 128); id 0 is __syncthreads.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -469,19 +469,27 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 }
 
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
-// warpgroup's swizzled 64 x 128 tile (swizzled_off).
+// warpgroup's swizzled 64 x 128 tile (the layout of swizzled_off) by
+// stmatrix: one instruction per 16 rows x 16 columns of the warp, where
+// 4-byte stores took four (NOTES.md, h21). Matrices 0-3 of column pair jp
+// are rows 0-7 and 8-15 of columns 16 jp ... + 7, then of the next 8
+// columns; lane l addresses row l % 8 of matrix l / 8.
 template <int ACT, bool DONE, typename OUT>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
+  const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
+  const uint32_t row_addr = smem_addr(tile) + r * 128;
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int jp = 0; jp < 8; ++jp) {
+    uint32_t v[4];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = 4 * j + 2 * h;
-      const int r = 16 * warp + lane / 4 + 8 * h;
-      *reinterpret_cast<uint32_t*>(tile + swizzled_off(r, 8 * j + 2 * (lane % 4), lane)) =
-          gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
+    for (int q = 0; q < 4; ++q) {
+      const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
+    const int c = 16 * jp + 8 * (lane / 16);  // the 8-column block this lane addresses
+    stmatrix_x4(row_addr + (c / 64) * 8192 + ((((c % 64) / 8) ^ (r % 8)) * 16), v[0], v[1], v[2], v[3]);
+  }
 }
 
 template <typename T, int ACT, int PRE>
