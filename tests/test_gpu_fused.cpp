@@ -639,9 +639,11 @@ std::vector<int64_t> sample_rows(int64_t m, std::mt19937_64& rng) {
   return rows;
 }
 
-// A case the fast path must take, run with GATEDMLP_FORCE_PATH unset and
-// =portable, both checked against the reference; on a 9.0 device the unset
-// run must have taken the fast path. *taken: the unset run's plan.
+// A case the fast path must take, run with GATEDMLP_FORCE_PATH unset, =portable
+// and unset on one cluster (and without a workspace if asked), each checked
+// against the reference; on a 9.0 device the unset run must have taken the
+// fast path, and printed log_must_contain if given. *taken: the unset run's
+// plan.
 void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, bool sm90, Config* taken,
                         bool also_without_workspace = false, const char* log_must_contain = nullptr) {
   ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";

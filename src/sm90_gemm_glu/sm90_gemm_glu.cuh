@@ -40,8 +40,8 @@
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
 // registers; act(g) * u is rounded and written (stmatrix) into a
-// 128-byte-swizzled shared tile that one thread hands to two TMA stores, which run while the
-// warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
+// 128-byte-swizzled shared tile that one thread hands to two TMA stores,
+// which run while the warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
 // engine cannot address, 32-column fp32 chunks go through the same bytes and
 // are stored by the threads.) The pre-activation, if asked, goes first:
 // when it is 16-bit with 16-byte rows and U is whole tiles, through the same
