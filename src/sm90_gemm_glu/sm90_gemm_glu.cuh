@@ -718,7 +718,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // stored, and its MMAs would read the shared weight tile for nothing.
       const bool idle = row0 >= p.m;
       int prev = -1;
-      for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
+      // The item's first k-step, peeled: its first wgmma overwrites the
+      // accumulators and says so (wgmma_m64n256k16_first), so that they are
+      // dead from the previous epilogue's last read of them on.
+      if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
+        const int s = it % Tr::kStages;
+        mbar_wait(&full[s], (it / Tr::kStages) & 1);
+        if (!idle) {
+          const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
+          const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
+          const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
+          wgmma_fence();
+          wgmma_m64n256k16_first<T>(d, da, db);
+#pragma unroll
+          for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, 1);
+          wgmma_commit();
+          fence_regs(d);
+        }
+        prev = s;
+        ++it;
+      }
+      for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
@@ -728,15 +748,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           fence_regs(d);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < Tr::BK / 16; ++kk)
-            wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, (kb > wk.kb0 || kk > 0) ? 1 : 0);
+          for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, 1);
           wgmma_commit();
           fence_regs(d);
           // The previous k-step's wgmma has retired: its stage can be refilled.
           wgmma_wait<1>();
           fence_regs(d);
         }
-        if (prev >= 0) release(prev);
+        release(prev);
         prev = s;
       }
       wgmma_wait<0>();
