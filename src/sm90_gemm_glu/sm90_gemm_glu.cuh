@@ -591,6 +591,15 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
 #undef GATEDMLP_Y_CHUNK
 }
 
+// wgmma descriptors of ring stage s (shared address of the ring: `ring`):
+// consumer warpgroup cw's 64 X rows, and the whole weight tile.
+__device__ __forceinline__ uint64_t desc_x(uint32_t ring, int s, int cw) {
+  return desc_sw128(ring + s * Traits::kStageBytes + cw * 64 * 128);
+}
+__device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
+  return desc_sw128(ring + s * Traits::kStageBytes + Traits::kABytes);
+}
+
 }  // namespace detail_
 
 // PRE: 1 for the kernels that store the pre-activation through TMA (a 16-bit
@@ -725,9 +734,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
-          const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
-          const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
-          const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
+          const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
           wgmma_fence();
           wgmma_m64n256k16_first<T>(d, da, db);
 #pragma unroll
@@ -742,9 +749,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         const int s = it % Tr::kStages;
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
-          const uint32_t a_addr = ring + s * Tr::kStageBytes + cw * 64 * 128;
-          const uint32_t b_addr = ring + s * Tr::kStageBytes + Tr::kABytes;
-          const uint64_t da = desc_sw128(a_addr), db = desc_sw128(b_addr);
+          const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
           fence_regs(d);
           wgmma_fence();
 #pragma unroll
