@@ -177,20 +177,16 @@ __device__ __forceinline__ void flag_wait(const uint64_t* flag, uint64_t token) 
 }
 
 // ------------------------------------------------------------------ wgmma
-// Shared-memory matrix descriptor for a K-major operand stored as ROW-byte
-// rows (128, 64 or 32) with the ROW-byte swizzle (what TMA writes with
-// SWIZZLE_128B / 64B / 32B): 8-row core-matrix groups 8 x ROW bytes apart.
-// The leading-byte offset is unused in these modes. Stepping 16 elements
-// along K adds 32 bytes to the start address, also within a swizzled row.
-template <int ROW>
-__device__ __forceinline__ uint64_t desc_swizzled(uint32_t smem_byte_addr) {
-  static_assert(ROW == 128 || ROW == 64 || ROW == 32, "a swizzle mode of the wgmma descriptor");
-  constexpr uint64_t kMode = ROW == 128 ? 1 : ROW == 64 ? 2 : 3;  // descriptor bits 62-63
+// Shared-memory matrix descriptor for a K-major operand stored as 128-byte
+// rows with the 128-byte swizzle (what TMA writes with SWIZZLE_128B): 8-row
+// core-matrix groups 1024 bytes apart. The leading-byte offset is unused in
+// this mode. Stepping 16 elements along K adds 32 bytes to the start address.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr) {
   uint64_t d = 0;
   d |= uint64_t((smem_byte_addr & 0x3FFFF) >> 4);  // start address, 14 bits
   d |= uint64_t(1) << 16;                           // leading byte offset (unused)
-  d |= uint64_t(8 * ROW >> 4) << 32;                // stride byte offset: 8 rows
-  d |= kMode << 62;
+  d |= uint64_t(1024 >> 4) << 32;                   // stride byte offset: 8 rows x 128 B
+  d |= uint64_t(1) << 62;                           // layout: 128-byte swizzle
   return d;
 }
 

@@ -92,19 +92,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
   return fn;
 }
 
-// A row-major 16-bit tensor with swizzled boxes whose inner extent is one
-// swizzle row: box[0] x 2 bytes = 128 (Y and the pre-activation: 64 columns)
-// or 64 (the X and weight stages: 32-deep k-steps). dims[0] is the contiguous
-// one; strides in bytes, for dims 1...
+// A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent
+// is 64 elements. dims[0] is the contiguous one; strides in bytes, for dims 1...
 Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
               const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what) {
   cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  const CUtensorMapSwizzle swizzle = box[0] * 2 == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
-                                     : box[0] * 2 == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                                        : CU_TENSOR_MAP_SWIZZLE_32B;
   const CUresult res = fn(map, dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                           static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     std::ostringstream os;

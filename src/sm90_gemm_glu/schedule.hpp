@@ -38,7 +38,7 @@ namespace gatedmlp::sm90 {
 // Sets p.sk_first and p.sk_iters; returns whether the tail is split. A split
 // needs the workspace (p.sk_ctas partials for the clusters' CTAs) and at
 // least two k-blocks per item. force: whenever it is possible (tests).
-constexpr int kSplitMinIdleKBlocks = 16;  // 32-deep k-blocks: 512 of K, as 8 of the 64-deep ones before
+constexpr int kSplitMinIdleKBlocks = 8;
 
 inline bool plan_split_tail(Params& p, int64_t clusters, int cta_per_cluster, bool enabled, bool force = false,
                             int split_waves = 0) {

@@ -76,15 +76,11 @@ namespace gatedmlp::sm90 {
 struct Traits {
   static constexpr int BM = 128;    // rows per tile (two consumer warpgroups x 64)
   static constexpr int BNO = 128;   // output columns per tile
-  static constexpr int BK = 32;     // one 64-byte swizzled row of 16-bit elements
-  static constexpr int kRowBytes = BK * 2;             // also the swizzle of X and weight stages
-  static constexpr int kStages = 8;
-  // wgmma groups (k-steps) left running after each k-step's wait: the
-  // consumers hold this many stages plus the one being issued.
-  static constexpr int kWgmmaInFlight = 2;
+  static constexpr int BK = 64;     // one 128-byte swizzled row of 16-bit elements
+  static constexpr int kStages = 4;
   static constexpr int kThreads = 384;
-  static constexpr int kABytes = BM * BK * 2;          // 8 KB
-  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 16 KB: gate rows, then up rows
+  static constexpr int kABytes = BM * BK * 2;          // 16 KB
+  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB: gate rows, then up rows
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kChunk = 32;                    // generic epilogue: columns per pass
   static constexpr int kStageLd = kChunk + 8;          // padded: conflict-free float2 writes
@@ -598,10 +594,10 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
 // wgmma descriptors of ring stage s (shared address of the ring: `ring`):
 // consumer warpgroup cw's 64 X rows, and the whole weight tile.
 __device__ __forceinline__ uint64_t desc_x(uint32_t ring, int s, int cw) {
-  return desc_swizzled<Traits::kRowBytes>(ring + s * Traits::kStageBytes + cw * 64 * Traits::kRowBytes);
+  return desc_sw128(ring + s * Traits::kStageBytes + cw * 64 * 128);
 }
 __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
-  return desc_swizzled<Traits::kRowBytes>(ring + s * Traits::kStageBytes + Traits::kABytes);
+  return desc_sw128(ring + s * Traits::kStageBytes + Traits::kABytes);
 }
 
 }  // namespace detail_
@@ -730,11 +726,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // of a last row-block) only frees the stages: its sums would never be
       // stored, and its MMAs would read the shared weight tile for nothing.
       const bool idle = row0 >= p.m;
-      // The k-steps of this item whose stages are not yet released: at most
-      // kWgmmaInFlight, whose wgmmas may still be reading them. Stages are
-      // taken in ring order, so they are the ones just before `it`.
-      int held = 0;
-      auto stage_back = [&](int j) { return static_cast<int>((it - j) % Tr::kStages); };
+      int prev = -1;
       // The item's first k-step, peeled: its first wgmma overwrites the
       // accumulators and says so (wgmma_m64n256k16_first), so that they are
       // dead from the previous epilogue's last read of them on.
@@ -750,7 +742,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           wgmma_commit();
           fence_regs(d);
         }
-        held = 1;
+        prev = s;
         ++it;
       }
       for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, ++it) {
@@ -764,17 +756,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, 1);
           wgmma_commit();
           fence_regs(d);
-          // All but the last kWgmmaInFlight k-steps' wgmmas have retired.
-          wgmma_wait<Tr::kWgmmaInFlight>();
+          // The previous k-step's wgmma has retired: its stage can be refilled.
+          wgmma_wait<1>();
           fence_regs(d);
         }
-        // The oldest held stage can be refilled.
-        if (held == Tr::kWgmmaInFlight) release(stage_back(Tr::kWgmmaInFlight));
-        else ++held;
+        release(prev);
+        prev = s;
       }
       wgmma_wait<0>();
       fence_regs(d);
-      for (int j = held; j >= 1; --j) release(stage_back(j));
+      if (prev >= 0) release(prev);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);

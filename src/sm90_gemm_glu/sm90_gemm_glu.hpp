@@ -15,9 +15,9 @@ struct Tile {
   int tile_m, tile_n, tile_k, stages, threads;
   int smem_bytes;
 };
-// Shared memory: 8 x (8 KB of X + 16 KB of weights), two 16 KB Y tiles (one
-// per consumer warpgroup), 1 KB of bias, 16 mbarriers, 1 KB alignment slack.
-inline constexpr Tile kTile{128, 128, 32, 8, 384, 8 * 24576 + 2 * 16384 + 1024 + 128 + 1024};
+// Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
+// per consumer warpgroup), 1 KB of bias, 8 mbarriers, 1 KB alignment slack.
+inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 1024};
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
