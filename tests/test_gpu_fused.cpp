@@ -768,6 +768,31 @@ TEST(GpuFused, FastPathPreactTma) {
       });
 }
 
+// An odd number of 128-row blocks (3 or 5): in clusters of two, the last
+// row-block's CTAs take two column-blocks each (the second past U when the
+// column-block count is odd), X multicast, the weights loaded per CTA.
+// Every layout and activation, with or without a pre-activation, split tail
+// forced and on one cluster; the launcher's log must say the pairs ran.
+TEST(GpuFused, FastPathOddRowBlocks) {
+  SKIP_WITHOUT_GPU();
+  run_preact_suite(
+      [](Problem& p, int i, std::mt19937_64& rng) {
+        p.m = pick(rng, {257, 300, 384, 640});
+        p.k = pick(rng, {72, 136});
+        if (p.ldx) p.ldx = p.k + 8;  // the padded row strides, for the new K
+        if (p.weights.ld) p.weights.ld = p.k + 16;
+        while (p.batch * p.m * 2 * p.u * p.k > 80'000'000) p.m = p.m == 640 ? 384 : 257;
+        if (i % 2) {
+          ask_preact(p, i, p.input_dtype, 2 * p.u + 8, 8);
+        } else {
+          // The strides drawn for the old M, back to packed.
+          p.batch_stride_x = p.batch_stride_y = p.batch_stride_preact = kAuto;
+          p.has_preact = false;
+        }
+      },
+      true, [](const Problem&) { return "last row-block in column pairs"; });
+}
+
 // Problems the fast path must refuse: they fall back to the portable kernel,
 // with a reason, and are still right.
 TEST(GpuFused, FastPathFallbacks) {

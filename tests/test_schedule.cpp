@@ -145,3 +145,70 @@ TEST(Schedule, SplitNeedsWorkspaceAndIsOptional) {
   Params q = params(132, 64, 132);  // whole waves: nothing to split
   EXPECT_FALSE(plan_split_tail(q, 66, 2, true));
 }
+
+// Items to tiles (plan_items, tile_coord): over every item of every batch and
+// every CTA of a cluster, each tile of the m_tiles x n_tiles grid is computed
+// exactly once; the CTAs left over sit past M or past U, never inside the
+// grid twice. With the column pairs (clusters of two, odd m_tiles) no CTA is
+// given a row-block past M, so at most one CTA per batch is idle (on a
+// column-block past U, when n_tiles is odd).
+namespace {
+template <int CM>
+::testing::AssertionResult check_coverage(int m_tiles, int n_tiles, int group_m, int batch, bool pair_cols) {
+  Params p{};
+  p.m_tiles = m_tiles;
+  p.n_tiles = n_tiles;
+  p.group_m = group_m;
+  plan_items(p, CM, batch, pair_cols);
+  std::vector<int> hits(size_t(batch) * m_tiles * n_tiles, 0);
+  int64_t idle_rows = 0, idle_cols = 0;
+  for (int64_t t = 0; t < p.tiles; ++t)
+    for (int rank = 0; rank < CM; ++rank) {
+      const TileCoord c = tile_coord<CM>(p, t, rank);
+      if (c.l < 0 || c.l >= batch || c.mb < 0 || c.nb < 0)
+        return ::testing::AssertionFailure() << "item " << t << " rank " << rank << ": (" << c.l << ", " << c.mb
+                                             << ", " << c.nb << ")";
+      if (c.mb >= m_tiles) {
+        ++idle_rows;
+      } else if (c.nb >= n_tiles) {
+        ++idle_cols;
+      } else if (++hits[(size_t(c.l) * m_tiles + c.mb) * n_tiles + c.nb] != 1) {
+        return ::testing::AssertionFailure() << "tile (" << c.l << ", " << c.mb << ", " << c.nb << ") twice";
+      }
+    }
+  for (size_t i = 0; i < hits.size(); ++i)
+    if (hits[i] != 1) return ::testing::AssertionFailure() << "tile " << i << " never computed";
+  const bool pairs = CM == 2 && pair_cols && m_tiles % 2 == 1;
+  const int64_t want_rows = pairs ? 0 : int64_t(batch) * n_tiles * ((m_tiles + CM - 1) / CM * CM - m_tiles);
+  const int64_t want_cols = pairs ? int64_t(batch) * (n_tiles % 2) : 0;
+  if (idle_rows != want_rows || idle_cols != want_cols)
+    return ::testing::AssertionFailure() << idle_rows << " CTAs past M, " << idle_cols << " past U; expected "
+                                         << want_rows << " and " << want_cols;
+  return ::testing::AssertionSuccess();
+}
+}  // namespace
+
+TEST(Schedule, EveryTileOnceWithColumnPairs) {
+  for (int m_tiles : {1, 2, 3, 4, 5, 7, 9, 33})
+    for (int n_tiles : {1, 2, 3, 112, 113})
+      for (int group_m : {1, 3, 16})
+        for (int batch : {1, 3}) {
+          SCOPED_TRACE(::testing::Message() << m_tiles << " x " << n_tiles << " tiles, group " << group_m << ", batch "
+                                            << batch);
+          EXPECT_TRUE(check_coverage<1>(m_tiles, n_tiles, group_m, batch, true));
+          if (m_tiles >= 2) {
+            EXPECT_TRUE(check_coverage<2>(m_tiles, n_tiles, group_m, batch, true));
+            EXPECT_TRUE(check_coverage<2>(m_tiles, n_tiles, group_m, batch, false));
+          }
+          if (m_tiles >= 4) EXPECT_TRUE(check_coverage<4>(m_tiles, n_tiles, group_m, batch, true));
+        }
+  // 8B M = 384 (3 row-blocks, 112 column-blocks) in clusters of two: one row
+  // unit of 112 items, then 56 column pairs, where rounding up ran 224.
+  Params p{};
+  p.m_tiles = 3;
+  p.n_tiles = 112;
+  plan_items(p, 2, 1, true);
+  EXPECT_EQ(p.tiles, 112 + 56);
+  plan_items(p, 2, 1, false);
+  EXPECT_EQ(p.tiles, 224);
+}

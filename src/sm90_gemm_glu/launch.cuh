@@ -82,8 +82,8 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
   if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
-    std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d; %s%s\n", static_cast<long long>(p.tiles),
-                 resident, CM,
+    std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d%s; %s%s\n", static_cast<long long>(p.tiles),
+                 resident, CM, p.odd_items ? "; last row-block in column pairs" : "",
                  split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
                  PRE ? "; pre-activation by TMA stores" : (p.has_pre ? "; pre-activation stored from registers" : ""));
   cfg.gridDim = dim3(static_cast<unsigned>(items * CM));

@@ -29,8 +29,12 @@ struct Params {
   int batch;
   int m_tiles, n_tiles, k_blocks;
   int group_m;          // row units per raster group (tile order, see tile_coord)
-  int m_units;          // row units: m_tiles / (CTAs per cluster), rounded up
-  int64_t tiles;        // batch * m_units * n_tiles: the work items of clusters
+  int m_units;          // row units of CM row-blocks: m_tiles / CM, rounded up, or down when odd_items
+  // Clusters of two with an odd m_tiles: the last row-block's items, where
+  // the two CTAs take two column-blocks of that row-block (not two row-blocks
+  // of one column-block), ceil(n_tiles / 2) per batch; 0 otherwise.
+  int odd_items;
+  int64_t tiles;        // batch * (m_units * n_tiles + odd_items): the work items of clusters
   int64_t w_group;      // G of the tensor maps (U for stacked and separate)
   int gate_half, up_half;
   // Clusters: part q of a weight half (128 / (CM/2) rows) is the box at

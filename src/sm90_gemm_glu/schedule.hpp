@@ -17,6 +17,61 @@
 
 namespace gatedmlp::sm90 {
 
+// The row units and work items of p.m_tiles x p.n_tiles tiles per batch
+// for clusters of cm CTAs along M (p.m_units, p.odd_items, p.tiles; see
+// tile_coord). pair_cols: with cm = 2 and an odd m_tiles, the last
+// row-block's CTAs pair up along the columns.
+inline void plan_items(Params& p, int cm, int64_t batch, bool pair_cols) {
+  p.m_units = (p.m_tiles + cm - 1) / cm;
+  p.odd_items = 0;
+  if (cm == 2 && p.m_tiles % 2 == 1 && pair_cols) {
+    p.m_units = p.m_tiles / 2;
+    p.odd_items = (p.n_tiles + 1) / 2;
+  }
+  p.tiles = (int64_t(p.m_units) * p.n_tiles + p.odd_items) * batch;
+}
+
+// Where work item t puts the CTA of rank `rank` in its cluster of CM.
+struct TileCoord {
+  int l, mb, nb;  // batch, row-block, column-block
+  // The CTAs of the cluster share the row-block (an odd_items item), not the
+  // column-block: they share (multicast) the X tile instead of the weights.
+  bool pair_cols;
+};
+
+// Tile t -> (batch, row-block, column-block). Normally the CM CTAs of a
+// cluster take consecutive row-blocks (a row unit) of one column-block, so
+// they need the same weight rows. Row units run fastest within groups of
+// p.group_m, so that concurrently running CTAs share X and W in L2. With
+// clusters of two and an odd number of row-blocks, the last row-block's
+// items follow each batch's row units: item i has the two CTAs on
+// column-blocks 2i and 2i + 1 (the second past U when n_tiles is odd), so no
+// CTA computes a row-block past M. (With the row units rounded up instead,
+// 8B M = 384, 3 row-blocks, ran at 0.71 of cuBLAS where one-CTA clusters
+// ran at 0.88: NOTES.md, h24.)
+template <int CM>
+GATEDMLP_HD TileCoord tile_coord(const Params& p, int64_t t, int rank) {
+  const int64_t units = int64_t(p.m_units) * p.n_tiles;
+  const int64_t per_batch = units + p.odd_items;
+  TileCoord c;
+  c.l = static_cast<int>(t / per_batch);
+  const int64_t r = t - c.l * per_batch;
+  c.pair_cols = CM == 2 && r >= units;
+  if (c.pair_cols) {
+    c.mb = p.m_tiles - 1;
+    c.nb = 2 * static_cast<int>(r - units) + rank;
+    return c;
+  }
+  const int64_t per_group = int64_t(p.group_m) * p.n_tiles;
+  const int g = static_cast<int>(r / per_group);
+  const int in = static_cast<int>(r - g * per_group);
+  const int left = p.m_units - g * p.group_m;
+  const int in_group = p.group_m < left ? p.group_m : left;
+  c.mb = (g * p.group_m + in % in_group) * CM + rank;
+  c.nb = in / in_group;
+  return c;
+}
+
 // Split tail. With C clusters and T items that do not fill whole waves, the
 // last wave runs T mod C items and leaves the other clusters idle for a whole
 // item's time: 8B M = 4096 is 1792 items on 66 clusters, 27.15 waves run as

@@ -30,7 +30,9 @@
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
 // weight rows stay in L2. CTAs run in clusters of two (by default; or four) that share
-// (multicast) the weight tile: see the kernel. Producer and consumers walk the
+// (multicast) the weight tile: see the kernel. With an odd number of
+// row-blocks, the two CTAs of a cluster take two column-blocks of the last
+// row-block and share its X tile instead (tile_coord in schedule.hpp). Producer and consumers walk the
 // same sequence (schedule.hpp), so the producer starts loading the next tile
 // while the consumers run the epilogue. When the tiles do not fill whole
 // waves and a workspace is given, the last one to two waves are split along
@@ -110,29 +112,6 @@ using gatedmlp::detail::store_float;
 __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j) {
   if (p.separate) return half == 0 ? j : p.u + j;
   return gatedmlp::detail::fused_row(j, half, p.group, p.first);
-}
-
-struct TileCoord {
-  int l, mb, nb;
-};
-
-// Tile t -> (batch, row-block, column-block). The CM CTAs of a cluster share
-// t and take consecutive row-blocks (a row unit), so they need the same
-// weight rows. Row units run fastest within groups of p.group_m, so that
-// concurrently running CTAs share X and W in L2.
-template <int CM>
-__device__ __forceinline__ TileCoord tile_coord(const Params& p, int64_t t, int rank) {
-  const int64_t per_batch = int64_t(p.m_units) * p.n_tiles;
-  TileCoord c;
-  c.l = static_cast<int>(t / per_batch);
-  const int64_t r = t - c.l * per_batch;
-  const int64_t per_group = int64_t(p.group_m) * p.n_tiles;
-  const int g = static_cast<int>(r / per_group);
-  const int in = static_cast<int>(r - g * per_group);
-  const int units = min(p.group_m, p.m_units - g * p.group_m);
-  c.mb = (g * p.group_m + in % units) * CM + rank;
-  c.nb = in / units;
-  return c;
 }
 
 // A tail partial: the warpgroup's 64 x 256 accumulators as float2 pairs, pair
@@ -611,7 +590,9 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
 // multicasts it to all, so a k-step reads 16 + 32/CM KB per CTA from L2, and
 // the CTAs stay in step, which is what lets long-K problems (K = 16384: 12 MB
 // of operands per tile) share their weight reads rather than each going to
-// DRAM.
+// DRAM. (CM = 2, an odd row-block count: the last row-block's items have the
+// two CTAs on two column-blocks; rank 0 multicasts X, each loads its own
+// weight tile. The stage barriers work the same way for both.)
 template <typename T, int ACT, int CM, int PRE>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
@@ -657,7 +638,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       uint32_t it = 0;
       Work wk;
       for (int w = 0; sched.at(p, w, &wk); ++w) {
-        const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
+        const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
         const int64_t n0 = int64_t(tc.nb) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
@@ -667,10 +648,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
-          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
+          if (CM == 2 && tc.pair_cols) {
+            // The two CTAs share the row-block: rank 0 loads X for both.
+            if (rank == 0) tma_load_3d_multicast(st, &p.tma_x, &full[s], 0x3, kb * Tr::BK, tc.mb * Tr::BM, xl);
+          } else {
+            tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
+          }
           if constexpr (CM == 1) {
             tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
             tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+          } else if constexpr (CM == 2) {
+            // Half `rank` of the weight tile (gate, up), multicast to both
+            // CTAs; with column pairs, both halves of this CTA's own tile,
+            // to itself (a CM = 2 weight box is a whole half, 128 rows). One
+            // call site for both: two made the producer spill at its 56
+            // registers.
+            const int h0 = tc.pair_cols ? 0 : static_cast<int>(rank), h1 = tc.pair_cols ? 1 : static_cast<int>(rank);
+            const uint16_t mask = tc.pair_cols ? uint16_t(1u << rank) : uint16_t(0x3);
+            for (int h = h0; h <= h1; ++h)
+              tma_load_5d_multicast(st + Tr::kABytes + h * (Tr::kBBytes / 2), h == 0 ? &p.tma_wg : &p.tma_wu, &full[s],
+                                    mask, kb * Tr::BK, c1, h == 0 ? p.gate_half : p.up_half, c3, wl);
           } else {
             // This CTA's part of the weight tile: half rank / kParts (gate,
             // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
@@ -720,12 +717,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     uint32_t it = 0;
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
-      const detail_::TileCoord tc = detail_::tile_coord<CM>(p, wk.item, rank);
+      const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
       const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
       // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
-      // of a last row-block) only frees the stages: its sums would never be
-      // stored, and its MMAs would read the shared weight tile for nothing.
-      const bool idle = row0 >= p.m;
+      // of a last row-block), or whose columns lie past U (the second CTA of
+      // the last pair_cols item when n_tiles is odd), only frees the stages:
+      // its sums would never be stored, and its MMAs would read the shared
+      // tiles for nothing.
+      const bool idle = row0 >= p.m || int64_t(tc.nb) * Tr::BNO >= p.u;
       int prev = -1;
       // The item's first k-step, peeled: its first wgmma overwrites the
       // accumulators and says so (wgmma_m64n256k16_first), so that they are
@@ -784,6 +783,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
         }
       }
+      // Nothing to store (the whole CTA has no columns: both warpgroups skip
+      // the epilogue and its CTA-wide barriers together).
+      if (int64_t(tc.nb) * Tr::BNO >= p.u) continue;
 #if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
       // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
       // costs the tile loop. Y is never written.
