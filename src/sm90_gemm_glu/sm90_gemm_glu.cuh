@@ -639,7 +639,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       Work wk;
       for (int w = 0; sched.at(p, w, &wk); ++w) {
         const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
-        const int64_t n0 = int64_t(tc.nb) * Tr::BNO;
+        // A CTA past U (the last column pair when n_tiles is odd) loads the
+        // last column-block's weights and ignores them: a box wholly past the
+        // tensor, sent to this CTA alone, left its stage unfilled (the GPU
+        // suite hung on it).
+        const int64_t n0 = int64_t(tc.nb < p.n_tiles ? tc.nb : p.n_tiles - 1) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
@@ -648,26 +652,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
-          if (CM == 2 && tc.pair_cols) {
-            // The two CTAs share the row-block: rank 0 loads X for both.
-            if (rank == 0) tma_load_3d_multicast(st, &p.tma_x, &full[s], 0x3, kb * Tr::BK, tc.mb * Tr::BM, xl);
-          } else {
-            tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
-          }
-          if constexpr (CM == 1) {
+          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
+          if (CM == 1 || (CM == 2 && tc.pair_cols)) {
+            // The whole weight tile, for this CTA alone (with column pairs
+            // each CTA also loads the shared X tile itself: no multicast).
             tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
             tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
-          } else if constexpr (CM == 2) {
-            // Half `rank` of the weight tile (gate, up), multicast to both
-            // CTAs; with column pairs, both halves of this CTA's own tile,
-            // to itself (a CM = 2 weight box is a whole half, 128 rows). One
-            // call site for both: two made the producer spill at its 56
-            // registers.
-            const int h0 = tc.pair_cols ? 0 : static_cast<int>(rank), h1 = tc.pair_cols ? 1 : static_cast<int>(rank);
-            const uint16_t mask = tc.pair_cols ? uint16_t(1u << rank) : uint16_t(0x3);
-            for (int h = h0; h <= h1; ++h)
-              tma_load_5d_multicast(st + Tr::kABytes + h * (Tr::kBBytes / 2), h == 0 ? &p.tma_wg : &p.tma_wu, &full[s],
-                                    mask, kb * Tr::BK, c1, h == 0 ? p.gate_half : p.up_half, c3, wl);
           } else {
             // This CTA's part of the weight tile: half rank / kParts (gate,
             // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
