@@ -122,17 +122,6 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // the async proxy (a TMA store).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// As tma_load_3d, but the box lands at the same offset in every CTA of
-// `mask` and completes bytes on each one's barrier at `bar`'s offset.
-__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const void* map, uint64_t* bar, uint16_t mask, int c0,
-                                                      int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%4, "
-      "%5, %6}], [%2], %3;" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "h"(mask), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
 // As tma_load_5d, but the box lands at the same offset in every CTA of
 // `mask` and completes bytes on each one's barrier at `bar`'s offset.
 __device__ __forceinline__ void tma_load_5d_multicast(void* dst, const void* map, uint64_t* bar, uint16_t mask, int c0,

@@ -35,7 +35,7 @@ inline void plan_items(Params& p, int cm, int64_t batch, bool pair_cols) {
 struct TileCoord {
   int l, mb, nb;  // batch, row-block, column-block
   // The CTAs of the cluster share the row-block (an odd_items item), not the
-  // column-block: they share (multicast) the X tile instead of the weights.
+  // column-block: each loads its own X and weight tiles, no multicast.
   bool pair_cols;
 };
 

@@ -32,9 +32,10 @@
 // weight rows stay in L2. CTAs run in clusters of two (by default; or four) that share
 // (multicast) the weight tile: see the kernel. With an odd number of
 // row-blocks, the two CTAs of a cluster take two column-blocks of the last
-// row-block and share its X tile instead (tile_coord in schedule.hpp). Producer and consumers walk the
-// same sequence (schedule.hpp), so the producer starts loading the next tile
-// while the consumers run the epilogue. When the tiles do not fill whole
+// row-block, each loading its tiles as a one-CTA cluster would (tile_coord
+// in schedule.hpp). Producer and consumers walk the same sequence
+// (schedule.hpp), so the producer starts loading the next tile while the
+// consumers run the epilogue. When the tiles do not fill whole
 // waves and a workspace is given, the last one to two waves are split along
 // K evenly over all clusters (stream-K): pieces that end inside a tile leave
 // fp32 partial sums in the workspace, and the piece with the tile's last
@@ -591,8 +592,8 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
 // the CTAs stay in step, which is what lets long-K problems (K = 16384: 12 MB
 // of operands per tile) share their weight reads rather than each going to
 // DRAM. (CM = 2, an odd row-block count: the last row-block's items have the
-// two CTAs on two column-blocks; rank 0 multicasts X, each loads its own
-// weight tile. The stage barriers work the same way for both.)
+// two CTAs on two column-blocks, each loading its own X and weight tiles
+// without multicast; the stage barriers are kept as for the other items.)
 template <typename T, int ACT, int CM, int PRE>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
@@ -640,9 +641,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       for (int w = 0; sched.at(p, w, &wk); ++w) {
         const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
         // A CTA past U (the last column pair when n_tiles is odd) loads the
-        // last column-block's weights and ignores them: a box wholly past the
-        // tensor, sent to this CTA alone, left its stage unfilled (the GPU
-        // suite hung on it).
+        // last column-block's weights and ignores them, so that no box lies
+        // wholly past the tensor.
         const int64_t n0 = int64_t(tc.nb < p.n_tiles ? tc.nb : p.n_tiles - 1) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
@@ -662,7 +662,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
             // This CTA's part of the weight tile: half rank / kParts (gate,
             // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
             // every CTA of the cluster.
-            constexpr int kParts = CM / 2;
+            constexpr int kParts = CM > 1 ? CM / 2 : 1;  // (CM = 1 never comes here)
             const int h = static_cast<int>(rank) / kParts, q = static_cast<int>(rank) % kParts;
             tma_load_5d_multicast(st + Tr::kABytes + h * (Tr::kBBytes / 2) + q * (Tr::kBBytes / 2 / kParts),
                                   h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * Tr::BK,
