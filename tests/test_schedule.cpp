@@ -200,7 +200,9 @@ TEST(Schedule, EveryTileOnceWithColumnPairs) {
             EXPECT_TRUE(check_coverage<2>(m_tiles, n_tiles, group_m, batch, true));
             EXPECT_TRUE(check_coverage<2>(m_tiles, n_tiles, group_m, batch, false));
           }
-          if (m_tiles >= 4) EXPECT_TRUE(check_coverage<4>(m_tiles, n_tiles, group_m, batch, true));
+          if (m_tiles >= 4) {
+            EXPECT_TRUE(check_coverage<4>(m_tiles, n_tiles, group_m, batch, true));
+          }
         }
   // 8B M = 384 (3 row-blocks, 112 column-blocks) in clusters of two: one row
   // unit of 112 items, then 56 column pairs, where rounding up ran 224.
