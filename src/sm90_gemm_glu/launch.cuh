@@ -18,7 +18,9 @@
 namespace gatedmlp::sm90 {
 
 static_assert(Traits::kSmemBytes == kTile.smem_bytes, "kTile.smem_bytes must match the kernel's layout");
-static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Traits::kStages == kTile.stages);
+static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Traits::BK == kTile.tile_k &&
+                  Traits::kStages == kTile.stages,
+              "kTile must describe the kernel's tile (launch.cpp counts k-blocks with tile_k)");
 
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
 // item, at most as many as can be resident at once; all of them when the tail
