@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs one GPU test filter many times, each under a time limit, from a build
+# whose Hopper kernel has the wait watchdog (-DGATEDMLP_SM90_WATCHDOG=ON: a
+# wait that hangs traps and prints the barrier it was stuck on). Prints each
+# run's exit code (124: hung past the limit, i.e. stuck somewhere the
+# watchdog does not cover) and, for failed runs, the watchdog's lines and the
+# launcher's last log lines.
+#   scripts/hang-hunt.sh [runs]
+# env: BUILD (build dir, default build-wd), FILTER (gtest filter, default
+# *OddRow*), LIMIT (seconds per run), WATCHDOG (ON/OFF), plus any knobs to
+# pass through (GATEDMLP_SM90_PAIR_COLS=0 ...).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-10}
+build=${BUILD:-build-wd}
+filter=${FILTER:-*OddRow*}
+limit=${LIMIT:-60}
+if [ ! -x "$build/tests/test_gpu" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DGATEDMLP_BUILD_TESTS=ON -DGATEDMLP_BUILD_TOOLS=OFF -DGATEDMLP_SM90_WATCHDOG="${WATCHDOG:-ON}" >/dev/null ||
+    exit 1
+  cmake --build "$build" --target test_gpu 2>&1 | tail -3 || exit 1
+fi
+log=${TMPDIR:-/tmp}/hang-hunt
+mkdir -p "$log"
+fails=0
+for i in $(seq "$runs"); do
+  GATEDMLP_TEST_KNOWN_HANG=1 GATEDMLP_LOG=1 timeout "$limit" stdbuf -oL -eL \
+    "$build/tests/test_gpu" --gtest_filter="$filter" >"$log/run$i.out" 2>"$log/run$i.err"
+  rc=$?
+  echo "run $i: rc=$rc $(grep -E '\[ cases \]' "$log/run$i.out" | tail -1)"
+  if [ $rc -ne 0 ]; then
+    fails=$((fails + 1))
+    grep -h "watchdog" "$log/run$i.out" "$log/run$i.err" | sort | uniq -c | sort -rn | head -20
+    grep -hE "Failure|error|Problem\{|Config\{" "$log/run$i.out" | head -6
+    echo "  last launcher lines:"
+    grep -h "\[gatedmlp\]" "$log/run$i.err" | tail -4 | sed 's/^/    /'
+  fi
+done
+echo "hang-hunt: $fails of $runs runs failed"
