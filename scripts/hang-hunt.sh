@@ -19,7 +19,8 @@ if [ ! -x "$build/tests/test_gpu" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DGATEDMLP_BUILD_TESTS=ON -DGATEDMLP_BUILD_TOOLS=OFF -DGATEDMLP_SM90_WATCHDOG="${WATCHDOG:-ON}" >/dev/null ||
     exit 1
-  cmake --build "$build" --target test_gpu 2>&1 | tail -3 || exit 1
+  cmake --build "$build" --target test_gpu >"${TMPDIR:-/tmp}/hang-hunt-build.log" 2>&1 ||
+    { tail -20 "${TMPDIR:-/tmp}/hang-hunt-build.log"; exit 1; }
 fi
 log=${TMPDIR:-/tmp}/hang-hunt
 mkdir -p "$log"

@@ -49,7 +49,7 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // about 2^32 clocks (2-3 s) prints where it is and traps, so that a hang
 // becomes an error that names the barrier. The barrier's 64-bit state is
 // printed raw (its phase bit, pending arrivals and transaction count).
-__device__ __noinline__ void watchdog_fire(const char* what, uint32_t addr, uint64_t state, uint64_t want) {
+static __device__ __noinline__ void watchdog_fire(const char* what, uint32_t addr, uint64_t state, uint64_t want) {
   printf("[watchdog] block %u (cluster rank %u) thread %u: %s at shared 0x%x, waiting for %llu, state 0x%016llx\n",
          blockIdx.x, blockIdx.x % 2, threadIdx.x, what, addr, static_cast<unsigned long long>(want),
          static_cast<unsigned long long>(state));
