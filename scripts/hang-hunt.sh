@@ -7,7 +7,8 @@
 # launcher's last log lines.
 #   scripts/hang-hunt.sh [runs]
 # env: BUILD (build dir, default build-wd), FILTER (gtest filter, default
-# *OddRow*), LIMIT (seconds per run), WATCHDOG (ON/OFF), plus any knobs to
+# *OddRow*), LIMIT (seconds per run), SYNC_LIMIT (the tests' own limit per
+# device synchronisation, after which they name the call and exit 3), WATCHDOG (ON/OFF), plus any knobs to
 # pass through (GATEDMLP_SM90_PAIR_COLS=0 ...).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,24 +16,21 @@ runs=${1:-10}
 build=${BUILD:-build-wd}
 filter=${FILTER:-*OddRow*}
 limit=${LIMIT:-60}
-if [ ! -x "$build/tests/test_gpu" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DGATEDMLP_BUILD_TESTS=ON -DGATEDMLP_BUILD_TOOLS=OFF -DGATEDMLP_SM90_WATCHDOG="${WATCHDOG:-ON}" >/dev/null ||
-    exit 1
-  cmake --build "$build" --target test_gpu >"${TMPDIR:-/tmp}/hang-hunt-build.log" 2>&1 ||
-    { tail -20 "${TMPDIR:-/tmp}/hang-hunt-build.log"; exit 1; }
-fi
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DGATEDMLP_BUILD_TESTS=ON -DGATEDMLP_BUILD_TOOLS=OFF -DGATEDMLP_SM90_WATCHDOG="${WATCHDOG:-ON}" >/dev/null || exit 1
+cmake --build "$build" --target test_gpu >"${TMPDIR:-/tmp}/hang-hunt-build.log" 2>&1 ||
+  { tail -20 "${TMPDIR:-/tmp}/hang-hunt-build.log"; exit 1; }
 log=${TMPDIR:-/tmp}/hang-hunt
 mkdir -p "$log"
 fails=0
 for i in $(seq "$runs"); do
-  GATEDMLP_TEST_KNOWN_HANG=1 GATEDMLP_LOG=1 timeout "$limit" stdbuf -oL -eL \
+  GATEDMLP_TEST_KNOWN_HANG=1 GATEDMLP_LOG=1 GATEDMLP_TEST_SYNC_LIMIT=${SYNC_LIMIT:-20} timeout "$limit" stdbuf -oL -eL \
     "$build/tests/test_gpu" --gtest_filter="$filter" >"$log/run$i.out" 2>"$log/run$i.err"
   rc=$?
   echo "run $i: rc=$rc $(grep -E '\[ cases \]' "$log/run$i.out" | tail -1)"
   if [ $rc -ne 0 ]; then
     fails=$((fails + 1))
-    grep -h "watchdog" "$log/run$i.out" "$log/run$i.err" | sort | uniq -c | sort -rn | head -20
+    grep -h "watchdog\|HUNG" "$log/run$i.out" "$log/run$i.err" | head -${SHOW:-40}
     grep -hE "Failure|error|Problem\{|Config\{" "$log/run$i.out" | head -6
     echo "  last launcher lines:"
     grep -h "\[gatedmlp\]" "$log/run$i.err" | tail -4 | sed 's/^/    /'

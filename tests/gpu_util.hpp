@@ -5,8 +5,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "gatedmlp/gatedmlp.hpp"
@@ -45,6 +50,31 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept { std::swap(p, o.p); std::swap(bytes, o.bytes); return *this; }
   ~DeviceBuffer() { if (p) cudaFree(p); }
 };
+
+// cudaDeviceSynchronize with a time limit (GATEDMLP_TEST_SYNC_LIMIT seconds,
+// default 300: the slowest legitimate call, under compute-sanitizer, takes
+// seconds). A kernel that never finishes ends the binary with exit code 3
+// and a line naming what was running; a time-out of the whole binary would
+// name nothing, and a hung GPU cannot be recovered within the process.
+inline cudaError_t sync_within(const std::string& what) {
+  const char* v = std::getenv("GATEDMLP_TEST_SYNC_LIMIT");
+  const double limit = v ? std::atof(v) : 300.0;
+  cudaEvent_t ev;
+  if (cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) return e;
+  cudaError_t e = cudaEventRecord(ev, 0);  // the legacy stream: after all earlier work
+  const auto t0 = std::chrono::steady_clock::now();
+  while (e == cudaSuccess && (e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit) {
+      std::fprintf(stderr, "[ HUNG ] the device did not finish within %.0f s: %s\n", limit, what.c_str());
+      std::fprintf(stdout, "[ HUNG ] the device did not finish within %.0f s: %s\n", limit, what.c_str());
+      std::fflush(nullptr);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  cudaEventDestroy(ev);
+  return e == cudaSuccess ? cudaDeviceSynchronize() : e;
+}
 
 // Host bytes of one tensor, and its device copy.
 struct Tensor {

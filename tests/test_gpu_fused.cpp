@@ -222,7 +222,7 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
   ASSERT_TRUE(su.ok()) << su.message();
   const Status sr = unfused->run(args_with(yu, pu), nullptr);
   ASSERT_TRUE(sr.ok()) << sr.message();
-  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(sync_within("unfused: " + to_string(p)));
 
   // Reference on the host copies.
   Arguments h;
@@ -281,7 +281,7 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
           << v.label << ": GATEDMLP_LOG=1 printed no \"" << opt.log_must_contain << "\"; it printed:\n" << log;
     }
     ASSERT_TRUE(s.ok()) << s.message();
-    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(sync_within(std::string(v.label) + ": " + to_string(p) + " -> " + to_string(cfg)));
 
     const std::vector<unsigned char> yf_out = yf.download();
     Err ef;

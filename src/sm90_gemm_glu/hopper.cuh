@@ -13,9 +13,8 @@
 
 #include <cstdint>
 #include <type_traits>
-#if defined(GATEDMLP_SM90_WATCHDOG)
-#include <cstdio>
-#endif
+
+#include "sm90_gemm_glu/watchdog.cuh"
 
 namespace gatedmlp::sm90 {
 
@@ -44,20 +43,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-#if defined(GATEDMLP_SM90_WATCHDOG)
-// Debug builds (cmake -DGATEDMLP_SM90_WATCHDOG=ON): a wait that spins for
-// about 2^32 clocks (2-3 s) prints where it is and traps, so that a hang
-// becomes an error that names the barrier. The barrier's 64-bit state is
-// printed raw (its phase bit, pending arrivals and transaction count).
-static __device__ __noinline__ void watchdog_fire(const char* what, uint32_t addr, uint64_t state, uint64_t want) {
-  printf("[watchdog] block %u (cluster rank %u) thread %u: %s at shared 0x%x, waiting for %llu, state 0x%016llx\n",
-         blockIdx.x, blockIdx.x % 2, threadIdx.x, what, addr, static_cast<unsigned long long>(want),
-         static_cast<unsigned long long>(state));
-  __trap();
-}
-__device__ __forceinline__ bool watchdog_expired(long long t0) { return clock64() - t0 > (1ll << 32); }
-#endif
-
 // Spins until the barrier's phase with the given parity has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(GATEDMLP_SM90_WATCHDOG)
@@ -69,10 +54,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     if (done) return;
-    if (watchdog_expired(t0)) {
+    if (watchdog::expired(t0)) {
       uint64_t state;
       asm volatile("ld.shared.b64 %0, [%1];" : "=l"(state) : "r"(smem_addr(bar)) : "memory");
-      watchdog_fire("mbarrier", smem_addr(bar), state, parity);
+      watchdog::fire("mbarrier", smem_addr(bar), state, parity);
     }
   }
 #else
@@ -210,7 +195,7 @@ __device__ __forceinline__ void flag_wait(const uint64_t* flag, uint64_t token) 
     asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
     if (v == token) return;
 #if defined(GATEDMLP_SM90_WATCHDOG)
-    if (watchdog_expired(t0)) watchdog_fire("split-tail flag", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), v, token);
+    if (watchdog::expired(t0)) watchdog::fire("split-tail flag", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), v, token);
 #endif
     __nanosleep(64);
   }

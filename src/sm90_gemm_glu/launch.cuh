@@ -89,6 +89,9 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
                  split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
                  PRE ? "; pre-activation by TMA stores" : (p.has_pre ? "; pre-activation stored from registers" : ""));
   cfg.gridDim = dim3(static_cast<unsigned>(items * CM));
+#if defined(GATEDMLP_SM90_WATCHDOG)
+  watchdog::arm(static_cast<int>(cfg.gridDim.x));
+#endif
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 

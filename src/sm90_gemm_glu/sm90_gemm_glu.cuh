@@ -485,6 +485,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
   // overwritten (it had a whole main loop to do so).
   if (tid == 0) bulk_wait_read();
   named_barrier(bar, 128);
+  GATEDMLP_WD_MARK(watchdog::kEpiBar, tc.mb, tc.nb);
 
   if (p.has_bias) {
     // Bias depends only on the columns, which both warpgroups share.
@@ -631,6 +632,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   if (wg == 0) {
     // ---------------------------------------------------------- producer
     setmaxnreg_dec<56>();
+    GATEDMLP_WD_MARK(watchdog::kStart, 0);
     if (tid == 0) {
       const Schedule sched(p, cluster, clusters);
       tma_prefetch_map(&p.tma_x);
@@ -649,6 +651,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
           const int s = it % Tr::kStages;
           const uint32_t phase = (it / Tr::kStages) & 1;
+          GATEDMLP_WD_MARK(watchdog::kLoad, w, kb);
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
@@ -674,6 +677,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   } else {
     // ---------------------------------------------------------- consumers
     setmaxnreg_inc<224>();
+    GATEDMLP_WD_MARK(watchdog::kStart, wg);
     const Schedule sched(p, cluster, clusters);
     const int cw = wg - 1;  // rows 64*cw ... 64*cw + 63 of the tile
     const int lane = tid % 32;
@@ -721,6 +725,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // dead from the previous epilogue's last read of them on.
       if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
         const int s = it % Tr::kStages;
+        GATEDMLP_WD_MARK(watchdog::kFull, w, wk.kb0);
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
           const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
@@ -736,6 +741,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       }
       for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
+        GATEDMLP_WD_MARK(watchdog::kFull, w, kb);
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
           const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
@@ -755,6 +761,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       wgmma_wait<0>();
       fence_regs(d);
       if (prev >= 0) release(prev);
+      if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
@@ -781,13 +788,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // costs the tile loop. Y is never written.
       continue;
 #endif
+      GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
       detail_::epilogue<T, ACT, PRE>(p, d, tile, sbias, cw, tid, tc);
+      GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
     }
+    GATEDMLP_WD_MARK(watchdog::kDrain);
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
   }
   // A CTA may not exit while its peer can still multicast into it or arrive
   // on its barriers.
+  GATEDMLP_WD_MARK(watchdog::kEnd);
   if constexpr (CM > 1) cluster_sync();
+  GATEDMLP_WD_MARK(watchdog::kExit);
 #endif
 }
 
