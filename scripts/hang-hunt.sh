@@ -31,7 +31,7 @@ for i in $(seq "$runs"); do
   if [ $rc -ne 0 ]; then
     fails=$((fails + 1))
     grep -h "watchdog\|HUNG" "$log/run$i.out" "$log/run$i.err" | head -${SHOW:-40}
-    grep -hE "Failure|error|Problem\{|Config\{" "$log/run$i.out" | head -6
+    grep -hE -A7 "Failure" "$log/run$i.out" | head -12
     echo "  last launcher lines:"
     grep -h "\[gatedmlp\]" "$log/run$i.err" | tail -4 | sed 's/^/    /'
   fi

@@ -47,6 +47,7 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(GATEDMLP_SM90_WATCHDOG)
   const long long t0 = clock64();
+  bool noted = false;
   for (;;) {
     uint32_t done;
     asm volatile(
@@ -54,11 +55,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     if (done) return;
-    if (watchdog::expired(t0)) {
+    if (!noted && watchdog::waited(t0, 31)) {
+      noted = true;
       uint64_t state;
       asm volatile("ld.shared.b64 %0, [%1];" : "=l"(state) : "r"(smem_addr(bar)) : "memory");
-      watchdog::fire("mbarrier", smem_addr(bar), state, parity);
+      watchdog::note(smem_addr(bar), parity, state);
     }
+    if (watchdog::waited(t0, 35)) watchdog::fire("mbarrier", smem_addr(bar), parity);
   }
 #else
   asm volatile(
@@ -195,7 +198,8 @@ __device__ __forceinline__ void flag_wait(const uint64_t* flag, uint64_t token) 
     asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
     if (v == token) return;
 #if defined(GATEDMLP_SM90_WATCHDOG)
-    if (watchdog::expired(t0)) watchdog::fire("split-tail flag", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), v, token);
+    if (watchdog::waited(t0, 31)) watchdog::note(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token, v);
+    if (watchdog::waited(t0, 35)) watchdog::fire("split-tail flag", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token);
 #endif
     __nanosleep(64);
   }

@@ -651,7 +651,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
           const int s = it % Tr::kStages;
           const uint32_t phase = (it / Tr::kStages) & 1;
-          GATEDMLP_WD_MARK(watchdog::kLoad, w, kb);
+          GATEDMLP_WD_MARK(watchdog::kLoad, w, watchdog::wait_code(kb, s, phase ^ 1));
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
@@ -725,7 +725,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // dead from the previous epilogue's last read of them on.
       if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
         const int s = it % Tr::kStages;
-        GATEDMLP_WD_MARK(watchdog::kFull, w, wk.kb0);
+        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, (it / Tr::kStages) & 1));
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
           const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
@@ -741,7 +741,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       }
       for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, ++it) {
         const int s = it % Tr::kStages;
-        GATEDMLP_WD_MARK(watchdog::kFull, w, kb);
+        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, (it / Tr::kStages) & 1));
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
           const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);

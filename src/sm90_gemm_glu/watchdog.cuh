@@ -1,7 +1,8 @@
 // Hang debugging for the Hopper kernel, compiled only with
 // -DGATEDMLP_SM90_WATCHDOG=ON (never in a release build):
-//   * every mbarrier and split-tail flag wait traps after spinning 2-3 s and
-//     prints the barrier, the parity it waited for and its raw state
+//   * every mbarrier and split-tail flag wait that spins about a second
+//     records what it waits for and the barrier's raw state (phase bit,
+//     pending arrivals, transaction count), and traps after about 20 s
 //     (hopper.cuh);
 //   * each warp records the last point of the kernel it reached (mark()) in
 //     host-mapped memory, and a host thread prints those points, grouped by
@@ -30,8 +31,8 @@ constexpr int kMaxCtas = 1024, kWarps = 12;
 // Points of the kernel (mark's first argument); a and b as noted.
 enum Point : uint32_t {
   kStart = 1,    // after setmaxnreg (a: warpgroup)
-  kLoad = 2,     // producer, before the empty wait (a: piece w, b: k-block)
-  kFull = 3,     // consumer, before the full wait (a: piece w, b: k-block)
+  kLoad = 2,     // producer, before the empty wait (a: piece w, b: wait_code)
+  kFull = 3,     // consumer, before the full wait (a: piece w, b: wait_code)
   kPartial = 4,  // consumer, handing or adding split-tail partials (a: piece w)
   kEpi = 5,      // consumer, entering the epilogue (a: row-block, b: column-block)
   kEpiBar = 6,   // past the epilogue's first barrier
@@ -41,23 +42,40 @@ enum Point : uint32_t {
   kExit = 10,    // past it
 };
 
-// A wait that has spun for about 2^32 clocks (2-3 s): print the barrier,
-// the parity or token it waits for, and its raw 64-bit state (phase bit,
-// pending arrivals, transaction count), then trap, so that the call fails
-// rather than hangs.
-static __device__ __noinline__ void fire(const char* what, uint32_t addr, uint64_t state, uint64_t want) {
-  printf("[watchdog] block %u thread %u: %s at 0x%x, waiting for %llu, state 0x%016llx\n", blockIdx.x, threadIdx.x,
-         what, addr, static_cast<unsigned long long>(want), static_cast<unsigned long long>(state));
-  __trap();
+// k-block, ring stage and the parity waited for, in 12 bits.
+static __device__ __forceinline__ uint32_t wait_code(int kb, int stage, uint32_t parity) {
+  return (static_cast<uint32_t>(kb) & 0x1ffu) | static_cast<uint32_t>(stage) << 9 | parity << 11;
 }
-static __device__ __forceinline__ bool expired(long long t0) { return clock64() - t0 > (1ll << 32); }
 
-static __device__ uint32_t* g_trace;  // [CTA][warp]; one copy per translation unit, set by arm()
+// The host buffer: each warp's last point (uint32), then, per warp, what it
+// has been stuck on (two uint64: address | wanted parity or token << 32, and
+// the barrier's raw state or the flag's value).
+static __device__ uint32_t* g_trace;  // one copy per translation unit, set by arm()
+
+static __device__ __forceinline__ uint32_t warp_slot() { return blockIdx.x * kWarps + threadIdx.x / 32; }
 
 static __device__ __forceinline__ void mark(uint32_t point, uint32_t a = 0, uint32_t b = 0) {
   if (threadIdx.x % 32 == 0 && g_trace && blockIdx.x < kMaxCtas)
-    reinterpret_cast<volatile uint32_t*>(g_trace)[blockIdx.x * kWarps + threadIdx.x / 32] =
-        point << 24 | (a & 0xfffu) << 12 | (b & 0xfffu);
+    reinterpret_cast<volatile uint32_t*>(g_trace)[warp_slot()] = point << 24 | (a & 0xfffu) << 12 | (b & 0xfffu);
+}
+
+// Whether a wait that began at clock t0 has spun for 2^lg clocks (2^31: about
+// a second; 2^35: about 20 s).
+static __device__ __forceinline__ bool waited(long long t0, int lg) { return clock64() - t0 > (1ll << lg); }
+
+// A wait that has spun about a second: recorded for the host's report.
+static __device__ __noinline__ void note(uint32_t addr, uint64_t want, uint64_t state) {
+  if (threadIdx.x % 32 != 0 || !g_trace || blockIdx.x >= kMaxCtas) return;
+  volatile uint64_t* stuck = reinterpret_cast<volatile uint64_t*>(g_trace + kMaxCtas * kWarps) + 2 * warp_slot();
+  stuck[0] = addr | want << 32;
+  stuck[1] = state;
+}
+
+// One that has spun about 20 s: the launch fails rather than hangs.
+static __device__ __noinline__ void fire(const char* what, uint32_t addr, uint64_t want) {
+  printf("[watchdog] block %u thread %u: %s at 0x%x, waiting for %llu: trap\n", blockIdx.x, threadIdx.x, what, addr,
+         static_cast<unsigned long long>(want));
+  __trap();
 }
 
 struct Host {
@@ -71,7 +89,10 @@ inline std::string describe(uint32_t v) {
   static const char* names[] = {"-", "start", "load", "full", "partial", "epilogue", "epi-bar", "stored", "drain", "end", "exit"};
   const uint32_t pt = v >> 24, a = (v >> 12) & 0xfffu, b = v & 0xfffu;
   char s[48];
-  std::snprintf(s, sizeof s, "%s(%u,%u)", pt < 11 ? names[pt] : "?", a, b);
+  if (pt == kLoad || pt == kFull)  // b: k-block, stage and parity
+    std::snprintf(s, sizeof s, "%s(w%u,kb%u,s%u,p%u)", names[pt], a, b & 0x1ffu, (b >> 9) & 3u, b >> 11);
+  else
+    std::snprintf(s, sizeof s, "%s(%u,%u)", pt < 11 ? names[pt] : "?", a, b);
   return s;
 }
 
@@ -96,6 +117,12 @@ inline void monitor(Host* h) {
       }
       std::fprintf(stderr, "[watchdog] launch %u: no progress for 3 s; warps' last points (w0-3 | w4-7 | w8-11) by CTA:\n", ep);
       for (const auto& [st, ctas] : by_state) std::fprintf(stderr, "[watchdog]   %s  <- CTAs%s\n", st.c_str(), ctas.c_str());
+      const uint64_t* stuck = reinterpret_cast<const uint64_t*>(h->host + kMaxCtas * kWarps);
+      for (int i = 0; i < n; ++i)
+        if (stuck[2 * i])
+          std::fprintf(stderr, "[watchdog]   CTA %d warp %d stuck at 0x%x (shared: barrier; global: flag), wants %llu, state 0x%016llx\n",
+                       i / kWarps, i % kWarps, static_cast<unsigned>(stuck[2 * i] & 0xffffffffu),
+                       static_cast<unsigned long long>(stuck[2 * i] >> 32), static_cast<unsigned long long>(stuck[2 * i + 1]));
       std::fflush(stderr);
     }
     prev.swap(now);
@@ -106,7 +133,7 @@ inline Host& host() {
   static Host h;
   static std::once_flag once;
   std::call_once(once, [] {
-    const size_t bytes = size_t(kMaxCtas) * kWarps * sizeof(uint32_t);
+    const size_t bytes = size_t(kMaxCtas) * kWarps * (sizeof(uint32_t) + 2 * sizeof(uint64_t));
     if (cudaHostAlloc(reinterpret_cast<void**>(&h.host), bytes, cudaHostAllocMapped) != cudaSuccess ||
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&h.dev), h.host, 0) != cudaSuccess) {
       std::fprintf(stderr, "[watchdog] no host-mapped trace buffer; points are not recorded\n");
@@ -125,7 +152,7 @@ static void arm(int ctas) {
   Host& h = host();
   if (!h.host) return;
   h.ctas = 0;
-  for (size_t i = 0; i < size_t(kMaxCtas) * kWarps; ++i) h.host[i] = 0;
+  for (size_t i = 0; i < size_t(kMaxCtas) * kWarps * 5; ++i) h.host[i] = 0;  // points and stuck records
   h.epoch++;
   h.ctas = ctas < kMaxCtas ? ctas : kMaxCtas;
   cudaMemcpyToSymbol(g_trace, &h.dev, sizeof(h.dev));
