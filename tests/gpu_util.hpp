@@ -63,7 +63,9 @@ inline cudaError_t sync_within(const std::string& what) {
   if (cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) return e;
   cudaError_t e = cudaEventRecord(ev, 0);  // the legacy stream: after all earlier work
   const auto t0 = std::chrono::steady_clock::now();
-  while (e == cudaSuccess && (e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+  while (e == cudaSuccess) {
+    e = cudaEventQuery(ev);
+    if (e != cudaErrorNotReady) break;
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit) {
       std::fprintf(stderr, "[ HUNG ] the device did not finish within %.0f s: %s\n", limit, what.c_str());
       std::fprintf(stdout, "[ HUNG ] the device did not finish within %.0f s: %s\n", limit, what.c_str());
@@ -71,6 +73,7 @@ inline cudaError_t sync_within(const std::string& what) {
       std::_Exit(3);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
+    e = cudaSuccess;
   }
   cudaEventDestroy(ev);
   return e == cudaSuccess ? cudaDeviceSynchronize() : e;
