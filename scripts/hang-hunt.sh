@@ -24,9 +24,33 @@ log=${TMPDIR:-/tmp}/hang-hunt
 mkdir -p "$log"
 fails=0
 for i in $(seq "$runs"); do
-  GATEDMLP_TEST_KNOWN_HANG=1 GATEDMLP_LOG=1 GATEDMLP_TEST_SYNC_LIMIT=${SYNC_LIMIT:-20} timeout "$limit" stdbuf -oL -eL \
-    "$build/tests/test_gpu" --gtest_filter="$filter" >"$log/run$i.out" 2>"$log/run$i.err"
-  rc=$?
+  rm -f /tmp/gtest_captured_stream*
+  env GATEDMLP_TEST_KNOWN_HANG=1 GATEDMLP_LOG=1 GATEDMLP_TEST_SYNC_LIMIT="${SYNC_LIMIT:-20}" stdbuf -oL -eL \
+    "$build/tests/test_gpu" --gtest_filter="$filter" >"$log/run$i.out" 2>"$log/run$i.err" &
+  pid=$!
+  for _ in $(seq "$limit"); do
+    sleep 1
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    # Still running: where the host threads are, whether the GPU is busy,
+    # and what a stderr capture of the tests holds (the first variant of
+    # each case runs with its log captured).
+    echo "  run $i still running after ${limit} s; host stacks:"
+    if command -v gdb >/dev/null; then
+      gdb -p "$pid" -batch -ex "thread apply all bt 12" 2>/dev/null | grep -E "^#|^Thread" | head -${STACK_LINES:-50} | sed 's/^/    /'
+    else
+      echo "    (no gdb)"; cat "/proc/$pid/task/"*/wchan 2>/dev/null | sort | uniq -c | sed 's/^/    /'
+    fi
+    nvidia-smi --query-gpu=utilization.gpu,power.draw --format=csv,noheader | sed 's/^/  gpu: /'
+    for f in /tmp/gtest_captured_stream*; do [ -f "$f" ] && tail -3 "$f" | sed 's/^/  captured: /'; done
+    kill -9 "$pid"
+    wait "$pid" 2>/dev/null
+    rc=124
+  else
+    wait "$pid"
+    rc=$?
+  fi
   echo "run $i: rc=$rc $(grep -E '\[ cases \]' "$log/run$i.out" | tail -1)"
   if [ $rc -ne 0 ]; then
     fails=$((fails + 1))
