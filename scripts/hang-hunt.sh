@@ -37,8 +37,10 @@ for i in $(seq "$runs"); do
     # and what a stderr capture of the tests holds (the first variant of
     # each case runs with its log captured).
     echo "  run $i still running after ${limit} s; host stacks:"
-    if command -v gdb >/dev/null; then
-      gdb -p "$pid" -batch -ex "thread apply all bt 12" 2>/dev/null | grep -E "^#|^Thread" | head -${STACK_LINES:-50} | sed 's/^/    /'
+    dbg=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+    if [ -n "$dbg" ]; then
+      timeout 90 "$dbg" -p "$pid" -batch -ex "thread apply all bt 16" 2>&1 | grep -E "^#|^Thread" |
+        head -"${STACK_LINES:-50}" | cut -c1-220 | sed 's/^/    /'
     else
       echo "    (no gdb)"; cat "/proc/$pid/task/"*/wchan 2>/dev/null | sort | uniq -c | sed 's/^/    /'
     fi
