@@ -25,7 +25,7 @@ mkdir -p "$log"
 fails=0
 for i in $(seq "$runs"); do
   rm -f /tmp/gtest_captured_stream*
-  env GATEDMLP_TEST_KNOWN_HANG=1 GATEDMLP_LOG=1 GATEDMLP_TEST_SYNC_LIMIT="${SYNC_LIMIT:-20}" stdbuf -oL -eL \
+  env GATEDMLP_LOG=1 GATEDMLP_TEST_SYNC_LIMIT="${SYNC_LIMIT:-20}" stdbuf -oL -eL \
     "$build/tests/test_gpu" --gtest_filter="$filter" >"$log/run$i.out" 2>"$log/run$i.err" &
   pid=$!
   for _ in $(seq "$limit"); do
