@@ -6,6 +6,7 @@
 # watchdog does not cover) and, for failed runs, the watchdog's lines and the
 # launcher's last log lines.
 #   scripts/hang-hunt.sh [runs]
+#   scripts/hang-hunt.sh selftest    (the watchdog build reports a hang made on purpose)
 # env: BUILD (build dir, default build-wd), FILTER (gtest filter, default
 # *OddRow*), LIMIT (seconds per run), SYNC_LIMIT (the tests' own limit per
 # device synchronisation, after which they name the call and exit 3), WATCHDOG (ON/OFF), plus any knobs to
@@ -22,6 +23,19 @@ cmake --build "$build" --target test_gpu >"${TMPDIR:-/tmp}/hang-hunt-build.log" 
   { tail -20 "${TMPDIR:-/tmp}/hang-hunt-build.log"; exit 1; }
 log=${TMPDIR:-/tmp}/hang-hunt
 mkdir -p "$log"
+if [ "$runs" = selftest ]; then
+  # The watchdog's own check: a launch made to hang (a missing arrival on a
+  # ring stage's empty barrier) must be reported within seconds, naming the
+  # stuck barrier, and end in an error from the trap, not in a hang.
+  env GATEDMLP_SM90_WATCHDOG_SELFTEST=1 GATEDMLP_TEST_SYNC_LIMIT=90 timeout 150 \
+    "$build/tests/test_gpu" --gtest_filter='GpuFused.FastPathLargeShapes' >"$log/selftest.out" 2>"$log/selftest.err"
+  rc=$?
+  grep -h "watchdog" "$log/selftest.err" "$log/selftest.out" | cut -c1-400 | head -"${SHOW:-30}"
+  stuck=$(grep -c "stuck at" "$log/selftest.err")
+  echo "selftest: rc=$rc (want 1: a failed test, not 124 or 3), $stuck stuck waits reported (want > 0)"
+  [ "$rc" = 1 ] && [ "$stuck" -gt 0 ]
+  exit
+fi
 fails=0
 for i in $(seq "$runs"); do
   rm -f /tmp/gtest_captured_stream*

@@ -193,12 +193,16 @@ __device__ __forceinline__ void flag_wait(const uint64_t* flag, uint64_t token) 
   uint64_t v;
 #if defined(GATEDMLP_SM90_WATCHDOG)
   const long long t0 = clock64();
+  bool noted = false;
 #endif
   for (;;) {
     asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
     if (v == token) return;
 #if defined(GATEDMLP_SM90_WATCHDOG)
-    if (watchdog::waited(t0, 31)) watchdog::note(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token, v);
+    if (!noted && watchdog::waited(t0, 31)) {
+      noted = true;
+      watchdog::note(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token, v);
+    }
     if (watchdog::waited(t0, 35)) watchdog::fire("split-tail flag", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token);
 #endif
     __nanosleep(64);

@@ -703,6 +703,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     // loads also write here).
     auto release = [&](int s) {
       if (lane != 0) return;
+#if defined(GATEDMLP_SM90_WATCHDOG)
+      if (watchdog::drop_release(s)) return;  // the watchdog's self-test: an arrival that never comes
+#endif
       mbar_arrive(&empty[s]);
       if constexpr (CM > 1)
 #pragma unroll

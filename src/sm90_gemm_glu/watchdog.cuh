@@ -8,7 +8,9 @@
 //     host-mapped memory, and a host thread prints those points, grouped by
 //     CTA, when they have not changed for a few seconds while a CTA has not
 //     exited: a hang in a wait the watchdog cannot time out (a named or
-//     cluster barrier, a bulk-store wait) still shows where every warp is.
+//     cluster barrier, a bulk-store wait) still shows where every warp is;
+//   * GATEDMLP_SM90_WATCHDOG_SELFTEST=1 makes a launch hang on purpose, to
+//     check the two above (scripts/hang-hunt.sh selftest).
 #pragma once
 
 #if defined(GATEDMLP_SM90_WATCHDOG)
@@ -18,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -76,6 +79,14 @@ static __device__ __noinline__ void fire(const char* what, uint32_t addr, uint64
   printf("[watchdog] block %u thread %u: %s at 0x%x, waiting for %llu: trap\n", blockIdx.x, threadIdx.x, what, addr,
          static_cast<unsigned long long>(want));
   __trap();
+}
+
+// Self-test (GATEDMLP_SM90_WATCHDOG_SELFTEST=1 at launch): warp 4 of CTA 0
+// never frees ring stage 0, so the launch hangs at its fifth k-block; the
+// report must name that stage's empty barrier, and the waits then trap.
+static __device__ int g_selftest;
+static __device__ __forceinline__ bool drop_release(int stage) {
+  return g_selftest && stage == 0 && blockIdx.x == 0 && threadIdx.x / 32 == 4;
 }
 
 struct Host {
@@ -156,6 +167,9 @@ static void arm(int ctas) {
   h.epoch++;
   h.ctas = ctas < kMaxCtas ? ctas : kMaxCtas;
   cudaMemcpyToSymbol(g_trace, &h.dev, sizeof(h.dev));
+  const char* v = std::getenv("GATEDMLP_SM90_WATCHDOG_SELFTEST");
+  const int selftest = v && std::string(v) == "1";
+  cudaMemcpyToSymbol(g_selftest, &selftest, sizeof(selftest));
 }
 
 }  // namespace gatedmlp::sm90::watchdog
