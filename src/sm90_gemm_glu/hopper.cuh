@@ -57,9 +57,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     if (done) return;
     if (!noted && watchdog::waited(t0, 31)) {
       noted = true;
-      uint64_t state;
-      asm volatile("ld.shared.b64 %0, [%1];" : "=l"(state) : "r"(smem_addr(bar)) : "memory");
-      watchdog::note(smem_addr(bar), parity, state);
+      uint64_t word;
+      asm volatile("ld.shared.b64 %0, [%1];" : "=l"(word) : "r"(smem_addr(bar)) : "memory");
+      watchdog::note(smem_addr(bar), parity, word);
     }
     if (watchdog::waited(t0, 35)) watchdog::fire("mbarrier", smem_addr(bar), parity);
   }

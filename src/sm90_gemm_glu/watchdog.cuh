@@ -1,9 +1,11 @@
 // Hang debugging for the Hopper kernel, compiled only with
 // -DGATEDMLP_SM90_WATCHDOG=ON (never in a release build):
 //   * every mbarrier and split-tail flag wait that spins about a second
-//     records what it waits for and the barrier's raw state (phase bit,
-//     pending arrivals, transaction count), and traps after about 20 s
-//     (hopper.cuh);
+//     records what it waits for (the barrier and parity, or the flag and
+//     the token's low 32 bits) and the word there (a flag's value; for a
+//     barrier, the 64-bit word in shared memory, whose encoding the PTX ISA
+//     leaves opaque: it read all ones in the self-test), and traps after
+//     about 20 s (hopper.cuh);
 //   * each warp records the last point of the kernel it reached (mark()) in
 //     host-mapped memory, and a host thread prints those points, grouped by
 //     CTA, when they have not changed for a few seconds while a CTA has not
@@ -52,7 +54,7 @@ static __device__ __forceinline__ uint32_t wait_code(int kb, int stage, uint32_t
 
 // The host buffer: each warp's last point (uint32), then, per warp, what it
 // has been stuck on (two uint64: address | wanted parity or token << 32, and
-// the barrier's raw state or the flag's value).
+// the word at the address).
 static __device__ uint32_t* g_trace;  // one copy per translation unit, set by arm()
 
 static __device__ __forceinline__ uint32_t warp_slot() { return blockIdx.x * kWarps + threadIdx.x / 32; }
@@ -67,11 +69,11 @@ static __device__ __forceinline__ void mark(uint32_t point, uint32_t a = 0, uint
 static __device__ __forceinline__ bool waited(long long t0, int lg) { return clock64() - t0 > (1ll << lg); }
 
 // A wait that has spun about a second: recorded for the host's report.
-static __device__ __noinline__ void note(uint32_t addr, uint64_t want, uint64_t state) {
+static __device__ __noinline__ void note(uint32_t addr, uint64_t want, uint64_t word) {
   if (threadIdx.x % 32 != 0 || !g_trace || blockIdx.x >= kMaxCtas) return;
   volatile uint64_t* stuck = reinterpret_cast<volatile uint64_t*>(g_trace + kMaxCtas * kWarps) + 2 * warp_slot();
   stuck[0] = addr | want << 32;
-  stuck[1] = state;
+  stuck[1] = word;
 }
 
 // One that has spun about 20 s: the launch fails rather than hangs.
@@ -131,7 +133,7 @@ inline void monitor(Host* h) {
       const uint64_t* stuck = reinterpret_cast<const uint64_t*>(h->host + kMaxCtas * kWarps);
       for (int i = 0; i < n; ++i)
         if (stuck[2 * i])
-          std::fprintf(stderr, "[watchdog]   CTA %d warp %d stuck at 0x%x (shared: barrier; global: flag), wants %llu, state 0x%016llx\n",
+          std::fprintf(stderr, "[watchdog]   CTA %d warp %d stuck at 0x%x (shared: barrier; global: flag), wants %llu, word 0x%016llx\n",
                        i / kWarps, i % kWarps, static_cast<unsigned>(stuck[2 * i] & 0xffffffffu),
                        static_cast<unsigned long long>(stuck[2 * i] >> 32), static_cast<unsigned long long>(stuck[2 * i + 1]));
       std::fflush(stderr);
