@@ -4,7 +4,7 @@
 # the clocks left free (what the benchmark sees) and locked to base (--clock-control
 # base), and reports time, mean SM clock, DRAM bytes and the L2 hit rate.
 # Output to $OUT or ./profile-out.
-#   [GATEDMLP_PATH=portable|hopper] scripts/profile-clock.sh [MODEL] [M,M,...]   (default: 8b 16384,65536)
+#   [GATEDMLP_PATH=portable|hopper] [CLOCKS="none base"] scripts/profile-clock.sh [MODEL] [M,M,...]   (default: 8b 16384,65536)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -19,7 +19,7 @@ kernels='regex:gemm_glu_kernel|nvjet|xmma|cutlass'
 metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
 IFS=, read -ra mlist <<<"$ms"
 for m in "${mlist[@]}"; do
-  for cc in none base; do
+  for cc in ${CLOCKS:-none base}; do
     f="$out/clock-$model-$m-$cc.txt"
     ncu --clock-control "$cc" --kernel-name "$kernels" --launch-skip 2 --launch-count 4 --metrics "$metrics" \
       "$b/tools/gatedmlp" bench --model "$model" --m "$m" --path "$path" --reps 2 >"$f" 2>&1
