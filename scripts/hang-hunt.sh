@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Runs one GPU test filter many times, each under a time limit, from a build
-# whose Hopper kernel has the wait watchdog (-DGATEDMLP_SM90_WATCHDOG=ON: a
-# wait that hangs traps and prints the barrier it was stuck on). Prints each
-# run's exit code (124: hung past the limit, i.e. stuck somewhere the
-# watchdog does not cover) and, for failed runs, the watchdog's lines and the
-# launcher's last log lines.
+# Runs one GPU test filter many times, each under a time limit, and says
+# where a run that does not finish is stuck. Prints each run's exit code
+# (124: still running at LIMIT; 3: the tests' own per-call limit named the
+# call). For a run still going at LIMIT: the host threads' stacks (cuda-gdb),
+# the GPU's load, and any stderr the tests had captured; for any failed run,
+# the watchdog's report and the launcher's last log lines. (The hang of
+# 2026-11-24 was a test loop: GPU at 0 %, main thread in the test's code.)
+# The build has the Hopper kernel's watchdog (watchdog.cuh) unless
+# WATCHDOG=OFF.
 #   scripts/hang-hunt.sh [runs]
 #   scripts/hang-hunt.sh selftest    (the watchdog build reports a hang made on purpose)
 # env: BUILD (build dir, default build-wd), FILTER (gtest filter, default
-# *OddRow*), LIMIT (seconds per run), SYNC_LIMIT (the tests' own limit per
-# device synchronisation, after which they name the call and exit 3), WATCHDOG (ON/OFF), plus any knobs to
-# pass through (GATEDMLP_SM90_PAIR_COLS=0 ...).
+# *OddRow*), LIMIT (seconds per run), SYNC_LIMIT (the tests' limit per
+# device synchronisation), WATCHDOG (ON/OFF), SHOW, STACK_LINES (lines
+# printed), plus any knobs to pass through (GATEDMLP_SM90_PAIR_COLS=0 ...).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-10}
