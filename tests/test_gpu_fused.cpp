@@ -770,7 +770,7 @@ TEST(GpuFused, FastPathPreactTma) {
 
 // An odd number of 128-row blocks (3 or 5): in clusters of two, the last
 // row-block's CTAs take two column-blocks each (the second past U when the
-// column-block count is odd), X multicast, the weights loaded per CTA.
+// column-block count is odd), each loading its own X and weight tiles.
 // Every layout and activation, with or without a pre-activation, split tail
 // forced and on one cluster; the launcher's log must say the pairs ran.
 TEST(GpuFused, FastPathOddRowBlocks) {

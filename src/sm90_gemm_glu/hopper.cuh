@@ -46,8 +46,7 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // Spins until the barrier's phase with the given parity has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(GATEDMLP_SM90_WATCHDOG)
-  const long long t0 = clock64();
-  bool noted = false;
+  watchdog::Spin spin;
   for (;;) {
     uint32_t done;
     asm volatile(
@@ -55,13 +54,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         "selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     if (done) return;
-    if (!noted && watchdog::waited(t0, 31)) {
-      noted = true;
+    spin.tick("mbarrier", smem_addr(bar), parity, [&] {
       uint64_t word;
       asm volatile("ld.shared.b64 %0, [%1];" : "=l"(word) : "r"(smem_addr(bar)) : "memory");
-      watchdog::note(smem_addr(bar), parity, word);
-    }
-    if (watchdog::waited(t0, 35)) watchdog::fire("mbarrier", smem_addr(bar), parity);
+      return word;
+    });
   }
 #else
   asm volatile(
@@ -192,18 +189,13 @@ __device__ __forceinline__ void flag_raise(uint64_t* flag, uint64_t token) {
 __device__ __forceinline__ void flag_wait(const uint64_t* flag, uint64_t token) {
   uint64_t v;
 #if defined(GATEDMLP_SM90_WATCHDOG)
-  const long long t0 = clock64();
-  bool noted = false;
+  watchdog::Spin spin;
 #endif
   for (;;) {
     asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
     if (v == token) return;
 #if defined(GATEDMLP_SM90_WATCHDOG)
-    if (!noted && watchdog::waited(t0, 31)) {
-      noted = true;
-      watchdog::note(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token, v);
-    }
-    if (watchdog::waited(t0, 35)) watchdog::fire("split-tail flag", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token);
+    spin.tick("split-tail flag", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(flag)), token, [&] { return v; });
 #endif
     __nanosleep(64);
   }

@@ -91,6 +91,23 @@ static __device__ __forceinline__ bool drop_release(int stage) {
   return g_selftest && stage == 0 && blockIdx.x == 0 && threadIdx.x / 32 == 4;
 }
 
+// One wait's patience: tick() on every unsuccessful try notes the wait once
+// after about a second (word() reads what the waiter sees there) and fires
+// after about 20 s.
+struct Spin {
+  long long t0;
+  bool noted = false;
+  __device__ Spin() { t0 = clock64(); }
+  template <typename Word>
+  __device__ __forceinline__ void tick(const char* what, uint32_t addr, uint64_t want, Word word) {
+    if (!noted && waited(t0, 31)) {
+      noted = true;
+      note(addr, want, word());
+    }
+    if (waited(t0, 35)) fire(what, addr, want);
+  }
+};
+
 struct Host {
   uint32_t* host = nullptr;
   uint32_t* dev = nullptr;
