@@ -92,7 +92,14 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 #if defined(GATEDMLP_SM90_WATCHDOG)
   watchdog::arm(static_cast<int>(cfg.gridDim.x));
 #endif
+#if defined(GATEDMLP_SM90_TIMELINE)
+  const bool recorded = timeline::arm(stream);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+  if (recorded && e == cudaSuccess) timeline::collect(p, static_cast<int>(cfg.gridDim.x), CM, stream);
+  return e;
+#else
   return cudaLaunchKernelEx(&cfg, kernel, p);
+#endif
 }
 
 template <typename T, int ACT>

@@ -73,6 +73,7 @@
 #include "sm90_gemm_glu/hopper.cuh"
 #include "sm90_gemm_glu/params.hpp"
 #include "sm90_gemm_glu/schedule.hpp"
+#include "sm90_gemm_glu/timeline.cuh"
 
 namespace gatedmlp::sm90 {
 
@@ -618,6 +619,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   // live across the register reallocation (it spilled there otherwise).
   const int cluster = static_cast<int>(blockIdx.x / CM), clusters = static_cast<int>(gridDim.x / CM);
   if (threadIdx.x == 0) {
+    GATEDMLP_TL(0, timeline::kEntry);
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&full[s], 1);
       // One arrival per consumer warp of every CTA whose stage s the loads
@@ -634,6 +636,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     setmaxnreg_dec<56>();
     GATEDMLP_WD_MARK(watchdog::kStart, 0);
     if (tid == 0) {
+      GATEDMLP_TL(0, timeline::kSynced);
       const Schedule sched(p, cluster, clusters);
       tma_prefetch_map(&p.tma_x);
       tma_prefetch_map(&p.tma_wg);
@@ -648,6 +651,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         const int64_t n0 = int64_t(tc.nb < p.n_tiles ? tc.nb : p.n_tiles - 1) * Tr::BNO;
         const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
+        GATEDMLP_TL_PIECE(0, timeline::kLoad, w, wk.item, wk.kb0, wk.kb1, wk.role);
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
           const int s = it % Tr::kStages;
           const uint32_t phase = (it / Tr::kStages) & 1;
@@ -672,6 +676,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
                                   c1 + q * p.w_part_c1, h == 0 ? p.gate_half : p.up_half, c3 + q * p.w_part_c3, wl);
           }
         }
+        GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
       }
     }
   } else {
@@ -729,7 +734,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
         const int s = it % Tr::kStages;
         GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, (it / Tr::kStages) & 1));
+        if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
+        if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
         if (!idle) {
           const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
           wgmma_fence();
@@ -763,6 +770,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       }
       wgmma_wait<0>();
       fence_regs(d);
+      if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
       if (prev >= 0) release(prev);
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
@@ -770,6 +778,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
         named_barrier(1 + cw, 128);
         if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
+        if (tid == 0) GATEDMLP_TL(wg, timeline::kHanded, w, wk.item);
         continue;
       }
       if (wk.role == kOwner) {
@@ -782,6 +791,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           named_barrier(1 + cw, 128);
           detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
         }
+        if (tid == 0) GATEDMLP_TL(wg, timeline::kAdded, w, wk.item);
       }
       // Nothing to store (the whole CTA has no columns: both warpgroups skip
       // the epilogue and its CTA-wide barriers together).
@@ -794,15 +804,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
       detail_::epilogue<T, ACT, PRE>(p, d, tile, sbias, cw, tid, tc);
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
+      if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }
     GATEDMLP_WD_MARK(watchdog::kDrain);
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
+    if (tid == 0) GATEDMLP_TL(wg, timeline::kDrained);
   }
   // A CTA may not exit while its peer can still multicast into it or arrive
   // on its barriers.
   GATEDMLP_WD_MARK(watchdog::kEnd);
   if constexpr (CM > 1) cluster_sync();
   GATEDMLP_WD_MARK(watchdog::kExit);
+  if (tid == 0) GATEDMLP_TL(wg, timeline::kExit);
 #endif
 }
 
