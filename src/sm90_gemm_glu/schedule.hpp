@@ -50,25 +50,32 @@ struct TileCoord {
 // 8B M = 384, 3 row-blocks, ran at 0.71 of cuBLAS where one-CTA clusters
 // ran at 0.88: NOTES.md, h24.)
 template <int CM>
-GATEDMLP_HD TileCoord tile_coord(const Params& p, int64_t t, int rank) {
-  const int64_t units = int64_t(p.m_units) * p.n_tiles;
-  const int64_t per_batch = units + p.odd_items;
+GATEDMLP_HD TileCoord tile_coord(const Params& p, int64_t t64, int rank) {
+  // In 32-bit unsigned arithmetic: items number fewer than 2^31 (the fast
+  // path's blocker checks), and a 64-bit division is a call of some hundred
+  // instructions, once per item on the consumers' way from one item's
+  // epilogue to the next one's first wgmma.
+  const uint32_t t = static_cast<uint32_t>(t64);
+  const uint32_t units = uint32_t(p.m_units) * uint32_t(p.n_tiles);
+  const uint32_t per_batch = units + uint32_t(p.odd_items);
   TileCoord c;
-  c.l = static_cast<int>(t / per_batch);
-  const int64_t r = t - c.l * per_batch;
+  const uint32_t l = t / per_batch;
+  c.l = static_cast<int>(l);
+  const uint32_t r = t - l * per_batch;
   c.pair_cols = CM == 2 && r >= units;
   if (c.pair_cols) {
     c.mb = p.m_tiles - 1;
     c.nb = 2 * static_cast<int>(r - units) + rank;
     return c;
   }
-  const int64_t per_group = int64_t(p.group_m) * p.n_tiles;
-  const int g = static_cast<int>(r / per_group);
-  const int in = static_cast<int>(r - g * per_group);
-  const int left = p.m_units - g * p.group_m;
-  const int in_group = p.group_m < left ? p.group_m : left;
-  c.mb = (g * p.group_m + in % in_group) * CM + rank;
-  c.nb = in / in_group;
+  const uint32_t per_group = uint32_t(p.group_m) * uint32_t(p.n_tiles);
+  const uint32_t g = r / per_group;
+  const uint32_t in = r - g * per_group;
+  const int left = p.m_units - static_cast<int>(g) * p.group_m;
+  const uint32_t in_group = static_cast<uint32_t>(p.group_m < left ? p.group_m : left);
+  const uint32_t col = in / in_group;
+  c.mb = (static_cast<int>(g) * p.group_m + static_cast<int>(in - col * in_group)) * CM + rank;
+  c.nb = static_cast<int>(col);
   return c;
 }
 
@@ -142,8 +149,10 @@ struct Schedule {
   int a0, b1;       // the share starts at k-block a0 of item i0 and ends before k-block b1 of item i1
 
   GATEDMLP_HD Schedule(const Params& p, int c_, int clusters_) : c(c_), clusters(clusters_) {
-    whole = static_cast<int>(p.sk_iters == 0 ? (p.tiles > c ? (p.tiles - c + clusters - 1) / clusters : 0)
-                                             : p.sk_first / clusters);  // a multiple of the cluster count
+    // 32-bit: items number fewer than 2^31.
+    const uint32_t tiles = static_cast<uint32_t>(p.tiles), nc = static_cast<uint32_t>(clusters);
+    whole = static_cast<int>(p.sk_iters == 0 ? (tiles > uint32_t(c) ? (tiles - c + nc - 1) / nc : 0u)
+                                             : static_cast<uint32_t>(p.sk_first) / nc);  // a multiple of the cluster count
     i0 = 0, i1 = -1, a0 = b1 = 0;
     if (p.sk_iters == 0) return;
     const int64_t lo = begin(p, c), hi = begin(p, c + 1);

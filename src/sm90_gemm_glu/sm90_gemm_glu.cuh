@@ -620,6 +620,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   const int cluster = static_cast<int>(blockIdx.x / CM), clusters = static_cast<int>(gridDim.x / CM);
   if (threadIdx.x == 0) {
     GATEDMLP_TL(0, timeline::kEntry);
+    // The copy engine fetches each tensor map on first use; asked for now,
+    // the fetch overlaps the set-up instead of delaying the first load.
+    tma_prefetch_map(&p.tma_x);
+    tma_prefetch_map(&p.tma_wg);
+    tma_prefetch_map(&p.tma_wu);
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&full[s], 1);
       // One arrival per consumer warp of every CTA whose stage s the loads
@@ -638,9 +643,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     if (tid == 0) {
       GATEDMLP_TL(0, timeline::kSynced);
       const Schedule sched(p, cluster, clusters);
-      tma_prefetch_map(&p.tma_x);
-      tma_prefetch_map(&p.tma_wg);
-      tma_prefetch_map(&p.tma_wu);
       uint32_t it = 0;
       Work wk;
       for (int w = 0; sched.at(p, w, &wk); ++w) {
@@ -648,8 +650,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // A CTA past U (the last column pair when n_tiles is odd) loads the
         // last column-block's weights and ignores them, so that no box lies
         // wholly past the tensor.
-        const int64_t n0 = int64_t(tc.nb < p.n_tiles ? tc.nb : p.n_tiles - 1) * Tr::BNO;
-        const int c1 = static_cast<int>(n0 % p.w_group), c3 = static_cast<int>(n0 / p.w_group);
+        // 32-bit: n0 < U < 2^31 (the blocker checks 2U), and so is G.
+        const uint32_t n0 = uint32_t(tc.nb < p.n_tiles ? tc.nb : p.n_tiles - 1) * Tr::BNO;
+        const uint32_t wgrp = static_cast<uint32_t>(p.w_group);
+        const int c3 = static_cast<int>(n0 / wgrp), c1 = static_cast<int>(n0 - uint32_t(c3) * wgrp);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
         GATEDMLP_TL_PIECE(0, timeline::kLoad, w, wk.item, wk.kb0, wk.kb1, wk.role);
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, ++it) {
