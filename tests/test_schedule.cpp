@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -213,4 +214,23 @@ TEST(Schedule, EveryTileOnceWithColumnPairs) {
   EXPECT_EQ(p.tiles, 112 + 56);
   plan_items(p, 2, 1, false);
   EXPECT_EQ(p.tiles, 224);
+}
+
+// tile_coord's division by multiplication against the hardware's division:
+// every divisor the kernel can see is below 2^31, and so is every dividend.
+TEST(Schedule, FastDivMatchesDivision) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 16, 112, 113, 1792, 3584, 65535, 65536, 65537, 1u << 30,
+                                    (1u << 30) + 1, (1u << 31) - 1};
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + rng() % ((1u << 31) - 1));
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + rng() % 4096);
+  for (uint32_t d : divisors) {
+    const FastDiv f = make_fastdiv(d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, (1u << 31) - 1, (1u << 31) - 2};
+    for (int i = 0; i < 2000; ++i) ns.push_back(rng() % (1u << 31));
+    for (uint32_t n : ns) {
+      if (n >= (1u << 31)) continue;  // (d + 1 etc. past the range)
+      ASSERT_EQ(fast_div(f, n), n / d) << n << " / " << d << " (mul " << f.mul << ", shift " << f.shift << ")";
+    }
+  }
 }

@@ -154,12 +154,12 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   if (const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER")) cluster_m = std::atoi(cl);
   if (cluster_m != 2 && cluster_m != 4) cluster_m = 1;
   while (cluster_m > 1 && p.m_tiles < cluster_m) cluster_m /= 2;
-  // GATEDMLP_SM90_PAIR_COLS=0: an odd row-block count rounded up to whole
-  // units of two, as before the column pairs (timing knob).
-  plan_items(p, cluster_m, r.batch, !env_off("GATEDMLP_SM90_PAIR_COLS"));
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
   p.group_m = gm ? std::max(1, std::atoi(gm)) : 16;
+  // GATEDMLP_SM90_PAIR_COLS=0: an odd row-block count rounded up to whole
+  // units of two, as before the column pairs (timing knob).
+  plan_items(p, cluster_m, r.batch, !env_off("GATEDMLP_SM90_PAIR_COLS"));
 
   // X: (K, M, L).
   p.x_batched = r.batch > 1 && r.batch_stride_x != 0;

@@ -7,6 +7,14 @@
 
 namespace gatedmlp::sm90 {
 
+// n / d for 0 <= n < 2^31 as (umulhi(n, mul) + n) >> shift (Granlund and
+// Montgomery's round-up method; schedule.hpp): tile_coord divides by these
+// at the start of every work item, where a 32-bit division is some 25
+// dependent instructions. d = 0: unset.
+struct FastDiv {
+  uint32_t d, mul, shift;
+};
+
 // Passed by value as a __grid_constant__ kernel parameter, so the tensor maps
 // live in parameter space where the copy engine can read them.
 struct Params {
@@ -35,6 +43,9 @@ struct Params {
   // of one column-block), ceil(n_tiles / 2) per batch; 0 otherwise.
   int odd_items;
   int64_t tiles;        // batch * (m_units * n_tiles + odd_items): the work items of clusters
+  // tile_coord's divisors (plan_items): items per batch, items per raster
+  // group, and row units per group, for whole groups and for the last one.
+  FastDiv div_batch, div_group, div_units, div_units_last;
   int64_t w_group;      // G of the tensor maps (U for stacked and separate)
   int gate_half, up_half;
   // Clusters: part q of a weight half (128 / (CM/2) rows) is the box at

@@ -17,10 +17,29 @@
 
 namespace gatedmlp::sm90 {
 
+// FastDiv for 1 <= d < 2^31: shift = ceil(log2 d), mul = floor(2^32 (2^shift
+// - d) / d) + 1. For n < 2^31 the sum umulhi(n, mul) + n stays below 2^32.
+inline FastDiv make_fastdiv(uint32_t d) {
+  FastDiv f{d, 0, 0};
+  if (d == 0) return f;
+  while ((uint64_t{1} << f.shift) < d) ++f.shift;
+  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - d)) / d + 1);
+  return f;
+}
+
+GATEDMLP_HD uint32_t fast_div(const FastDiv& f, uint32_t n) {
+#if defined(__CUDA_ARCH__)
+  return (__umulhi(n, f.mul) + n) >> f.shift;
+#else
+  return static_cast<uint32_t>(((uint64_t(n) * f.mul >> 32) + n) >> f.shift);
+#endif
+}
+
 // The row units and work items of p.m_tiles x p.n_tiles tiles per batch
 // for clusters of cm CTAs along M (p.m_units, p.odd_items, p.tiles; see
-// tile_coord). pair_cols: with cm = 2 and an odd m_tiles, the last
-// row-block's CTAs pair up along the columns.
+// tile_coord), and tile_coord's divisors (p.group_m must be set).
+// pair_cols: with cm = 2 and an odd m_tiles, the last row-block's CTAs pair
+// up along the columns.
 inline void plan_items(Params& p, int cm, int64_t batch, bool pair_cols) {
   p.m_units = (p.m_tiles + cm - 1) / cm;
   p.odd_items = 0;
@@ -29,6 +48,11 @@ inline void plan_items(Params& p, int cm, int64_t batch, bool pair_cols) {
     p.odd_items = (p.n_tiles + 1) / 2;
   }
   p.tiles = (int64_t(p.m_units) * p.n_tiles + p.odd_items) * batch;
+  const auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
+  p.div_batch = make_fastdiv(u32(int64_t(p.m_units) * p.n_tiles + p.odd_items));
+  p.div_group = make_fastdiv(u32(int64_t(p.group_m) * p.n_tiles));
+  p.div_units = make_fastdiv(u32(p.group_m));
+  p.div_units_last = make_fastdiv(u32(p.group_m > 0 && p.m_units % p.group_m ? p.m_units % p.group_m : p.group_m));
 }
 
 // Where work item t puts the CTA of rank `rank` in its cluster of CM.
@@ -51,15 +75,16 @@ struct TileCoord {
 // ran at 0.88: NOTES.md, h24.)
 template <int CM>
 GATEDMLP_HD TileCoord tile_coord(const Params& p, int64_t t64, int rank) {
-  // In 32-bit unsigned arithmetic: items number fewer than 2^31 (the fast
-  // path's blocker checks), and a 64-bit division is a call of some hundred
-  // instructions, once per item on the consumers' way from one item's
-  // epilogue to the next one's first wgmma.
+  // In 32-bit unsigned arithmetic, dividing by multiplication (FastDiv):
+  // items number fewer than 2^31 (the fast path's blocker checks), and this
+  // runs at the start of every item, on the consumers' way from one item's
+  // epilogue to the next one's first wgmma. (64-bit divisions here, calls of
+  // some hundred instructions, cost 0.5-0.9 % at 8B: NOTES.md, h26.)
   const uint32_t t = static_cast<uint32_t>(t64);
   const uint32_t units = uint32_t(p.m_units) * uint32_t(p.n_tiles);
-  const uint32_t per_batch = units + uint32_t(p.odd_items);
+  const uint32_t per_batch = p.div_batch.d;
   TileCoord c;
-  const uint32_t l = t / per_batch;
+  const uint32_t l = fast_div(p.div_batch, t);
   c.l = static_cast<int>(l);
   const uint32_t r = t - l * per_batch;
   c.pair_cols = CM == 2 && r >= units;
@@ -68,13 +93,13 @@ GATEDMLP_HD TileCoord tile_coord(const Params& p, int64_t t64, int rank) {
     c.nb = 2 * static_cast<int>(r - units) + rank;
     return c;
   }
-  const uint32_t per_group = uint32_t(p.group_m) * uint32_t(p.n_tiles);
-  const uint32_t g = r / per_group;
-  const uint32_t in = r - g * per_group;
-  const int left = p.m_units - static_cast<int>(g) * p.group_m;
-  const uint32_t in_group = static_cast<uint32_t>(p.group_m < left ? p.group_m : left);
-  const uint32_t col = in / in_group;
-  c.mb = (static_cast<int>(g) * p.group_m + static_cast<int>(in - col * in_group)) * CM + rank;
+  const uint32_t g = fast_div(p.div_group, r);
+  const uint32_t in = r - g * p.div_group.d;
+  // Every group has group_m row units but the last, which has what is left.
+  const bool last = p.m_units - static_cast<int>(g) * p.group_m < p.group_m;
+  const FastDiv& du = last ? p.div_units_last : p.div_units;
+  const uint32_t col = fast_div(du, in);
+  c.mb = (static_cast<int>(g) * p.group_m + static_cast<int>(in - col * du.d)) * CM + rank;
   c.nb = static_cast<int>(col);
   return c;
 }
