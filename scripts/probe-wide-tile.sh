@@ -16,9 +16,12 @@
 # cuBLAS output (PASS needs every element within 2e-2 of max |Y|, the last,
 # partial column tile included), then median and min ms over 20 interleaved
 # rounds, TFLOP/s, and cublas/variant (> 1: faster than cuBLAS's GEMM). The
-# question is answered by n160s3-none against n128s4-none: TFLOP/s counts
-# the useful FLOPs of both (n160's last column tile is 96 of 160 columns, so
-# it computes 0.4 % more than it is credited with). Mind the waves column:
+# question is answered by n160s3-tma against n128s4-tma (NOTES.md, h28):
+# TFLOP/s counts the useful FLOPs of both (n160's last column tile is 96 of
+# 160 columns, so it computes 0.4 % more than it is credited with). The
+# -none variants are not the main loop's time: with the accumulators never
+# read, ptxas drops work (they measured above the chip's dense peak on the
+# H200). Mind the waves column:
 # the probe has no split tail, so at M = 4096 the 128-column tiles run 27.15
 # waves as 28 (97.0 % busy) and the 160-column ones 21.82 as 22 (99.2 %), a
 # 2 % edge for n160 that is not the main loop's; at M = 16384 (108.6 as 109
