@@ -523,8 +523,7 @@ TEST(GpuFused, LargeTileShapes) {
 
 // The portable kernel's split tail (src/sm80_gemm_glu/split.hpp), forced by
 // GATEDMLP_PORTABLE_SPLIT on random batch-1 problems, on both tiles: every
-// tile, or only the last few, cut into 2-9 pieces along K (fewer when K has
-// fewer k-tiles; none where the loads are not 16-byte ones),
+// tile, or only the last few, cut into 2-9 pieces along K (fewer when K has fewer k-tiles),
 // on a poisoned workspace used twice; and the same split asked for without a
 // workspace, which must run the tiles whole. plan() must report the split.
 TEST(GpuFused, PortableSplitTail) {
@@ -535,11 +534,7 @@ TEST(GpuFused, PortableSplitTail) {
     Problem p = random_problem(rng, rng() % 2 ? DType::bf16 : DType::fp16);
     p.batch = 1;
     p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = p.batch_stride_preact = kAuto;
-    if (i % 3 == 0) {
-      p.k = 64 * pick(rng, {2, 3, 5, 9}) + pick(rng, {0, 0, 8, 1, 63});  // several k-tiles, K tails
-      p.ldx = 0;  // the strides drawn for the old K may be too short
-      if (p.weights.storage == WeightStorage::out_in) p.weights.ld = 0;
-    }
+    if (i % 3 == 0) p.k = 64 * pick(rng, {2, 3, 5, 9}) + pick(rng, {0, 0, 8, 1, 63});  // several k-tiles, K tails
     if (i % 5 == 0) p.m = pick(rng, {300, 513, 700});  // many tiles
     const int pieces = 2 + int(rng() % 8);
     const int64_t last = int64_t(rng() % 4);  // 0: every tile
@@ -567,8 +562,7 @@ TEST(GpuFused, PortableSplitTail) {
     ASSERT_EQ(plans.size(), 2u);
     const Config& c = plans[0];
     const int64_t tiles = (p.m + c.tile_m - 1) / c.tile_m * ((p.u + c.tile_n - 1) / c.tile_n);
-    // Only the 16-byte path splits.
-    const int want = c.vector_loads ? int(std::min<int64_t>(pieces, k_tiles)) : 0;
+    const int want = int(std::min<int64_t>(pieces, k_tiles));
     EXPECT_EQ(c.split_k, want < 2 ? 0 : want) << to_string(c);
     EXPECT_EQ(c.split_tiles, want < 2 ? 0 : (last ? std::min(last, tiles) : tiles)) << to_string(c);
   }

@@ -45,13 +45,12 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
   return sm90::blocker(r, a);
 }
 
-// The portable kernel's split tail (split.hpp), for batch-1 calls with
-// 16-byte loads: sets c->split_tiles and c->split_k, and says what it chose. GATEDMLP_PORTABLE_SPLIT=0 turns it off;
+// The portable kernel's split tail (split.hpp): sets c->split_tiles and
+// c->split_k, and says what it chose. GATEDMLP_PORTABLE_SPLIT=0 turns it off;
 // =S cuts every tile into S pieces along K, =S:R only the last R tiles
 // (tests and tuning).
 std::string plan_portable_split(const Problem& r, const DeviceInfo& dev, int64_t tiles, Config* c) {
   if (r.batch != 1) return "no split tail (batched call)";
-  if (!c->vector_loads) return "no split tail (element loads)";
   const int64_t k_tiles = (r.k + c->tile_k - 1) / c->tile_k;
   sm80::SplitPlan s;
   std::string how = "split tail";

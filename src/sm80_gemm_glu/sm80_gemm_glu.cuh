@@ -203,19 +203,15 @@ __device__ __forceinline__ void store_tile(const Params& p, const float* sacc, i
 // Split tail (split.hpp), called by every thread of a piece once its sums
 // sit in shared memory (fp32 [BM][ld]: BN = 2 BNO columns, gate then up).
 // The piece stores them to its workspace slot and takes a ticket; all but
-// the tile's last piece to arrive are then done (false). The last one adds
-// every piece's partial, its own included, in piece order (so the result
-// does not depend on which piece came last) into shared memory and returns
-// true: the epilogue then runs as for a whole tile.
-//
-// Kept to one float4 per piece in flight: a version that kept 8 (and summed
-// its own partial from shared memory) raised the small tile's kernels from
-// 158-167 to 200-215 registers and made the 128-row kernels spill, which
-// cost the main loop 12 % (H200, 8B M = 4096).
+// the tile's last piece to arrive are then done (false). The last one sums
+// every piece's partial in piece order, its own from shared memory, into
+// shared memory and returns true: the epilogue then runs as for a whole tile.
 template <int BM, int BN, int THREADS>
-__device__ __forceinline__ bool split_fixup(const Params& p, float* sacc, int ld, int slot, int piece) {
-  constexpr int kRow4 = BN / 4;    // float4 per row
-  constexpr int kN4 = BM * kRow4;  // float4 per partial tile
+__device__ __noinline__ bool split_fixup(const Params& p, float* sacc, int ld, int slot, int piece) {
+  constexpr int kRow4 = BN / 4;      // float4 per row
+  constexpr int kN4 = BM * kRow4;    // float4 per partial tile
+  constexpr int kBatch = 8;          // float4 loads in flight per thread and piece
+  static_assert(kN4 % (THREADS * kBatch) == 0, "partial tile must split evenly over the threads");
   const int tid = threadIdx.x;
   auto at = [&](int i) { return reinterpret_cast<float4*>(sacc + (i / kRow4) * ld + (i % kRow4) * 4); };
   float4* const part = reinterpret_cast<float4*>(p.sk_part) + int64_t(slot) * p.split_k * kN4;
@@ -223,12 +219,13 @@ __device__ __forceinline__ bool split_fixup(const Params& p, float* sacc, int ld
   __syncthreads();
   __shared__ int s_last;
   if (tid == 0) {
-    // The barrier ordered every thread's stores before this release. The
-    // ticket's low 8 bits count this launch's arrivals; a tag that is not
+    // Release this CTA's stores (ordered before by the barrier) and take a
+    // ticket: the low 8 bits count this launch's arrivals. A tag that is not
     // this launch's is stale (an earlier launch, or fresh memory): start over.
     cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> ticket(
         *reinterpret_cast<unsigned long long*>(p.sk_ticket + slot));
-    unsigned long long seen = ticket.load(cuda::memory_order_relaxed), next;
+    unsigned long long seen = ticket.load(cuda::memory_order_relaxed);
+    unsigned long long next;
     do {
       next = (seen & ~0xffull) == p.sk_token ? seen + 1 : p.sk_token + 1;
     } while (!ticket.compare_exchange_weak(seen, next, cuda::memory_order_acq_rel, cuda::memory_order_relaxed));
@@ -236,18 +233,29 @@ __device__ __forceinline__ bool split_fixup(const Params& p, float* sacc, int ld
   }
   __syncthreads();
   if (!s_last) return false;
-  // Every piece's stores happened before its ticket, which ours acquired;
-  // read past L1 (.cg) all the same.
-  for (int i = tid; i < kN4; i += THREADS) {
-    float4 s = __ldcg(part + i);
-    for (int q = 1; q < p.split_k; ++q) {
-      const float4 v = __ldcg(part + int64_t(q) * kN4 + i);
-      s.x += v.x;
-      s.y += v.y;
-      s.z += v.z;
-      s.w += v.w;
+  // Every other piece's stores happened before its ticket, which our ticket
+  // acquired: their partials are in L2 (read with .cg, past L1).
+  for (int i0 = tid; i0 < kN4; i0 += THREADS * kBatch) {
+    float4 sum[kBatch];
+    for (int q = 0; q < p.split_k; ++q) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) v[j] = q == piece ? *at(i0 + j * THREADS) : __ldcg(part + int64_t(q) * kN4 + i0 + j * THREADS);
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (q == 0) {
+          sum[j] = v[j];
+        } else {
+          sum[j].x += v[j].x;
+          sum[j].y += v[j].y;
+          sum[j].z += v[j].z;
+          sum[j].w += v[j].w;
+        }
+      }
     }
-    *at(i) = s;
+    // Each thread rewrites only the elements it read.
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) *at(i0 + j * THREADS) = sum[j];
   }
   __syncthreads();
   return true;
@@ -524,11 +532,8 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     }
     __syncthreads();
     // A piece of a split tile: only the tile's last piece goes on, with the
-    // sum of all of them. The dispatcher splits batch-1 calls on the 16-byte
-    // path only (the element-load kernels need not carry this code).
-    if constexpr (VEC) {
-      if (piece >= 0 && !split_fixup<BM, 2 * BNO, K::kThreads>(p, sacc, K::kAccLd, pid - p.split_first, piece)) return;
-    }
+    // sum of all of them (the launcher splits batch-1 calls only).
+    if (piece >= 0 && !split_fixup<BM, 2 * BNO, K::kThreads>(p, sacc, K::kAccLd, pid - p.split_first, piece)) return;
     switch (p.act) {
       case 0: store_tile<0, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
       case 1: store_tile<1, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
