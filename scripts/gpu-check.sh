@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|split|portable|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|split|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -44,7 +44,7 @@ for step in "${steps[@]}"; do
   sanitize)
     for tool in memcheck racecheck synccheck; do
       GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$build/tests/test_gpu" --gtest_filter='GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.PortableSplitTail:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect' \
+        "$build/tests/test_gpu" --gtest_filter='GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect' \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)"
@@ -110,23 +110,6 @@ for step in "${steps[@]}"; do
       unset GATEDMLP_SM90_SPLIT_TAIL GATEDMLP_SM90_SPLIT_WAVES
     } 2>"$out/split.err" | grep -E "^(--|model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/split.txt"
     note "split: table in split.txt" ;;
-  portable)
-    # The portable kernel on this GPU (--path portable), its split tail on
-    # (the plan's choice) and off (GATEDMLP_PORTABLE_SPLIT=0), alternating
-    # ROUNDS (2) times, each run with cuBLAS in the same run; then the plan
-    # for 8B M = 4096.
-    g="$build/tools/gatedmlp"
-    { for r in $(seq "${ROUNDS:-2}"); do
-        for v in plan 0; do
-          echo "-- round $r, split tail: $v"
-          if [ "$v" = plan ]; then unset GATEDMLP_PORTABLE_SPLIT; else export GATEDMLP_PORTABLE_SPLIT=$v; fi
-          "$g" bench --path portable --m "${PORTABLE_MS:-1024,4096,16384}"
-        done
-      done
-      unset GATEDMLP_PORTABLE_SPLIT
-    } 2>"$out/portable.err" | grep -E "^(--|model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/portable.txt"
-    GATEDMLP_FORCE_PATH=portable "$g" info --m 4096 | grep -E "^(workspace|config)" | tee -a "$out/portable.txt"
-    note "portable: table in portable.txt" ;;
   python)
     # Packaging as a user would (offline: the build tools are already there), then the tests and the binding bench.
     python3 -m pip install . --no-build-isolation -q >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; note "python: pip install FAILED"; continue; }

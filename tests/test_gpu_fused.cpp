@@ -147,8 +147,6 @@ struct Variant {
   bool workspace = true;             // workspace_size() bytes, poisoned; false: (nullptr, 0)
   const char* split_tail = nullptr;  // GATEDMLP_SM90_SPLIT_TAIL for the run; nullptr: as the environment has it
   const char* clusters = nullptr;    // GATEDMLP_SM90_CLUSTERS for the run; nullptr: as the environment has it
-  const char* portable_split = nullptr;  // GATEDMLP_PORTABLE_SPLIT for the run; nullptr: as the environment has it
-  int runs = 1;  // calls on the same workspace (outputs poisoned again before each); the last is checked
 };
 const Variant kAsIs{};
 const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset, split tail forced", true, nullptr, true, "force"};
@@ -252,9 +250,8 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
     std::optional<ScopedEnv> env, split_env;
     if (v.set_env) env.emplace(kForcePathEnv, v.force_path);
     if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
-    std::optional<ScopedEnv> clusters_env, portable_split_env;
+    std::optional<ScopedEnv> clusters_env;
     if (v.clusters) clusters_env.emplace("GATEDMLP_SM90_CLUSTERS", v.clusters);
-    if (v.portable_split) portable_split_env.emplace("GATEDMLP_PORTABLE_SPLIT", v.portable_split);
     Config cfg;
     const Status sp = plan(p, &cfg);
     ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();
@@ -277,14 +274,7 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
       log_env.emplace("GATEDMLP_LOG", "1");
       ::testing::internal::CaptureStderr();
     }
-    Status s = run(p, args_with(yf, pf), ws.p, ws_bytes, nullptr);
-    for (int again = 1; again < v.runs && s.ok(); ++again) {
-      // The same workspace, holding the last call's flags or tickets: a call
-      // must not take them for its own.
-      CUDA_OK(sync_within(std::string(v.label) + ": " + to_string(p)));
-      for (Tensor* t : {&yf, &pf}) t->upload();
-      s = run(p, args_with(yf, pf), ws.p, ws_bytes, nullptr);
-    }
+    const Status s = run(p, args_with(yf, pf), ws.p, ws_bytes, nullptr);
     if (check_log) {
       const std::string log = ::testing::internal::GetCapturedStderr();
       EXPECT_NE(log.find(opt.log_must_contain), std::string::npos)
@@ -517,54 +507,6 @@ TEST(GpuFused, LargeTileShapes) {
     EXPECT_EQ(c.tile_m, 128) << to_string(c);
     run_case(p, rng, &st);
     if (HasFailure()) return;
-  }
-  std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
-}
-
-// The portable kernel's split tail (src/sm80_gemm_glu/split.hpp), forced by
-// GATEDMLP_PORTABLE_SPLIT on random batch-1 problems, on both tiles: every
-// tile, or only the last few, cut into 2-9 pieces along K (fewer when K has fewer k-tiles),
-// on a poisoned workspace used twice; and the same split asked for without a
-// workspace, which must run the tiles whole. plan() must report the split.
-TEST(GpuFused, PortableSplitTail) {
-  SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(fresh_seed());
-  CaseStats st;
-  for (int i = 0; i < cases(40); ++i) {
-    Problem p = random_problem(rng, rng() % 2 ? DType::bf16 : DType::fp16);
-    p.batch = 1;
-    p.batch_stride_x = p.batch_stride_w = p.batch_stride_bias = p.batch_stride_y = p.batch_stride_preact = kAuto;
-    if (i % 3 == 0) p.k = 64 * pick(rng, {2, 3, 5, 9}) + pick(rng, {0, 0, 8, 1, 63});  // several k-tiles, K tails
-    if (i % 5 == 0) p.m = pick(rng, {300, 513, 700});  // many tiles
-    const int pieces = 2 + int(rng() % 8);
-    const int64_t last = int64_t(rng() % 4);  // 0: every tile
-    const std::string split = std::to_string(pieces) + (last ? ":" + std::to_string(last) : "");
-    const std::string label = "fused, portable, GATEDMLP_PORTABLE_SPLIT=" + split;
-    Variant forced{label.c_str(), true, "portable"};
-    forced.portable_split = split.c_str();
-    forced.runs = 2;
-    Variant no_ws = forced;
-    no_ws.label = "fused, portable, split asked for, no workspace";
-    no_ws.workspace = false;
-    no_ws.runs = 1;
-    std::vector<Config> plans;
-    CaseOptions opt;
-    opt.variants = {forced, no_ws};
-    opt.plans = &plans;
-    {
-      // Every other case on the 128-row tile, which small shapes never get by themselves.
-      std::optional<ScopedEnv> tile;
-      if (i % 2) tile.emplace("GATEDMLP_FORCE_TILE", "large");
-      run_case(p, rng, &st, opt);
-    }
-    if (HasFailure()) return;
-    const int64_t k_tiles = (p.k + 63) / 64;
-    ASSERT_EQ(plans.size(), 2u);
-    const Config& c = plans[0];
-    const int64_t tiles = (p.m + c.tile_m - 1) / c.tile_m * ((p.u + c.tile_n - 1) / c.tile_n);
-    const int want = int(std::min<int64_t>(pieces, k_tiles));
-    EXPECT_EQ(c.split_k, want < 2 ? 0 : want) << to_string(c);
-    EXPECT_EQ(c.split_tiles, want < 2 ? 0 : (last ? std::min(last, tiles) : tiles)) << to_string(c);
   }
   std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
 }

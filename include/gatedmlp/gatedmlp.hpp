@@ -163,12 +163,6 @@ struct Config {
   int stages = 0;      // shared-memory pipeline depth
   int threads = 0;
   bool vector_loads = false;  // 16-byte cp.async loads (K, strides and pointers aligned)
-  // Portable path's split tail: the last split_tiles tiles are each cut into
-  // split_k pieces along K (0: none), so they fill the last wave instead of
-  // running alone. Needs workspace (workspace_size); run() without enough
-  // runs the tiles whole.
-  int64_t split_tiles = 0;
-  int split_k = 0;
   std::string reason;         // why this path and these loads were chosen
 };
 
@@ -177,11 +171,10 @@ struct Config {
 Status check_support(const Problem& problem);
 
 // Bytes of device workspace with which run() is fastest on the current
-// device, for the split tails, where the last partial wave of tiles is cut
-// along K: on H100/H200's fast path 128 KB per SM (16.5 MB on 132 SMs); on
-// the portable path 64 KB per piece where the plan splits (config.split_k),
-// else 0; 0 with no device. run() also works with less or none (nullptr, 0),
-// without the split. The workspace may
+// device: on H100/H200, 128 KB per SM (16.5 MB on 132 SMs) for the split
+// tail, where the last partial wave of tiles is shared out over every SM
+// along K; 0 on other paths, other devices, and with no device. run() also
+// works with less or none (nullptr, 0), without the split. The workspace may
 // be reused by any later call on the same stream; its contents need no
 // initialisation and are not preserved.
 size_t workspace_size(const Problem& problem);

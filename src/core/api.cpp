@@ -1,10 +1,8 @@
 // The public entry points: plan() and run().
 #include <cstdio>
 
-#include "common/launch_token.hpp"
 #include "core/internal.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
-#include "sm80_gemm_glu/split.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
 namespace gatedmlp {
@@ -67,25 +65,17 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
 
 }  // namespace
 
-namespace {
-size_t portable_split_bytes(const Config& cfg) {
-  return sm80::split_workspace_bytes({cfg.split_tiles, cfg.split_k}, cfg.tile_m, cfg.tile_n);
-}
-}  // namespace
-
-// The split tails are the only users of workspace. Hopper: a flag and an
-// fp32 partial tile per CTA and consumer warpgroup. Portable: a ticket per
-// split tile and an fp32 partial tile per piece. Devices without one need
-// none.
+// The Hopper path's split tail is the only user of workspace: a flag and an
+// fp32 partial tile per CTA and consumer warpgroup. Other paths, and devices
+// without one, need none.
 size_t workspace_size(const Problem& p) {
   if (!check_support(p)) return 0;
   detail::DeviceInfo dev;
   if (!detail::device_info(-1, &dev)) return 0;
   Config cfg;
   const Problem r = p.resolved();
-  if (!detail::select_config(r, nullptr, dev, &cfg)) return 0;
-  if (cfg.path == KernelPath::sm80_mma) return portable_split_bytes(cfg);
-  if (cfg.path != KernelPath::sm90_wgmma || r.k <= sm90::kTile.tile_k) return 0;  // one k-block: nothing to split
+  if (!detail::select_config(r, nullptr, dev, &cfg) || cfg.path != KernelPath::sm90_wgmma) return 0;
+  if (r.k <= sm90::kTile.tile_k) return 0;  // one k-block: nothing to split
   return sm90::workspace_bytes(dev.sms);
 }
 
@@ -97,33 +87,12 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (Status s = detail::device_info(-1, &dev); !s) return s;
   Config cfg;
   if (Status s = detail::select_config(r, &a, dev, &cfg); !s) return s;
-  sm80::Params k{};
-  if (cfg.path == KernelPath::sm80_mma) {
-    k = make_params(r, a);
-    if (cfg.split_k > 1) {
-      const size_t need = portable_split_bytes(cfg);
-      if (workspace != nullptr && workspace_bytes >= need) {
-        const int64_t tiles = (r.m + cfg.tile_m - 1) / cfg.tile_m * ((r.u + cfg.tile_n - 1) / cfg.tile_n);
-        k.split_first = static_cast<int>(tiles - cfg.split_tiles);
-        k.split_k = cfg.split_k;
-        k.sk_ticket = static_cast<uint64_t*>(workspace);
-        k.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
-                                             sm80::split_ticket_bytes({cfg.split_tiles, cfg.split_k}));
-        k.sk_token = detail::next_token() & ~uint64_t{0xff};
-        if (k.sk_token == 0) k.sk_token = 0x100;
-      } else {
-        cfg.reason += "; split tail off: it needs " + std::to_string(need) + " bytes of workspace, got " +
-                      std::to_string(workspace ? workspace_bytes : 0);
-        cfg.split_tiles = 0;
-        cfg.split_k = 0;
-      }
-    }
-  }
   if (detail::log_enabled())
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
   if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch(r, a, dev.sms, workspace, workspace_bytes, stream);
 
+  const sm80::Params k = make_params(r, a);
   const cudaError_t e = r.input_dtype == DType::bf16 ? sm80::launch_bf16(k, cfg, stream)
                                                      : sm80::launch_fp16(k, cfg, stream);
   if (e != cudaSuccess)

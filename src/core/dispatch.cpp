@@ -4,7 +4,6 @@
 
 #include "core/internal.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
-#include "sm80_gemm_glu/split.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
 namespace gatedmlp::detail {
@@ -43,36 +42,6 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
   if (portable_forced()) return "GATEDMLP_FORCE_PATH=portable";
   if (size_t(sm90::kTile.smem_bytes) > dev.smem_optin) return "too little shared memory per block";
   return sm90::blocker(r, a);
-}
-
-// The portable kernel's split tail (split.hpp): sets c->split_tiles and
-// c->split_k, and says what it chose. GATEDMLP_PORTABLE_SPLIT=0 turns it off;
-// =S cuts every tile into S pieces along K, =S:R only the last R tiles
-// (tests and tuning).
-std::string plan_portable_split(const Problem& r, const DeviceInfo& dev, int64_t tiles, Config* c) {
-  if (r.batch != 1) return "no split tail (batched call)";
-  const int64_t k_tiles = (r.k + c->tile_k - 1) / c->tile_k;
-  sm80::SplitPlan s;
-  std::string how = "split tail";
-  const char* env = std::getenv("GATEDMLP_PORTABLE_SPLIT");
-  if (env && *env) {
-    const std::string v = env;
-    if (v == "0") return "no split tail (GATEDMLP_PORTABLE_SPLIT=0)";
-    const size_t colon = v.find(':');
-    const int pieces = std::atoi(v.c_str());
-    const int64_t last = colon == std::string::npos ? 0 : std::atoll(v.c_str() + colon + 1);
-    s = sm80::forced_split(tiles, k_tiles, last, pieces);
-    how = "split tail forced by GATEDMLP_PORTABLE_SPLIT";
-  } else {
-    const int per_sm = r.input_dtype == DType::bf16 ? sm80::resident_per_sm_bf16(*c) : sm80::resident_per_sm_fp16(*c);
-    s = sm80::plan_split(tiles, int64_t(dev.sms) * per_sm, k_tiles);
-  }
-  if (s.pieces < 2 || sm80::split_blocks(tiles, s) < 0) return "no split tail";
-  c->split_tiles = s.tiles;
-  c->split_k = s.pieces;
-  std::ostringstream os;
-  os << how << ": the last " << s.tiles << " of " << tiles << " tiles in " << s.pieces << " pieces along K";
-  return os.str();
 }
 
 }  // namespace
@@ -146,12 +115,10 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     return err(StatusCode::not_supported, "m=", r.m, ", u=", r.u, " need ", tiles,
                " tiles, more than one launch takes (2^31-1); split the call along m");
 
-  const std::string split_why = plan_portable_split(r, dev, tiles, &c);
-
   std::ostringstream why;
   why << "portable mma.sync path (Hopper path not taken: " << hopper_no << "); "
       << tile_why << "; "
-      << (c.vector_loads ? "16-byte loads" : "element loads: " + blocker) << "; " << split_why;
+      << (c.vector_loads ? "16-byte loads" : "element loads: " + blocker);
   c.reason = why.str();
   *cfg = c;
   return Status::Ok();

@@ -106,7 +106,6 @@ std::string to_string(const Config& c) {
   std::ostringstream os;
   os << "Config{path=" << to_string(c.path) << " tile=" << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
      << " stages=" << c.stages << " threads=" << c.threads << " loads=" << (c.vector_loads ? "16B" : "element");
-  if (c.split_k > 1) os << " split=" << c.split_tiles << "x" << c.split_k;
   if (!c.reason.empty()) os << " reason=\"" << c.reason << "\"";
   os << "}";
   return os.str();

@@ -2,8 +2,6 @@
 // dtype translation unit so the two dtypes compile in parallel.
 #pragma once
 
-#include <atomic>
-
 #include "sm80_gemm_glu/sm80_gemm_glu.cuh"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
 
@@ -18,36 +16,9 @@ cudaError_t launch_tile(Params p, cudaStream_t stream) {
     return e;
   p.m_tiles = static_cast<int>((p.m + BM - 1) / BM);
   p.n_tiles = static_cast<int>((p.u + BNO - 1) / BNO);
-  const int64_t tiles = int64_t(p.m_tiles) * p.n_tiles;
-  // The split tail's pieces follow the whole tiles (run() set split_first).
-  const int64_t blocks = p.split_k > 1 ? p.split_first + (tiles - p.split_first) * p.split_k : tiles;
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
+  const dim3 grid(static_cast<unsigned>(int64_t(p.m_tiles) * p.n_tiles), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
   kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
-}
-
-template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, bool VEC>
-int resident_per_sm() {
-  static std::atomic<int> cached{-1};
-  int n = cached.load();
-  if (n >= 0) return n;
-  auto kernel = sm80_gemm_glu_kernel<T, BM, BNO, WARPS_M, WARPS_N, STAGES, VEC>;
-  constexpr int smem = Sm80GemmGlu<T, BM, BNO, WARPS_M, WARPS_N, STAGES, VEC>::kSmemBytes;
-  constexpr int threads = Sm80GemmGlu<T, BM, BNO, WARPS_M, WARPS_N, STAGES, VEC>::kThreads;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  cached.store(n);
-  return n;
-}
-
-template <typename T>
-int resident_any(const Config& cfg) {
-  if (cfg.tile_m == kTileLarge.tile_m)
-    return cfg.vector_loads ? resident_per_sm<T, 128, 64, 2, 2, 3, true>() : resident_per_sm<T, 128, 64, 2, 2, 3, false>();
-  return cfg.vector_loads ? resident_per_sm<T, 64, 64, 2, 2, 3, true>() : resident_per_sm<T, 64, 64, 2, 2, 3, false>();
 }
 
 template <typename T>

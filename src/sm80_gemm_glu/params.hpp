@@ -32,13 +32,6 @@ struct Params {
   int y_vec_stores;    // 8 adjacent Y elements (from a multiple of 8) may be stored as 16-byte vectors
 
   int m_tiles, n_tiles;
-
-  // Split tail (split.hpp): blocks from split_first on are pieces, split_k
-  // of them per tile of the last tiles (batch 1 only). split_k 0: no split.
-  int split_first, split_k;
-  uint64_t* sk_ticket;  // one per split tile
-  float* sk_part;       // split_k fp32 tiles of BM x 2 BNO per split tile
-  uint64_t sk_token;    // this launch's ticket tag (low 8 bits zero)
 };
 
 }  // namespace gatedmlp::sm80

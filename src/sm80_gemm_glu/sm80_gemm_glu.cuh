@@ -28,11 +28,6 @@
 // hit 32 distinct banks. Fragments are double-buffered in registers: the
 // ldmatrix of k-step s+1 is issued before the mma of step s.
 //
-// Split tail (split.hpp): when the last wave is mostly empty, the launcher
-// appends pieces after the whole tiles; each runs a slice of K for one of the
-// last tiles, and the tile's last piece to finish sums them all (in piece
-// order) and runs the epilogue.
-//
 // Why these tiles (measured on H100, NOTES.md): 128x64-output tiles of 4 warps
 // (each 64 rows x 64 GEMM columns, 128 fp32 accumulators) leave room for two
 // CTAs per SM, so one CTA's epilogue overlaps the other's main loop; a
@@ -44,13 +39,11 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cuda/atomic>
 
 #include "common/activation_math.hpp"
 #include "common/device_dtype.cuh"
 #include "common/layout_math.hpp"
 #include "sm80_gemm_glu/params.hpp"
-#include "sm80_gemm_glu/split.hpp"
 
 namespace gatedmlp::sm80 {
 
@@ -200,67 +193,6 @@ __device__ __forceinline__ void store_tile(const Params& p, const float* sacc, i
   }
 }
 
-// Split tail (split.hpp), called by every thread of a piece once its sums
-// sit in shared memory (fp32 [BM][ld]: BN = 2 BNO columns, gate then up).
-// The piece stores them to its workspace slot and takes a ticket; all but
-// the tile's last piece to arrive are then done (false). The last one sums
-// every piece's partial in piece order, its own from shared memory, into
-// shared memory and returns true: the epilogue then runs as for a whole tile.
-template <int BM, int BN, int THREADS>
-__device__ __noinline__ bool split_fixup(const Params& p, float* sacc, int ld, int slot, int piece) {
-  constexpr int kRow4 = BN / 4;      // float4 per row
-  constexpr int kN4 = BM * kRow4;    // float4 per partial tile
-  constexpr int kBatch = 8;          // float4 loads in flight per thread and piece
-  static_assert(kN4 % (THREADS * kBatch) == 0, "partial tile must split evenly over the threads");
-  const int tid = threadIdx.x;
-  auto at = [&](int i) { return reinterpret_cast<float4*>(sacc + (i / kRow4) * ld + (i % kRow4) * 4); };
-  float4* const part = reinterpret_cast<float4*>(p.sk_part) + int64_t(slot) * p.split_k * kN4;
-  for (int i = tid; i < kN4; i += THREADS) __stcg(part + int64_t(piece) * kN4 + i, *at(i));
-  __syncthreads();
-  __shared__ int s_last;
-  if (tid == 0) {
-    // Release this CTA's stores (ordered before by the barrier) and take a
-    // ticket: the low 8 bits count this launch's arrivals. A tag that is not
-    // this launch's is stale (an earlier launch, or fresh memory): start over.
-    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> ticket(
-        *reinterpret_cast<unsigned long long*>(p.sk_ticket + slot));
-    unsigned long long seen = ticket.load(cuda::memory_order_relaxed);
-    unsigned long long next;
-    do {
-      next = (seen & ~0xffull) == p.sk_token ? seen + 1 : p.sk_token + 1;
-    } while (!ticket.compare_exchange_weak(seen, next, cuda::memory_order_acq_rel, cuda::memory_order_relaxed));
-    s_last = (next & 0xff) == static_cast<unsigned long long>(p.split_k);
-  }
-  __syncthreads();
-  if (!s_last) return false;
-  // Every other piece's stores happened before its ticket, which our ticket
-  // acquired: their partials are in L2 (read with .cg, past L1).
-  for (int i0 = tid; i0 < kN4; i0 += THREADS * kBatch) {
-    float4 sum[kBatch];
-    for (int q = 0; q < p.split_k; ++q) {
-      float4 v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) v[j] = q == piece ? *at(i0 + j * THREADS) : __ldcg(part + int64_t(q) * kN4 + i0 + j * THREADS);
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (q == 0) {
-          sum[j] = v[j];
-        } else {
-          sum[j].x += v[j].x;
-          sum[j].y += v[j].y;
-          sum[j].z += v[j].z;
-          sum[j].w += v[j].w;
-        }
-      }
-    }
-    // Each thread rewrites only the elements it read.
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) *at(i0 + j * THREADS) = sum[j];
-  }
-  __syncthreads();
-  return true;
-}
-
 }  // namespace detail_
 
 template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, bool VEC>
@@ -301,19 +233,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
   // Grouped raster: GROUP consecutive M tiles walk the N tiles together, so a
   // weight tile is reused from L2 by the CTAs that run at the same time.
   constexpr int GROUP = 8;
-  const int k_tiles = static_cast<int>((p.k + BK - 1) / BK);
-  // Blocks past split_first are pieces of the last tiles (split.hpp): piece
-  // q of tile split_first + v / split_k runs k-tiles [kt_begin, kt_end).
-  int pid = blockIdx.x;
-  int piece = -1;
-  int kt_begin = 0, kt_end = k_tiles;
-  if (p.split_k > 1 && pid >= p.split_first) {
-    const int v = pid - p.split_first;
-    pid = p.split_first + v / p.split_k;
-    piece = v % p.split_k;
-    kt_begin = static_cast<int>(piece_begin(k_tiles, p.split_k, piece));
-    kt_end = static_cast<int>(piece_begin(k_tiles, p.split_k, piece + 1));
-  }
+  const int pid = blockIdx.x;
   const int span = GROUP * p.n_tiles;
   const int first_m = (pid / span) * GROUP;
   const int gsz = min(p.m_tiles - first_m, GROUP);
@@ -321,7 +241,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
   const int tn = (pid % span) / gsz;
   const int64_t m0 = int64_t(tm) * BM;
   const int64_t n0 = int64_t(tn) * BNO;
-  const int n_kt = kt_end - kt_begin;
+  const int k_tiles = static_cast<int>((p.k + BK - 1) / BK);
 
   for (int l = blockIdx.y; l < p.batch; l += gridDim.y) {
     const T* x = static_cast<const T*>(p.x) + int64_t(l) * p.sx;
@@ -450,7 +370,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < n_kt) load_tile(s, kt_begin + s);
+      if (s < k_tiles) load_tile(s, s);
       cp_async_commit();
     }
 
@@ -479,7 +399,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
                       bf[buf][h][2 * np + 1][0], bf[buf][h][2 * np + 1][1]);
     };
 
-    for (int kt = 0; kt < n_kt; ++kt) {  // kt counts from kt_begin
+    for (int kt = 0; kt < k_tiles; ++kt) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
       // The stage refilled below was read in iteration kt-1, which every warp
@@ -492,7 +412,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
         if (ks == 1) {
           // Issued after the first k-step's mma, so the latency of the row
           // pointer reads (shared memory) hides behind tensor-core work.
-          if (nk < n_kt) load_tile(nk % STAGES, kt_begin + nk);
+          if (nk < k_tiles) load_tile(nk % STAGES, nk);
           cp_async_commit();
         }
         if (ks + 1 < BK / 16) load_frags((ks + 1) & 1, stage_addr, ks + 1);
@@ -531,9 +451,6 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
         }
     }
     __syncthreads();
-    // A piece of a split tile: only the tile's last piece goes on, with the
-    // sum of all of them (the launcher splits batch-1 calls only).
-    if (piece >= 0 && !split_fixup<BM, 2 * BNO, K::kThreads>(p, sacc, K::kAccLd, pid - p.split_first, piece)) return;
     switch (p.act) {
       case 0: store_tile<0, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;
       case 1: store_tile<1, BM, BNO, K::kThreads>(p, sacc, K::kAccLd, l, m0, n0); break;

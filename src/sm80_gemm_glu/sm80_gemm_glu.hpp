@@ -18,15 +18,8 @@ struct Tile {
 inline constexpr Tile kTileLarge{128, 64, 64, 3, 128, 3 * (128 + 128) * 64 * 2 + 128 * 8};
 inline constexpr Tile kTileSmall{64, 64, 64, 3, 128, 3 * (64 + 128) * 64 * 2 + 128 * 8};
 
-// Launch with one of the tiles above (selected by cfg.tile_m) and
-// cfg.vector_loads; p.split_k > 1 launches the split tail's pieces too.
+// Launch with one of the tiles above (selected by cfg.tile_m) and cfg.vector_loads.
 cudaError_t launch_bf16(Params p, const Config& cfg, cudaStream_t stream);
 cudaError_t launch_fp16(Params p, const Config& cfg, cudaStream_t stream);
-
-// CTAs of that kernel resident per SM on the current device (the occupancy
-// calculator's answer, asked once per kernel: the library assumes one GPU
-// model); 0 if it cannot say.
-int resident_per_sm_bf16(const Config& cfg);
-int resident_per_sm_fp16(const Config& cfg);
 
 }  // namespace gatedmlp::sm80

@@ -5,5 +5,4 @@ namespace gatedmlp::sm80 {
 cudaError_t launch_bf16(Params p, const Config& cfg, cudaStream_t stream) {
   return launch_any<__nv_bfloat16>(p, cfg, stream);
 }
-int resident_per_sm_bf16(const Config& cfg) { return resident_any<__nv_bfloat16>(cfg); }
 }  // namespace gatedmlp::sm80

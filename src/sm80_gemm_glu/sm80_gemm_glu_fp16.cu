@@ -5,5 +5,4 @@ namespace gatedmlp::sm80 {
 cudaError_t launch_fp16(Params p, const Config& cfg, cudaStream_t stream) {
   return launch_any<__half>(p, cfg, stream);
 }
-int resident_per_sm_fp16(const Config& cfg) { return resident_any<__half>(cfg); }
 }  // namespace gatedmlp::sm80

@@ -7,11 +7,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 #include <string>
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/launch_token.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
@@ -25,6 +25,17 @@ static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Trait
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
 // item, at most as many as can be resident at once; all of them when the tail
 // is split.
+// A fresh, nonzero 64-bit token per launch (splitmix64 of a counter seeded
+// per process): the split tail's flags compare against it.
+inline uint64_t next_token() {
+  static std::atomic<uint64_t> counter{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
+  uint64_t z = counter.fetch_add(0x9e3779b97f4a7c15ull) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
 template <typename T, int ACT, int CM, int PRE>
 cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE>;
@@ -71,7 +82,7 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   const bool force = st && std::string(st) == "force";
   const bool split = plan_split_tail(p, resident, CM, !st || force || std::atoi(st) != 0, force, sw ? std::atoi(sw) : 0);
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
-  if (split) p.sk_token = detail::next_token();  // the split tail's flags compare against it
+  if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
     std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d%s; %s%s\n", static_cast<long long>(p.tiles),
                  resident, CM, p.odd_items ? "; last row-block in column pairs" : "",
