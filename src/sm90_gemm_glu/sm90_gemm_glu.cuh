@@ -19,9 +19,7 @@
 //   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
 //     ring, each stage guarded by a "full" mbarrier (TMA transaction count)
 //     and an "empty" mbarrier (one arrival per consumer warp). It gives its
-//     registers away (setmaxnreg 56). With a split tail, a second thread of
-//     it raises the flag of each stored partial, so that the consumers do not
-//     wait for their stores to become visible.
+//     registers away (setmaxnreg 56).
 //   warpgroups 1 and 2, the consumers: each takes 64 rows of the tile and runs
 //     one wgmma m64n256k16 per 16-deep k-slice, so gate column c and up
 //     column c of a row land in the same thread (d[i] and d[i + 64]). A stage
@@ -96,9 +94,7 @@ struct Traits {
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
   static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
-  // full and empty per stage, and per consumer warpgroup "partial handed"
-  // (its split-tail partial stored; the flag thread raises its flag).
-  static constexpr int kBarBytes = (2 * kStages + 2) * 8;
+  static constexpr int kBarBytes = 2 * kStages * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
@@ -614,7 +610,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
-  uint64_t* handed = empty + Tr::kStages;
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -636,7 +631,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // into this stage's slot (multicast) also fill.
       mbar_init(&empty[s], 8 * CM);
     }
-    for (int cw = 0; cw < 2; ++cw) mbar_init(&handed[cw], 128);
     fence_barrier_init();
   }
   if constexpr (CM > 1) cluster_sync();
@@ -687,25 +681,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           }
         }
         GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
-      }
-    } else if (tid == 32 && p.sk_iters > 0) {
-      // ------------------------------------------------------ flag thread
-      // Raises each split-tail partial's flag once its warpgroup has stored
-      // it. The release (st.release.gpu) waits until the stores are visible
-      // GPU-wide; done here, in an otherwise idle warp, that wait no longer
-      // holds the consumers back from their next piece (NOTES.md, h29). The
-      // consumers' arrivals (release, CTA scope) and this wait (acquire)
-      // order their stores before the flag.
-      const Schedule sched(p, cluster, clusters);
-      uint32_t n = 0;
-      Work wk;
-      for (int w = 0; sched.at(p, w, &wk); ++w) {
-        if (wk.role != kPartial) continue;
-        for (int cw = 0; cw < 2; ++cw) {
-          mbar_wait(&handed[cw], n & 1);
-          flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
-        }
-        ++n;
       }
     }
   } else {
@@ -804,10 +779,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
-        // Every thread's arrival releases its own stores to the flag thread,
-        // which raises the flag; the warpgroup goes on to its next piece.
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
-        mbar_arrive(&handed[cw]);
+        named_barrier(1 + cw, 128);
+        if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
         if (tid == 0) GATEDMLP_TL(wg, timeline::kHanded, w, wk.item);
         continue;
       }

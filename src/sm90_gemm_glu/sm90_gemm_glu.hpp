@@ -16,8 +16,8 @@ struct Tile {
   int smem_bytes;
 };
 // Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
-// per consumer warpgroup), 1 KB of bias, 10 mbarriers, 1 KB alignment slack.
-inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 80 + 1024};
+// per consumer warpgroup), 1 KB of bias, 8 mbarriers, 1 KB alignment slack.
+inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 1024};
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
