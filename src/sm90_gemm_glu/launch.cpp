@@ -160,9 +160,6 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   // GATEDMLP_SM90_PAIR_COLS=0: an odd row-block count rounded up to whole
   // units of two, as before the column pairs (timing knob).
   plan_items(p, cluster_m, r.batch, !env_off("GATEDMLP_SM90_PAIR_COLS"));
-  // GATEDMLP_SM90_WARM=0: no dry epilogue pass before the first tile (timing
-  // knob; see the kernel).
-  p.warm_code = !env_off("GATEDMLP_SM90_WARM");
 
   // X: (K, M, L).
   p.x_batched = r.batch > 1 && r.batch_stride_x != 0;

@@ -72,7 +72,6 @@ struct Params {
   int pre_log2g;       // pre_mode 1: log2(G)
   int pre_vec2;        // two adjacent pre-activation elements at an even index may be stored as one vector
   int pre_tma;         // the pre-activation goes through shared memory and TMA stores (PRE = 1 kernels, store_pre_tma)
-  int warm_code;       // the consumers run the epilogue once dry before the first tile (see the kernel)
 
   // Split tail (stream-K over the last waves; see Schedule in the kernel).
   // Work items [0, sk_first) run whole, a wave at a time; the k-blocks of

@@ -722,16 +722,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     };
     uint32_t it = 0;
     Work wk;
-    // w = -1 (p.warm_code): a dry pass through the loop body with no k-blocks
-    // and a row-block past M, so that the epilogue runs on the zeroed
-    // accumulators and every store it would make is skipped by its row
-    // check. It runs while the first loads are in flight, and fetches the
-    // epilogue's code, which the previous launch's data has evicted from L2,
-    // before the first real tile needs it (NOTES.md, h30). Not in the PRE = 1
-    // kernels: there the extra pass made ptxas spill 350-420 B.
-    for (int w = PRE == 0 && p.warm_code ? -1 : 0; w < 0 || sched.at(p, w, &wk); ++w) {
-      if (w < 0) wk = Work{0, 0, 0, kWhole};
-      const TileCoord tc = w < 0 ? TileCoord{0, p.m_tiles, 0, false} : tile_coord<CM>(p, wk.item, rank);
+    for (int w = 0; sched.at(p, w, &wk); ++w) {
+      const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
       const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
       // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
       // of a last row-block), or whose columns lie past U (the second CTA of

@@ -82,7 +82,7 @@ static __device__ __forceinline__ int slot_of(uint16_t point, int w) {
 static __device__ __forceinline__ void record(int role, uint16_t point, int w = 0, int64_t item = -1) {
   Event* base = g_events;
   const int slot = slot_of(point, w);
-  if (!base || w < 0 || blockIdx.x >= kMaxCtas || slot >= kMaxEvents - 2 + (point >= kDrained ? 2 : 0)) return;
+  if (!base || blockIdx.x >= kMaxCtas || slot >= kMaxEvents - 2 + (point >= kDrained ? 2 : 0)) return;
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   const uint64_t info = uint64_t(uint32_t(point) << 16 | (uint32_t(w) & 0xffffu)) | uint64_t(uint32_t(item)) << 32;
@@ -97,7 +97,7 @@ static __device__ __noinline__ void record_piece(int role, uint16_t point, int w
   record(role, point, w, item);
   Event* base = g_events;
   const int slot = slot_of(point, w);
-  if (!base || w < 0 || blockIdx.x >= kMaxCtas || slot >= kMaxEvents - 2) return;
+  if (!base || blockIdx.x >= kMaxCtas || slot >= kMaxEvents - 2) return;
   Event* e = base + (size_t(blockIdx.x) * kRoles + role) * kMaxEvents + slot;
   e->kb0 = kb0;
   e->kb1 = kb1;
