@@ -109,6 +109,25 @@ def summarise(lz, show_cta):
         print(f"  owners' partial adds (main done -> added): {stats(owner_wait)}")
         tail_start = [t0 for (_, _, w, _, _, _, _, t0, *_r) in tail_rows]
         print(f"  tail pieces start:           {stats(tail_start)}")
+        # Each owner's critical path: its own main loop's end (md), the last of
+        # the partials it adds being handed over (the same item, the CTA of the
+        # same rank in the lower clusters, the same warpgroup), and the adds.
+        handed = defaultdict(list)  # (item, rank, warpgroup) -> times partials were handed
+        for (c, r, w, item, kb0, kb1, prole, t0, ff, md, hd, ad, ed) in tail_rows:
+            if prole == 1 and hd is not None:
+                handed[(item, c % cm, r)].append(hd)
+        late, adds = [], []
+        for (c, r, w, item, kb0, kb1, prole, t0, ff, md, hd, ad, ed) in tail_rows:
+            hs = handed.get((item, c % cm, r))
+            if prole != 2 or ad is None or md is None or not hs:
+                continue
+            late.append(max(hs) - md)
+            adds.append(ad - max(md, max(hs)))
+        print(f"  first-stage wait, tail pieces: {stats([ff - t0 for (*_a, t0, ff, md, hd, ad, ed) in tail_rows if ff is not None])}")
+        print(f"  owners: last partial handed - own main done: {stats(late)}")
+        print(f"  owners: adds after both (-> added):          {stats(adds)}")
+        ends = [hd for (*_a, hd, ad, ed) in tail_rows if hd is not None]
+        print(f"  partials handed:             {stats(ends)}")
     ends = list(last_epi.values())
     print(f"last stores issued per warpgroup: {stats(ends)}")
     drained = [by[(c, r)][DRAINED][0][0] for c in ctas for r in (1, 2) if 0 in by[(c, r)][DRAINED]]
