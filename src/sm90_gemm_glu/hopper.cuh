@@ -123,20 +123,6 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const void* map, uint64_t
       : "memory");
 }
 
-// `bytes` contiguous bytes (a multiple of 16, both ends 16-byte aligned)
-// from global into shared memory by the copy engine; completes them on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
-// Orders this thread's earlier accesses to global memory (an acquire of a
-// flag another CTA raised) before its later async-proxy reads of it (bulk
-// copies of what that CTA wrote).
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-
 // Shared memory -> tensor box; clipped at the tensor's edges. Tracked by the
 // issuing thread's bulk async-groups.
 __device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1, int c2) {

@@ -39,9 +39,7 @@
 // waves and a workspace is given, the last one to two waves are split along
 // K evenly over all clusters (stream-K): pieces that end inside a tile leave
 // fp32 partial sums in the workspace, and the piece with the tile's last
-// k-block adds them and runs the epilogue. A second producer thread brings
-// those partials into the ring by bulk copies as soon as each is written,
-// behind the owner's last k-blocks.
+// k-block adds them and runs the epilogue.
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
 // registers; act(g) * u is rounded and written (stmatrix) into a
@@ -96,9 +94,7 @@ struct Traits {
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
   static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
-  // full and empty per stage, then the hand-off barrier and the ring
-  // position it hands over (see the producer).
-  static constexpr int kBarBytes = 2 * kStages * 8 + 16;
+  static constexpr int kBarBytes = 2 * kStages * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
@@ -136,32 +132,26 @@ __device__ __forceinline__ void store_partial(const Params& p, const float (&d)[
     if (q % 2 ? row_b : row_a) __stcg(reinterpret_cast<float2*>(slot) + q * 128 + tid, make_float2(d[2 * q], d[2 * q + 1]));
 }
 
-// The owner reads a partial through the ring: the producer copies it in
-// kPartStages stages, each holding kPartChunk bytes of either warpgroup's
-// slot (pairs q = 16 ch ... 16 ch + 15 of every thread, in slot order) at
-// offset cw * kPartChunk. Through loads from L2, eight dependent rounds per
-// thread, a partial took ~3-5 us to add, after the owner's own main loop
-// (NOTES.md, h31).
-constexpr int kPartChunk = 64 * 256 * 4 / 4;  // a quarter of a warpgroup's slot: 16 KB
-constexpr int kPartStages = 4;
-static_assert(2 * kPartChunk <= Traits::kStageBytes, "a chunk of both warpgroups' slots must fit a ring stage");
-
-// Adds chunk CH (in shared memory at `chunk`) of a partial to the
-// accumulators. Rows past M were never written: their bytes are not added.
-template <int CH>
-__device__ __forceinline__ void add_partial_chunk(const Params& p, float (&d)[128], const unsigned char* chunk,
-                                                  int tid, int64_t row0) {
+// Eight loads in flight at a time: unbounded, the compiler hoists all 64
+// ahead of the adds, and 128 more live registers next to the accumulators
+// spill.
+__device__ __forceinline__ void add_partial(const Params& p, float (&d)[128], const float* slot, int tid,
+                                            int64_t row0) {
   const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
   const bool row_a = r < p.m, row_b = r + 8 < p.m;  // the thread's two rows
-  const float2* v = reinterpret_cast<const float2*>(chunk) + tid;
 #pragma unroll
-  for (int ql = 0; ql < 16; ++ql) {
-    const int q = 16 * CH + ql;  // d[2q] is in row r + 8 * (q % 2)
-    const float2 x = v[ql * 128];
-    if (q % 2 ? row_b : row_a) {
-      d[2 * q] += x.x;
-      d[2 * q + 1] += x.y;
+  for (int q0 = 0; q0 < 64; q0 += 8) {
+    float2 v[8];
+#pragma unroll
+    for (int q = q0; q < q0 + 8; ++q)
+      v[q - q0] = (q % 2 ? row_b : row_a) ? __ldcg(reinterpret_cast<const float2*>(slot) + q * 128 + tid)
+                                          : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int q = q0; q < q0 + 8; ++q) {
+      d[2 * q] += v[q - q0].x;
+      d[2 * q + 1] += v[q - q0].y;
     }
+    asm volatile("" ::: "memory");  // the next eight loads stay below these adds
   }
 }
 
@@ -620,8 +610,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
-  uint64_t* handoff = empty + Tr::kStages;
-  uint32_t* handoff_it = reinterpret_cast<uint32_t*>(handoff + 1);
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -643,7 +631,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // into this stage's slot (multicast) also fill.
       mbar_init(&empty[s], 8 * CM);
     }
-    mbar_init(handoff, 1);
     fence_barrier_init();
   }
   if constexpr (CM > 1) cluster_sync();
@@ -694,41 +681,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           }
         }
         GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
-      }
-      // Every load issued: the ring position goes to the thread below.
-      *handoff_it = it;
-      mbar_arrive(handoff);
-    } else if (tid == 32) {
-      // The partials that this cluster's owner piece (always its last) adds:
-      // the lower clusters' pieces of the item, from the CTA of this rank in
-      // each. As soon as one is written (its two flags raised), its 128 KB
-      // come into the ring behind the owner's last k-blocks, in kPartStages
-      // stages. A thread of its own: in thread 0, the code made ptxas spill
-      // at the producer's 56 registers.
-      const Schedule sched(p, cluster, clusters);
-      Work wk;
-      const int n = sched.count();
-      if (n > 0 && sched.at(p, n - 1, &wk) && wk.role == kOwner) {
-        mbar_wait(handoff, 0);  // thread 0 has issued its loads (then `it` is where the ring goes on)
-        uint32_t it = *reinterpret_cast<volatile uint32_t*>(handoff_it);
-        for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
-          if (!sched.has_share(p, j)) continue;  // no share, no partial
-          const int64_t cta = int64_t(j) * CM + rank;
-          flag_wait(p.sk_flag + cta * 2, p.sk_token);
-          flag_wait(p.sk_flag + cta * 2 + 1, p.sk_token);
-          fence_proxy_async_global();
-          // Warpgroup 1's slot follows warpgroup 0's (partial_slot).
-          const unsigned char* part = reinterpret_cast<const unsigned char*>(detail_::partial_slot(p, cta, 0));
-          for (int ch = 0; ch < detail_::kPartStages; ++ch, ++it, part += detail_::kPartChunk) {
-            const int s = it % Tr::kStages;
-            mbar_wait(&empty[s], ((it / Tr::kStages) & 1) ^ 1);
-            unsigned char* st = smem + s * Tr::kStageBytes;
-            mbar_arrive_expect_tx(&full[s], 2 * detail_::kPartChunk);
-            bulk_load(st, part, detail_::kPartChunk, &full[s]);
-            bulk_load(st + detail_::kPartChunk, part + detail_::kPartStages * detail_::kPartChunk,
-                      detail_::kPartChunk, &full[s]);
-          }
-        }
       }
     }
   } else {
@@ -835,28 +787,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       }
       if (wk.role == kOwner) {
         // Add the partials of the lower clusters that share this item (the
-        // CTA of the same rank in each, the same warpgroup), as the producer
-        // brings them into the ring (every consumer warp frees every stage,
-        // as in the main loop).
+        // CTA of the same rank in each, the same warpgroup).
         for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
           if (!sched.has_share(p, j)) continue;  // no share, no partial
-          // A loop with a switch, not four unrolled chunks: unrolled, ptxas
-          // spilled ~250 B.
-#pragma unroll 1
-          for (int ch = 0; ch < detail_::kPartStages; ++ch, ++it) {
-            const int s = it % Tr::kStages;
-            mbar_wait(&full[s], (it / Tr::kStages) & 1);
-            const unsigned char* chunk = smem + s * Tr::kStageBytes + cw * detail_::kPartChunk;
-            static_assert(detail_::kPartStages == 4, "one case per chunk");
-            switch (ch) {
-              case 0: detail_::add_partial_chunk<0>(p, d, chunk, tid, row0); break;
-              case 1: detail_::add_partial_chunk<1>(p, d, chunk, tid, row0); break;
-              case 2: detail_::add_partial_chunk<2>(p, d, chunk, tid, row0); break;
-              default: detail_::add_partial_chunk<3>(p, d, chunk, tid, row0); break;
-            }
-            __syncwarp();  // every lane has read the stage before lane 0 frees it
-            release(s);
-          }
+          const int64_t cta = j * CM + rank;
+          if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
+          named_barrier(1 + cw, 128);
+          detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
         }
         if (tid == 0) GATEDMLP_TL(wg, timeline::kAdded, w, wk.item);
       }

@@ -17,7 +17,7 @@ struct Tile {
 };
 // Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
 // per consumer warpgroup), 1 KB of bias, 8 mbarriers, 1 KB alignment slack.
-inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 80 + 1024};
+inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 1024};
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
