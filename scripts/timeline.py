@@ -126,8 +126,8 @@ def summarise(lz, show_cta):
         print(f"  first-stage wait, tail pieces: {stats([ff - t0 for (*_a, t0, ff, md, hd, ad, ed) in tail_rows if ff is not None])}")
         print(f"  owners: last partial handed - own main done: {stats(late)}")
         print(f"  owners: adds after both (-> added):          {stats(adds)}")
-        ends = [hd for (*_a, hd, ad, ed) in tail_rows if hd is not None]
-        print(f"  partials handed:             {stats(ends)}")
+        handed_at = [hd for (*_a, hd, ad, ed) in tail_rows if hd is not None]
+        print(f"  partials handed:             {stats(handed_at)}")
     ends = list(last_epi.values())
     print(f"last stores issued per warpgroup: {stats(ends)}")
     drained = [by[(c, r)][DRAINED][0][0] for c in ctas for r in (1, 2) if 0 in by[(c, r)][DRAINED]]
