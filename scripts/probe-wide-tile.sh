@@ -1,33 +1,30 @@
 #!/usr/bin/env bash
-# Does cuBLAS's wider tile make the Hopper main loop faster per FLOP?
+# Which tile width runs the Hopper main loop fastest, per M?
 # Builds scripts/probes/wide_tile.cu (a standalone probe, not library code)
 # and times, at Llama-3 8B's gate/up (K = 4096, U = 14336), against cuBLAS's
-# [M, 4096] x [4096, 28672] GEMM in the same run:
-#   n128s4-*  128 tokens x 128 output columns (256 weight rows), 4 stages:
-#             the production tile
-#   n160s3-*  128 tokens x 160 output columns (320 weight rows), 3 stages:
-#             cuBLAS's 320 x 128 tile
-#   n128s3-none  the production tile with 3 stages (is it the stages?)
-# and the epilogue: -none (main loop only, Y not written), -regs (bf16 pairs
-# stored from registers), -tma (stmatrix + TMA stores, as production).
+# [M, 4096] x [4096, 28672] GEMM in the same run, tiles of 128 tokens x
+# BN output columns (2 BN weight rows) with S stages, nBNsS-*:
+#   n128s4  the production tile (128 gate + 128 up rows), 4 stages
+#   n160s3  cuBLAS's M = 4096 tile (320 weight rows), 3 stages (h28)
+#   n112s4  224 weight rows, 4 stages: 8B M = 512 is 3.88 waves of it
+#   n88s5   176 weight rows, 5 stages: cuBLAS's M = 512 tile
+#           (nvjet 176x128), 4.94 waves at M = 512 (h32)
+# and the epilogue: -regs (bf16 pairs stored from registers), -tma
+# (stmatrix + TMA stores, as production; the last BN % 32 columns from
+# registers).
 #
 # Reading it: per M, a table of registers / local memory (must be 0) /
 # shared memory and a correctness check of Y against silu(g) * u from the
 # cuBLAS output (PASS needs every element within 2e-2 of max |Y|, the last,
 # partial column tile included), then median and min ms over 20 interleaved
-# rounds, TFLOP/s, and cublas/variant (> 1: faster than cuBLAS's GEMM). The
-# question is answered by n160s3-tma against n128s4-tma (NOTES.md, h28):
-# TFLOP/s counts the useful FLOPs of both (n160's last column tile is 96 of
-# 160 columns, so it computes 0.4 % more than it is credited with). The
-# -none variants are not the main loop's time: with the accumulators never
-# read, ptxas drops work (they measured above the chip's dense peak on the
-# H200). Mind the waves column:
-# the probe has no split tail, so at M = 4096 the 128-column tiles run 27.15
-# waves as 28 (97.0 % busy) and the 160-column ones 21.82 as 22 (99.2 %), a
-# 2 % edge for n160 that is not the main loop's; at M = 16384 (108.6 as 109
-# against 87.3 as 88: 99.6 % against 99.2 %) the comparison is cleaner.
+# rounds, TFLOP/s, and cublas/variant (> 1: faster than cuBLAS's GEMM).
+# TFLOP/s counts useful FLOPs (a partial last column tile computes more
+# than it is credited with). Mind the waves column: the probe has no split
+# tail, so a partial last wave costs its whole time (8B M = 512: n128 is
+# 3.39 waves run as 4, n88 4.94 as 5), unlike the library, whose split tail
+# shares the last wave's k-blocks out.
 #
-#   scripts/probe-wide-tile.sh [M ...]      (default M = 4096 16384)
+#   scripts/probe-wide-tile.sh [M ...]      (default M = 512 1024 4096)
 # Binary and ptxas log go to $OUT (default /tmp). Exits 1 if ptxas spills or
 # serialises wgmma, 2 if a check fails.
 set -euo pipefail

@@ -1,15 +1,18 @@
-// Probe: does a wider GEMM tile run the Hopper main loop faster per FLOP?
+// Probe: which GEMM tile width runs the Hopper main loop fastest, per M?
 //
 // cuBLAS runs Llama-3 8B's gate/up GEMM ([M, 4096] x [4096, 28672]) with a
-// 320 x 128 tile (320 weight rows x 128 tokens, 3 stages of 64-deep k) and
-// gets 2-3 % more out of the tensor cores than our 128 x 256 tile (128
-// tokens x 128 gate + 128 up rows). This probe builds the fused kernel's
-// skeleton at both widths and times them against cuBLAS in the same run:
+// 320 x 128 tile (320 weight rows x 128 tokens, 3 stages of 64-deep k) at
+// M = 4096 and a 176 x 128 tile (5 stages) at M = 512, where it runs 8 %
+// faster per FLOP than at 4096 and we do not (NOTES.md). This probe builds
+// the fused kernel's skeleton at several widths and times them against
+// cuBLAS in the same run:
 //   BN = 128 output columns, 4 stages of 48 KB (the production shape),
-//   BN = 160 output columns, 3 stages of 56 KB (cuBLAS's shape: 160 gate +
-//            160 up weight rows; 10.7 KB of operands per MFLOP, not 11.4),
-//   BN = 128 with 3 stages, main loop only: a control that separates the
-//            stage count from the tile width.
+//   BN = 160 output columns, 3 stages of 56 KB (cuBLAS's M = 4096 shape:
+//            160 gate + 160 up weight rows; 10.7 KB of operands per MFLOP,
+//            not 11.4; h28),
+//   BN = 112 output columns, 4 stages of 44 KB (3.88 waves at M = 512),
+//   BN = 88 output columns, 5 stages of 38 KB (cuBLAS's M = 512 shape,
+//            4.94 waves there; 13.2 KB per MFLOP; h32).
 // Everything else is as in src/sm90_gemm_glu/sm90_gemm_glu.cuh: one TMA
 // producer thread, two consumer warpgroups of 64 token rows, the stage
 // released after wait_group 1, a persistent grid of one CTA per SM with
@@ -20,17 +23,20 @@
 // measured two m64n128k16 as fast.)
 //
 // EPI selects the epilogue, Y = silu(g) * u in bf16:
-//   0  none (Y is never written): the main loop and the tile loop alone;
+//   0  none (Y is never written): the main loop and the tile loop alone
+//      (not timed any more: with the accumulators never read, ptxas drops
+//      work; h28);
 //   1  bf16 pairs stored straight from the registers, bounds-checked;
 //   2  as production: stmatrix into a swizzled shared tile per warpgroup,
 //      then TMA stores left in flight (64-column boxes with the 128-byte
-//      swizzle; BN = 160's last 32 columns through a 32-column box with the
-//      64-byte swizzle).
-// U = 14336 is 89.6 tiles of 160: the last column tile has 96 columns, the
-// weight boxes are zero-filled past U (the weight map is 3-D, (K, U, half),
-// so the gate box never reads up rows), and the epilogues clip at U.
+//      swizzle, then a 32-column box with the 64-byte swizzle where 32 or
+//      more columns are left; the last BN % 32 columns from registers).
+// U = 14336 is 89.6 tiles of 160 and 162.9 of 88: the last column tile is
+// partial, the weight boxes are zero-filled past U (the weight map is 3-D,
+// (K, U, half), so the gate box never reads up rows), and the epilogues
+// clip at U.
 //
-//   scripts/probe-wide-tile.sh [M ...]     (default M = 4096 16384)
+//   scripts/probe-wide-tile.sh [M ...]     (default M = 512 1024 4096)
 #include <cublas_v2.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
@@ -87,7 +93,7 @@ struct Cfg {
   // and every stage too.
   static_assert(BN * kBK * 2 % 1024 == 0, "both weight halves must start on a 1024-byte boundary");
   static_assert(kStageBytes % 1024 == 0, "stages must start on a 1024-byte boundary");
-  static_assert(BN % 32 == 0 && BN >= 64 && BN <= 256, "64-row wgmma needs N <= 256; Y boxes of 64 and 32");
+  static_assert(BN % 8 == 0 && BN >= 64 && BN <= 256, "64-row wgmma needs N <= 256; 8-column groups");
 };
 
 struct Params {
@@ -180,6 +186,42 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
     C(d[O + 72]), C(d[O + 73]), C(d[O + 74]), C(d[O + 75]), C(d[O + 76]), C(d[O + 77]), C(d[O + 78]), C(d[O + 79]) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 
+#define PROBE_WGMMA_N88(C, O) \
+  asm volatile( \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %46, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n88k16.f32.bf16.bf16 {" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43" \
+  "}, %44, %45, p, 1, 1, 0, 0;\n}\n" \
+  : \
+    C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
+    C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
+    C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
+    C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
+    C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
+    C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43]) \
+  : "l"(a_desc), "l"(b_desc), "r"(scale_d))
+
+#define PROBE_WGMMA_N112(C, O) \
+  asm volatile( \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55" \
+  "}, %56, %57, p, 1, 1, 0, 0;\n}\n" \
+  : \
+    C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
+    C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
+    C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
+    C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
+    C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
+    C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43]), C(d[O + 44]), C(d[O + 45]), C(d[O + 46]), C(d[O + 47]), \
+    C(d[O + 48]), C(d[O + 49]), C(d[O + 50]), C(d[O + 51]), C(d[O + 52]), C(d[O + 53]), C(d[O + 54]), C(d[O + 55]) \
+  : "l"(a_desc), "l"(b_desc), "r"(scale_d))
+
 // FIRST: scale_d = 0 and D write-only ("=f"), for a tile's first k-slice:
 // the previous epilogue's values are dead once it has read them
 // (NOTES.md h22). It must be reached by straight-line code: behind a
@@ -191,15 +233,23 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint
   if constexpr (N == 128) {
     if constexpr (FIRST) PROBE_WGMMA_N128("=f", O);
     else PROBE_WGMMA_N128("+f", O);
-  } else {
-    static_assert(N == 160, "m64n128k16 and m64n160k16 only");
+  } else if constexpr (N == 160) {
     if constexpr (FIRST) PROBE_WGMMA_N160("=f", O);
     else PROBE_WGMMA_N160("+f", O);
+  } else if constexpr (N == 112) {
+    if constexpr (FIRST) PROBE_WGMMA_N112("=f", O);
+    else PROBE_WGMMA_N112("+f", O);
+  } else {
+    static_assert(N == 88, "m64n88k16, m64n112k16, m64n128k16 and m64n160k16 only");
+    if constexpr (FIRST) PROBE_WGMMA_N88("=f", O);
+    else PROBE_WGMMA_N88("+f", O);
   }
 }
 
 #undef PROBE_WGMMA_N128
 #undef PROBE_WGMMA_N160
+#undef PROBE_WGMMA_N112
+#undef PROBE_WGMMA_N88
 
 // One 64-deep k-step of a consumer warpgroup: per 16-deep slice the gate
 // rows into acc[0, BN/2), the up rows into acc[BN/2, BN). The descriptors'
@@ -251,16 +301,20 @@ __device__ __forceinline__ void epilogue_direct(const Params& p, const float (&a
 // EPI 2: Y rounded to bf16 and written by stmatrix into the warpgroup's
 // shared tile, laid out as the TMA stores read it: kBoxes64 boxes of 64 rows
 // x 64 columns with the 128-byte swizzle (16-byte chunk c of row r at chunk
-// c ^ (r % 8)), then, for BN % 64 == 32, one box of 64 rows x 32 columns
-// with the 64-byte swizzle (chunk c of row r at c ^ ((r / 2) % 4)). Both are
-// free of bank conflicts for the 8 rows x 16 bytes of each matrix. One
-// thread then issues the stores and leaves them in flight; the next tile's
-// epilogue waits until they have read the tile.
+// c ^ (r % 8)), then, if 32 or more columns are left, one box of 64 rows x
+// 32 columns with the 64-byte swizzle (chunk c of row r at c ^ ((r / 2) %
+// 4)). Both are free of bank conflicts for the 8 rows x 16 bytes of each
+// matrix. The last BN % 32 columns (BN = 88: 24, BN = 112: 16) are stored
+// straight from the registers, as EPI 1 does. One thread then issues the
+// TMA stores and leaves them in flight; the next tile's epilogue waits
+// until they have read the tile.
 template <int BN>
 __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)[BN], unsigned char* tile,
                                              int cw, int tid, int row0, int col0) {
-  constexpr int kBoxes64 = BN / 64;           // 64-column boxes, then maybe one of 32
-  constexpr bool kTail32 = BN % 64 == 32;
+  constexpr int kBoxes64 = BN / 64;                // 64-column boxes
+  constexpr bool kBox32 = BN % 64 >= 32;           // then one of 32
+  constexpr int kTmaCols = 64 * kBoxes64 + (kBox32 ? 32 : 0);
+  static_assert(kTmaCols % 16 == 0, "stmatrix writes 16 columns at a time");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this warpgroup (0 is __syncthreads)
   if (tid == 0) bulk_wait_read();
@@ -271,7 +325,7 @@ __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)
   const int cl = 8 * (lane / 16);
   const uint32_t base = smem_addr(tile);
 #pragma unroll
-  for (int jp = 0; jp < BN / 16; ++jp) {
+  for (int jp = 0; jp < kTmaCols / 16; ++jp) {
     uint32_t v[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
@@ -286,6 +340,23 @@ __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)
       addr = base + kBoxes64 * 8192 + r * 64 + ((((c % 32 + cl) / 8) ^ ((r / 2) % 4)) * 16);
     stmatrix_x4(addr, v[0], v[1], v[2], v[3]);
   }
+  if constexpr (kTmaCols < BN) {
+    const int q = 2 * (lane % 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 16 * warp + lane / 4 + 8 * h;
+      if (row >= p.m) continue;
+      __nv_bfloat16* yrow = p.y + int64_t(row) * p.u;
+#pragma unroll
+      for (int jj = kTmaCols / 8; jj < BN / 8; ++jj) {
+        const int col = col0 + 8 * jj + q;
+        if (col >= p.u) continue;
+        const int i = 4 * jj + 2 * h;
+        *reinterpret_cast<uint32_t*>(yrow + col) =
+            pack_bf16(silu_mul(acc[i], acc[i + BN / 2]), silu_mul(acc[i + 1], acc[i + 1 + BN / 2]));
+      }
+    }
+  }
   fence_proxy_async();  // the stmatrix writes before the copy engine's reads
   named_barrier(bar, 128);
   if (tid == 0 && row0 < p.m) {
@@ -293,7 +364,7 @@ __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)
 #pragma unroll
     for (int b = 0; b < kBoxes64; ++b)
       if (col0 + 64 * b < p.u) tma_store_2d(&p.tma_y64, tile + b * 8192, col0 + 64 * b, row0);
-    if (kTail32 && col0 + 64 * kBoxes64 < p.u)
+    if (kBox32 && col0 + 64 * kBoxes64 < p.u)
       tma_store_2d(&p.tma_y32, tile + kBoxes64 * 8192, col0 + 64 * kBoxes64, row0);
     bulk_commit();
   }
@@ -357,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
     unsigned char* ytile = ytiles + cw * C::kYTileBytes;
     if (EPI == 2 && tid == 0) {
       tma_prefetch_map(&p.tma_y64);
-      if (BN % 64 != 0) tma_prefetch_map(&p.tma_y32);
+      if (BN % 64 >= 32) tma_prefetch_map(&p.tma_y32);
     }
     const uint32_t ring = smem_addr(smem);
     float acc[BN];
@@ -711,12 +782,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const int m = std::atoi(argv[i]);
     if (m <= 0) {
-      std::fprintf(stderr, "usage: %s [M ...]   (M > 0; default 4096 16384)\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [M ...]   (M > 0; default 512 1024 4096)\n", argv[0]);
       return 1;
     }
     ms.push_back(m);
   }
-  if (ms.empty()) ms = {4096, 16384};
+  if (ms.empty()) ms = {512, 1024, 4096};
   const int k = 4096, u = 14336;  // Llama-3 8B gate/up
   // Pairs of bf16 per 4-byte store (EPI 1), 16-byte TMA rows and strides.
   if (u % 8 || k % 8) {
@@ -746,10 +817,9 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Variant> variants = {
-      make_variant<128, 4, 0>("n128s4-none"), make_variant<128, 4, 1>("n128s4-regs"),
-      make_variant<128, 4, 2>("n128s4-tma"),  make_variant<160, 3, 0>("n160s3-none"),
-      make_variant<160, 3, 1>("n160s3-regs"), make_variant<160, 3, 2>("n160s3-tma"),
-      make_variant<128, 3, 0>("n128s3-none"),
+      make_variant<128, 4, 2>("n128s4-tma"), make_variant<160, 3, 2>("n160s3-tma"),
+      make_variant<112, 4, 2>("n112s4-tma"), make_variant<88, 5, 2>("n88s5-tma"),
+      make_variant<128, 4, 1>("n128s4-regs"), make_variant<88, 5, 1>("n88s5-regs"),
   };
   for (const Variant& v : variants) {
     if (size_t(v.smem) > prop.sharedMemPerBlockOptin) {
