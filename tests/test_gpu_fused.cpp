@@ -147,6 +147,7 @@ struct Variant {
   bool workspace = true;             // workspace_size() bytes, poisoned; false: (nullptr, 0)
   const char* split_tail = nullptr;  // GATEDMLP_SM90_SPLIT_TAIL for the run; nullptr: as the environment has it
   const char* clusters = nullptr;    // GATEDMLP_SM90_CLUSTERS for the run; nullptr: as the environment has it
+  const char* tile = nullptr;        // GATEDMLP_SM90_TILE for the run; nullptr: as the environment has it
 };
 const Variant kAsIs{};
 const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset, split tail forced", true, nullptr, true, "force"};
@@ -157,6 +158,11 @@ const Variant kPortablePath{"fused, GATEDMLP_FORCE_PATH=portable", true, "portab
 // item's Y stores in flight under the next item's main loop all run (the
 // small test shapes otherwise give each cluster one item).
 const Variant kOneCluster{"fused, GATEDMLP_FORCE_PATH unset, one cluster", true, nullptr, true, nullptr, "1"};
+// The Hopper kernel's narrow tiles (88 output columns) wherever they can run
+// (the dispatcher picks them only where they fill the waves better): split
+// tail forced, and on one cluster.
+const Variant kNarrow{"fused, GATEDMLP_SM90_TILE=88, split tail forced", true, nullptr, true, "force", nullptr, "88"};
+const Variant kNarrowOneCluster{"fused, GATEDMLP_SM90_TILE=88, one cluster", true, nullptr, true, nullptr, "1", "88"};
 
 struct CaseOptions {
   std::vector<Variant> variants{kAsIs};  // one fused run each, on the same inputs
@@ -250,8 +256,9 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
     std::optional<ScopedEnv> env, split_env;
     if (v.set_env) env.emplace(kForcePathEnv, v.force_path);
     if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
-    std::optional<ScopedEnv> clusters_env;
+    std::optional<ScopedEnv> clusters_env, tile_env;
     if (v.clusters) clusters_env.emplace("GATEDMLP_SM90_CLUSTERS", v.clusters);
+    if (v.tile) tile_env.emplace("GATEDMLP_SM90_TILE", v.tile);
     Config cfg;
     const Status sp = plan(p, &cfg);
     ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();
@@ -544,6 +551,25 @@ bool fast_path_eligible(const Problem& p) {
   return true;
 }
 
+// Whether the fast path's narrow tile (88 output columns) can take a case the
+// fast path takes: no pre-activation, Y stored by TMA (16-bit, U, ldy and
+// the batch stride multiples of 8; y is its own cudaMalloc), and weight
+// blocks that a box of 88 rows can gather (stacked, separate, G dividing 88
+// or a multiple of it).
+bool narrow_eligible(const Problem& p) {
+  const Problem r = p.resolved();
+  const int64_t g = r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
+  return fast_path_eligible(p) && !r.has_preact && r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 &&
+         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % 88 == 0 || 88 % g == 0);
+}
+
+// The tile a kNarrow variant ran with on a 9.0 device: 88 columns where the
+// narrow tile can run, else 128.
+void check_narrow_plan(const Problem& p, const Config& c, bool sm90) {
+  if (!sm90) return;
+  EXPECT_EQ(c.tile_n, narrow_eligible(p) ? 88 : 128) << "GATEDMLP_SM90_TILE=88: " << to_string(c);
+}
+
 // The path a case took with GATEDMLP_FORCE_PATH unset (plans[0]) and with it
 // set to portable (plans[1]); `eligible` says what the first must be on 9.0.
 void check_paths(const std::vector<Config>& plans, bool eligible, bool sm90) {
@@ -639,23 +665,25 @@ std::vector<int64_t> sample_rows(int64_t m, std::mt19937_64& rng) {
   return rows;
 }
 
-// A case the fast path must take, run with GATEDMLP_FORCE_PATH unset, =portable
-// and unset on one cluster (and without a workspace if asked), each checked
-// against the reference; on a 9.0 device the unset run must have taken the
-// fast path, and printed log_must_contain if given. *taken: the unset run's
-// plan.
+// A case the fast path must take, run with GATEDMLP_FORCE_PATH unset, =portable,
+// unset on one cluster, and with the narrow tile forced (split, and on one
+// cluster), and without a workspace if asked, each checked against the
+// reference; on a 9.0 device the unset run must have taken the fast path,
+// and printed log_must_contain if given. *taken: the unset run's plan.
 void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, bool sm90, Config* taken,
                         bool also_without_workspace = false, const char* log_must_contain = nullptr) {
   ASSERT_TRUE(fast_path_eligible(p)) << "the generator made a case the fast path does not take";
   std::vector<Config> plans;
   CaseOptions opt;
   if (log_must_contain) opt.log_must_contain = log_must_contain;
-  opt.variants = {kAutoPath, kPortablePath, kOneCluster};
+  opt.variants = {kAutoPath, kPortablePath, kOneCluster, kNarrow, kNarrowOneCluster};
   if (also_without_workspace) opt.variants.push_back(kAutoNoWorkspace);
   opt.plans = &plans;
   run_case(p, rng, st, opt);
   if (::testing::Test::HasFailure()) return;
   check_paths(plans, true, sm90);
+  check_narrow_plan(p, plans[3], sm90);
+  check_narrow_plan(p, plans[4], sm90);
   if (::testing::Test::HasFailure()) return;
   *taken = plans[0];
 }
@@ -911,6 +939,10 @@ TEST(GpuFused, FastPathLargeShapes) {
       {1536, 1032, 1536, 0, Half::up, DType::fp16, DType::bf16, Activation::swiglu_clamped, false, true, 1},
       {1000, 1024, 1024, 1, Half::gate, DType::bf16, DType::bf16, Activation::gelu_erf, true, false, 2},
       {2500, 1032, 2560, -1, Half::gate, DType::fp16, DType::fp32, Activation::silu, false, false, 1},
+      // Llama-3 8B's U at M = 512 (short K): the dispatcher's own pick is the
+      // narrow tile (4.94 waves of it on 132 SMs against 3.39 of 128 columns).
+      {512, 264, 14336, 0, Half::gate, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
+      {512, 1032, 14336, -1, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 1},
   };
   CaseStats st;
   PathCount auto_paths;
@@ -939,12 +971,21 @@ TEST(GpuFused, FastPathLargeShapes) {
     ASSERT_TRUE(fast_path_eligible(p));
     std::vector<Config> plans;
     CaseOptions opt;
-    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kOneCluster};
+    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kOneCluster, kNarrow, kNarrowOneCluster};
     opt.plans = &plans;
     opt.ref_rows = sample_rows(p.m, rng);
     run_case(p, rng, &st, opt);
     if (HasFailure()) return;
     check_paths(plans, true, sm90);
+    check_narrow_plan(p, plans[4], sm90);
+    check_narrow_plan(p, plans[5], sm90);
+    // On an H100 / H200 (132 SMs) the dispatcher picks the narrow tile for
+    // the 8B-like M = 512 shapes and the 128-column one for the others.
+    int dev = 0, sms = 0;
+    if (sm90 && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms == 132) {
+      EXPECT_EQ(plans[0].tile_n, sh.u == 14336 ? 88 : 128) << to_string(plans[0]);
+    }
     if (HasFailure()) return;
     auto_paths.add(plans[0]);
   }

@@ -90,7 +90,8 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (detail::log_enabled())
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
-  if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch(r, a, dev.sms, workspace, workspace_bytes, stream);
+  if (cfg.path == KernelPath::sm90_wgmma)
+    return sm90::launch(r, a, cfg.tile_n, dev.sms, workspace, workspace_bytes, stream);
 
   const sm80::Params k = make_params(r, a);
   const cudaError_t e = r.input_dtype == DType::bf16 ? sm80::launch_bf16(k, cfg, stream)

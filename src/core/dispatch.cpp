@@ -1,9 +1,12 @@
 // The one place that picks the kernel path and its config for a problem.
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <sstream>
 
 #include "core/internal.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
+#include "sm90_gemm_glu/schedule.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
 namespace gatedmlp::detail {
@@ -44,6 +47,74 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
   return sm90::blocker(r, a);
 }
 
+// Which Hopper tile: the 128-column one, or the narrow 88-column one where
+// its waves fill the SMs enough better to pay for its 45 % more tiles. The
+// model: a persistent kernel's time is its items x (columns per item + a
+// fixed per-item cost) over the share of the clusters' slots they fill
+// (items / (whole waves x clusters)), where a split tail (schedule.hpp)
+// gives back about half of an idle last wave (measured, NOTES.md h8). 8B
+// (U = 14336) on 66 clusters: M = 512 is 224 items of 128 columns, 3.39 waves
+// (0.85 busy, 0.92 split), or 326 of 88, 4.94 waves (0.99): 88; M = 256
+// (1.70 vs 2.47 waves) and 1024 (6.79 vs 9.88) keep 128. A standalone probe
+// measured both tiles at these M against cuBLAS (NOTES.md, h32).
+// GATEDMLP_SM90_TILE=88|128 forces one (tests; 88 only where it can run).
+constexpr int kItemOverheadColumns = 4;  // per-item fixed cost, in columns' worth of main loop
+
+struct TileEstimate {
+  int64_t items = 0, clusters = 0;
+  double waves = 0, busy = 0, cost = 0;
+  bool split = false;
+};
+
+TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
+  const int cm = sm90::cluster_size(r);
+  sm90::Params p{};
+  p.m_tiles = static_cast<int>((r.m + t.tile_m - 1) / t.tile_m);
+  p.n_tiles = static_cast<int>((r.u + t.tile_n - 1) / t.tile_n);
+  p.k_blocks = static_cast<int>((r.k + t.tile_k - 1) / t.tile_k);
+  p.group_m = 16;
+  sm90::plan_items(p, cm, r.batch, true);
+  p.sk_ctas = sms;  // as with workspace_size()'s workspace
+  TileEstimate e;
+  e.items = p.tiles;
+  e.clusters = std::max(1, sms / cm);
+  e.split = sm90::plan_split_tail(p, e.clusters, cm, true);
+  e.waves = double(e.items) / double(e.clusters);
+  const int64_t whole = (e.items + e.clusters - 1) / e.clusters;
+  e.busy = double(e.items) / double(whole * e.clusters);
+  if (e.split) e.busy += (1 - e.busy) / 2;
+  e.cost = double(e.items) * (t.tile_n + kItemOverheadColumns) / e.busy;
+  return e;
+}
+
+const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const DeviceInfo& dev, std::string* why) {
+  std::ostringstream os;
+  const std::string no = sm90::narrow_blocker(r, a);
+  const char* force = std::getenv("GATEDMLP_SM90_TILE");
+  const std::string f = force ? force : "";
+  if (!no.empty() || size_t(sm90::kTileNarrow.smem_bytes) > dev.smem_optin || f == "128") {
+    os << sm90::kTile.tile_n << "-column tiles";
+    if (f == "128") os << " (GATEDMLP_SM90_TILE=128)";
+    else if (!no.empty()) os << " (the " << sm90::kTileNarrow.tile_n << "-column tile cannot take " << no << ")";
+    *why = os.str();
+    return sm90::kTile;
+  }
+  const TileEstimate wide = estimate(r, sm90::kTile, dev.sms), narrow = estimate(r, sm90::kTileNarrow, dev.sms);
+  const bool pick_narrow = f == "88" || narrow.cost < wide.cost;
+  auto show = [&](const TileEstimate& e, const sm90::Tile& t) {
+    os << t.tile_n << " columns " << e.items << " items, " << e.waves << " waves (" << e.busy << " busy"
+       << (e.split ? ", split tail" : "") << ")";
+  };
+  os << (pick_narrow ? sm90::kTileNarrow.tile_n : sm90::kTile.tile_n) << "-column tiles"
+     << (f == "88" ? " (GATEDMLP_SM90_TILE=88)" : "") << " on " << wide.clusters << " clusters: ";
+  os.precision(3);
+  show(narrow, sm90::kTileNarrow);
+  os << " against ";
+  show(wide, sm90::kTile);
+  *why = os.str();
+  return pick_narrow ? sm90::kTileNarrow : sm90::kTile;
+}
+
 }  // namespace
 
 Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev, Config* cfg) {
@@ -52,15 +123,17 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
   const std::string hopper_no = hopper_blocker(r, a, dev);
   if (hopper_no.empty()) {
+    std::string tile_why;
+    const sm90::Tile& t = pick_hopper_tile(r, a, dev, &tile_why);
     Config c;
     c.path = KernelPath::sm90_wgmma;
-    c.tile_m = sm90::kTile.tile_m;
-    c.tile_n = sm90::kTile.tile_n;
-    c.tile_k = sm90::kTile.tile_k;
-    c.stages = sm90::kTile.stages;
-    c.threads = sm90::kTile.threads;
+    c.tile_m = t.tile_m;
+    c.tile_n = t.tile_n;
+    c.tile_k = t.tile_k;
+    c.stages = t.stages;
+    c.threads = t.threads;
     c.vector_loads = true;
-    c.reason = "Hopper TMA + wgmma path; persistent, one CTA per SM";
+    c.reason = "Hopper TMA + wgmma path; persistent, one CTA per SM; " + tile_why;
     *cfg = c;
     return Status::Ok();
   }

@@ -172,6 +172,11 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// Two such matrices (lanes 0-15 give the addresses, registers 0 and 1).
+__device__ __forceinline__ void stmatrix_x2(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(r0), "r"(r1) : "memory");
+}
+
 // Named barrier over `threads` threads (a warpgroup's 128); id 0 is __syncthreads.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -231,7 +236,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 }
 
 // D[64 x 256] (+)= A[64 x 16] * B[256 x 16]^T, both operands K-major in shared
-// memory. scale_d = 0 overwrites D (the first k-step of a tile).
+// memory; scale_d = 0 overwrites D. C: "+f", or "=f" for write-only D.
 // Thread t of the warpgroup holds D(row, col) in d[i] for
 //   row = 16*(t/32) + (t%32)/4 + 8*((i/2)%2),  col = 8*(i/4) + 2*(t%4) + i%2.
 #define GATEDMLP_WGMMA_M64N256K16(TYPES, C) \
@@ -266,31 +271,57 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127]) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a_desc, uint64_t b_desc, int scale_d);
+// The same shape with 176 weight rows (88 accumulators per thread, the same
+// fragment layout): the narrow tile's gate 88 + up 88 rows.
+#define GATEDMLP_WGMMA_M64N176K16(TYPES, C) \
+  asm volatile( \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n176k16.f32." TYPES " {" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87" \
+  "}, %88, %89, p, 1, 1, 0, 0;\n}\n" \
+  : \
+    C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
+    C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
+    C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
+    C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31]), \
+    C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), \
+    C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), \
+    C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), \
+    C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63]), \
+    C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), \
+    C(d[72]), C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), \
+    C(d[80]), C(d[81]), C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87]) \
+  : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16>(float (&d)[128], uint64_t a_desc, uint64_t b_desc,
-                                                                int scale_d) {
-  GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "+f");
-}
-
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__half>(float (&d)[128], uint64_t a_desc, uint64_t b_desc,
-                                                         int scale_d) {
-  GATEDMLP_WGMMA_M64N256K16("f16.f16", "+f");
-}
-
-// The same with D = A * B^T (scale_d 0), and the compiler told that D's old
-// values are not read ("=f"): once the previous tile's epilogue has read
-// them, their registers are free.
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n256k16_first(float (&d)[128], uint64_t a_desc, uint64_t b_desc) {
-  const int scale_d = 0;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "=f");
-  else GATEDMLP_WGMMA_M64N256K16("f16.f16", "=f");
+// One wgmma of a consumer warpgroup's tile: N accumulators per thread, 2N
+// weight rows (m64n256k16 for N = 128, m64n176k16 for N = 88), T's type.
+// FIRST: D = A * B^T (scale_d 0), and the compiler told that D's old values
+// are not read ("=f"): once the previous tile's epilogue has read them, their
+// registers are free (NOTES.md, h22). Otherwise D += A * B^T.
+template <typename T, int N, bool FIRST>
+__device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(N == 128 || N == 88, "m64n256k16 and m64n176k16 only");
+  const int scale_d = FIRST ? 0 : 1;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (N == 128) {
+    if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "=f");
+    else if constexpr (kBf16) GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "+f");
+    else if constexpr (FIRST) GATEDMLP_WGMMA_M64N256K16("f16.f16", "=f");
+    else GATEDMLP_WGMMA_M64N256K16("f16.f16", "+f");
+  } else {
+    if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_M64N176K16("bf16.bf16", "=f");
+    else if constexpr (kBf16) GATEDMLP_WGMMA_M64N176K16("bf16.bf16", "+f");
+    else if constexpr (FIRST) GATEDMLP_WGMMA_M64N176K16("f16.f16", "=f");
+    else GATEDMLP_WGMMA_M64N176K16("f16.f16", "+f");
+  }
 }
 
 #undef GATEDMLP_WGMMA_M64N256K16
+#undef GATEDMLP_WGMMA_M64N176K16
 
 }  // namespace gatedmlp::sm90

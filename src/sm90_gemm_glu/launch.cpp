@@ -44,9 +44,41 @@ int64_t map_group(const Problem& r) {
 // to 100x the operands: 0.50x cuBLAS at 405B M = 16384 single, 1.02x paired.
 // Four lose the 4 SMs that a GPC cannot fill with clusters of four (128 CTAs
 // of 132) and measured 0.90x. NOTES.md, version h5.
-int cluster_size(const Problem&) { return 2; }
+constexpr int kClusterM = 2;
+
+// Y through TMA stores: 16-bit output whose rows (and batches) start on
+// 16-byte boundaries. TMA stores write whole 16-byte chunks, so U must be a
+// multiple of 8 too, or the last chunk of a row would spill into the row's
+// padding. `a` null: y assumed 16-byte aligned.
+bool y_by_tma(const Problem& r, const Arguments* a) {
+  return r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 &&
+         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (!a || aligned16(a->y)) && r.ldy * 2 < kMaxStrideBytes &&
+         r.batch_stride_y * 2 < kMaxStrideBytes && r.u <= kMaxCoord;
+}
 
 }  // namespace
+
+int cluster_size(const Problem& r) {
+  int cm = kClusterM;
+  if (const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER")) cm = std::atoi(cl);
+  if (cm != 2 && cm != 4) cm = 1;
+  const int64_t m_tiles = (r.m + kTile.tile_m - 1) / kTile.tile_m;
+  while (cm > 1 && m_tiles < cm) cm /= 2;
+  return cm;
+}
+
+std::string narrow_blocker(const Problem& r, const Arguments* a) {
+  std::ostringstream os;
+  const int64_t g = map_group(r), n = kTileNarrow.tile_n;
+  if (r.has_preact) os << "a pre-activation output (its stores are written for 128-column tiles)";
+  else if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
+  else if (!(g == r.u || g % n == 0 || n % g == 0))
+    os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile";
+  else if (cluster_size(r) > 2) os << "clusters of " << cluster_size(r) << " (each CTA would load 44 weight rows)";
+  else if ((r.m + kTileNarrow.tile_m - 1) / kTileNarrow.tile_m * ((r.u + n - 1) / n) > kMaxCoord / r.batch)
+    os << "batch x m x u make 2^31 or more " << n << "-column tiles";
+  return os.str();
+}
 
 std::string blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
@@ -94,13 +126,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
 }
 
 // A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent
-// is 64 elements. dims[0] is the contiguous one; strides in bytes, for dims 1...
+// is 64 elements (or, unswizzled, any multiple of 8). dims[0] is the
+// contiguous one; strides in bytes, for dims 1...
 Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
-              const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what) {
+              const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what,
+              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUresult res = fn(map, dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                           static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
     std::ostringstream os;
@@ -134,13 +168,23 @@ size_t flag_bytes(int ctas) {
 
 size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + size_t(ctas) * 2 * 64 * 256 * sizeof(float); }
 
-Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, size_t ws_bytes, cudaStream_t stream) {
+Status launch(const Problem& r, const Arguments& a, int tile_n, int sms, void* workspace, size_t ws_bytes,
+              cudaStream_t stream) {
   Status s;
   auto fn = encode_fn(&s);
   if (!fn) return s;
+  const bool narrow = tile_n == kTileNarrow.tile_n;
+  if (tile_n != kTile.tile_n && !narrow)
+    return err(StatusCode::not_supported, "sm90::launch: no kernel with ", tile_n, "-column tiles");
+  if (narrow) {
+    if (const std::string no = narrow_blocker(r, &a); !no.empty())
+      return err(StatusCode::not_supported, "sm90::launch: the narrow tile cannot take this call: ", no);
+  }
 
   Params p{};
-  constexpr int BM = kTile.tile_m, BN = kTile.tile_n, BK = kTile.tile_k;
+  constexpr int BM = kTile.tile_m, BK = kTile.tile_k;
+  const int BN = tile_n;
+  p.tile_n = tile_n;
   p.m = r.m;
   p.k = r.k;
   p.u = r.u;
@@ -149,11 +193,8 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   p.n_tiles = static_cast<int>((r.u + BN - 1) / BN);
   p.k_blocks = static_cast<int>((r.k + BK - 1) / BK);
   // Clusters of CTAs sharing the weight tile through multicast: see
-  // cluster_size(). GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
-  int cluster_m = cluster_size(r);
-  if (const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER")) cluster_m = std::atoi(cl);
-  if (cluster_m != 2 && cluster_m != 4) cluster_m = 1;
-  while (cluster_m > 1 && p.m_tiles < cluster_m) cluster_m /= 2;
+  // kClusterM.
+  const int cluster_m = cluster_size(r);
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
   p.group_m = gm ? std::max(1, std::atoi(gm)) : 16;
@@ -231,7 +272,8 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   p.has_pre = r.has_preact;
   // Pre-activation columns (see store_pre): runs per half, interleaved
   // blocks of G (a power of two dividing 128), or G = 1 pairs.
-  if (sep || r.weights.group == r.u || r.weights.group % BN == 0) {
+  // (The pre-activation runs only with 128-column tiles: narrow_blocker.)
+  if (sep || r.weights.group == r.u || r.weights.group % kTile.tile_n == 0) {
     p.pre_mode = 0;
   } else {
     p.pre_mode = r.weights.group == 1 ? 2 : 1;
@@ -248,19 +290,21 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   p.y_vec4 = r.ldy % 4 == 0 && (r.batch == 1 || r.batch_stride_y % 4 == 0) &&
              reinterpret_cast<uintptr_t>(a.y) % (4 * out_size) == 0;
 
-  // Y through TMA stores: 16-bit output whose rows (and batches) start on
-  // 16-byte boundaries.
-  // TMA stores write whole 16-byte chunks, so U must be a multiple of 8 too,
-  // or the last chunk of a row would spill into the row's padding.
-  p.y_tma = r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 && (r.batch == 1 || r.batch_stride_y % 8 == 0) &&
-            reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && r.ldy * 2 < kMaxStrideBytes &&
-            r.batch_stride_y * 2 < kMaxStrideBytes && r.u <= kMaxCoord;
+  p.y_tma = y_by_tma(r, &a);
   if (p.y_tma) {
     const bool batched = r.batch > 1;
     const cuuint64_t dims[3] = {cuuint64_t(r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
     const cuuint64_t strides[2] = {cuuint64_t(r.ldy * 2), cuuint64_t(batched ? r.batch_stride_y * 2 : r.m * r.ldy * 2)};
     const cuuint32_t box[3] = {64, 64, 1};
     if (Status e = encode(fn, &p.tma_y, r.output_dtype, a.y, 3, dims, strides, box, "y"); !e) return e;
+    if (narrow) {
+      // The tile's columns 64 ... 87: 48-byte rows, no swizzle.
+      const cuuint32_t tail[3] = {cuuint32_t(BN - 64), 64, 1};
+      if (Status e = encode(fn, &p.tma_y_tail, r.output_dtype, a.y, 3, dims, strides, tail, "y (last 24 columns)",
+                            CU_TENSOR_MAP_SWIZZLE_NONE);
+          !e)
+        return e;
+    }
   }
 
   // The pre-activation through TMA stores, like Y, in kernels of their own
@@ -271,7 +315,7 @@ Status launch(const Problem& r, const Arguments& a, int sms, void* workspace, si
   // 7-13 % of the time rather than 2-5 % (NOTES.md, h13).
   // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons).
   p.pre_tma = r.has_preact && !env_off("GATEDMLP_SM90_PRE_TMA") &&
-              r.preact_dtype == r.input_dtype && r.u % BN == 0 && cluster_m <= 2 &&
+              r.preact_dtype == r.input_dtype && r.u % kTile.tile_n == 0 && cluster_m <= 2 &&
               r.activation != Activation::gelu_erf &&
               r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&
               r.m * r.ldpre * 2 < kMaxStrideBytes && r.batch_stride_preact * 2 < kMaxStrideBytes;

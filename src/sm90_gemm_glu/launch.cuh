@@ -17,10 +17,16 @@
 
 namespace gatedmlp::sm90 {
 
-static_assert(Traits::kSmemBytes == kTile.smem_bytes, "kTile.smem_bytes must match the kernel's layout");
-static_assert(Traits::BM == kTile.tile_m && Traits::BNO == kTile.tile_n && Traits::BK == kTile.tile_k &&
-                  Traits::kStages == kTile.stages,
-              "kTile must describe the kernel's tile (launch.cpp counts k-blocks with tile_k)");
+// kTile and kTileNarrow must describe the kernels' tiles (launch.cpp counts
+// k-blocks with tile_k).
+template <int BNO>
+constexpr bool tile_matches(const Tile& t) {
+  using Tr = TileTraits<BNO>;
+  return Tr::kSmemBytes == t.smem_bytes && Tr::BM == t.tile_m && Tr::BNO == t.tile_n && Tr::BK == t.tile_k &&
+         Tr::kStages == t.stages && Tr::kThreads == t.threads;
+}
+static_assert(tile_matches<128>(kTile), "kTile does not describe the 128-column kernels");
+static_assert(tile_matches<88>(kTileNarrow), "kTileNarrow does not describe the narrow kernels");
 
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
 // item, at most as many as can be resident at once; all of them when the tail
@@ -36,16 +42,17 @@ inline uint64_t next_token() {
   return z ? z : 1;
 }
 
-template <typename T, int ACT, int CM, int PRE>
+template <typename T, int ACT, int CM, int PRE, int BNO>
 cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
-  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE>;
+  using Tr = TileTraits<BNO>;
+  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE, BNO>;
   // Per call: the attribute belongs to the current device.
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
       e != cudaSuccess)
     return e;
   cudaLaunchConfig_t cfg{};
-  cfg.blockDim = dim3(Traits::kThreads);
-  cfg.dynamicSmemBytes = Traits::kSmemBytes;
+  cfg.blockDim = dim3(Tr::kThreads);
+  cfg.dynamicSmemBytes = Tr::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -84,8 +91,8 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
   if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
-    std::fprintf(stderr, "[gatedmlp] sm90: %lld items on %d clusters of %d%s; %s%s\n", static_cast<long long>(p.tiles),
-                 resident, CM, p.odd_items ? "; last row-block in column pairs" : "",
+    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles; %lld items on %d clusters of %d%s; %s%s\n", BNO,
+                 static_cast<long long>(p.tiles), resident, CM, p.odd_items ? "; last row-block in column pairs" : "",
                  split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
                  PRE ? "; pre-activation by TMA stores" : (p.has_pre ? "; pre-activation stored from registers" : ""));
   cfg.gridDim = dim3(static_cast<unsigned>(items * CM));
@@ -104,17 +111,22 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 
 template <typename T, int ACT>
 cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stream) {
+  // The narrow kernels (p.tile_n 88) come in clusters of one and two, without
+  // the pre-activation: launch.cpp picks them only then.
+  if (p.tile_n == kTileNarrow.tile_n)
+    return cluster_m == 2 ? launch_act<T, ACT, 2, 0, 88>(p, sms, stream) : launch_act<T, ACT, 1, 0, 88>(p, sms, stream);
   // The TMA pre-activation kernels come in the cluster sizes the library
   // picks (1, 2), and not for gelu_erf, whose activation needs more
   // registers: with the TMA pre-activation beside it, its kernels spilled
   // 24-60 B. launch.cpp clears p.pre_tma for both.
   if constexpr (ACT != static_cast<int>(Activation::gelu_erf)) {
-    if (p.pre_tma) return cluster_m == 2 ? launch_act<T, ACT, 2, 1>(p, sms, stream) : launch_act<T, ACT, 1, 1>(p, sms, stream);
+    if (p.pre_tma)
+      return cluster_m == 2 ? launch_act<T, ACT, 2, 1, 128>(p, sms, stream) : launch_act<T, ACT, 1, 1, 128>(p, sms, stream);
   }
   switch (cluster_m) {
-    case 4: return launch_act<T, ACT, 4, 0>(p, sms, stream);
-    case 2: return launch_act<T, ACT, 2, 0>(p, sms, stream);
-    default: return launch_act<T, ACT, 1, 0>(p, sms, stream);
+    case 4: return launch_act<T, ACT, 4, 0, 128>(p, sms, stream);
+    case 2: return launch_act<T, ACT, 2, 0, 128>(p, sms, stream);
+    default: return launch_act<T, ACT, 1, 0, 128>(p, sms, stream);
   }
 }
 

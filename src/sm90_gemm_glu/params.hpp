@@ -29,12 +29,15 @@ struct Params {
   CUtensorMap tma_wu;
   // Y as (U, M, L), 16-bit output only; box 64 x 64 x 1. Used when y_tma.
   CUtensorMap tma_y;
+  // The narrow tile's last 24 columns: Y with box 24 x 64 x 1, no swizzle.
+  CUtensorMap tma_y_tail;
   // The pre-activation as (2U, M, L), 16-bit only; box 64 x 64 x 1. Used
   // when pre_tma (U is then a multiple of the 128-column tile).
   CUtensorMap tma_pre;
 
   int64_t m, k, u;
   int batch;
+  int tile_n;           // output columns per tile: 128, or 88 (the narrow kernels)
   int m_tiles, n_tiles, k_blocks;
   int group_m;          // row units per raster group (tile order, see tile_coord)
   int m_units;          // row units of CM row-blocks: m_tiles / CM, rounded up, or down when odd_items

@@ -10,6 +10,13 @@
 // warpgroups (128 registers each: one m64n256k16 accumulator), and it moves
 // 48 KB per 64-deep k-step for 4 MFLOP, so the tensor cores, not memory, set
 // the pace; four stages (192 KB) keep three k-steps of loads in flight.
+// The narrow kernels (BNO = 88: 88 gate + 88 up rows, one m64n176k16 per
+// k-slice, 88 accumulators, five 38 KB stages) exist for wave counts: 8B M =
+// 512 is 3.39 waves of 128-column tiles on 132 SMs and 4.94 of 88-column
+// ones, which a probe measured at 0.97 of cuBLAS against 0.87 (NOTES.md,
+// h32); dispatch.cpp picks them where its wave model says so. They take no
+// pre-activation and need Y stored by TMA (its last 24 columns as an
+// unswizzled box).
 // Both consumer warpgroups work on the same tile (cooperative): a ping-pong
 // schedule, each warpgroup on its own 64-row tile so that one's epilogue runs
 // under the other's main loop, loads the weight tile per 64 rows and was 6 %
@@ -77,20 +84,29 @@
 
 namespace gatedmlp::sm90 {
 
-struct Traits {
+// The tile of the kernels with BNO_ output columns per tile: 128 (the
+// default), or 88 (the narrow kernels; see the note at the top).
+template <int BNO_>
+struct TileTraits {
+  static_assert(BNO_ == 128 || BNO_ == 88, "tiles of 128 or 88 output columns");
   static constexpr int BM = 128;    // rows per tile (two consumer warpgroups x 64)
-  static constexpr int BNO = 128;   // output columns per tile
+  static constexpr int BNO = BNO_;  // output columns per tile
   static constexpr int BK = 64;     // one 128-byte swizzled row of 16-bit elements
-  static constexpr int kStages = 4;
+  // 88 columns: 38 KB stages, five fit.
+  static constexpr int kStages = BNO_ == 128 ? 4 : 5;
   static constexpr int kThreads = 384;
   static constexpr int kABytes = BM * BK * 2;          // 16 KB
-  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB: gate rows, then up rows
+  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB (22 KB): gate rows, then up rows
+  // The up rows start on a swizzle atom (8 rows of 128 bytes), as the
+  // descriptor of the whole [gate | up] tile assumes.
+  static_assert(BNO * BK * 2 % 1024 == 0, "the up rows must start on a 1024-byte boundary");
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kChunk = 32;                    // generic epilogue: columns per pass
   static constexpr int kStageLd = kChunk + 8;          // padded: conflict-free float2 writes
-  // Per consumer warpgroup: its 64 x 128 Y tile in 16-bit, as two 64 x 64
-  // boxes with the 128-byte swizzle (what the TMA store reads). The generic
-  // epilogue reuses the same bytes for a 64 x 32 fp32 chunk.
+  // Per consumer warpgroup: its 64 x BNO Y tile in 16-bit, as 64 x 64 boxes
+  // with the 128-byte swizzle (what the TMA store reads; BNO = 88: one, then
+  // a 64 x 24 box without swizzle, 48-byte rows). The generic epilogue (BNO
+  // = 128 only) reuses the same bytes for a 64 x 32 fp32 chunk.
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
   static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
@@ -99,6 +115,7 @@ struct Traits {
   // the 128-byte swizzle needs.
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
 };
+using Traits = TileTraits<128>;
 
 namespace detail_ {
 
@@ -116,40 +133,51 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
   return gatedmlp::detail::fused_row(j, half, p.group, p.first);
 }
 
-// A tail partial: the warpgroup's 64 x 256 accumulators as float2 pairs, pair
-// q of thread t at (q * 128 + t) * 2, so a warp's store is 256 contiguous
-// bytes. Rows past M are neither written nor read.
+// A tail partial: the warpgroup's 64 x 2N accumulators (N per thread; the
+// slot holds N = 128) as float2 pairs, pair q of thread t at (q * 128 + t) *
+// 2, so a warp's store is 256 contiguous bytes. Rows past M are neither
+// written nor read.
 __device__ __forceinline__ float* partial_slot(const Params& p, int64_t cta, int cw) {
   return p.sk_part + (cta * 2 + cw) * (64 * 256);
 }
 
-__device__ __forceinline__ void store_partial(const Params& p, const float (&d)[128], float* slot, int tid,
+template <int N>
+__device__ __forceinline__ void store_partial(const Params& p, const float (&d)[N], float* slot, int tid,
                                               int64_t row0) {
   const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
   const bool row_a = r < p.m, row_b = r + 8 < p.m;  // d[2q] is in row r + 8 * (q % 2)
 #pragma unroll
-  for (int q = 0; q < 64; ++q)
+  for (int q = 0; q < N / 2; ++q)
     if (q % 2 ? row_b : row_a) __stcg(reinterpret_cast<float2*>(slot) + q * 128 + tid, make_float2(d[2 * q], d[2 * q + 1]));
 }
 
 // Eight loads in flight at a time: unbounded, the compiler hoists all 64
 // ahead of the adds, and 128 more live registers next to the accumulators
 // spill.
-__device__ __forceinline__ void add_partial(const Params& p, float (&d)[128], const float* slot, int tid,
+template <int N>
+__device__ __forceinline__ void add_partial(const Params& p, float (&d)[N], const float* slot, int tid,
                                             int64_t row0) {
   const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
   const bool row_a = r < p.m, row_b = r + 8 < p.m;  // the thread's two rows
+  constexpr int kPairs = N / 2;  // 64, or 44: five rounds, the last of four
 #pragma unroll
-  for (int q0 = 0; q0 < 64; q0 += 8) {
-    float2 v[8];
+  for (int q0 = 0; q0 < kPairs; q0 += 8) {
+    constexpr int kRound = 8;
+    float2 v[kRound];
 #pragma unroll
-    for (int q = q0; q < q0 + 8; ++q)
-      v[q - q0] = (q % 2 ? row_b : row_a) ? __ldcg(reinterpret_cast<const float2*>(slot) + q * 128 + tid)
-                                          : make_float2(0.f, 0.f);
+    for (int e = 0; e < kRound; ++e) {
+      const int q = q0 + e;
+      if (q < kPairs)
+        v[e] = (q % 2 ? row_b : row_a) ? __ldcg(reinterpret_cast<const float2*>(slot) + q * 128 + tid)
+                                       : make_float2(0.f, 0.f);
+    }
 #pragma unroll
-    for (int q = q0; q < q0 + 8; ++q) {
-      d[2 * q] += v[q - q0].x;
-      d[2 * q + 1] += v[q - q0].y;
+    for (int e = 0; e < kRound; ++e) {
+      const int q = q0 + e;
+      if (q < kPairs) {
+        d[2 * q] += v[e].x;
+        d[2 * q + 1] += v[e].y;
+      }
     }
     asm volatile("" ::: "memory");  // the next eight loads stay below these adds
   }
@@ -177,15 +205,16 @@ __device__ __forceinline__ void store_vec4(void* p, int dtype, int64_t i, float4
 
 // Y of fragment element i: act(g) * u, or, with DONE, the value that
 // glu_in_place already left in g's place.
-template <int ACT, bool DONE>
-__device__ __forceinline__ float y_of(const float (&d)[128], int i, float ca, float cl) {
+// N accumulators per thread: gate in d[0, N/2), up in d[N/2, N).
+template <int ACT, bool DONE, int N>
+__device__ __forceinline__ float y_of(const float (&d)[N], int i, float ca, float cl) {
 #if defined(GATEDMLP_SM90_EXP_NO_ACT)
   // Timing experiment only (scripts/exp-epilogue.sh): Y = g * u, no special
   // functions.
-  if constexpr (!DONE) return d[i] * d[i + 64];
+  if constexpr (!DONE) return d[i] * d[i + N / 2];
 #endif
   if constexpr (DONE) return d[i];
-  else return gatedmlp::detail::glu<float>(ACT, d[i], d[i + 64], ca, cl);
+  else return gatedmlp::detail::glu<float>(ACT, d[i], d[i + N / 2], ca, cl);
 }
 
 // act(g) * u of tile columns [64 H, 64 H + 64) written over g (d[i]), u kept:
@@ -450,36 +479,60 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 }
 
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
-// warpgroup's swizzled 64 x 128 tile (the layout of swizzled_off) by
-// stmatrix: one instruction per 16 rows x 16 columns of the warp, where
-// 4-byte stores took four (NOTES.md, h21). Matrices 0-3 of column pair jp
-// are rows 0-7 and 8-15 of columns 16 jp ... + 7, then of the next 8
-// columns; lane l addresses row l % 8 of matrix l / 8.
-template <int ACT, bool DONE, typename OUT>
-__device__ __forceinline__ void park_y_swizzled(const float (&d)[128], unsigned char* tile, int warp, int lane,
+// warpgroup's 64 x N Y tile by stmatrix: one instruction per 16 rows x 16
+// columns of the warp, where 4-byte stores took four (NOTES.md, h21).
+// Matrices 0-3 of column pair jp are rows 0-7 and 8-15 of columns 16 jp ...
+// + 7, then of the next 8 columns; lane l addresses row l % 8 of matrix
+// l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the 128-byte
+// swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x 24 box
+// without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
+// of those by stmatrix.x2.
+template <int ACT, bool DONE, typename OUT, int N>
+__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
+  static_assert(N == 128 || N == 88, "Y tiles of 128 or 88 columns");
+  constexpr int kPlainLd = 2 * (N - 64);  // N = 88: bytes per row of the unswizzled box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
-  const uint32_t row_addr = smem_addr(tile) + r * 128;
+  const uint32_t base = smem_addr(tile);
+  // The address of the 8-column block at column c (a multiple of 8) of row
+  // r; `swz`, known at compile time: whether c lies in a swizzled box.
+  auto addr = [&](bool swz, int c) -> uint32_t {
+    if (swz) return base + (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16);
+    return base + 8192 + r * kPlainLd + (c - 64) * 2;
+  };
 #pragma unroll
-  for (int jp = 0; jp < 8; ++jp) {
+  for (int jp = 0; jp < N / 16; ++jp) {
     uint32_t v[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
       v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
-    const int c = 16 * jp + 8 * (lane / 16);  // the 8-column block this lane addresses
-    stmatrix_x4(row_addr + (c / 64) * 8192 + ((((c % 64) / 8) ^ (r % 8)) * 16), v[0], v[1], v[2], v[3]);
+    stmatrix_x4(addr(N == 128 || 16 * jp < 64, 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
+  }
+  if constexpr (N % 16 == 8) {
+    constexpr int jb = N / 8 - 1;  // the last 8-column block: rows 0-7 and 8-15
+    uint32_t v[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int i = 4 * jb + 2 * q;
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
+    }
+    stmatrix_x2(addr(false, 8 * jb), v[0], v[1]);
   }
 }
 
-template <typename T, int ACT, int PRE>
-__device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsigned char* tile, float* sbias, int cw,
+// N output columns per tile (N accumulators per thread). The narrow tile (N
+// = 88) takes neither a pre-activation nor a Y the copy engine cannot
+// address (the host picks it only without them: dispatch.cpp).
+template <typename T, int ACT, int PRE, int N>
+__device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, float* sbias, int cw,
                                          int tid, const TileCoord& tc) {
+  static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
   const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
-  const int64_t col0 = int64_t(tc.nb) * Traits::BNO;
+  const int64_t col0 = int64_t(tc.nb) * N;
   float* buf = reinterpret_cast<float*>(tile);
 
   // The previous tile's TMA store must have read the tile before it is
@@ -492,24 +545,24 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     // Bias depends only on the columns, which both warpgroups share.
     named_barrier(kBothBar, 256);  // both are done reading the previous tile's
     const int64_t boff = int64_t(tc.l) * p.sb;
-    const int i = cw * 128 + tid;  // 0 ... 255
-    const int half = i / Traits::BNO;
-    const int64_t j = col0 + i % Traits::BNO;
+    const int i = cw * 128 + tid;  // 0 ... 255: gate and up of N columns, 2N <= 256
+    const int half = i / N;
+    const int64_t j = col0 + i % N;
     float b = 0.f;
-    if (j < p.u)
+    if (i < 2 * N && j < p.u)
       b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
                                     : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
-    sbias[i] = b;
+    if (i < 2 * N) sbias[i] = b;
     named_barrier(kBothBar, 256);
   }
   // g = alpha * acc + bias, u likewise, in place.
   if (p.alpha != 1.f || p.has_bias) {
 #pragma unroll
-    for (int i = 0; i < 128; ++i) {
+    for (int i = 0; i < N; ++i) {
       float v = d[i] * p.alpha;
       if (p.has_bias) {
-        const int col = 8 * ((i % 64) / 4) + 2 * (lane % 4) + (i % 2);
-        v += sbias[(i / 64) * Traits::BNO + col];
+        const int col = 8 * ((i % (N / 2)) / 4) + 2 * (lane % 4) + (i % 2);
+        v += sbias[(i / (N / 2)) * N + col];
       }
       d[i] = v;
     }
@@ -523,23 +576,25 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
       case 1: store_pre_tma<T, 1, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
       default: store_pre_tma<T, 2, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
     }
-  } else if (p.has_pre) {
-    // Whole tiles of 16-bit, pair-aligned output take the compact path.
-    if (p.pre_vec2 && p.pre_dtype != 2 && col0 + Traits::BNO <= p.u) {
+  } else if constexpr (N == 128) {  // (the narrow tile never has a pre-activation)
+    if (p.has_pre) {
+      // Whole tiles of 16-bit, pair-aligned output take the compact path.
+      if (p.pre_vec2 && p.pre_dtype != 2 && col0 + N <= p.u) {
 #define GATEDMLP_PRE_FAST(OUT)                                                                   \
   switch (p.pre_mode) {                                                                          \
     case 0: store_pre_fast<OUT, 0>(p, d, warp, lane, tc.l, row0, col0); break;                   \
     case 1: store_pre_fast<OUT, 1>(p, d, warp, lane, tc.l, row0, col0); break;                   \
     default: store_pre_fast<OUT, 2>(p, d, warp, lane, tc.l, row0, col0); break;                  \
   }
-      if (p.pre_dtype == 0) {
-        GATEDMLP_PRE_FAST(__nv_bfloat16)
-      } else {
-        GATEDMLP_PRE_FAST(__half)
-      }
+        if (p.pre_dtype == 0) {
+          GATEDMLP_PRE_FAST(__nv_bfloat16)
+        } else {
+          GATEDMLP_PRE_FAST(__half)
+        }
 #undef GATEDMLP_PRE_FAST
-    } else {
-      store_pre(p, d, warp, lane, tc.l, row0, col0);
+      } else {
+        store_pre(p, d, warp, lane, tc.l, row0, col0);
+      }
     }
   }
 
@@ -549,18 +604,23 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
     // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
     // one thread and left in flight while the warpgroup starts the next tile.
     if (p.out_dtype == 0)
-      park_y_swizzled<ACT, kDone, __nv_bfloat16>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+      park_y_swizzled<ACT, kDone, __nv_bfloat16, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     else
-      park_y_swizzled<ACT, kDone, __half>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+      park_y_swizzled<ACT, kDone, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     fence_proxy_async();
     named_barrier(bar, 128);
     if (tid == 0 && row0 < p.m) {
+      // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
+      const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
       tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), tc.l);
-      if (col0 + 64 < p.u) tma_store_3d(&p.tma_y, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), tc.l);
+      if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), tc.l);
       bulk_commit();
     }
     return;
   }
+  if constexpr (N != 128) {
+    __trap();  // not reached: the host picks the narrow tile only when Y can be stored by TMA
+  } else {
 #define GATEDMLP_Y_CHUNK(Q)                                                          \
   park_glu_chunk<ACT, kDone, Q>(d, buf, warp, lane, p.clamp_alpha, p.clamp_limit);   \
   named_barrier(bar, 128);                                                           \
@@ -571,15 +631,18 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[128], unsig
   GATEDMLP_Y_CHUNK(2)
   GATEDMLP_Y_CHUNK(3)
 #undef GATEDMLP_Y_CHUNK
+  }
 }
 
 // wgmma descriptors of ring stage s (shared address of the ring: `ring`):
 // consumer warpgroup cw's 64 X rows, and the whole weight tile.
+template <typename Tr>
 __device__ __forceinline__ uint64_t desc_x(uint32_t ring, int s, int cw) {
-  return desc_sw128(ring + s * Traits::kStageBytes + cw * 64 * 128);
+  return desc_sw128(ring + s * Tr::kStageBytes + cw * 64 * 128);
 }
+template <typename Tr>
 __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
-  return desc_sw128(ring + s * Traits::kStageBytes + Traits::kABytes);
+  return desc_sw128(ring + s * Tr::kStageBytes + Tr::kABytes);
 }
 
 }  // namespace detail_
@@ -596,11 +659,16 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
 // DRAM. (CM = 2, an odd row-block count: the last row-block's items have the
 // two CTAs on two column-blocks, each loading its own X and weight tiles
 // without multicast; the stage barriers are kept as for the other items.)
-template <typename T, int ACT, int CM, int PRE>
+// BNO: output columns per tile, 128, or 88 for the narrow kernels (no
+// pre-activation, Y by TMA, clusters of one or two: each CTA of a pair loads
+// one 88-row half, where a quarter of it, 44 rows, would not start on a
+// swizzle atom).
+template <typename T, int ACT, int CM, int PRE, int BNO>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
+  static_assert(BNO == 128 || (CM <= 2 && PRE == 0), "narrow kernels: clusters of one or two, no pre-activation");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = Traits;
+  using Tr = TileTraits<BNO>;
   extern __shared__ unsigned char smem_raw[];
   // Align the ring to 1024 bytes (the 128-byte swizzle repeats every 8 rows).
   // Every CTA gets the same base, so offsets agree across the cluster.
@@ -704,9 +772,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       fence_proxy_async();
       named_barrier(detail_::kBothBar, 256);
     }
-    float d[128];
+    float d[BNO];
 #pragma unroll
-    for (int i = 0; i < 128; ++i) d[i] = 0.f;
+    for (int i = 0; i < BNO; ++i) d[i] = 0.f;
     const uint32_t ring = smem_addr(smem);
     // Frees stage s in this CTA and, with multicast, in the peer (whose
     // loads also write here).
@@ -733,7 +801,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       const bool idle = row0 >= p.m || int64_t(tc.nb) * Tr::BNO >= p.u;
       int prev = -1;
       // The item's first k-step, peeled: its first wgmma overwrites the
-      // accumulators and says so (wgmma_m64n256k16_first), so that they are
+      // accumulators and says so (wgmma_tile<..., true>), so that they are
       // dead from the previous epilogue's last read of them on.
       if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
         const int s = it % Tr::kStages;
@@ -742,11 +810,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
         if (!idle) {
-          const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
+          const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
           wgmma_fence();
-          wgmma_m64n256k16_first<T>(d, da, db);
+          wgmma_tile<T, BNO, true>(d, da, db);
 #pragma unroll
-          for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, 1);
+          for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
           wgmma_commit();
           fence_regs(d);
         }
@@ -758,11 +826,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, (it / Tr::kStages) & 1));
         mbar_wait(&full[s], (it / Tr::kStages) & 1);
         if (!idle) {
-          const uint64_t da = detail_::desc_x(ring, s, cw), db = detail_::desc_w(ring, s);
+          const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
           fence_regs(d);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_m64n256k16<T>(d, da + 2 * kk, db + 2 * kk, 1);
+          for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
           wgmma_commit();
           fence_regs(d);
           // The previous k-step's wgmma has retired: its stage can be refilled.
@@ -806,7 +874,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       continue;
 #endif
       GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-      detail_::epilogue<T, ACT, PRE>(p, d, tile, sbias, cw, tid, tc);
+      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }

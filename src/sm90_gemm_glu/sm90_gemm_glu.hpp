@@ -10,7 +10,7 @@
 
 namespace gatedmlp::sm90 {
 
-// The one compiled tile (see the note at the top of sm90_gemm_glu.cuh).
+// The compiled tiles (see the note at the top of sm90_gemm_glu.cuh).
 struct Tile {
   int tile_m, tile_n, tile_k, stages, threads;
   int smem_bytes;
@@ -18,6 +18,20 @@ struct Tile {
 // Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
 // per consumer warpgroup), 1 KB of bias, 8 mbarriers, 1 KB alignment slack.
 inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 1024};
+// The narrow tile, 88 output columns (176 weight rows): 5 x (16 KB of X + 22
+// KB of weights), two 11 KB Y tiles, 704 B of bias, 10 mbarriers, 1 KB slack.
+// Where the 128-column tiles leave much of a last wave idle, its tiles
+// (45 % more of them) can fill the waves better: 8B M = 512 is 3.39 waves of
+// 128 columns and 4.94 of 88 (dispatch.cpp picks; NOTES.md, h32).
+inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 1024};
+
+// CTAs per cluster (along M) for this problem: 2, or 1 with a single
+// row-block; GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
+int cluster_size(const Problem& resolved);
+
+// Why the narrow tile cannot take this (resolved) problem, which the fast
+// path takes (blocker() is ""), or "" if it can. `args` may be null.
+std::string narrow_blocker(const Problem& resolved, const Arguments* args);
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
@@ -31,12 +45,13 @@ std::string blocker(const Problem& resolved, const Arguments* args);
 size_t workspace_bytes(int ctas);
 
 // Builds the tensor maps and launches one persistent CTA per SM (at most one
-// per tile), in clusters of 1, 2 or 4 CTAs along M (launch.cpp,
-// cluster_size(); GATEDMLP_SM90_CLUSTER overrides). The problem must have passed blocker().
+// per tile), in clusters of 1, 2 or 4 CTAs along M (cluster_size()). The
+// problem must have passed blocker().
 // With at least workspace_bytes(sms) of workspace the last waves are split
 // (see the kernel's Schedule); with less, or none, every item runs whole.
-Status launch(const Problem& resolved, const Arguments& args, int sms, void* workspace, size_t workspace_bytes,
-              cudaStream_t stream);
+// tile_n: kTile's or kTileNarrow's (which must then take the problem).
+Status launch(const Problem& resolved, const Arguments& args, int tile_n, int sms, void* workspace,
+              size_t workspace_bytes, cudaStream_t stream);
 
 // Per-dtype kernel launchers (sm90_gemm_glu_launch.cu); cluster_m is 1,
 // 2 or 4 CTAs per cluster, and p.m_units / p.tiles must count units of it.

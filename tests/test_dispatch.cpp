@@ -1,0 +1,122 @@
+// The dispatcher's choice of the Hopper kernel's tile (src/core/dispatch.cpp),
+// on the host, for a simulated H200 (132 SMs, 227 KB of shared memory per
+// block): the narrow 88-column tile where its waves fill the SMs better and
+// it can run, the 128-column tile everywhere else.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "core/internal.hpp"
+#include "gatedmlp/gatedmlp.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+
+using namespace gatedmlp;
+
+namespace {
+
+detail::DeviceInfo h200() {
+  detail::DeviceInfo d;
+  d.device = 0;
+  d.major = 9;
+  d.minor = 0;
+  d.sms = 132;
+  d.smem_optin = 232448;
+  d.l2_bytes = 50u << 20;
+  d.name = "simulated H200";
+  return d;
+}
+
+// Llama-3 8B's gate/up at M rows: stacked weights, bf16, silu.
+Problem llama8b(int64_t m) {
+  Problem p;
+  p.m = m;
+  p.k = 4096;
+  p.u = 14336;
+  return p;
+}
+
+// The tile the dispatcher picks, with the knobs it reads unset.
+Config pick(const Problem& p) {
+  for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH"}) unsetenv(v);
+  Config c;
+  const Status s = detail::select_config(p.resolved(), nullptr, h200(), &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(c.path, KernelPath::sm90_wgmma) << to_string(c);
+  return c;
+}
+
+#define SKIP_WITHOUT_SM90_BUILD() \
+  if (!sm90::compiled()) GTEST_SKIP() << "this build has no sm_90a kernel"
+
+}  // namespace
+
+TEST(Dispatch, NarrowTileWhereItsWavesFitBetter) {
+  SKIP_WITHOUT_SM90_BUILD();
+  // 8B: M = 512 is 4.94 waves of 88-column tiles against 3.39 of 128; M =
+  // 256, 1024, 4096 keep 128 (1.70, 6.79, 27.15 waves of it; the split tail
+  // fills their last waves).
+  EXPECT_EQ(pick(llama8b(512)).tile_n, 88) << to_string(pick(llama8b(512)));
+  for (int64_t m : {1, 64, 128, 256, 1024, 4096, 16384})
+    EXPECT_EQ(pick(llama8b(m)).tile_n, 128) << "M = " << m << ": " << to_string(pick(llama8b(m)));
+  // The reason names both estimates.
+  const std::string why = pick(llama8b(512)).reason;
+  EXPECT_NE(why.find("88-column tiles"), std::string::npos) << why;
+  EXPECT_NE(why.find("4.94 waves"), std::string::npos) << why;
+  EXPECT_NE(why.find("3.39 waves"), std::string::npos) << why;
+  // Separate weights, fp16, and interleaved blocks that divide 88 alike.
+  Problem p = llama8b(512);
+  p.weights.format = WeightFormat::separate;
+  p.input_dtype = p.output_dtype = DType::fp16;
+  EXPECT_EQ(pick(p).tile_n, 88);
+  for (int64_t g : {1, 8}) {
+    p = llama8b(512);
+    p.weights.group = g;
+    EXPECT_EQ(pick(p).tile_n, 88) << "G = " << g;
+  }
+}
+
+TEST(Dispatch, NarrowTileOnlyWhereItCanRun) {
+  SKIP_WITHOUT_SM90_BUILD();
+  auto expect_128 = [](const Problem& p, const char* what) {
+    const Config c = pick(p);
+    EXPECT_EQ(c.tile_n, 128) << what << ": " << to_string(c);
+    EXPECT_NE(c.reason.find("cannot take"), std::string::npos) << what << ": " << c.reason;
+  };
+  Problem p = llama8b(512);
+  p.has_preact = true;
+  expect_128(p, "a pre-activation");
+  p = llama8b(512);
+  p.output_dtype = DType::fp32;
+  expect_128(p, "fp32 output");
+  p = llama8b(512);
+  p.ldy = p.u + 4;
+  expect_128(p, "ldy not a multiple of 8");
+  for (int64_t g : {16, 32, 128}) {
+    p = llama8b(512);
+    p.weights.group = g;
+    expect_128(p, "G neither divides 88 nor is a multiple of it");
+  }
+  setenv("GATEDMLP_SM90_CLUSTER", "4", 1);
+  Config c;
+  ASSERT_TRUE(detail::select_config(llama8b(512).resolved(), nullptr, h200(), &c).ok());
+  unsetenv("GATEDMLP_SM90_CLUSTER");
+  EXPECT_EQ(c.tile_n, 128) << "clusters of four: " << to_string(c);
+}
+
+TEST(Dispatch, TileKnob) {
+  SKIP_WITHOUT_SM90_BUILD();
+  Config c;
+  setenv("GATEDMLP_SM90_TILE", "88", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(4096).resolved(), nullptr, h200(), &c).ok());
+  EXPECT_EQ(c.tile_n, 88) << to_string(c);
+  Problem pre = llama8b(4096);
+  pre.has_preact = true;
+  ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
+  EXPECT_EQ(c.tile_n, 128) << "forced, but the narrow tile cannot take a pre-activation: " << to_string(c);
+  setenv("GATEDMLP_SM90_TILE", "128", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(512).resolved(), nullptr, h200(), &c).ok());
+  EXPECT_EQ(c.tile_n, 128) << to_string(c);
+  unsetenv("GATEDMLP_SM90_TILE");
+}
