@@ -34,8 +34,12 @@ out="${OUT:-/tmp}"
 mkdir -p "$out"
 log="$out/wide_tile.ptxas.txt"
 
+# LIB=<build dir with src/libgatedmlp.a>: also time the library's own call
+# (each tile) in the same harness.
+lib=()
+[ -n "${LIB:-}" ] && lib=(-DPROBE_WITH_LIBRARY "$LIB/src/libgatedmlp.a")
 nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -I src -I include -Xptxas -v \
-  scripts/probes/wide_tile.cu -lcublas -o "$out/wide_tile" 2>"$log" || { cat "$log"; exit 1; }
+  scripts/probes/wide_tile.cu "${lib[@]}" -lcublas -o "$out/wide_tile" 2>"$log" || { cat "$log"; exit 1; }
 
 # One line per probe_kernel<BN, STAGES, EPI> instantiation. The register
 # count is the launch's (384 threads x 168); ptxas fits the consumers' code

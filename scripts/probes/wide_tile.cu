@@ -51,6 +51,9 @@
 #include <vector>
 
 #include "sm90_gemm_glu/hopper.cuh"
+#if defined(PROBE_WITH_LIBRARY)
+#include "gatedmlp/gatedmlp.hpp"
+#endif
 
 using namespace gatedmlp::sm90;
 
@@ -85,7 +88,7 @@ struct Cfg {
   static constexpr int kWBytes = 2 * BN * kBK * 2;  // gate rows, then up rows
   static constexpr int kStageBytes = kXBytes + kWBytes;
   static constexpr int kRingBytes = STAGES * kStageBytes;
-  static constexpr int kYTileBytes = EPI == 2 ? 64 * BN * 2 : 0;  // per consumer warpgroup
+  static constexpr int kYTileBytes = EPI >= 2 ? 64 * BN * 2 : 0;  // per consumer warpgroup
   static constexpr int kBarBytes = 2 * STAGES * 8;
   // +1024: the base is aligned up to 1024 bytes, the 128-byte swizzle's period.
   static constexpr int kSmemBytes = kRingBytes + 2 * kYTileBytes + kBarBytes + 1024;
@@ -255,8 +258,16 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint
 // rows into acc[0, BN/2), the up rows into acc[BN/2, BN). The descriptors'
 // start address counts 16-byte units, so a 32-byte step along K (16 bf16
 // inside the 128-byte swizzled row) adds 2.
-template <int BN, bool FIRST>
+template <int BN, bool FIRST, bool ONE>
 __device__ __forceinline__ void mma_kstep(float (&acc)[BN], uint64_t da, uint64_t dg, uint64_t du) {
+  if constexpr (ONE) {
+    // One m64n(2BN)k16 over [gate | up] (the library's wgmma_tile; the up
+    // rows follow the gate rows in shared memory): BN = 88 or 128 only.
+    wgmma_tile<__nv_bfloat16, BN, FIRST>(acc, da, dg);
+#pragma unroll
+    for (int kk = 1; kk < kBK / 16; ++kk) wgmma_tile<__nv_bfloat16, BN, false>(acc, da + 2 * kk, dg + 2 * kk);
+    return;
+  }
   wgmma_bf16<BN, 0, FIRST>(acc, da, dg);
   wgmma_bf16<BN, BN / 2, FIRST>(acc, da, du);
 #pragma unroll
@@ -426,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
     const int cw = wg - 1;  // token rows 64 cw ... 64 cw + 63 of the tile
     const int warp = tid / 32, lane = tid % 32;
     unsigned char* ytile = ytiles + cw * C::kYTileBytes;
-    if (EPI == 2 && tid == 0) {
+    if (EPI >= 2 && tid == 0) {
       tma_prefetch_map(&p.tma_y64);
       if (BN % 64 >= 32) tma_prefetch_map(&p.tma_y32);
     }
@@ -445,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
         const uint64_t da = desc_sw128(st + cw * 64 * 128), dg = desc_sw128(st + kXBytes),
                        du = desc_sw128(st + kXBytes + BN * 128);
         wgmma_fence();
-        mma_kstep<BN, true>(acc, da, dg, du);
+        mma_kstep<BN, true, EPI == 3>(acc, da, dg, du);
         wgmma_commit();
         fence_regs(acc);
       }
@@ -458,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
                        du = desc_sw128(st + kXBytes + BN * 128);
         fence_regs(acc);
         wgmma_fence();
-        mma_kstep<BN, false>(acc, da, dg, du);
+        mma_kstep<BN, false, EPI == 3>(acc, da, dg, du);
         wgmma_commit();
         fence_regs(acc);
         // The previous k-step's wgmmas have retired: their stage can be refilled.
@@ -475,9 +486,9 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
       if (lane == 0) mbar_arrive(&empty[prev]);
       const int row0 = mb * kBM + 64 * cw, col0 = nb * BN;
       if constexpr (EPI == 1) epilogue_direct<BN>(p, acc, row0, col0, warp, lane);
-      if constexpr (EPI == 2) epilogue_tma<BN>(p, acc, ytile, cw, tid, row0, col0);
+      if constexpr (EPI >= 2) epilogue_tma<BN>(p, acc, ytile, cw, tid, row0, col0);
     }
-    if (EPI == 2 && tid == 0) bulk_wait_all();  // the shared tile must outlive the last store
+    if (EPI >= 2 && tid == 0) bulk_wait_all();  // the shared tile must outlive the last store
   }
 #endif
 }
@@ -575,6 +586,9 @@ struct Variant {
   const char* name;
   int bn, stages, epi;
   void (*kernel)(Params);
+  // The library's own call (PROBE_WITH_LIBRARY builds) instead of a probe
+  // kernel: gatedmlp::run with GATEDMLP_SM90_TILE set to this.
+  const char* lib_tile = nullptr;
   int smem = 0;
   Params p{};
   int grid = 0;
@@ -672,7 +686,31 @@ int run_problem(int m, int k, int u, int sms, const Cublas& cb, std::vector<Vari
     v.grid = std::min(sms, p.tiles);
     v.ms.clear();
   }
+#if defined(PROBE_WITH_LIBRARY)
+  gatedmlp::Problem lp;  // stacked weights [2U, K]: the probe's (K, U, 2) map over the same bytes
+  lp.m = m;
+  lp.k = k;
+  lp.u = u;
+  const size_t lws_bytes = gatedmlp::workspace_size(lp);
+  void* lws = nullptr;
+  if (lws_bytes) CK(cudaMalloc(&lws, lws_bytes));
+  gatedmlp::Arguments la;
+  la.x = x;
+  la.w = w;
+  la.y = y;
+#endif
   auto launch = [&](const Variant& v) {
+    if (v.lib_tile) {
+#if defined(PROBE_WITH_LIBRARY)
+      setenv("GATEDMLP_SM90_TILE", v.lib_tile, 1);
+      const gatedmlp::Status st = gatedmlp::run(lp, la, lws, lws_bytes, nullptr);
+      if (!st.ok()) {
+        std::fprintf(stderr, "gatedmlp::run: %s\n", st.message().c_str());
+        std::exit(1);
+      }
+#endif
+      return;
+    }
     v.kernel<<<v.grid, kThreads, v.smem>>>(v.p);
     CK(cudaGetLastError());
   };
@@ -688,8 +726,8 @@ int run_problem(int m, int k, int u, int sms, const Cublas& cb, std::vector<Vari
   int failed = 0;
   std::vector<uint16_t> guard(kGuardElems);
   for (Variant& v : variants) {
-    cudaFuncAttributes fa;
-    CK(cudaFuncGetAttributes(&fa, v.kernel));
+    cudaFuncAttributes fa{};
+    if (!v.lib_tile) CK(cudaFuncGetAttributes(&fa, v.kernel));
     const int waves = (v.p.tiles + v.grid - 1) / v.grid;
     std::printf("%-12s %3dx%-3d %6d %6d %6.2f %5.3f %5d %5zu %7.1f  ", v.name, kBM, v.bn, v.stages, v.p.tiles,
                 double(v.p.tiles) / v.grid, double(v.p.tiles) / (double(waves) * v.grid), fa.numRegs,
@@ -772,6 +810,9 @@ int run_problem(int m, int k, int u, int sms, const Cublas& cb, std::vector<Vari
   CK(cudaFree(c));
   CK(cudaFree(y));
   CK(cudaFree(dout));
+#if defined(PROBE_WITH_LIBRARY)
+  if (lws) CK(cudaFree(lws));
+#endif
   return failed;
 }
 
@@ -819,9 +860,20 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants = {
       make_variant<128, 4, 2>("n128s4-tma"), make_variant<160, 3, 2>("n160s3-tma"),
       make_variant<112, 4, 2>("n112s4-tma"), make_variant<88, 5, 2>("n88s5-tma"),
-      make_variant<128, 4, 1>("n128s4-regs"), make_variant<88, 5, 1>("n88s5-regs"),
+      make_variant<128, 4, 3>("n128s4-tma1"), make_variant<88, 5, 3>("n88s5-tma1"),
   };
+#if defined(PROBE_WITH_LIBRARY)
+  // The library itself, each tile, in the same harness (same inputs, no
+  // rotation): what it adds to the probe's kernels.
+  for (const char* t : {"128", "88"}) {
+    Variant v = make_variant<128, 4, 2>(t[0] == '1' ? "lib-128" : "lib-88");
+    v.lib_tile = t;
+    v.bn = t[0] == '1' ? 128 : 88;
+    variants.push_back(v);
+  }
+#endif
   for (const Variant& v : variants) {
+    if (v.lib_tile) continue;
     if (size_t(v.smem) > prop.sharedMemPerBlockOptin) {
       std::fprintf(stderr, "%s needs %d bytes of shared memory, the device allows %zu\n", v.name, v.smem,
                    prop.sharedMemPerBlockOptin);
