@@ -13,8 +13,9 @@
 // The narrow kernels (BNO = 88: 88 gate + 88 up rows, one m64n176k16 per
 // k-slice, 88 accumulators, five 38 KB stages) exist for wave counts: 8B M =
 // 512 is 3.39 waves of 128-column tiles on 132 SMs and 4.94 of 88-column
-// ones, which a probe measured at 0.97 of cuBLAS against 0.87 (NOTES.md,
-// h32); dispatch.cpp picks them where its wave model says so. They take no
+// ones: 0.933 of cuBLAS against 0.889 on the H200 (a standalone probe of
+// the two tiles: 0.97 against 0.87; NOTES.md, h32); dispatch.cpp picks them
+// where its wave model says so. They take no
 // pre-activation and need Y stored by TMA (its last 24 columns as an
 // unswizzled box).
 // Both consumer warpgroups work on the same tile (cooperative): a ping-pong
