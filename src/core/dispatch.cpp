@@ -72,8 +72,7 @@ TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
   p.m_tiles = static_cast<int>((r.m + t.tile_m - 1) / t.tile_m);
   p.n_tiles = static_cast<int>((r.u + t.tile_n - 1) / t.tile_n);
   p.k_blocks = static_cast<int>((r.k + t.tile_k - 1) / t.tile_k);
-  p.group_m = 16;
-  sm90::plan_items(p, cm, r.batch, true);
+  sm90::plan_items(p, cm, r.batch, true);  // (the item count does not depend on p.group_m)
   p.sk_ctas = sms;  // as with workspace_size()'s workspace
   TileEstimate e;
   e.items = p.tiles;

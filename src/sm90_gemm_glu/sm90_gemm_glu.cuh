@@ -123,6 +123,21 @@ namespace detail_ {
 // Named barriers: 1 + cw for consumer warpgroup cw alone, kBothBar for both.
 constexpr int kBothBar = 3;
 
+// A position in the ring of STAGES stages: the stage, and the parity of the
+// pass through the ring, which the stage's barriers are waited on with. The
+// producer and the consumers advance one each per k-block, in the same
+// order. Counted rather than divided out of a k-block count: with 5 stages
+// that division sat on every k-step and cost the narrow kernels ~7 %
+// (NOTES.md, h32).
+template <int STAGES>
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
+};
+
 using gatedmlp::detail::load_float;
 using gatedmlp::detail::store_float;
 
@@ -712,11 +727,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     if (tid == 0) {
       GATEDMLP_TL(0, timeline::kSynced);
       const Schedule sched(p, cluster, clusters);
-      // Ring position, advanced per k-block (kept as a stage and a parity
-      // rather than divided out of a count: with 5 stages that division sat
-      // on every k-step).
-      int s = 0;
-      uint32_t phase = 0;
+      detail_::RingPos<Tr::kStages> pos;
       Work wk;
       for (int w = 0; sched.at(p, w, &wk); ++w) {
         const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
@@ -729,9 +740,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         const int c3 = static_cast<int>(n0 / wgrp), c1 = static_cast<int>(n0 - uint32_t(c3) * wgrp);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
         GATEDMLP_TL_PIECE(0, timeline::kLoad, w, wk.item, wk.kb0, wk.kb1, wk.role);
-        for (int kb = wk.kb0; kb < wk.kb1; ++kb) {
-          GATEDMLP_WD_MARK(watchdog::kLoad, w, watchdog::wait_code(kb, s, phase ^ 1));
-          mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
+        for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
+          const int s = pos.stage;
+          GATEDMLP_WD_MARK(watchdog::kLoad, w, watchdog::wait_code(kb, s, pos.phase ^ 1));
+          mbar_wait(&empty[s], pos.phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
           tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
@@ -750,7 +762,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
                                   h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * Tr::BK,
                                   c1 + q * p.w_part_c1, h == 0 ? p.gate_half : p.up_half, c3 + q * p.w_part_c3, wl);
           }
-          if (++s == Tr::kStages) s = 0, phase ^= 1;
         }
         GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
       }
@@ -792,11 +803,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
 #pragma unroll
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
-    int rs = 0;  // ring position: stage and parity, as the producer's
-    uint32_t rphase = 0;
-    auto advance = [&] {
-      if (++rs == Tr::kStages) rs = 0, rphase ^= 1;
-    };
+    detail_::RingPos<Tr::kStages> pos;  // as the producer's
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
       const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
@@ -812,10 +819,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // accumulators and says so (wgmma_tile<..., true>), so that they are
       // dead from the previous epilogue's last read of them on.
       if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
-        const int s = rs;
-        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, rphase));
+        const int s = pos.stage;
+        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, pos.phase));
         if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
-        mbar_wait(&full[s], rphase);
+        mbar_wait(&full[s], pos.phase);
         if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
         if (!idle) {
           const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
@@ -827,12 +834,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           fence_regs(d);
         }
         prev = s;
-        advance();
+        pos.next();
       }
-      for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, advance()) {
-        const int s = rs;
-        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, rphase));
-        mbar_wait(&full[s], rphase);
+      for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
+        const int s = pos.stage;
+        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
+        mbar_wait(&full[s], pos.phase);
         if (!idle) {
           const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
           fence_regs(d);
