@@ -48,6 +48,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "sm90_gemm_glu/hopper.cuh"
@@ -569,6 +570,24 @@ __global__ void check_pass2(const __nv_bfloat16* y, const __nv_bfloat16* c, int6
 
 PFN_cuTensorMapEncodeTiled_v12000 g_encode = nullptr;
 
+// The library's timing knobs a library variant may set.
+constexpr const char* kLibKnobs[] = {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_SM90_SPLIT_TAIL",
+                                     "GATEDMLP_SM90_GROUP_M", "GATEDMLP_SM90_PAIR_COLS"};
+
+// Unsets every knob, then sets the "NAME=value" pairs of `settings`.
+void set_knobs(const char* settings) {
+  for (const char* k : kLibKnobs) unsetenv(k);
+  const char* s = settings;
+  while (*s) {
+    while (*s == ' ') ++s;
+    const char* end = s;
+    while (*end && *end != ' ') ++end;
+    const char* eq = static_cast<const char*>(std::memchr(s, '=', size_t(end - s)));
+    if (eq) setenv(std::string(s, eq).c_str(), std::string(eq + 1, end).c_str(), 1);
+    s = end;
+  }
+}
+
 // A bf16 tensor map; dims[0] contiguous, strides in bytes for dims 1 ...
 void encode(CUtensorMap* map, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
             const cuuint32_t* box, CUtensorMapSwizzle swizzle, const char* what) {
@@ -587,7 +606,8 @@ struct Variant {
   int bn, stages, epi;
   void (*kernel)(Params);
   // The library's own call (PROBE_WITH_LIBRARY builds) instead of a probe
-  // kernel: gatedmlp::run with GATEDMLP_SM90_TILE set to this.
+  // kernel: gatedmlp::run with these knobs set ("NAME=value" pairs split by
+  // spaces; every knob of kLibKnobs not named is unset).
   const char* lib_tile = nullptr;
   int smem = 0;
   Params p{};
@@ -702,7 +722,7 @@ int run_problem(int m, int k, int u, int sms, const Cublas& cb, std::vector<Vari
   auto launch = [&](const Variant& v) {
     if (v.lib_tile) {
 #if defined(PROBE_WITH_LIBRARY)
-      setenv("GATEDMLP_SM90_TILE", v.lib_tile, 1);
+      set_knobs(v.lib_tile);
       const gatedmlp::Status st = gatedmlp::run(lp, la, lws, lws_bytes, nullptr);
       if (!st.ok()) {
         std::fprintf(stderr, "gatedmlp::run: %s\n", st.message().c_str());
@@ -864,11 +884,19 @@ int main(int argc, char** argv) {
   };
 #if defined(PROBE_WITH_LIBRARY)
   // The library itself, each tile, in the same harness (same inputs, no
-  // rotation): what it adds to the probe's kernels.
-  for (const char* t : {"128", "88"}) {
-    Variant v = make_variant<128, 4, 2>(t[0] == '1' ? "lib-128" : "lib-88");
-    v.lib_tile = t;
-    v.bn = t[0] == '1' ? 128 : 88;
+  // rotation): what it adds to the probe's kernels. "-c1": one-CTA clusters
+  // and no split tail, as the probe kernels run.
+  struct Lib {
+    const char* name;
+    int bn;
+    const char* knobs;
+  };
+  for (const Lib& l : {Lib{"lib-128", 128, "GATEDMLP_SM90_TILE=128"}, Lib{"lib-88", 88, "GATEDMLP_SM90_TILE=88"},
+                       Lib{"lib-128-c1", 128, "GATEDMLP_SM90_TILE=128 GATEDMLP_SM90_CLUSTER=1 GATEDMLP_SM90_SPLIT_TAIL=0"},
+                       Lib{"lib-88-c1", 88, "GATEDMLP_SM90_TILE=88 GATEDMLP_SM90_CLUSTER=1 GATEDMLP_SM90_SPLIT_TAIL=0"}}) {
+    Variant v = make_variant<128, 4, 2>(l.name);
+    v.lib_tile = l.knobs;
+    v.bn = l.bn;
     variants.push_back(v);
   }
 #endif
