@@ -610,6 +610,10 @@ struct Variant {
   // spaces; every knob of kLibKnobs not named is unset).
   const char* lib_tile = nullptr;
   int smem = 0;
+  // 0: launched with <<< >>>; 1 or 2: through cudaLaunchKernelEx with a
+  // cluster-dimension attribute of that size (the kernel does not use the
+  // cluster), as the library launches: what the attribute alone costs.
+  int cluster = 0;
   Params p{};
   int grid = 0;
   std::vector<float> ms;
@@ -731,8 +735,23 @@ int run_problem(int m, int k, int u, int sms, const Cublas& cb, std::vector<Vari
 #endif
       return;
     }
-    v.kernel<<<v.grid, kThreads, v.smem>>>(v.p);
-    CK(cudaGetLastError());
+    if (v.cluster == 0) {
+      v.kernel<<<v.grid, kThreads, v.smem>>>(v.p);
+      CK(cudaGetLastError());
+      return;
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(v.grid / v.cluster * v.cluster));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = size_t(v.smem);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(v.cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, v.kernel, v.p));
   };
 
   // cuBLAS's output is the reference.
@@ -882,6 +901,15 @@ int main(int argc, char** argv) {
       make_variant<112, 4, 2>("n112s4-tma"), make_variant<88, 5, 2>("n88s5-tma"),
       make_variant<128, 4, 3>("n128s4-tma1"), make_variant<88, 5, 3>("n88s5-tma1"),
   };
+  // The same kernels launched as the library launches them: with a cluster
+  // attribute of 1 or 2 CTAs.
+  for (int cl : {1, 2}) {
+    Variant a = make_variant<128, 4, 2>(cl == 1 ? "n128-cl1" : "n128-cl2");
+    Variant b = make_variant<88, 5, 2>(cl == 1 ? "n88-cl1" : "n88-cl2");
+    a.cluster = b.cluster = cl;
+    variants.push_back(a);
+    variants.push_back(b);
+  }
 #if defined(PROBE_WITH_LIBRARY)
   // The library itself, each tile, in the same harness (same inputs, no
   // rotation): what it adds to the probe's kernels. "-c1": one-CTA clusters
