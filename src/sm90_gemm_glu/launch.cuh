@@ -60,7 +60,11 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  // One-CTA kernels are launched without the cluster attribute: with it (a
+  // cluster of one), the same probe kernel ran 7 % slower at 8B M = 512 and
+  // up to 1.6 % at 4096 (H200, scripts/probe-lib-gap.sh; NOTES.md, h33).
+  // The kernel needs no cluster for CM = 1 (a CTA is its own cluster).
+  cfg.numAttrs = CM > 1 ? 1 : 0;
   int resident = sms / CM;
   if constexpr (CM > 1) {
     // Not every SM can host a cluster (GPCs with an odd free SM); ask once
