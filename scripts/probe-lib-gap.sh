@@ -14,7 +14,7 @@ out="${OUT:-/tmp}"
 ms="${1:-512,1024,4096}"
 SETTINGS="-" BUILD=build-ab MODEL=8b scripts/probe-waves.sh "${2:-512}" || exit 1
 LIB=build-ab OUT="$out" scripts/probe-wide-tile.sh ${ms//,/ } | grep -v "^ptxas" || exit 1
-ncu --cache-control none --clock-control none -k regex:"probe_kernel|sm90_gemm_glu_kernel" --launch-count 14 \
+ncu --cache-control none --clock-control none -k regex:"probe_kernel|sm90_gemm_glu_kernel" --launch-count 16 \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second \
   "$out/wide_tile" "${2:-512}" 2>&1 | grep -E "probe_kernel|sm90_gemm_glu_kernel|gpu__time|dram__bytes|hit_rate|per_second" |
   sed -E 's/\(int, int, int, int\)|Context.*//' | cut -c1-150

@@ -106,6 +106,9 @@ struct Params {
   CUtensorMap tma_y64;  // (U, M), box 64 x 64, 128-byte swizzle (EPI 2)
   CUtensorMap tma_y32;  // (U, M), box 32 x 64, 64-byte swizzle (EPI 2, BN % 64 == 32)
   __nv_bfloat16* y;     // [M, U]
+  // The library's tensor ranks instead: X (K, M, L) and the weights
+  // (K, G, H, U/G, L), each loaded with the matching instruction.
+  int lib_ranks;
   int m, u;
   int k_blocks, m_tiles, n_tiles, tiles;
 };
@@ -425,9 +428,15 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
           unsigned char* st = smem + s * C::kStageBytes;
           // Boxes count in full, zero-filled parts past U and M included.
           mbar_arrive_expect_tx(&full[s], C::kStageBytes);
-          tma_load_2d(st, &p.tma_x, &full[s], kb * kBK, mb * kBM);
-          tma_load_3d(st + kXBytes, &p.tma_w, &full[s], kb * kBK, nb * BN, 0);
-          tma_load_3d(st + kXBytes + C::kWBytes / 2, &p.tma_w, &full[s], kb * kBK, nb * BN, 1);
+          if (p.lib_ranks) {
+            tma_load_3d(st, &p.tma_x, &full[s], kb * kBK, mb * kBM, 0);
+            tma_load_5d(st + kXBytes, &p.tma_w, &full[s], kb * kBK, nb * BN, 0, 0, 0);
+            tma_load_5d(st + kXBytes + C::kWBytes / 2, &p.tma_w, &full[s], kb * kBK, nb * BN, 1, 0, 0);
+          } else {
+            tma_load_2d(st, &p.tma_x, &full[s], kb * kBK, mb * kBM);
+            tma_load_3d(st + kXBytes, &p.tma_w, &full[s], kb * kBK, nb * BN, 0);
+            tma_load_3d(st + kXBytes + C::kWBytes / 2, &p.tma_w, &full[s], kb * kBK, nb * BN, 1);
+          }
           if (++s == STAGES) s = 0, phase ^= 1;
         }
       }
@@ -591,7 +600,7 @@ void set_knobs(const char* settings) {
 // A bf16 tensor map; dims[0] contiguous, strides in bytes for dims 1 ...
 void encode(CUtensorMap* map, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
             const cuuint32_t* box, CUtensorMapSwizzle swizzle, const char* what) {
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = g_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
                               const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                               swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -614,6 +623,7 @@ struct Variant {
   // cluster-dimension attribute of that size (the kernel does not use the
   // cluster), as the library launches: what the attribute alone costs.
   int cluster = 0;
+  bool lib_ranks = false;  // Params::lib_ranks
   Params p{};
   int grid = 0;
   std::vector<float> ms;
@@ -700,6 +710,18 @@ int run_problem(int m, int k, int u, int sms, const Cublas& cb, std::vector<Vari
     const cuuint64_t strides[2] = {cuuint64_t(k) * 2, cuuint64_t(u) * k * 2};
     const cuuint32_t box[3] = {kBK, cuuint32_t(v.bn), 1};
     encode(&p.tma_w, w, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "w");
+    p.lib_ranks = v.lib_ranks;
+    if (v.lib_ranks) {
+      // As launch.cpp encodes stacked weights: (K, G = U, H = 2, U/G = 1, L = 1).
+      const cuuint64_t d5[5] = {cuuint64_t(k), cuuint64_t(u), 2, 1, 1};
+      const cuuint64_t s5[4] = {cuuint64_t(k) * 2, cuuint64_t(u) * k * 2, cuuint64_t(u) * k * 4, cuuint64_t(u) * k * 4};
+      const cuuint32_t b5[5] = {kBK, cuuint32_t(v.bn), 1, 1, 1};
+      encode(&p.tma_w, w, 5, d5, s5, b5, CU_TENSOR_MAP_SWIZZLE_128B, "w (5-D)");
+      const cuuint64_t dx[3] = {cuuint64_t(k), cuuint64_t(m), 1};
+      const cuuint64_t sx[2] = {cuuint64_t(k) * 2, cuuint64_t(m) * k * 2};
+      const cuuint32_t bx[3] = {kBK, kBM, 1};
+      encode(&p.tma_x, x, 3, dx, sx, bx, CU_TENSOR_MAP_SWIZZLE_128B, "x (3-D)");
+    }
     p.y = y;
     p.m = m;
     p.u = u;
@@ -907,6 +929,12 @@ int main(int argc, char** argv) {
     Variant a = make_variant<128, 4, 2>(cl == 1 ? "n128-cl1" : "n128-cl2");
     Variant b = make_variant<88, 5, 2>(cl == 1 ? "n88-cl1" : "n88-cl2");
     a.cluster = b.cluster = cl;
+    variants.push_back(a);
+    variants.push_back(b);
+  }
+  {
+    Variant a = make_variant<128, 4, 2>("n128-5d"), b = make_variant<88, 5, 2>("n88-5d");
+    a.lib_ranks = b.lib_ranks = true;
     variants.push_back(a);
     variants.push_back(b);
   }
