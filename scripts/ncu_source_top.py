@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Summarises an `ncu --page source --csv --print-source sass` export: the
-stall-sampling columns by total, then the instructions with the most samples
+stall-sampling columns by total, then the samples per opcode (the SASS
+mnemonic without its modifiers), then the instructions with the most samples
 and, for each, its three largest stall columns.
     scripts/ncu_source_top.py source.csv [N]"""
 import csv
@@ -34,6 +35,17 @@ def main():
     for t, name in totals[:16]:
         if t:
             print(f"  {t:10.0f}  {100 * t / max(grand, 1):5.1f}%  {name}")
+    ops = {}
+    for r in body:
+        words = r[src].split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        op = words[0].split(".")[0] if words else "?"
+        cnt, smp = ops.get(op, (0, 0))
+        ops[op] = (cnt + 1, smp + (num(r[allc]) or 0))
+    print("samples per opcode (instructions of it):")
+    for op, (cnt, smp) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:14]:
+        print(f"  {smp:10.0f}  {100 * smp / max(grand, 1):5.1f}%  {op} ({cnt})")
     print(f"top {top} instructions by '{head[allc]}':")
     body.sort(key=lambda r: -(num(r[allc]) or 0))
     for r in body[:top]:
