@@ -64,7 +64,9 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   // cluster of one), the same probe kernel ran 7 % slower at 8B M = 512 and
   // up to 1.6 % at 4096 (H200, scripts/probe-lib-gap.sh; NOTES.md, h33).
   // The kernel needs no cluster for CM = 1 (a CTA is its own cluster).
-  cfg.numAttrs = CM > 1 ? 1 : 0;
+  // GATEDMLP_SM90_CLUSTER_ATTR=1 sets it anyway (timing knob).
+  const char* ca = std::getenv("GATEDMLP_SM90_CLUSTER_ATTR");
+  cfg.numAttrs = CM > 1 || (ca && std::atoi(ca) == 1) ? 1 : 0;
   int resident = sms / CM;
   if constexpr (CM > 1) {
     // Not every SM can host a cluster (GPCs with an odd free SM); ask once
