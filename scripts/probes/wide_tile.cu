@@ -109,6 +109,11 @@ struct Params {
   // The library's tensor ranks instead: X (K, M, L) and the weights
   // (K, G, H, U/G, L), each loaded with the matching instruction.
   int lib_ranks;
+  // > 0: the CTAs that share a weight tile are spread over the grid instead
+  // of neighbours: in every whole wave of gridDim.x tiles, CTA l takes row-block
+  // l / (grid / spread) of column l % (grid / spread) (spread = the
+  // row-blocks per column in a wave; the grid a multiple of it).
+  int spread;
   int m, u;
   int k_blocks, m_tiles, n_tiles, tiles;
 };
@@ -117,7 +122,11 @@ struct Params {
 // kGroupM, so the CTAs of a wave share X rows and weight rows in L2
 // (schedule.hpp's tile_coord with CM = 1). 32-bit: divisions by 64-bit
 // values are calls that make ptxas spill.
-__host__ __device__ __forceinline__ void tile_coord(const Params& p, int t, int& mb, int& nb) {
+__host__ __device__ __forceinline__ void tile_coord(const Params& p, int t, int& mb, int& nb, int grid) {
+  if (p.spread > 0 && grid % p.spread == 0 && (t / grid + 1) * grid <= p.tiles) {
+    const int w = t / grid, l = t - w * grid, cols = grid / p.spread;
+    t = w * grid + (l % cols) * p.spread + l / cols;
+  }
   const int per_group = kGroupM * p.n_tiles;
   const int g = t / per_group, in = t - g * per_group;
   const int left = p.m_tiles - g * kGroupM;
@@ -422,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
         int mb, nb;
-        tile_coord(p, t, mb, nb);
+        tile_coord(p, t, mb, nb, gridDim.x);
         for (int kb = 0; kb < p.k_blocks; ++kb) {
           mbar_wait(&empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * C::kStageBytes;
@@ -457,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
     uint32_t phase = 0;
     for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
       int mb, nb;
-      tile_coord(p, t, mb, nb);
+      tile_coord(p, t, mb, nb, gridDim.x);
       // The first k-step, peeled: its first wgmmas overwrite the
       // accumulators (scale_d 0, write-only).
       mbar_wait(&full[s], phase);
@@ -624,6 +633,7 @@ struct Variant {
   // cluster), as the library launches: what the attribute alone costs.
   int cluster = 0;
   bool lib_ranks = false;  // Params::lib_ranks
+  int spread = 0;          // Params::spread: row-blocks per column (M / 128 when <= 16)
   Params p{};
   int grid = 0;
   std::vector<float> ms;
@@ -711,6 +721,7 @@ int run_problem(int m, int k, int u, int sms, const Cublas& cb, std::vector<Vari
     const cuuint32_t box[3] = {kBK, cuuint32_t(v.bn), 1};
     encode(&p.tma_w, w, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "w");
     p.lib_ranks = v.lib_ranks;
+    p.spread = v.spread ? std::min((m + kBM - 1) / kBM, kGroupM) : 0;
     if (v.lib_ranks) {
       // As launch.cpp encodes stacked weights: (K, G = U, H = 2, U/G = 1, L = 1).
       const cuuint64_t d5[5] = {cuuint64_t(k), cuuint64_t(u), 2, 1, 1};
@@ -929,6 +940,16 @@ int main(int argc, char** argv) {
     Variant a = make_variant<128, 4, 2>(cl == 1 ? "n128-cl1" : "n128-cl2");
     Variant b = make_variant<88, 5, 2>(cl == 1 ? "n88-cl1" : "n88-cl2");
     a.cluster = b.cluster = cl;
+    variants.push_back(a);
+    variants.push_back(b);
+  }
+  // Sharers of a weight tile spread over the grid, plain and with the
+  // cluster attribute of 1.
+  for (int cl : {0, 1}) {
+    Variant a = make_variant<128, 4, 2>(cl ? "n128-cl1-spr" : "n128-spr");
+    Variant b = make_variant<88, 5, 2>(cl ? "n88-cl1-spr" : "n88-spr");
+    a.cluster = b.cluster = cl;
+    a.spread = b.spread = 1;
     variants.push_back(a);
     variants.push_back(b);
   }
