@@ -49,20 +49,24 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 
 // Which Hopper tile: the 128-column one, or the narrow 88-column one where
 // its waves fill the SMs enough better to pay for its 45 % more tiles. The
-// model: a persistent kernel's time is its items x (columns per item + a
-// fixed per-item cost) over the share of the clusters' slots they fill
-// (items / (whole waves x clusters)), where a split tail (schedule.hpp)
-// gives back about half of an idle last wave (measured, NOTES.md h8). 8B
-// (U = 14336) on 66 clusters: M = 512 is 224 items of 128 columns, 3.39 waves
-// (0.85 busy, 0.92 split), or 326 of 88, 4.94 waves (0.99): 88; M = 256
-// (1.70 vs 2.47 waves) and 1024 (6.79 vs 9.88) keep 128. A standalone probe
-// measured both tiles at these M against cuBLAS (NOTES.md, h32).
+// model: a persistent kernel's time is the waves it runs x (columns per item
+// + a fixed per-item cost). Without a split tail that is the whole waves,
+// ceil(items / clusters); with one (schedule.hpp), the exact waves plus a
+// fixed cost of the split, kSplitCostItems of an item's time (at most the
+// whole waves). Measured: the split costs ~11 us over its share of the work
+// at 8B, about 0.27 of a 128-column item (NOTES.md h29), and at 8B M = 1024
+// (6.79 waves) it recovered nothing (h8). Fitted to both tiles forced at 8B,
+// 70B and 405B, M = 256 ... 16384 (NOTES.md h33): 8B M = 384 ... 1536 and
+// 4096, 70B M = 256, 384, 768 take the narrow tile. The model before
+// (a split giving back half of an idle last wave) kept 128 at 8B M = 1024,
+// where 88 measured 1-2 % faster in every run.
 // GATEDMLP_SM90_TILE=88|128 forces one (tests; 88 only where it can run).
 constexpr int kItemOverheadColumns = 4;  // per-item fixed cost, in columns' worth of main loop
+constexpr double kSplitCostItems = 0.3;  // a split tail's fixed cost, in items
 
 struct TileEstimate {
   int64_t items = 0, clusters = 0;
-  double waves = 0, busy = 0, cost = 0;
+  double waves = 0, waves_run = 0, cost = 0;
   bool split = false;
 };
 
@@ -79,10 +83,9 @@ TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
   e.clusters = std::max(1, sms / cm);
   e.split = sm90::plan_split_tail(p, e.clusters, cm, true);
   e.waves = double(e.items) / double(e.clusters);
-  const int64_t whole = (e.items + e.clusters - 1) / e.clusters;
-  e.busy = double(e.items) / double(whole * e.clusters);
-  if (e.split) e.busy += (1 - e.busy) / 2;
-  e.cost = double(e.items) * (t.tile_n + kItemOverheadColumns) / e.busy;
+  e.waves_run = double((e.items + e.clusters - 1) / e.clusters);
+  if (e.split) e.waves_run = std::min(e.waves_run, e.waves + kSplitCostItems);
+  e.cost = e.waves_run * (t.tile_n + kItemOverheadColumns);
   return e;
 }
 
@@ -101,7 +104,7 @@ const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const D
   const TileEstimate wide = estimate(r, sm90::kTile, dev.sms), narrow = estimate(r, sm90::kTileNarrow, dev.sms);
   const bool pick_narrow = f == "88" || narrow.cost < wide.cost;
   auto show = [&](const TileEstimate& e, const sm90::Tile& t) {
-    os << t.tile_n << " columns " << e.items << " items, " << e.waves << " waves (" << e.busy << " busy"
+    os << t.tile_n << " columns " << e.items << " items, " << e.waves << " waves (run as " << e.waves_run
        << (e.split ? ", split tail" : "") << ")";
   };
   os << (pick_narrow ? sm90::kTileNarrow.tile_n : sm90::kTile.tile_n) << "-column tiles"
