@@ -63,6 +63,14 @@ def summarise(lz, show_cta):
     print(f"first load issued:             {stats([by[(c, 0)][LOAD][0][0] for c in ctas if 0 in by[(c, 0)][LOAD]])}")
     first_data = [by[(c, r)][FIRST_FULL][0][0] for c in ctas for r in (1, 2) if 0 in by[(c, r)][FIRST_FULL]]
     print(f"first stage full (consumers):  {stats(first_data)}")
+    # The same, each from its own CTA's entry: the launch's spread of CTA
+    # starts taken out.
+    own = lambda c, r, pt: by[(c, r)][pt][0][0] - by[(c, 0)][ENTRY][0][0]
+    has = lambda c, r, pt: 0 in by[(c, r)][pt] and 0 in by[(c, 0)][ENTRY]
+    print(f"  own entry -> synced:         {stats([own(c, 0, SYNCED) for c in ctas if has(c, 0, SYNCED)])}")
+    print(f"  own entry -> first load:     {stats([own(c, 0, LOAD) for c in ctas if has(c, 0, LOAD)])}")
+    print(f"  own entry -> first full:     {stats([own(c, r, FIRST_FULL) for c in ctas for r in (1, 2) if has(c, r, FIRST_FULL)])}")
+    print(f"  own entry -> first wait:     {stats([own(c, r, PIECE) for c in ctas for r in (1, 2) if has(c, r, PIECE)])}")
 
     # Per piece, consumer warpgroup 1 (role 1) and 2 alike.
     whole_time, epi_time, wait_first, main_time = [], [], [], []
