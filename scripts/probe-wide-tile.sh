@@ -11,7 +11,12 @@
 #           (nvjet 176x128), 4.94 waves at M = 512 (h32)
 # and the epilogue: -regs (bf16 pairs stored from registers), -tma
 # (stmatrix + TMA stores, as production; the last BN % 32 columns from
-# registers).
+# registers), -tma1 (one m64n(2BN)k16 per slice, as production). Then the
+# n128 and n88 kernels launched as the library launches (-cl1, -cl2: with a
+# cluster attribute they do not use), with the library's tensor ranks
+# (-5d), and with the CTAs that share a weight tile spread over the grid
+# (-spr); with LIB, the library's own calls (lib-128, lib-88, and -c1: one-CTA
+# clusters, no split tail). NOTES.md h33.
 #
 # Reading it: per M, a table of registers / local memory (must be 0) /
 # shared memory and a correctness check of Y against silu(g) * u from the
