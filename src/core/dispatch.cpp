@@ -56,8 +56,10 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 // whole waves). Measured: the split costs ~11 us over its share of the work
 // at 8B, about 0.27 of a 128-column item (NOTES.md h29), and at 8B M = 1024
 // (6.79 waves) it recovered nothing (h8). Fitted to both tiles forced at 8B,
-// 70B and 405B, M = 256 ... 16384 (NOTES.md h33): 8B M = 384 ... 1536 and
-// 4096, 70B M = 256, 384, 768 take the narrow tile. The model before
+// 70B and 405B, M = 256 ... 16384 (NOTES.md h33); by it 8B M = 256 ... 1536,
+// 70B M = 256 ... 512 and 768, and 405B M <= 128 take the narrow tile (405B
+// M = 1 / 64 / 128 measured 0.965 / 1.057 / 0.938 of cuBLAS with it against
+// 0.939 / 1.011 / 0.837 with 128 columns). The model before
 // (a split giving back half of an idle last wave) kept 128 at 8B M = 1024,
 // where 88 measured 1-2 % faster in every run.
 // GATEDMLP_SM90_TILE=88|128 forces one (tests; 88 only where it can run).
