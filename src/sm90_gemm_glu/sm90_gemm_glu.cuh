@@ -503,17 +503,9 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x 24 box
 // without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
 // of those by stmatrix.x2.
-// What the epilogue runs part-way through parking Y (after kHookAfter of its
-// 16-column groups), once most of the accumulators are consumed: the narrow
-// kernels issue the next piece's first k-steps there.
-struct NoHook {
-  __device__ __forceinline__ void operator()() const {}
-};
-constexpr int kHookAfter = 3;
-
-template <int ACT, bool DONE, typename OUT, int N, typename Hook>
+template <int ACT, bool DONE, typename OUT, int N>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
-                                                float ca, float cl, const Hook& hook) {
+                                                float ca, float cl) {
   static_assert(N == 128 || N == 88, "Y tiles of 128 or 88 columns");
   constexpr int kPlainLd = 2 * (N - 64);  // N = 88: bytes per row of the unswizzled box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
@@ -533,7 +525,6 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
       v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
     stmatrix_x4(addr(N == 128 || 16 * jp < 64, 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
-    if (jp + 1 == kHookAfter) hook();
   }
   if constexpr (N % 16 == 8) {
     constexpr int jb = N / 8 - 1;  // the last 8-column block: rows 0-7 and 8-15
@@ -550,9 +541,9 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 // N output columns per tile (N accumulators per thread). The narrow tile (N
 // = 88) takes neither a pre-activation nor a Y the copy engine cannot
 // address (the host picks it only without them: dispatch.cpp).
-template <typename T, int ACT, int PRE, int N, typename Hook = NoHook>
+template <typename T, int ACT, int PRE, int N>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, float* sbias, int cw,
-                                         int tid, const TileCoord& tc, const Hook& hook = Hook()) {
+                                         int tid, const TileCoord& tc) {
   static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
@@ -629,9 +620,9 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
     // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
     // one thread and left in flight while the warpgroup starts the next tile.
     if (p.out_dtype == 0)
-      park_y_swizzled<ACT, kDone, __nv_bfloat16, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit, hook);
+      park_y_swizzled<ACT, kDone, __nv_bfloat16, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     else
-      park_y_swizzled<ACT, kDone, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit, hook);
+      park_y_swizzled<ACT, kDone, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     fence_proxy_async();
     named_barrier(bar, 128);
     if (tid == 0 && row0 < p.m) {
@@ -694,15 +685,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   static_assert(BNO == 128 || (CM <= 2 && PRE == 0), "narrow kernels: clusters of one or two, no pre-activation");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = TileTraits<BNO>;
-  // The narrow kernels overlap a piece's epilogue with the next piece's
-  // first k-steps (two accumulator sets; the 128-column tile has no room for
-  // a second: NOTES.md h20). GATEDMLP_SM90_NO_OVERLAP builds without.
-#if defined(GATEDMLP_SM90_NO_OVERLAP)
-  constexpr bool kOverlap = false;
-#else
-  constexpr bool kOverlap = BNO == 88;
-#endif
-  constexpr int kEarlyKSteps = 3;  // of the 5 stages: 2 left to the producer meanwhile
   extern __shared__ unsigned char smem_raw[];
   // Align the ring to 1024 bytes (the 128-byte swizzle repeats every 8 rows).
   // Every CTA gets the same base, so offsets agree across the cluster.
@@ -805,6 +787,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       fence_proxy_async();
       named_barrier(detail_::kBothBar, 256);
     }
+    float d[BNO];
+#pragma unroll
+    for (int i = 0; i < BNO; ++i) d[i] = 0.f;
     const uint32_t ring = smem_addr(smem);
     // Frees stage s in this CTA and, with multicast, in the peer (whose
     // loads also write here).
@@ -819,268 +804,94 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
     detail_::RingPos<Tr::kStages> pos;  // as the producer's
-    if constexpr (kOverlap) {
-      // Two sets of accumulators (2 x 88 of the 224 registers): while one
-      // holds a finished piece for its epilogue (or partial), the next
-      // piece's first kEarlyKSteps k-steps already run on the tensor cores
-      // into the other, so the epilogue no longer leaves them idle (~1.7 us
-      // per 30 us item at 8B: NOTES.md, the narrow tile's timeline). The
-      // two sets swap roles every piece; the pair of steps below names them
-      // at compile time, so both stay in registers.
-      float da[BNO], db[BNO];
+    Work wk;
+    for (int w = 0; sched.at(p, w, &wk); ++w) {
+      const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
+      const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
+      // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
+      // of a last row-block), or whose columns lie past U (the second CTA of
+      // the last pair_cols item when n_tiles is odd), only frees the stages:
+      // its sums would never be stored, and its MMAs would read the shared
+      // tiles for nothing.
+      const bool idle = row0 >= p.m || int64_t(tc.nb) * Tr::BNO >= p.u;
+      int prev = -1;
+      // The item's first k-step, peeled: its first wgmma overwrites the
+      // accumulators and says so (wgmma_tile<..., true>), so that they are
+      // dead from the previous epilogue's last read of them on.
+      if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
+        const int s = pos.stage;
+        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, pos.phase));
+        if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
+        mbar_wait(&full[s], pos.phase);
+        if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
+        if (!idle) {
+          const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
+          wgmma_fence();
+          wgmma_tile<T, BNO, true>(d, da, db);
 #pragma unroll
-      for (int i = 0; i < BNO; ++i) da[i] = db[i] = 0.f;
-      // The stages of a piece's k-steps whose wgmmas may still run: `held`
-      // of them, from `held0` on in ring order.
-      int held = 0, held0 = 0;
-      auto release_held = [&]() {
-        for (; held > 0; --held) {
-          release(held0);
-          held0 = held0 + 1 == Tr::kStages ? 0 : held0 + 1;
+          for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
+          wgmma_commit();
+          fence_regs(d);
         }
-      };
-      // k-steps [kb0, kb0 + n) of piece `wn` into `acc`, the first one
-      // overwriting it; no wait for them to retire (their stages are held).
-      auto issue_first = [&](float (&acc)[BNO], int wi, const Work& wn, bool idl, int n) {
-        if (n <= 0) return;
-        // The piece's first wgmma overwrites `acc`; an idle warpgroup issues
-        // none. Either way the old values are dead from here (without this
-        // they stay live through an idle piece, and both sets with them).
-#pragma unroll
-        for (int i = 0; i < BNO; ++i) asm volatile("" : "=f"(acc[i]));
-        {
-          const int s = pos.stage;
-          GATEDMLP_WD_MARK(watchdog::kFull, wi, watchdog::wait_code(wn.kb0, s, pos.phase));
-          if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, wi, wn.item, wn.kb0, wn.kb1, wn.role);
-          mbar_wait(&full[s], pos.phase);
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, wi, wn.item);
-          if (!idl) {
-            const uint64_t xa = detail_::desc_x<Tr>(ring, s, cw), wb = detail_::desc_w<Tr>(ring, s);
-            wgmma_fence();
-            wgmma_tile<T, BNO, true>(acc, xa, wb);
-#pragma unroll
-            for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(acc, xa + 2 * kk, wb + 2 * kk);
-            wgmma_commit();
-            fence_regs(acc);
-          }
-          held0 = s;
-          held = 1;
-          pos.next();
-        }
-        for (int e = 1; e < n; ++e, pos.next()) {
-          const int s = pos.stage;
-          mbar_wait(&full[s], pos.phase);
-          if (!idl) {
-            const uint64_t xa = detail_::desc_x<Tr>(ring, s, cw), wb = detail_::desc_w<Tr>(ring, s);
-            fence_regs(acc);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(acc, xa + 2 * kk, wb + 2 * kk);
-            wgmma_commit();
-            fence_regs(acc);
-          }
-          ++held;
-        }
-      };
-      // The rest of piece `wn`'s k-steps, from k-block kb0 + `done` on; then
-      // every wgmma has retired and every stage is freed.
-      auto finish_main = [&](float (&acc)[BNO], int wi, const Work& wn, bool idl, int done) {
-        for (int kb = wn.kb0 + done; kb < wn.kb1; ++kb, pos.next()) {
-          const int s = pos.stage;
-          GATEDMLP_WD_MARK(watchdog::kFull, wi, watchdog::wait_code(kb, s, pos.phase));
-          mbar_wait(&full[s], pos.phase);
-          if (!idl) {
-            const uint64_t xa = detail_::desc_x<Tr>(ring, s, cw), wb = detail_::desc_w<Tr>(ring, s);
-            fence_regs(acc);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(acc, xa + 2 * kk, wb + 2 * kk);
-            wgmma_commit();
-            fence_regs(acc);
-            // All but this k-step's wgmmas have retired.
-            wgmma_wait<1>();
-            fence_regs(acc);
-          }
-          release_held();
-          held0 = s;
-          held = 1;
-        }
-        wgmma_wait<0>();
-        fence_regs(acc);
-        if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, wi, wn.item);
-        release_held();
-      };
-      // Piece w (in `acc`, its main loop done): the partial, or the owner's
-      // adds and the epilogue. As the single-set loop below.
-      auto finish_piece = [&](float (&acc)[BNO], int w, const Work& wc, const TileCoord& tcc, const auto& hook) {
-        const int64_t row0 = int64_t(tcc.mb) * Tr::BM + 64 * cw;
-        if (wc.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
-        if (wc.role == kPartial) {
-          detail_::store_partial(p, acc, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
-          named_barrier(1 + cw, 128);
-          if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kHanded, w, wc.item);
-          return;
-        }
-        if (wc.role == kOwner) {
-          for (int j = sched.c - 1, stop = sched.first_partial(p, wc.item); j > stop; --j) {
-            if (!sched.has_share(p, j)) continue;
-            const int64_t cta = j * CM + rank;
-            if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
-            named_barrier(1 + cw, 128);
-            detail_::add_partial(p, acc, detail_::partial_slot(p, cta, cw), tid, row0);
-          }
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kAdded, w, wc.item);
-        }
-        if (int64_t(tcc.nb) * Tr::BNO >= p.u) return;
-        GATEDMLP_WD_MARK(watchdog::kEpi, tcc.mb, tcc.nb);
-        detail_::epilogue<T, ACT, PRE, BNO>(p, acc, tile, sbias, cw, tid, tcc, hook);
-        GATEDMLP_WD_MARK(watchdog::kStored, tcc.mb, tcc.nb);
-        if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wc.item);
-        (void)w;
-      };
-      auto idle_of = [&](const TileCoord& tcc) {
-        return int64_t(tcc.mb) * Tr::BM + 64 * cw >= p.m || int64_t(tcc.nb) * Tr::BNO >= p.u;
-      };
-      Work wk;
-      int w = 0;
-      bool have = sched.at(p, 0, &wk);
-      TileCoord tc{};
-      if (have) {
-        tc = tile_coord<CM>(p, wk.item, rank);
-        const bool idl = idle_of(tc);
-        issue_first(da, 0, wk, idl, 1);
-        finish_main(da, 0, wk, idl, 1);
+        prev = s;
+        pos.next();
       }
-      // One step: piece w is done in `cur`. Its epilogue, once it has parked
-      // most of `cur` (the hook), issues piece w + 1's first k-steps into
-      // `nxt` and parks the rest under them; a piece without an epilogue
-      // (a partial, no columns) starts the next one after. Then piece w + 1
-      // is finished.
-      auto step = [&](float (&cur)[BNO], float (&nxt)[BNO]) -> bool {
-        Work wn;
-        const bool more = sched.at(p, w + 1, &wn);
-        TileCoord tn{};
-        bool idn = false;
-        int early = 0;
-        if (more) {
-          tn = tile_coord<CM>(p, wn.item, rank);
-          idn = idle_of(tn);
+      for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
+        const int s = pos.stage;
+        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
+        mbar_wait(&full[s], pos.phase);
+        if (!idle) {
+          const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
+          fence_regs(d);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
+          wgmma_commit();
+          fence_regs(d);
+          // The previous k-step's wgmma has retired: its stage can be refilled.
+          wgmma_wait<1>();
+          fence_regs(d);
         }
-        auto hook = [&]() {
-          if (!more) return;
-          early = min(kEarlyKSteps, wn.kb1 - wn.kb0);
-          issue_first(nxt, w + 1, wn, idn, early);
-        };
-        finish_piece(cur, w, wk, tc, hook);
-        if (!more) return false;
-        if (early == 0) {
-          issue_first(nxt, w + 1, wn, idn, 1);
-          early = 1;
-        }
-        finish_main(nxt, w + 1, wn, idn, early);
-        ++w;
-        wk = wn;
-        tc = tn;
-        return true;
-      };
-      while (have) {
-        if (!step(da, db)) break;
-        if (!step(db, da)) break;
+        release(prev);
+        prev = s;
       }
-    } else {
-      float d[BNO];
-#pragma unroll
-      for (int i = 0; i < BNO; ++i) d[i] = 0.f;
-      Work wk;
-      for (int w = 0; sched.at(p, w, &wk); ++w) {
-        const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
-        const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
-        // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
-        // of a last row-block), or whose columns lie past U (the second CTA of
-        // the last pair_cols item when n_tiles is odd), only frees the stages:
-        // its sums would never be stored, and its MMAs would read the shared
-        // tiles for nothing.
-        const bool idle = row0 >= p.m || int64_t(tc.nb) * Tr::BNO >= p.u;
-        int prev = -1;
-        // The item's first k-step, peeled: its first wgmma overwrites the
-        // accumulators and says so (wgmma_tile<..., true>), so that they are
-        // dead from the previous epilogue's last read of them on.
-        if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
-          const int s = pos.stage;
-          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, pos.phase));
-          if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
-          mbar_wait(&full[s], pos.phase);
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
-          if (!idle) {
-            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
-            wgmma_fence();
-            wgmma_tile<T, BNO, true>(d, da, db);
-#pragma unroll
-            for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
-            wgmma_commit();
-            fence_regs(d);
-          }
-          prev = s;
-          pos.next();
-        }
-        for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
-          const int s = pos.stage;
-          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
-          mbar_wait(&full[s], pos.phase);
-          if (!idle) {
-            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
-            fence_regs(d);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
-            wgmma_commit();
-            fence_regs(d);
-            // The previous k-step's wgmma has retired: its stage can be refilled.
-            wgmma_wait<1>();
-            fence_regs(d);
-          }
-          release(prev);
-          prev = s;
-        }
-        wgmma_wait<0>();
-        fence_regs(d);
-        if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
-        if (prev >= 0) release(prev);
-        if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
-        if (wk.role == kPartial) {
-          // Hand the sums to the item's owner; no epilogue here.
-          detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
-          named_barrier(1 + cw, 128);
-          if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kHanded, w, wk.item);
-          continue;
-        }
-        if (wk.role == kOwner) {
-          // Add the partials of the lower clusters that share this item (the
-          // CTA of the same rank in each, the same warpgroup).
-          for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
-            if (!sched.has_share(p, j)) continue;  // no share, no partial
-            const int64_t cta = j * CM + rank;
-            if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
-            named_barrier(1 + cw, 128);
-            detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
-          }
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kAdded, w, wk.item);
-        }
-        // Nothing to store (the whole CTA has no columns: both warpgroups skip
-        // the epilogue and its CTA-wide barriers together).
-        if (int64_t(tc.nb) * Tr::BNO >= p.u) continue;
-#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
-        // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
-        // costs the tile loop. Y is never written.
+      wgmma_wait<0>();
+      fence_regs(d);
+      if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
+      if (prev >= 0) release(prev);
+      if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
+      if (wk.role == kPartial) {
+        // Hand the sums to the item's owner; no epilogue here.
+        detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
+        named_barrier(1 + cw, 128);
+        if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
+        if (tid == 0) GATEDMLP_TL(wg, timeline::kHanded, w, wk.item);
         continue;
-#endif
-        GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-        detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
-        GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
-        if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
       }
+      if (wk.role == kOwner) {
+        // Add the partials of the lower clusters that share this item (the
+        // CTA of the same rank in each, the same warpgroup).
+        for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
+          if (!sched.has_share(p, j)) continue;  // no share, no partial
+          const int64_t cta = j * CM + rank;
+          if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
+          named_barrier(1 + cw, 128);
+          detail_::add_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
+        }
+        if (tid == 0) GATEDMLP_TL(wg, timeline::kAdded, w, wk.item);
+      }
+      // Nothing to store (the whole CTA has no columns: both warpgroups skip
+      // the epilogue and its CTA-wide barriers together).
+      if (int64_t(tc.nb) * Tr::BNO >= p.u) continue;
+#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
+      // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
+      // costs the tile loop. Y is never written.
+      continue;
+#endif
+      GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
+      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
+      GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
+      if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }
     GATEDMLP_WD_MARK(watchdog::kDrain);
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
