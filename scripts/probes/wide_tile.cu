@@ -159,84 +159,49 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
 // i in [0, N/2): for N = 160, 80 registers, columns up to 8*19 + 7 = 159.
 // The offset is a template argument so that gate and up share one array
 // whose every index is a compile-time constant (it must stay in registers).
-#define PROBE_WGMMA_N128(C, O) \
-  asm volatile( \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" \
+// The accumulator lists, each the previous one and more: 44 (N = 88), 56
+// (112), 64 (128), 80 (160) registers.
+#define PROBE_D44 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-  "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
-  : \
-    C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
-    C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
-    C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
-    C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
-    C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
-    C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43]), C(d[O + 44]), C(d[O + 45]), C(d[O + 46]), C(d[O + 47]), \
-    C(d[O + 48]), C(d[O + 49]), C(d[O + 50]), C(d[O + 51]), C(d[O + 52]), C(d[O + 53]), C(d[O + 54]), C(d[O + 55]), \
-    C(d[O + 56]), C(d[O + 57]), C(d[O + 58]), C(d[O + 59]), C(d[O + 60]), C(d[O + 61]), C(d[O + 62]), C(d[O + 63]) \
-  : "l"(a_desc), "l"(b_desc), "r"(scale_d))
-
-#define PROBE_WGMMA_N160(C, O) \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43"
+#define PROBE_D56 \
+  PROBE_D44 ", " \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
+#define PROBE_D64 \
+  PROBE_D56 ", " \
+  "%56, %57, %58, %59, %60, %61, %62, %63"
+#define PROBE_D80 \
+  PROBE_D64 ", " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define PROBE_OPS44(C, O) \
+  C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
+  C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
+  C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
+  C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
+  C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
+  C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43])
+#define PROBE_OPS56(C, O) \
+  PROBE_OPS44(C, O), \
+  C(d[O + 44]), C(d[O + 45]), C(d[O + 46]), C(d[O + 47]), C(d[O + 48]), C(d[O + 49]), C(d[O + 50]), C(d[O + 51]), \
+  C(d[O + 52]), C(d[O + 53]), C(d[O + 54]), C(d[O + 55])
+#define PROBE_OPS64(C, O) \
+  PROBE_OPS56(C, O), \
+  C(d[O + 56]), C(d[O + 57]), C(d[O + 58]), C(d[O + 59]), C(d[O + 60]), C(d[O + 61]), C(d[O + 62]), C(d[O + 63])
+#define PROBE_OPS80(C, O) \
+  PROBE_OPS64(C, O), \
+  C(d[O + 64]), C(d[O + 65]), C(d[O + 66]), C(d[O + 67]), C(d[O + 68]), C(d[O + 69]), C(d[O + 70]), C(d[O + 71]), \
+  C(d[O + 72]), C(d[O + 73]), C(d[O + 74]), C(d[O + 75]), C(d[O + 76]), C(d[O + 77]), C(d[O + 78]), C(d[O + 79])
+#define PROBE_WGMMA(SHAPE, DREGS, OPS, A, B, SCALE, C, O) \
   asm volatile( \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
-  "}, %80, %81, p, 1, 1, 0, 0;\n}\n" \
-  : \
-    C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
-    C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
-    C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
-    C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
-    C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
-    C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43]), C(d[O + 44]), C(d[O + 45]), C(d[O + 46]), C(d[O + 47]), \
-    C(d[O + 48]), C(d[O + 49]), C(d[O + 50]), C(d[O + 51]), C(d[O + 52]), C(d[O + 53]), C(d[O + 54]), C(d[O + 55]), \
-    C(d[O + 56]), C(d[O + 57]), C(d[O + 58]), C(d[O + 59]), C(d[O + 60]), C(d[O + 61]), C(d[O + 62]), C(d[O + 63]), \
-    C(d[O + 64]), C(d[O + 65]), C(d[O + 66]), C(d[O + 67]), C(d[O + 68]), C(d[O + 69]), C(d[O + 70]), C(d[O + 71]), \
-    C(d[O + 72]), C(d[O + 73]), C(d[O + 74]), C(d[O + 75]), C(d[O + 76]), C(d[O + 77]), C(d[O + 78]), C(d[O + 79]) \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n" \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32.bf16.bf16 {" DREGS "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n" \
+  : OPS(C, O) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
-
-#define PROBE_WGMMA_N88(C, O) \
-  asm volatile( \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %46, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n88k16.f32.bf16.bf16 {" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43" \
-  "}, %44, %45, p, 1, 1, 0, 0;\n}\n" \
-  : \
-    C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
-    C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
-    C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
-    C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
-    C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
-    C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43]) \
-  : "l"(a_desc), "l"(b_desc), "r"(scale_d))
-
-#define PROBE_WGMMA_N112(C, O) \
-  asm volatile( \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n" \
-  "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55" \
-  "}, %56, %57, p, 1, 1, 0, 0;\n}\n" \
-  : \
-    C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
-    C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
-    C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
-    C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
-    C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
-    C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43]), C(d[O + 44]), C(d[O + 45]), C(d[O + 46]), C(d[O + 47]), \
-    C(d[O + 48]), C(d[O + 49]), C(d[O + 50]), C(d[O + 51]), C(d[O + 52]), C(d[O + 53]), C(d[O + 54]), C(d[O + 55]) \
-  : "l"(a_desc), "l"(b_desc), "r"(scale_d))
+#define PROBE_WGMMA_N88(C, O) PROBE_WGMMA("m64n88k16", PROBE_D44, PROBE_OPS44, "44", "45", "46", C, O)
+#define PROBE_WGMMA_N112(C, O) PROBE_WGMMA("m64n112k16", PROBE_D56, PROBE_OPS56, "56", "57", "58", C, O)
+#define PROBE_WGMMA_N128(C, O) PROBE_WGMMA("m64n128k16", PROBE_D64, PROBE_OPS64, "64", "65", "66", C, O)
+#define PROBE_WGMMA_N160(C, O) PROBE_WGMMA("m64n160k16", PROBE_D80, PROBE_OPS80, "80", "81", "82", C, O)
 
 // FIRST: scale_d = 0 and D write-only ("=f"), for a tile's first k-slice:
 // the previous epilogue's values are dead once it has read them
@@ -266,6 +231,15 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint
 #undef PROBE_WGMMA_N160
 #undef PROBE_WGMMA_N112
 #undef PROBE_WGMMA_N88
+#undef PROBE_WGMMA
+#undef PROBE_D44
+#undef PROBE_D56
+#undef PROBE_D64
+#undef PROBE_D80
+#undef PROBE_OPS44
+#undef PROBE_OPS56
+#undef PROBE_OPS64
+#undef PROBE_OPS80
 
 // One 64-deep k-step of a consumer warpgroup: per 16-deep slice the gate
 // rows into acc[0, BN/2), the up rows into acc[BN/2, BN). The descriptors'
