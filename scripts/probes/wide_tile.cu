@@ -274,9 +274,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// EPI 1: the warpgroup's 64 rows x BN columns, two adjacent columns per
+// EPI 1: the warpgroup's 64 rows x BN columns (from column block JJ0 of 8
+// columns on: EPI 2 stores its last columns so), two adjacent columns per
 // 4-byte store (U even, so a pair never straddles U or a row).
-template <int BN>
+template <int BN, int JJ0 = 0>
 __device__ __forceinline__ void epilogue_direct(const Params& p, const float (&acc)[BN], int row0, int col0,
                                                 int warp, int lane) {
   const int q = 2 * (lane % 4);
@@ -286,7 +287,7 @@ __device__ __forceinline__ void epilogue_direct(const Params& p, const float (&a
     if (row >= p.m) continue;
     __nv_bfloat16* yrow = p.y + int64_t(row) * p.u;
 #pragma unroll
-    for (int jj = 0; jj < BN / 8; ++jj) {
+    for (int jj = JJ0; jj < BN / 8; ++jj) {
       const int col = col0 + 8 * jj + q;
       if (col >= p.u) continue;
       const int i = 4 * jj + 2 * h;
@@ -338,23 +339,7 @@ __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)
       addr = base + kBoxes64 * 8192 + r * 64 + ((((c % 32 + cl) / 8) ^ ((r / 2) % 4)) * 16);
     stmatrix_x4(addr, v[0], v[1], v[2], v[3]);
   }
-  if constexpr (kTmaCols < BN) {
-    const int q = 2 * (lane % 4);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + 16 * warp + lane / 4 + 8 * h;
-      if (row >= p.m) continue;
-      __nv_bfloat16* yrow = p.y + int64_t(row) * p.u;
-#pragma unroll
-      for (int jj = kTmaCols / 8; jj < BN / 8; ++jj) {
-        const int col = col0 + 8 * jj + q;
-        if (col >= p.u) continue;
-        const int i = 4 * jj + 2 * h;
-        *reinterpret_cast<uint32_t*>(yrow + col) =
-            pack_bf16(silu_mul(acc[i], acc[i + BN / 2]), silu_mul(acc[i + 1], acc[i + 1 + BN / 2]));
-      }
-    }
-  }
+  if constexpr (kTmaCols < BN) epilogue_direct<BN, kTmaCols / 8>(p, acc, row0, col0, warp, lane);
   fence_proxy_async();  // the stmatrix writes before the copy engine's reads
   named_barrier(bar, 128);
   if (tid == 0 && row0 < p.m) {
