@@ -131,6 +131,9 @@ using Traits = TileTraits<128>;
 #define GATEDMLP_SM90_NARROW_HEAD 3
 #endif
 constexpr int kNarrowHead = GATEDMLP_SM90_NARROW_HEAD;
+#ifndef GATEDMLP_SM90_SETS_PAIR
+#define GATEDMLP_SM90_SETS_PAIR 0
+#endif
 static_assert(kNarrowHead >= 1 && kNarrowHead < TileTraits<88>::kStages, "a head of 1 ... stages - 1 k-blocks");
 
 namespace detail_ {
@@ -518,10 +521,10 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // swizzle (swizzled_off); the 24 columns after them (NT = 88) a 64 x 24 box
 // without swizzle, 48-byte rows (8 of them hit distinct banks), an odd last
 // 8 by stmatrix.x2. The fragment is the N columns from tile column C0 on: the
-// whole tile (N = NT), or one of the narrow tile's column sets.
-template <int ACT, bool DONE, typename OUT, int N, int NT = N, int C0 = 0>
-__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
-                                                float ca, float cl) {
+// whole tile (N = NT), or one of the narrow tile's column sets. y(i): the Y
+// value of fragment element i (gate d[i], up d[i + N / 2]).
+template <typename OUT, int N, int NT, int C0, class YOf>
+__device__ __forceinline__ void park_y(YOf y, unsigned char* tile, int warp, int lane) {
   static_assert(NT == 128 || NT == 88, "Y tiles of 128 or 88 columns");
   static_assert(C0 % 16 == 0 && C0 + N <= NT && N % 8 == 0, "a fragment of whole 8-column blocks");
   constexpr int kPlainLd = 2 * (NT - 64);  // NT = 88: bytes per row of the unswizzled box
@@ -539,7 +542,7 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
-      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
+      v[q] = gatedmlp::detail::pack2<OUT>(y(i), y(i + 1));
     }
     stmatrix_x4(addr(NT == 128 || C0 + 16 * jp < 64, C0 + 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
   }
@@ -549,10 +552,17 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int i = 4 * jb + 2 * q;
-      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
+      v[q] = gatedmlp::detail::pack2<OUT>(y(i), y(i + 1));
     }
     stmatrix_x2(addr(NT == 128 || C0 + 8 * jb < 64, C0 + 8 * jb), v[0], v[1]);
   }
+}
+
+// The whole tile's Y: act(g) * u of d (or, with DONE, d itself).
+template <int ACT, bool DONE, typename OUT, int N>
+__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
+                                                float ca, float cl) {
+  park_y<OUT, N, N, 0>([&](int i) { return y_of<ACT, DONE>(d, i, ca, cl); }, tile, warp, lane);
 }
 
 // N output columns per tile (N accumulators per thread). The narrow tile (N
@@ -706,24 +716,25 @@ __device__ __forceinline__ void epilogue_set(const Params& p, const float (&d)[N
       named_barrier(kBothBar, 256);
     }
   }
-  // g = alpha * acc + bias, u likewise, into a copy: an instruction that
-  // writes d while the other set's wgmmas run makes ptxas serialise them
-  // (C7515).
-  float e[N];
+  // g = alpha * acc + bias, u likewise, as Y is computed: writing them back
+  // into d while the other set's wgmmas run makes ptxas serialise those
+  // (C7515), and a copy of d costs registers the wgmma pipeline needs (C7511).
   const bool scale = store && (p.alpha != 1.f || p.has_bias);
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    float v = d[i];
+  auto y = [&](int i) {
+    float g = d[i], u = d[i + N / 2];
     if (scale) {
-      v *= p.alpha;
-      if (p.has_bias) v += sbias[(i / (N / 2)) * NT + C0 + 8 * ((i % (N / 2)) / 4) + 2 * (lane % 4) + (i % 2)];
+      const int col = C0 + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);  // i < N / 2: a gate element
+      g *= p.alpha;
+      u *= p.alpha;
+      if (p.has_bias) {
+        g += sbias[col];
+        u += sbias[NT + col];
+      }
     }
-    e[i] = v;
-  }
-  if (p.out_dtype == 0)
-    park_y_swizzled<ACT, false, __nv_bfloat16, N, NT, C0>(e, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
-  else
-    park_y_swizzled<ACT, false, __half, N, NT, C0>(e, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+    return gatedmlp::detail::glu<float>(ACT, g, u, p.clamp_alpha, p.clamp_limit);
+  };
+  if (p.out_dtype == 0) park_y<__nv_bfloat16, N, NT, C0>(y, tile, warp, lane);
+  else park_y<__half, N, NT, C0>(y, tile, warp, lane);
   if constexpr (S == 1) {
     fence_proxy_async();
     named_barrier(bar, 128);
@@ -1019,9 +1030,43 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (int j = 0; j < kHead - 1; ++j)
           if (j < head - 1) release(ring_at(head0 + j));
         int prev = ring_at(head0 + head - 1);
-        for (int kb = wk.kb0 + head; kb < wk.kb1; ++kb, pos.next()) {
+        // The k-blocks between the head and the last: both sets in one
+        // m64n176k16 per slice, one group per k-block (as two instructions
+        // and two groups, the main loop ran 8 % slower: NOTES.md, h35).
+        for (int kb = wk.kb0 + head; kb < wk.kb1 - 1; ++kb, pos.next()) {
           const int s = pos.stage;
           GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
+          mbar_wait(&full[s], pos.phase);
+          if (!idle) {
+            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
+            fence_regs(d0);
+            fence_regs(d1);
+            wgmma_fence();
+#if GATEDMLP_SM90_SETS_PAIR
+#pragma unroll
+            for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_sets<T>(d0, d1, da + 2 * kk, db + 2 * kk);
+#else
+            (void)da;
+            (void)db;
+            set0(s, false);
+            set1(s, false);
+#endif
+            wgmma_commit();
+            fence_regs(d0);
+            fence_regs(d1);
+            // The previous k-block's wgmmas have retired.
+            wgmma_wait<1>();
+            fence_regs(d0);
+            fence_regs(d1);
+          }
+          release(prev);
+          prev = s;
+        }
+        // The last k-block, unless the head took it: set 0, then set 1, in
+        // groups of their own.
+        if (wk.kb0 + head < wk.kb1) {
+          const int s = pos.stage;
+          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb1 - 1, s, pos.phase));
           mbar_wait(&full[s], pos.phase);
           if (!idle) {
             fence_regs(d0);
@@ -1033,13 +1078,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
             wgmma_commit();
             fence_regs(d0);
             fence_regs(d1);
-            // The previous k-block's two groups have retired.
             wgmma_wait<2>();
             fence_regs(d0);
             fence_regs(d1);
           }
           release(prev);
           prev = s;
+          pos.next();
         }
         // Set 0 is done; set 1's last k-block may still run.
         wgmma_wait<1>();
