@@ -239,19 +239,12 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // memory; scale_d = 0 overwrites D. C: "+f", or "=f" for write-only D.
 // Thread t of the warpgroup holds D(row, col) in d[i], i < N, for
 //   row = 16*(t/32) + (t%32)/4 + 8*((i/2)%2),  col = 8*(i/4) + 2*(t%4) + i%2.
-// N = 128 (m64n256k16), 88 (m64n176k16, the narrow tile's gate 88 + up 88
-// rows as one instruction), or the narrow tile's two column sets, 48
-// (m64n96k16) and 40 (m64n80k16). Each list of accumulators is the next
-// smaller one and more.
-#define GATEDMLP_WGMMA_D40 \
+// N = 128 (m64n256k16) or 88 (m64n176k16, the narrow tile's gate 88 + up 88
+// rows): the 128 accumulators' lists are the 88's and 40 more.
+#define GATEDMLP_WGMMA_D88 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39"
-#define GATEDMLP_WGMMA_D48 \
-  GATEDMLP_WGMMA_D40 ", " \
-  "%40, %41, %42, %43, %44, %45, %46, %47"
-#define GATEDMLP_WGMMA_D88 \
-  GATEDMLP_WGMMA_D48 ", " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
   "%80, %81, %82, %83, %84, %85, %86, %87"
@@ -260,100 +253,69 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   "%88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, " \
   "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
   "%120, %121, %122, %123, %124, %125, %126, %127"
-#define GATEDMLP_WGMMA_OPS40(C, D) \
-  C(D[0]), C(D[1]), C(D[2]), C(D[3]), C(D[4]), C(D[5]), C(D[6]), C(D[7]), \
-  C(D[8]), C(D[9]), C(D[10]), C(D[11]), C(D[12]), C(D[13]), C(D[14]), C(D[15]), \
-  C(D[16]), C(D[17]), C(D[18]), C(D[19]), C(D[20]), C(D[21]), C(D[22]), C(D[23]), \
-  C(D[24]), C(D[25]), C(D[26]), C(D[27]), C(D[28]), C(D[29]), C(D[30]), C(D[31]), \
-  C(D[32]), C(D[33]), C(D[34]), C(D[35]), C(D[36]), C(D[37]), C(D[38]), C(D[39])
-#define GATEDMLP_WGMMA_OPS48(C, D) \
-  GATEDMLP_WGMMA_OPS40(C, D), \
-  C(D[40]), C(D[41]), C(D[42]), C(D[43]), C(D[44]), C(D[45]), C(D[46]), C(D[47])
-#define GATEDMLP_WGMMA_OPS88(C, D) \
-  GATEDMLP_WGMMA_OPS48(C, D), \
-  C(D[48]), C(D[49]), C(D[50]), C(D[51]), C(D[52]), C(D[53]), C(D[54]), C(D[55]), \
-  C(D[56]), C(D[57]), C(D[58]), C(D[59]), C(D[60]), C(D[61]), C(D[62]), C(D[63]), \
-  C(D[64]), C(D[65]), C(D[66]), C(D[67]), C(D[68]), C(D[69]), C(D[70]), C(D[71]), \
-  C(D[72]), C(D[73]), C(D[74]), C(D[75]), C(D[76]), C(D[77]), C(D[78]), C(D[79]), \
-  C(D[80]), C(D[81]), C(D[82]), C(D[83]), C(D[84]), C(D[85]), C(D[86]), C(D[87])
-#define GATEDMLP_WGMMA_OPS128(C, D) \
-  GATEDMLP_WGMMA_OPS88(C, D), \
-  C(D[88]), C(D[89]), C(D[90]), C(D[91]), C(D[92]), C(D[93]), C(D[94]), C(D[95]), \
-  C(D[96]), C(D[97]), C(D[98]), C(D[99]), C(D[100]), C(D[101]), C(D[102]), C(D[103]), \
-  C(D[104]), C(D[105]), C(D[106]), C(D[107]), C(D[108]), C(D[109]), C(D[110]), C(D[111]), \
-  C(D[112]), C(D[113]), C(D[114]), C(D[115]), C(D[116]), C(D[117]), C(D[118]), C(D[119]), \
-  C(D[120]), C(D[121]), C(D[122]), C(D[123]), C(D[124]), C(D[125]), C(D[126]), C(D[127])
+#define GATEDMLP_WGMMA_OPS88(C) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
+  C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
+  C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
+  C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31]), \
+  C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), \
+  C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), \
+  C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), \
+  C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63]), \
+  C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), \
+  C(d[72]), C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), \
+  C(d[80]), C(d[81]), C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87]) \
 
-// SHAPE: "m64n<2N>k16"; DREGS, OPS: the lists of N accumulators; A, B,
-// SCALE: the operand numbers after them (N, N + 1, N + 2).
+#define GATEDMLP_WGMMA_OPS128(C) \
+  GATEDMLP_WGMMA_OPS88(C), \
+  C(d[88]), C(d[89]), C(d[90]), C(d[91]), C(d[92]), C(d[93]), C(d[94]), C(d[95]), \
+  C(d[96]), C(d[97]), C(d[98]), C(d[99]), C(d[100]), C(d[101]), C(d[102]), C(d[103]), \
+  C(d[104]), C(d[105]), C(d[106]), C(d[107]), C(d[108]), C(d[109]), C(d[110]), C(d[111]), \
+  C(d[112]), C(d[113]), C(d[114]), C(d[115]), C(d[116]), C(d[117]), C(d[118]), C(d[119]), \
+  C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127]) \
+
+// SHAPE: "m64n256k16" or "m64n176k16"; DREGS, OPS: the matching lists; A, B,
+// SCALE: the operand numbers after the accumulators.
 #define GATEDMLP_WGMMA(SHAPE, TYPES, DREGS, OPS, A, B, SCALE, C) \
   asm volatile( \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n" \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPES " {" DREGS "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n" \
-  : OPS(C, d) \
+  : OPS(C) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
-// N accumulators per thread, 2N weight rows, T's type: bf16 or fp16 inputs,
-// FIRST: write-only accumulators.
-#define GATEDMLP_WGMMA_N(SHAPE, N, A, B, SCALE) \
-  if constexpr (kBf16 && FIRST) \
-    GATEDMLP_WGMMA(SHAPE, "bf16.bf16", GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, A, B, SCALE, "=f"); \
-  else if constexpr (kBf16) \
-    GATEDMLP_WGMMA(SHAPE, "bf16.bf16", GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, A, B, SCALE, "+f"); \
-  else if constexpr (FIRST) \
-    GATEDMLP_WGMMA(SHAPE, "f16.f16", GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, A, B, SCALE, "=f"); \
-  else \
-    GATEDMLP_WGMMA(SHAPE, "f16.f16", GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, A, B, SCALE, "+f");
+#define GATEDMLP_WGMMA_M64N256K16(TYPES, C) \
+  GATEDMLP_WGMMA("m64n256k16", TYPES, GATEDMLP_WGMMA_D128, GATEDMLP_WGMMA_OPS128, "128", "129", "130", C)
+#define GATEDMLP_WGMMA_M64N176K16(TYPES, C) \
+  GATEDMLP_WGMMA("m64n176k16", TYPES, GATEDMLP_WGMMA_D88, GATEDMLP_WGMMA_OPS88, "88", "89", "90", C)
 
 // One wgmma of a consumer warpgroup's tile: N accumulators per thread, 2N
-// weight rows (m64n256k16 for N = 128, m64n176k16 for N = 88; the narrow
-// tile's column sets m64n96k16 and m64n80k16 for 48 and 40), T's type.
+// weight rows (m64n256k16 for N = 128, m64n176k16 for N = 88), T's type.
 // FIRST: D = A * B^T (scale_d 0), and the compiler told that D's old values
 // are not read ("=f"): once the previous tile's epilogue has read them, their
 // registers are free (NOTES.md, h22). Otherwise D += A * B^T.
-// KEEP: D's registers read and written ("+f") whatever FIRST says, and
-// scale_d = 0 when `overwrite` (the narrow kernels' column sets: a write-only
-// D behind a branch makes ptxas serialise the wgmmas, C7515).
-template <typename T, int N, bool FIRST, bool KEEP = false>
-__device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint64_t b_desc, bool overwrite = false) {
-  static_assert(N == 128 || N == 88 || N == 48 || N == 40, "m64n256k16, m64n176k16, m64n96k16, m64n80k16 only");
-  static_assert(!(KEEP && FIRST), "KEEP takes the overwrite at run time");
-  const int scale_d = FIRST || overwrite ? 0 : 1;
+template <typename T, int N, bool FIRST>
+__device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(N == 128 || N == 88, "m64n256k16 and m64n176k16 only");
+  const int scale_d = FIRST ? 0 : 1;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if constexpr (N == 128) {
-    GATEDMLP_WGMMA_N("m64n256k16", 128, "128", "129", "130")
-  } else if constexpr (N == 88) {
-    GATEDMLP_WGMMA_N("m64n176k16", 88, "88", "89", "90")
-  } else if constexpr (N == 48) {
-    GATEDMLP_WGMMA_N("m64n96k16", 48, "48", "49", "50")
+    if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "=f");
+    else if constexpr (kBf16) GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "+f");
+    else if constexpr (FIRST) GATEDMLP_WGMMA_M64N256K16("f16.f16", "=f");
+    else GATEDMLP_WGMMA_M64N256K16("f16.f16", "+f");
   } else {
-    GATEDMLP_WGMMA_N("m64n80k16", 40, "40", "41", "42")
+    if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_M64N176K16("bf16.bf16", "=f");
+    else if constexpr (kBf16) GATEDMLP_WGMMA_M64N176K16("bf16.bf16", "+f");
+    else if constexpr (FIRST) GATEDMLP_WGMMA_M64N176K16("f16.f16", "=f");
+    else GATEDMLP_WGMMA_M64N176K16("f16.f16", "+f");
   }
 }
 
-// One m64n176k16 over the narrow tile's two column sets at once: the stage
-// holds [gate | up] of set 0, then of set 1, so the instruction's first 48
-// accumulators are set 0's (d0) and the other 40 set 1's (d1), each in the
-// layout its own m64n96k16 or m64n80k16 gives. D += A * B^T.
-#define GATEDMLP_WGMMA_OPS_SETS(C, D) GATEDMLP_WGMMA_OPS48(C, d0), GATEDMLP_WGMMA_OPS40(C, d1)
-template <typename T>
-__device__ __forceinline__ void wgmma_sets(float (&d0)[48], float (&d1)[40], uint64_t a_desc, uint64_t b_desc) {
-  const int scale_d = 1;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    GATEDMLP_WGMMA("m64n176k16", "bf16.bf16", GATEDMLP_WGMMA_D88, GATEDMLP_WGMMA_OPS_SETS, "88", "89", "90", "+f");
-  else
-    GATEDMLP_WGMMA("m64n176k16", "f16.f16", GATEDMLP_WGMMA_D88, GATEDMLP_WGMMA_OPS_SETS, "88", "89", "90", "+f");
-}
-
-#undef GATEDMLP_WGMMA_OPS_SETS
-#undef GATEDMLP_WGMMA_N
+#undef GATEDMLP_WGMMA_M64N256K16
+#undef GATEDMLP_WGMMA_M64N176K16
 #undef GATEDMLP_WGMMA
 #undef GATEDMLP_WGMMA_OPS128
 #undef GATEDMLP_WGMMA_OPS88
-#undef GATEDMLP_WGMMA_OPS48
-#undef GATEDMLP_WGMMA_OPS40
 #undef GATEDMLP_WGMMA_D128
 #undef GATEDMLP_WGMMA_D88
-#undef GATEDMLP_WGMMA_D48
-#undef GATEDMLP_WGMMA_D40
 
 }  // namespace gatedmlp::sm90

@@ -72,9 +72,8 @@ std::string narrow_blocker(const Problem& r, const Arguments* a) {
   const int64_t g = map_group(r), n = kTileNarrow.tile_n;
   if (r.has_preact) os << "a pre-activation output (its stores are written for 128-column tiles)";
   else if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
-  else if (!(g == r.u || g % n == 0 || (n % g == 0 && kNarrowSetRows % g == 0)))
-    os << "weights.group=" << g << " neither divides the " << n << "-column tile's column sets (" << kNarrowSetRows
-       << " and " << n - kNarrowSetRows << " columns) nor is a multiple of the tile";
+  else if (!(g == r.u || g % n == 0 || n % g == 0))
+    os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile";
   else if (cluster_size(r) > 2) os << "clusters of " << cluster_size(r) << " (each CTA would load 44 weight rows)";
   else if ((r.m + kTileNarrow.tile_m - 1) / kTileNarrow.tile_m * ((r.u + n - 1) / n) > kMaxCoord / r.batch)
     os << "batch x m x u make 2^31 or more " << n << "-column tiles";
@@ -232,33 +231,22 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, int sms, void* w
     // Blocks of at least a tile: the box is `rows` consecutive rows of one
     // block. Smaller blocks: the box takes rows/G blocks of G rows. `rows` is
     // a whole half of the tile (128), or the part one CTA of a cluster loads.
-    // The narrow kernels: a half of the tile as two boxes, the column sets'
-    // 48 and 40 rows (G = 1 ... 8 divides both; narrow_blocker).
     const bool big = g == r.u || g % BN == 0;
-    const int64_t rows = narrow ? kNarrowSetRows : BN / std::max(1, cluster_m / 2);
+    const int64_t rows = BN / std::max(1, cluster_m / 2);
     p.w_part_c1 = big ? static_cast<int>(rows) : 0;
     p.w_part_c3 = big ? 0 : static_cast<int>(rows / g);
-    p.wb_c1 = narrow && big ? static_cast<int>(kNarrowSetRows) : 0;
-    p.wb_c3 = narrow && !big ? static_cast<int>(kNarrowSetRows / g) : 0;
     const cuuint64_t dims[5] = {cuuint64_t(r.k), cuuint64_t(g), cuuint64_t(halves), cuuint64_t(blocks),
                                 cuuint64_t(p.w_batched ? r.batch : 1)};
     const cuuint64_t strides[4] = {cuuint64_t(row_bytes), cuuint64_t(g * row_bytes),
                                    cuuint64_t(halves * g * row_bytes),
                                    cuuint64_t(p.w_batched ? r.batch_stride_w * 2 : blocks * halves * g * row_bytes)};
-    auto maps = [&](CUtensorMap* gate, CUtensorMap* up, int64_t box_rows) -> Status {
-      const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(big ? box_rows : g), 1,
-                                 cuuint32_t(big ? 1 : box_rows / g), 1};
-      if (Status e = encode(fn, gate, r.input_dtype, a.w, 5, dims, strides, box, sep ? "w (gate)" : "w"); !e)
-        return e;
-      if (!sep) {
-        *up = *gate;
-        return Status{};
-      }
-      return encode(fn, up, r.input_dtype, a.w_up, 5, dims, strides, box, "w_up");
-    };
-    if (Status e = maps(&p.tma_wg, &p.tma_wu, rows); !e) return e;
-    if (narrow) {
-      if (Status e = maps(&p.tma_wg2, &p.tma_wu2, BN - kNarrowSetRows); !e) return e;
+    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(big ? rows : g), 1, cuuint32_t(big ? 1 : rows / g), 1};
+    if (Status e = encode(fn, &p.tma_wg, r.input_dtype, a.w, 5, dims, strides, box, sep ? "w (gate)" : "w"); !e)
+      return e;
+    if (sep) {
+      if (Status e = encode(fn, &p.tma_wu, r.input_dtype, a.w_up, 5, dims, strides, box, "w_up"); !e) return e;
+    } else {
+      p.tma_wu = p.tma_wg;
     }
   }
 

@@ -27,12 +27,6 @@ struct Params {
   // they are the same map.
   CUtensorMap tma_wg;
   CUtensorMap tma_wu;
-  // The narrow kernels load each half of the tile as two boxes, one per
-  // column set (see the kernel): tma_wg and tma_wu with boxes of the first
-  // 48 rows, these two with boxes of the other 40, which start wb_c1 rows
-  // (blocks of at least a tile) or wb_c3 blocks (G = 1 ... 8) further on.
-  CUtensorMap tma_wg2;
-  CUtensorMap tma_wu2;
   // Y as (U, M, L), 16-bit output only; box 64 x 64 x 1. Used when y_tma.
   CUtensorMap tma_y;
   // The narrow tile's last 24 columns: Y with box 24 x 64 x 1, no swizzle.
@@ -61,7 +55,6 @@ struct Params {
   // (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
   // whole blocks of G rows when G is smaller than the part.
   int w_part_c1, w_part_c3;
-  int wb_c1, wb_c3;
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
   int x_rows;                // rows per X box: BM, or M rounded up to 8 when M < BM (the rest of the ring's A rows are zeroed once)
 

@@ -102,12 +102,6 @@ struct TileTraits {
   // descriptor of the whole [gate | up] tile assumes.
   static_assert(BNO * BK * 2 % 1024 == 0, "the up rows must start on a 1024-byte boundary");
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // The narrow tile's column sets: output columns [0, kSet0) and [kSet0,
-  // BNO), whose weight rows lie in the stage as [gate | up] of set 0, then
-  // [gate | up] of set 1 (each part whole swizzle atoms: 48 and 40 rows).
-  static constexpr int kSet0 = BNO_ == 88 ? 48 : BNO_;
-  static constexpr int kSet1 = BNO_ - kSet0;
-  static_assert(kSet0 % 8 == 0 && kSet1 % 8 == 0, "column sets of whole swizzle atoms");
   static constexpr int kChunk = 32;                    // generic epilogue: columns per pass
   static constexpr int kStageLd = kChunk + 8;          // padded: conflict-free float2 writes
   // Per consumer warpgroup: its 64 x BNO Y tile in 16-bit, as 64 x 64 boxes
@@ -123,18 +117,6 @@ struct TileTraits {
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
 };
 using Traits = TileTraits<128>;
-
-// The narrow kernels' head: set 0's k-blocks issued before the previous
-// piece's set-1 epilogue, which runs under them. Three of 0.25 us each cover
-// its ~0.7 us (8B, H200) and leave two of the five stages to the loads.
-#ifndef GATEDMLP_SM90_NARROW_HEAD
-#define GATEDMLP_SM90_NARROW_HEAD 3
-#endif
-constexpr int kNarrowHead = GATEDMLP_SM90_NARROW_HEAD;
-#ifndef GATEDMLP_SM90_SETS_PAIR
-#define GATEDMLP_SM90_SETS_PAIR 0
-#endif
-static_assert(kNarrowHead >= 1 && kNarrowHead < TileTraits<88>::kStages, "a head of 1 ... stages - 1 k-blocks");
 
 namespace detail_ {
 
@@ -513,25 +495,23 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 }
 
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
-// warpgroup's 64 x NT Y tile by stmatrix: one instruction per 16 rows x 16
+// warpgroup's 64 x N Y tile by stmatrix: one instruction per 16 rows x 16
 // columns of the warp, where 4-byte stores took four (NOTES.md, h21).
 // Matrices 0-3 of column pair jp are rows 0-7 and 8-15 of columns 16 jp ...
 // + 7, then of the next 8 columns; lane l addresses row l % 8 of matrix
-// l / 8. Columns 0-63 (NT = 128: all) are 64 x 64 boxes with the 128-byte
-// swizzle (swizzled_off); the 24 columns after them (NT = 88) a 64 x 24 box
-// without swizzle, 48-byte rows (8 of them hit distinct banks), an odd last
-// 8 by stmatrix.x2. The fragment is the N columns from tile column C0 on: the
-// whole tile (N = NT), or one of the narrow tile's column sets. y(i): the Y
-// value of fragment element i (gate d[i], up d[i + N / 2]).
-template <typename OUT, int N, int NT, int C0, class YOf>
-__device__ __forceinline__ void park_y(YOf y, unsigned char* tile, int warp, int lane) {
-  static_assert(NT == 128 || NT == 88, "Y tiles of 128 or 88 columns");
-  static_assert(C0 % 16 == 0 && C0 + N <= NT && N % 8 == 0, "a fragment of whole 8-column blocks");
-  constexpr int kPlainLd = 2 * (NT - 64);  // NT = 88: bytes per row of the unswizzled box
+// l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the 128-byte
+// swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x 24 box
+// without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
+// of those by stmatrix.x2.
+template <int ACT, bool DONE, typename OUT, int N>
+__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
+                                                float ca, float cl) {
+  static_assert(N == 128 || N == 88, "Y tiles of 128 or 88 columns");
+  constexpr int kPlainLd = 2 * (N - 64);  // N = 88: bytes per row of the unswizzled box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
   const uint32_t base = smem_addr(tile);
-  // The address of the 8-column block at tile column c (a multiple of 8) of
-  // row r; `swz`, known at compile time: whether c lies in a swizzled box.
+  // The address of the 8-column block at column c (a multiple of 8) of row
+  // r; `swz`, known at compile time: whether c lies in a swizzled box.
   auto addr = [&](bool swz, int c) -> uint32_t {
     if (swz) return base + (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16);
     return base + 8192 + r * kPlainLd + (c - 64) * 2;
@@ -542,9 +522,9 @@ __device__ __forceinline__ void park_y(YOf y, unsigned char* tile, int warp, int
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
-      v[q] = gatedmlp::detail::pack2<OUT>(y(i), y(i + 1));
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
-    stmatrix_x4(addr(NT == 128 || C0 + 16 * jp < 64, C0 + 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
+    stmatrix_x4(addr(N == 128 || 16 * jp < 64, 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
   }
   if constexpr (N % 16 == 8) {
     constexpr int jb = N / 8 - 1;  // the last 8-column block: rows 0-7 and 8-15
@@ -552,17 +532,10 @@ __device__ __forceinline__ void park_y(YOf y, unsigned char* tile, int warp, int
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int i = 4 * jb + 2 * q;
-      v[q] = gatedmlp::detail::pack2<OUT>(y(i), y(i + 1));
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
-    stmatrix_x2(addr(NT == 128 || C0 + 8 * jb < 64, C0 + 8 * jb), v[0], v[1]);
+    stmatrix_x2(addr(false, 8 * jb), v[0], v[1]);
   }
-}
-
-// The whole tile's Y: act(g) * u of d (or, with DONE, d itself).
-template <int ACT, bool DONE, typename OUT, int N>
-__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
-                                                float ca, float cl) {
-  park_y<OUT, N, N, 0>([&](int i) { return y_of<ACT, DONE>(d, i, ca, cl); }, tile, warp, lane);
 }
 
 // N output columns per tile (N accumulators per thread). The narrow tile (N
@@ -677,75 +650,6 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
   }
 }
 
-// The narrow tile's epilogue, one column set at a time (S = 0: Y columns
-// [0, 48) from d = set 0's 48 accumulators; S = 1: [48, 88) from set 1's
-// 40). Set 0's part runs while set 1's last wgmmas do and also loads the
-// tile's bias; set 1's part runs under the next piece's first set-0
-// wgmmas, then hands the whole Y tile to the copy engine. `store` false: the
-// piece has no Y (a split-tail partial, columns past U, nothing before the
-// first piece): the same barriers and arithmetic (so that every piece runs
-// one straight path, which ptxas needs to keep the other set's wgmmas in
-// flight), nothing stored.
-template <typename T, int ACT, int S, int N>
-__device__ __forceinline__ void epilogue_set(const Params& p, const float (&d)[N], unsigned char* tile, float* sbias,
-                                             int cw, int tid, const TileCoord& tc, bool store) {
-  using Tr = TileTraits<88>;
-  static_assert(N == (S == 0 ? Tr::kSet0 : Tr::kSet1), "set 0 has kSet0 accumulators, set 1 kSet1");
-  constexpr int C0 = S == 0 ? 0 : Tr::kSet0;
-  constexpr int NT = Tr::BNO;
-  const int lane = tid % 32, warp = tid / 32;
-  const int bar = 1 + cw;
-  const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
-  const int64_t col0 = int64_t(tc.nb) * NT;
-  if constexpr (S == 0) {
-    // The previous tile's TMA store must have read the tile (it had a main
-    // loop to do so).
-    if (tid == 0) bulk_wait_read();
-    named_barrier(bar, 128);
-    if (p.has_bias) {
-      named_barrier(kBothBar, 256);  // both are done reading the previous tile's
-      const int64_t boff = int64_t(tc.l) * p.sb;
-      const int i = cw * 128 + tid;  // gate and up of the 88 columns, 176 <= 256
-      const int half = i / NT;
-      const int64_t j = col0 + i % NT;
-      float b = 0.f;
-      if (i < 2 * NT && j < p.u)
-        b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
-                                      : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
-      if (i < 2 * NT) sbias[i] = b;
-      named_barrier(kBothBar, 256);
-    }
-  }
-  // g = alpha * acc + bias, u likewise, as Y is computed: writing them back
-  // into d while the other set's wgmmas run makes ptxas serialise those
-  // (C7515), and a copy of d costs registers the wgmma pipeline needs (C7511).
-  const bool scale = store && (p.alpha != 1.f || p.has_bias);
-  auto y = [&](int i) {
-    float g = d[i], u = d[i + N / 2];
-    if (scale) {
-      const int col = C0 + 8 * (i / 4) + 2 * (lane % 4) + (i % 2);  // i < N / 2: a gate element
-      g *= p.alpha;
-      u *= p.alpha;
-      if (p.has_bias) {
-        g += sbias[col];
-        u += sbias[NT + col];
-      }
-    }
-    return gatedmlp::detail::glu<float>(ACT, g, u, p.clamp_alpha, p.clamp_limit);
-  };
-  if (p.out_dtype == 0) park_y<__nv_bfloat16, N, NT, C0>(y, tile, warp, lane);
-  else park_y<__half, N, NT, C0>(y, tile, warp, lane);
-  if constexpr (S == 1) {
-    fence_proxy_async();
-    named_barrier(bar, 128);
-    if (tid == 0 && store && row0 < p.m) {
-      tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), tc.l);
-      if (col0 + 64 < p.u) tma_store_3d(&p.tma_y_tail, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), tc.l);
-      bulk_commit();
-    }
-  }
-}
-
 // wgmma descriptors of ring stage s (shared address of the ring: `ring`):
 // consumer warpgroup cw's 64 X rows, and the whole weight tile.
 template <typename Tr>
@@ -843,32 +747,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
           tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
-          if constexpr (BNO == 88) {
-            // Four boxes: [gate | up] of column set 0 (48 rows each), then of
-            // set 1 (40). Set 1's rows start wb_c1 rows or wb_c3 blocks on;
-            // where they lie wholly past U (U - n0 <= 48) it loads set 0's
-            // again, which no stored column reads, so that no box lies wholly
-            // outside the tensor.
-            unsigned char* wst = st + Tr::kABytes;
-            constexpr int kPart1 = 2 * Tr::kSet0 * Tr::BK * 2;  // set 1's first byte
-            const bool in1 = int64_t(n0) + Tr::kSet0 < p.u;
-            const int b1 = in1 ? c1 + p.wb_c1 : c1, b3 = in1 ? c3 + p.wb_c3 : c3;
-            if (CM == 1 || tc.pair_cols) {
-              tma_load_5d(wst, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
-              tma_load_5d(wst + kPart1 / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
-              tma_load_5d(wst + kPart1, &p.tma_wg2, &full[s], kb * Tr::BK, b1, p.gate_half, b3, wl);
-              tma_load_5d(wst + kPart1 + Tr::kSet1 * Tr::BK * 2, &p.tma_wu2, &full[s], kb * Tr::BK, b1, p.up_half, b3,
-                          wl);
-            } else {
-              // Rank h loads half h (gate, up) of both sets, multicast.
-              const int h = static_cast<int>(rank);
-              const int half = h == 0 ? p.gate_half : p.up_half;
-              tma_load_5d_multicast(wst + h * (kPart1 / 2), h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], 3u,
-                                    kb * Tr::BK, c1, half, c3, wl);
-              tma_load_5d_multicast(wst + kPart1 + h * (Tr::kSet1 * Tr::BK * 2), h == 0 ? &p.tma_wg2 : &p.tma_wu2,
-                                    &full[s], 3u, kb * Tr::BK, b1, half, b3, wl);
-            }
-          } else if (CM == 1 || (CM == 2 && tc.pair_cols)) {
+          if (CM == 1 || (CM == 2 && tc.pair_cols)) {
             // The whole weight tile, for this CTA alone (with column pairs
             // each CTA also loads the shared X tile itself: no multicast).
             tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
@@ -908,6 +787,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       fence_proxy_async();
       named_barrier(detail_::kBothBar, 256);
     }
+    float d[BNO];
+#pragma unroll
+    for (int i = 0; i < BNO; ++i) d[i] = 0.f;
     const uint32_t ring = smem_addr(smem);
     // Frees stage s in this CTA and, with multicast, in the peer (whose
     // loads also write here).
@@ -921,206 +803,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
 #pragma unroll
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
-    if constexpr (BNO == 88) {
-      // Two column sets (set 0: Y columns 0-47, m64n96k16; set 1: 48-87,
-      // m64n80k16), committed as separate wgmma groups, so that each set's
-      // epilogue runs while the other set's wgmmas keep the tensor cores
-      // busy: set 0's under set 1's last k-block, and set 1's under the next
-      // piece's first kNarrowHead k-blocks of set 0 (the head), after which
-      // set 1 catches up. Every piece runs the same straight path (epilogue
-      // parts whose stores are switched off where there is nothing to
-      // store), and a last pass with no k-blocks stores the last piece's set
-      // 1: ptxas keeps wgmmas in flight across the other set's epilogue only
-      // in straight-line code (NOTES.md, h20, h35).
-      constexpr int kHead = kNarrowHead;
-      constexpr int kSet1Slot = Tr::kSet0 / 2 * 256;  // set 1's pairs follow set 0's in a partial slot
-      float d0[Tr::kSet0], d1[Tr::kSet1];
-#pragma unroll
-      for (int i = 0; i < Tr::kSet0; ++i) d0[i] = 0.f;
-#pragma unroll
-      for (int i = 0; i < Tr::kSet1; ++i) d1[i] = 0.f;
-      constexpr uint32_t kW1 = 2 * Tr::kSet0 * Tr::BK * 2;  // set 1's weight rows, from the stage's weights
-      // One k-block of a set; `first`: the piece's first, which overwrites
-      // the accumulators.
-      auto set0 = [&](int s, bool first) {
-        const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
-        wgmma_tile<T, Tr::kSet0, false, true>(d0, da, db, first);
-#pragma unroll
-        for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_tile<T, Tr::kSet0, false>(d0, da + 2 * kk, db + 2 * kk);
-      };
-      auto set1 = [&](int s, bool first) {
-        const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s) + (kW1 >> 4);
-        wgmma_tile<T, Tr::kSet1, false, true>(d1, da, db, first);
-#pragma unroll
-        for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_tile<T, Tr::kSet1, false>(d1, da + 2 * kk, db + 2 * kk);
-      };
-      bool pend = false;      // the previous piece's set 1 is still to be stored
-      TileCoord ptc{0, 0, 0, false};
-      detail_::RingPos<Tr::kStages> pos;  // as the producer's
-      Work wk;
-      for (int w = 0;; ++w) {
-        wgmma_wait<0>();
-        fence_regs(d1);
-        const bool has = sched.at(p, w, &wk);
-        const int nkb = has ? wk.kb1 - wk.kb0 : 0;
-        const TileCoord tc = has ? tile_coord<CM>(p, wk.item, rank) : ptc;
-        const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
-        const bool idle = row0 >= p.m || int64_t(tc.nb) * Tr::BNO >= p.u;  // as in the 128-column loop
-        const int head = nkb < kHead ? nkb : kHead;
-        if (tid == 0 && has) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
-        // An owner starts set 0 from the sum of the partials of the lower
-        // clusters that share its item (the CTA of the same rank in each, the
-        // same warpgroup), while nothing is in flight; set 1's are added at
-        // the end, after its last wgmma.
-        const bool owner = has && wk.role == kOwner;
-        if (owner) {
-          GATEDMLP_WD_MARK(watchdog::kPartial, w);
-#pragma unroll
-          for (int i = 0; i < Tr::kSet0; ++i) d0[i] = 0.f;
-          for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
-            if (!sched.has_share(p, j)) continue;  // no share, no partial
-            const int64_t cta = j * CM + rank;
-            if (tid == 0) flag_wait(p.sk_flag + cta * 2 + cw, p.sk_token);
-            named_barrier(1 + cw, 128);
-            detail_::add_partial(p, d0, detail_::partial_slot(p, cta, cw), tid, row0);
-          }
-        }
-        // The head: set 0 of the first k-blocks, the previous piece's set 1
-        // epilogue, set 1 of the same k-blocks.
-        detail_::RingPos<Tr::kStages> hp = pos;
-#pragma unroll
-        for (int j = 0; j < kHead; ++j) {
-          if (j < head) {
-            GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0 + j, hp.stage, hp.phase));
-            mbar_wait(&full[hp.stage], hp.phase);
-            if (!idle) {
-              wgmma_fence();
-              set0(hp.stage, j == 0 && !owner);
-              wgmma_commit();
-              fence_regs(d0);
-            }
-            hp.next();
-          }
-        }
-        if (tid == 0 && has) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
-        detail_::epilogue_set<T, ACT, 1>(p, d1, tile, sbias, cw, tid, ptc, pend);
-        if (tid == 0 && pend) GATEDMLP_TL(wg, timeline::kEpiDone, w - 1, 0);
-        const int head0 = pos.stage;  // the head's stages: head0, head0 + 1, ... (in ring order)
-#pragma unroll
-        for (int j = 0; j < kHead; ++j) {
-          if (j < head) {
-            if (!idle) {
-              fence_regs(d1);
-              wgmma_fence();
-              set1(pos.stage, j == 0);
-              wgmma_commit();
-              fence_regs(d1);
-            }
-            pos.next();
-          }
-        }
-        // All but the head's last set-1 group have retired: free the head's
-        // stages but the last.
-        wgmma_wait<1>();
-        fence_regs(d0);
-        fence_regs(d1);
-        if (!has) break;
-        auto ring_at = [](int s) { return s < Tr::kStages ? s : s - Tr::kStages; };
-#pragma unroll
-        for (int j = 0; j < kHead - 1; ++j)
-          if (j < head - 1) release(ring_at(head0 + j));
-        int prev = ring_at(head0 + head - 1);
-        // The k-blocks between the head and the last: both sets in one
-        // m64n176k16 per slice, one group per k-block (as two instructions
-        // and two groups, the main loop ran 8 % slower: NOTES.md, h35).
-        for (int kb = wk.kb0 + head; kb < wk.kb1 - 1; ++kb, pos.next()) {
-          const int s = pos.stage;
-          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
-          mbar_wait(&full[s], pos.phase);
-          if (!idle) {
-            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
-            fence_regs(d0);
-            fence_regs(d1);
-            wgmma_fence();
-#if GATEDMLP_SM90_SETS_PAIR
-#pragma unroll
-            for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_sets<T>(d0, d1, da + 2 * kk, db + 2 * kk);
-#else
-            (void)da;
-            (void)db;
-            set0(s, false);
-            set1(s, false);
-#endif
-            wgmma_commit();
-            fence_regs(d0);
-            fence_regs(d1);
-            // The previous k-block's wgmmas have retired.
-            wgmma_wait<1>();
-            fence_regs(d0);
-            fence_regs(d1);
-          }
-          release(prev);
-          prev = s;
-        }
-        // The last k-block, unless the head took it: set 0, then set 1, in
-        // groups of their own.
-        if (wk.kb0 + head < wk.kb1) {
-          const int s = pos.stage;
-          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb1 - 1, s, pos.phase));
-          mbar_wait(&full[s], pos.phase);
-          if (!idle) {
-            fence_regs(d0);
-            fence_regs(d1);
-            wgmma_fence();
-            set0(s, false);
-            wgmma_commit();
-            set1(s, false);
-            wgmma_commit();
-            fence_regs(d0);
-            fence_regs(d1);
-            wgmma_wait<2>();
-            fence_regs(d0);
-            fence_regs(d1);
-          }
-          release(prev);
-          prev = s;
-          pos.next();
-        }
-        // Set 0 is done; set 1's last k-block may still run.
-        wgmma_wait<1>();
-        fence_regs(d0);
-        if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
-        const bool epi = wk.role != kPartial && int64_t(tc.nb) * Tr::BNO < p.u;
-        GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-        detail_::epilogue_set<T, ACT, 0>(p, d0, tile, sbias, cw, tid, tc, epi);
-        wgmma_wait<0>();
-        fence_regs(d1);
-        release(prev);
-        if (wk.role == kOwner) {
-          for (int j = sched.c - 1, stop = sched.first_partial(p, wk.item); j > stop; --j) {
-            if (!sched.has_share(p, j)) continue;
-            detail_::add_partial(p, d1, detail_::partial_slot(p, j * CM + rank, cw) + kSet1Slot, tid, row0);
-          }
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kAdded, w, wk.item);
-        }
-        if (wk.role == kPartial) {
-          GATEDMLP_WD_MARK(watchdog::kPartial, w);
-          // Hand the sums to the item's owner; no epilogue here.
-          float* slot = detail_::partial_slot(p, blockIdx.x, cw);
-          detail_::store_partial(p, d0, slot, tid, row0);
-          detail_::store_partial(p, d1, slot + kSet1Slot, tid, row0);
-          named_barrier(1 + cw, 128);
-          if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
-          if (tid == 0) GATEDMLP_TL(wg, timeline::kHanded, w, wk.item);
-        }
-        pend = epi;
-        ptc = tc;
-      }
-      wgmma_wait<0>();
-    } else {
-    float d[BNO];
-#pragma unroll
-    for (int i = 0; i < BNO; ++i) d[i] = 0.f;
     detail_::RingPos<Tr::kStages> pos;  // as the producer's
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
@@ -1210,7 +892,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
-    }
     }
     GATEDMLP_WD_MARK(watchdog::kDrain);
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store

@@ -24,10 +24,6 @@ inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 +
 // (45 % more of them) can fill the waves better: 8B M = 512 is 3.39 waves of
 // 128 columns and 4.94 of 88 (dispatch.cpp picks; NOTES.md, h32).
 inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 1024};
-// The narrow tile's first column set: output columns 0 ... 47 (48 gate + 48
-// up rows, one m64n96k16); the second set is the other 40 (m64n80k16). Each
-// set's epilogue runs while the other set's wgmmas do (the kernel's note).
-inline constexpr int kNarrowSetRows = 48;
 
 // CTAs per cluster (along M) for this problem: 2, or 1 with a single
 // row-block; GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
