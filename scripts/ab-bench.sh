@@ -18,6 +18,7 @@ for t in "${trees[@]}"; do
    { echo "build of $t FAILED"; tail -20 "$b/build.log"; }) &
 done
 wait
+for t in "${trees[@]}"; do [ -x "$t/build-ab/tools/gatedmlp" ] || exit 1; done
 for r in $(seq "${ROUNDS:-3}"); do
   for tile in ${TILES:--}; do
     for t in "${trees[@]}"; do
