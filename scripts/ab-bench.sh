@@ -4,7 +4,7 @@
 # old`), in parallel, then alternates their benchmarks ROUNDS times (each
 # with cuBLAS in the same run). Several other trees: a comma-separated list.
 # TILES: a Hopper tile setting per pass ("88 128", "-" for the model's pick;
-# default: one pass, no setting).
+# default: one pass, no setting). ROUNDS=0 only builds.
 #   scripts/ab-bench.sh OTHER_TREE[,OTHER_TREE...] [bench args]      env: ROUNDS (3), TILES, GATEDMLP_* knobs pass through
 set -uo pipefail
 cd "$(dirname "$0")/.."

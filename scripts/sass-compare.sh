@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # h35: a kernel's SASS against another tree's. Builds the tool of this tree
-# and of the tree in $1 (both 90a only, in parallel, as scripts/ab-bench.sh) and dumps each one's
-# kernel matching KERNEL (default: the narrow bf16 silu kernel with clusters
-# of two) with its size and a count per opcode (scripts/sass-of.sh).
+# and of the tree in $1 (scripts/ab-bench.sh with ROUNDS=0) and dumps each
+# one's kernel matching KERNEL (default: the narrow bf16 silu kernel with
+# clusters of two) with its size and a count per opcode (scripts/sass-of.sh).
 #   [KERNEL=regex] scripts/sass-compare.sh OTHER_TREE
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,13 +11,7 @@ base=$1
 out="${OUT:-$PWD/profile-out}"
 mkdir -p "$out"
 re=${KERNEL:-sm90_gemm_glu_kernelI13__nv_bfloat16Li0ELi2ELi0ELi88E}
-for t in . "$base"; do
-  (mkdir -p "$t/build-ab" && cmake -S "$t" -B "$t/build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a" \
-     -DGATEDMLP_BUILD_TESTS=OFF >"$t/build-ab/build.log" 2>&1 &&
-   cmake --build "$t/build-ab" -j"$(nproc)" --target gatedmlp_tool >>"$t/build-ab/build.log" 2>&1 || tail -20 "$t/build-ab/build.log") &
-done
-wait
-for t in . "$base"; do [ -x "$t/build-ab/tools/gatedmlp" ] || exit 1; done
+ROUNDS=0 scripts/ab-bench.sh "$base" || exit 1  # builds both tools, times nothing
 for t in . "$base"; do
   name=$( [ "$t" = . ] && echo this || basename "$t")
   scripts/sass-of.sh "$t/build-ab" "$re" "$out/kernel-$name.sass"
