@@ -497,16 +497,20 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
 // warpgroup's 64 x N Y tile by stmatrix: one instruction per 16 rows x 16
 // columns of the warp, where 4-byte stores took four (NOTES.md, h21).
-// Matrices 0-3 of column pair jp are rows 0-7 and 8-15 of columns 16 jp ...
-// + 7, then of the next 8 columns; lane l addresses row l % 8 of matrix
-// l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the 128-byte
-// swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x 24 box
-// without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
-// of those by stmatrix.x2.
-template <int ACT, bool DONE, typename OUT, int N>
-__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
-                                                float ca, float cl) {
+// Block JP is columns 16 JP ... 16 JP + 15: matrices 0-3 are rows 0-7 and
+// 8-15 of its first 8 columns, then of the next 8; lane l addresses row l % 8
+// of matrix l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the
+// 128-byte swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x
+// 24 box without swizzle, 48-byte rows (8 of them hit distinct banks), its
+// last 8 columns (block 5) by stmatrix.x2.
+template <int N>
+constexpr int kYBlocks = (N + 15) / 16;
+
+template <int ACT, bool DONE, typename OUT, int N, int JP>
+__device__ __forceinline__ void park_y_block(const float (&d)[N], unsigned char* tile, int warp, int lane, float ca,
+                                             float cl) {
   static_assert(N == 128 || N == 88, "Y tiles of 128 or 88 columns");
+  static_assert(JP < kYBlocks<N>, "a block of the tile");
   constexpr int kPlainLd = 2 * (N - 64);  // N = 88: bytes per row of the unswizzled box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
   const uint32_t base = smem_addr(tile);
@@ -516,18 +520,16 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
     if (swz) return base + (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16);
     return base + 8192 + r * kPlainLd + (c - 64) * 2;
   };
-#pragma unroll
-  for (int jp = 0; jp < N / 16; ++jp) {
+  if constexpr (16 * JP + 16 <= N) {
     uint32_t v[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
+      const int i = 4 * (2 * JP + q / 2) + 2 * (q % 2);  // column block 2 JP + q / 2, rows + 8 (q % 2)
       v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
-    stmatrix_x4(addr(N == 128 || 16 * jp < 64, 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
-  }
-  if constexpr (N % 16 == 8) {
-    constexpr int jb = N / 8 - 1;  // the last 8-column block: rows 0-7 and 8-15
+    stmatrix_x4(addr(N == 128 || 16 * JP < 64, 16 * JP + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
+  } else {
+    constexpr int jb = 2 * JP;  // the last 8-column block: rows 0-7 and 8-15
     uint32_t v[2];
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
@@ -535,6 +537,111 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
       v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
     stmatrix_x2(addr(false, 8 * jb), v[0], v[1]);
+  }
+}
+
+// Blocks JP ... JEND - 1 of the tile (all by default).
+template <int ACT, bool DONE, typename OUT, int N, int JP = 0, int JEND = kYBlocks<N>>
+__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
+                                                float ca, float cl) {
+  if constexpr (JP < JEND) {
+    park_y_block<ACT, DONE, OUT, N, JP>(d, tile, warp, lane, ca, cl);
+    park_y_swizzled<ACT, DONE, OUT, N, JP + 1, JEND>(d, tile, warp, lane, ca, cl);
+  }
+}
+
+// Block `part` (known only at run time, at least JP) of the tile.
+template <int ACT, typename OUT, int N, int JP>
+__device__ __forceinline__ void park_y_part(int part, const float (&d)[N], unsigned char* tile, int warp, int lane,
+                                            float ca, float cl) {
+  if constexpr (JP < kYBlocks<N>) {
+    if (part == JP)
+      park_y_block<ACT, false, OUT, N, JP>(d, tile, warp, lane, ca, cl);
+    else
+      park_y_part<ACT, OUT, N, JP + 1>(part, d, tile, warp, lane, ca, cl);
+  }
+}
+
+// The warpgroup's parked Y tile to device memory: two TMA stores issued by
+// one thread and left in flight (the caller has fenced and synchronised the
+// warpgroup's stmatrix writes).
+template <int N>
+__device__ __forceinline__ void store_y_tile(const Params& p, const unsigned char* tile, int tid, int64_t row0,
+                                             int64_t col0, int l) {
+  if (tid == 0 && row0 < p.m) {
+    // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
+    const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
+    tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), l);
+    if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), l);
+    bulk_commit();
+  }
+}
+
+// g = alpha * acc + bias, u likewise, in place. With a bias, both consumer
+// warpgroups take part (the bias of the tile's columns is staged in shared
+// memory once for both).
+template <int N>
+__device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N], float* sbias, int cw, int tid,
+                                                 const TileCoord& tc) {
+  const int lane = tid % 32;
+  const int64_t col0 = int64_t(tc.nb) * N;
+  if (p.has_bias) {
+    // Bias depends only on the columns, which both warpgroups share.
+    named_barrier(kBothBar, 256);  // both are done reading the previous tile's
+    const int64_t boff = int64_t(tc.l) * p.sb;
+    const int i = cw * 128 + tid;  // 0 ... 255: gate and up of N columns, 2N <= 256
+    const int half = i / N;
+    const int64_t j = col0 + i % N;
+    float b = 0.f;
+    if (i < 2 * N && j < p.u)
+      b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
+                                    : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
+    if (i < 2 * N) sbias[i] = b;
+    named_barrier(kBothBar, 256);
+  }
+  if (p.alpha != 1.f || p.has_bias) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float v = d[i] * p.alpha;
+      if (p.has_bias) {
+        const int col = 8 * ((i % (N / 2)) / 4) + 2 * (lane % 4) + (i % 2);
+        v += sbias[(i / (N / 2)) * N + col];
+      }
+      d[i] = v;
+    }
+  }
+}
+
+// The narrow kernels' Y, deferred: at the end of an item the consumers keep
+// g and u (alpha and bias applied) in a second set of registers, `st`, and
+// go straight on to the next item's wgmmas; the activation, the stmatrix
+// writes and the TMA store then run one column block per k-step, after the
+// k-step's wgmmas are issued, so that the special functions run while the
+// tensor cores work instead of between items (NOTES.md, h36). `part` is the
+// next block to write; kYBlocks<N>: nothing pending.
+struct PendingY {
+  int part;
+  int l, row0, col0;  // TMA coordinates are 32-bit
+};
+
+template <int ACT, int N, int FROM>
+__device__ __forceinline__ void deferred_y_step(const Params& p, const float (&st)[N], unsigned char* tile, int cw,
+                                                int tid, PendingY& py) {
+  const int bar = 1 + cw;
+  if (py.part == 0) {
+    // The previous TMA store must have read the tile (it had a main loop).
+    // (Blocks deferred from a later one on: the item's end has waited.)
+    if (tid == 0) bulk_wait_read();
+    named_barrier(bar, 128);
+  }
+  if (p.out_dtype == 0)
+    park_y_part<ACT, __nv_bfloat16, N, FROM>(py.part, st, tile, tid / 32, tid % 32, p.clamp_alpha, p.clamp_limit);
+  else
+    park_y_part<ACT, __half, N, FROM>(py.part, st, tile, tid / 32, tid % 32, p.clamp_alpha, p.clamp_limit);
+  if (++py.part == kYBlocks<N>) {
+    fence_proxy_async();
+    named_barrier(bar, 128);
+    store_y_tile<N>(p, tile, tid, py.row0, py.col0, py.l);
   }
 }
 
@@ -557,32 +664,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
   named_barrier(bar, 128);
   GATEDMLP_WD_MARK(watchdog::kEpiBar, tc.mb, tc.nb);
 
-  if (p.has_bias) {
-    // Bias depends only on the columns, which both warpgroups share.
-    named_barrier(kBothBar, 256);  // both are done reading the previous tile's
-    const int64_t boff = int64_t(tc.l) * p.sb;
-    const int i = cw * 128 + tid;  // 0 ... 255: gate and up of N columns, 2N <= 256
-    const int half = i / N;
-    const int64_t j = col0 + i % N;
-    float b = 0.f;
-    if (i < 2 * N && j < p.u)
-      b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
-                                    : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
-    if (i < 2 * N) sbias[i] = b;
-    named_barrier(kBothBar, 256);
-  }
-  // g = alpha * acc + bias, u likewise, in place.
-  if (p.alpha != 1.f || p.has_bias) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float v = d[i] * p.alpha;
-      if (p.has_bias) {
-        const int col = 8 * ((i % (N / 2)) / 4) + 2 * (lane % 4) + (i % 2);
-        v += sbias[(i / (N / 2)) * N + col];
-      }
-      d[i] = v;
-    }
-  }
+  apply_alpha_bias<N>(p, d, sbias, cw, tid, tc);
 
   if constexpr (PRE == 1) {
     // Its own kernels: next to the register-direct paths below, this path
@@ -625,13 +707,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
       park_y_swizzled<ACT, kDone, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     fence_proxy_async();
     named_barrier(bar, 128);
-    if (tid == 0 && row0 < p.m) {
-      // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
-      const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
-      tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), tc.l);
-      if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), tc.l);
-      bulk_commit();
-    }
+    store_y_tile<N>(p, tile, tid, row0, col0, tc.l);
     return;
   }
   if constexpr (N != 128) {
@@ -790,6 +866,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     float d[BNO];
 #pragma unroll
     for (int i = 0; i < BNO; ++i) d[i] = 0.f;
+    // The narrow kernels defer each item's Y into the next item's k-steps
+    // (PendingY); st holds g and u meanwhile.
+    constexpr bool kDefer = BNO == 88;
+#ifndef GATEDMLP_SM90_DEFER_FROM
+#define GATEDMLP_SM90_DEFER_FROM 4
+#endif
+    constexpr bool kGelu = ACT == gatedmlp::detail::kGeluTanh || ACT == gatedmlp::detail::kGeluErf;
+    constexpr int kDeferFrom = kGelu ? 5 : GATEDMLP_SM90_DEFER_FROM;
+    float st[BNO];
+    detail_::PendingY py{detail_::kYBlocks<BNO>, 0, 0, 0};
+    auto defer_step = [&]() {
+      if constexpr (kDefer)
+        if (py.part < detail_::kYBlocks<BNO>) detail_::deferred_y_step<ACT, BNO, kDeferFrom>(p, st, tile, cw, tid, py);
+    };
     const uint32_t ring = smem_addr(smem);
     // Frees stage s in this CTA and, with multicast, in the peer (whose
     // loads also write here).
@@ -835,6 +925,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         }
         prev = s;
         pos.next();
+        defer_step();
       }
       for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
         const int s = pos.stage;
@@ -854,11 +945,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         }
         release(prev);
         prev = s;
+        defer_step();
       }
       wgmma_wait<0>();
       fence_regs(d);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
       if (prev >= 0) release(prev);
+      if constexpr (kDefer) {
+        // A piece shorter than the deferred blocks: the previous item's
+        // rest now. Then st is dead until the next stash, which the
+        // compiler cannot see by itself (the reads depend on py.part).
+        while (py.part < detail_::kYBlocks<BNO>) defer_step();
+#pragma unroll
+        for (int i = 0; i < BNO; ++i) asm volatile("" : "=f"(st[i]));
+      }
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
@@ -889,10 +989,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       continue;
 #endif
       GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
+      if constexpr (kDefer) {
+        detail_::apply_alpha_bias<BNO>(p, d, sbias, cw, tid, tc);
+        if constexpr (kDeferFrom > 0) {
+          // Blocks 0 ... kDeferFrom - 1 now, into the tile the previous
+          // item's store must have read by now.
+          if (tid == 0) bulk_wait_read();
+          named_barrier(1 + cw, 128);
+          if (p.out_dtype == 0)
+            detail_::park_y_swizzled<ACT, false, __nv_bfloat16, BNO, 0, kDeferFrom>(d, tile, tid / 32, lane, p.clamp_alpha, p.clamp_limit);
+          else
+            detail_::park_y_swizzled<ACT, false, __half, BNO, 0, kDeferFrom>(d, tile, tid / 32, lane, p.clamp_alpha, p.clamp_limit);
+        }
+#pragma unroll
+        for (int i = 0; i < BNO; ++i) st[i] = d[i];
+        py = detail_::PendingY{kDeferFrom, tc.l, static_cast<int>(row0), tc.nb * BNO};
+      } else {
+        detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
+      }
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }
+    if constexpr (kDefer)
+      while (py.part < detail_::kYBlocks<BNO>) defer_step();  // the last item's Y
     GATEDMLP_WD_MARK(watchdog::kDrain);
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
     if (tid == 0) GATEDMLP_TL(wg, timeline::kDrained);
