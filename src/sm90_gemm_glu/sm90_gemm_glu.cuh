@@ -111,7 +111,8 @@ struct TileTraits {
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
   static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
-  static constexpr int kBarBytes = 2 * kStages * 8;
+  // The ring's full and empty barriers, then the Y tiles' (YHandoff).
+  static constexpr int kBarBytes = 2 * kStages * 8 + 4 * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
@@ -497,20 +498,16 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
 // warpgroup's 64 x N Y tile by stmatrix: one instruction per 16 rows x 16
 // columns of the warp, where 4-byte stores took four (NOTES.md, h21).
-// Block JP is columns 16 JP ... 16 JP + 15: matrices 0-3 are rows 0-7 and
-// 8-15 of its first 8 columns, then of the next 8; lane l addresses row l % 8
-// of matrix l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the
-// 128-byte swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x
-// 24 box without swizzle, 48-byte rows (8 of them hit distinct banks), its
-// last 8 columns (block 5) by stmatrix.x2.
-template <int N>
-constexpr int kYBlocks = (N + 15) / 16;
-
-template <int ACT, bool DONE, typename OUT, int N, int JP>
-__device__ __forceinline__ void park_y_block(const float (&d)[N], unsigned char* tile, int warp, int lane, float ca,
-                                             float cl) {
+// Matrices 0-3 of column pair jp are rows 0-7 and 8-15 of columns 16 jp ...
+// + 7, then of the next 8 columns; lane l addresses row l % 8 of matrix
+// l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the 128-byte
+// swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x 24 box
+// without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
+// of those by stmatrix.x2.
+template <int ACT, bool DONE, typename OUT, int N>
+__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
+                                                float ca, float cl) {
   static_assert(N == 128 || N == 88, "Y tiles of 128 or 88 columns");
-  static_assert(JP < kYBlocks<N>, "a block of the tile");
   constexpr int kPlainLd = 2 * (N - 64);  // N = 88: bytes per row of the unswizzled box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
   const uint32_t base = smem_addr(tile);
@@ -520,16 +517,18 @@ __device__ __forceinline__ void park_y_block(const float (&d)[N], unsigned char*
     if (swz) return base + (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16);
     return base + 8192 + r * kPlainLd + (c - 64) * 2;
   };
-  if constexpr (16 * JP + 16 <= N) {
+#pragma unroll
+  for (int jp = 0; jp < N / 16; ++jp) {
     uint32_t v[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int i = 4 * (2 * JP + q / 2) + 2 * (q % 2);  // column block 2 JP + q / 2, rows + 8 (q % 2)
+      const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
       v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
     }
-    stmatrix_x4(addr(N == 128 || 16 * JP < 64, 16 * JP + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
-  } else {
-    constexpr int jb = 2 * JP;  // the last 8-column block: rows 0-7 and 8-15
+    stmatrix_x4(addr(N == 128 || 16 * jp < 64, 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
+  }
+  if constexpr (N % 16 == 8) {
+    constexpr int jb = N / 8 - 1;  // the last 8-column block: rows 0-7 and 8-15
     uint32_t v[2];
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
@@ -540,51 +539,65 @@ __device__ __forceinline__ void park_y_block(const float (&d)[N], unsigned char*
   }
 }
 
-// Blocks JP ... JEND - 1 of the tile (all by default).
-template <int ACT, bool DONE, typename OUT, int N, int JP = 0, int JEND = kYBlocks<N>>
-__device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
-                                                float ca, float cl) {
-  if constexpr (JP < JEND) {
-    park_y_block<ACT, DONE, OUT, N, JP>(d, tile, warp, lane, ca, cl);
-    park_y_swizzled<ACT, DONE, OUT, N, JP + 1, JEND>(d, tile, warp, lane, ca, cl);
-  }
-}
-
-// Block `part` (known only at run time, at least JP) of the tile.
-template <int ACT, typename OUT, int N, int JP>
-__device__ __forceinline__ void park_y_part(int part, const float (&d)[N], unsigned char* tile, int warp, int lane,
-                                            float ca, float cl) {
-  if constexpr (JP < kYBlocks<N>) {
-    if (part == JP)
-      park_y_block<ACT, false, OUT, N, JP>(d, tile, warp, lane, ca, cl);
-    else
-      park_y_part<ACT, OUT, N, JP + 1>(part, d, tile, warp, lane, ca, cl);
-  }
-}
-
-// The warpgroup's parked Y tile to device memory: two TMA stores issued by
-// one thread and left in flight (the caller has fenced and synchronised the
-// warpgroup's stmatrix writes).
+// A consumer warpgroup's Y tile handed to a thread of the producer
+// warpgroup, which issues its TMA stores and waits for them to read the
+// tile (PRE = 0 kernels, Y by TMA). The consumers then neither wait for one
+// another (a named barrier) nor for one of them to issue the stores before
+// their next wgmmas (NOTES.md, h37). Per warpgroup cw: `full[cw]` (128
+// arrivals: the tile written and fenced for the async proxy) and
+// `empty[cw]` (one: the stores have read the tile). The storing thread
+// walks the schedule as the consumers do (has_y_tile) to know the tiles and
+// their coordinates. The barriers follow the ring's, which follow the bias
+// (kernel: the shared memory map); found from the bias pointer, they cost
+// the consumers no registers.
 template <int N>
-__device__ __forceinline__ void store_y_tile(const Params& p, const unsigned char* tile, int tid, int64_t row0,
-                                             int64_t col0, int l) {
-  if (tid == 0 && row0 < p.m) {
-    // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
-    const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
-    tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), l);
-    if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), l);
-    bulk_commit();
-  }
+struct YHandoff {
+  uint64_t* full;
+  uint64_t* empty;
+  __device__ __forceinline__ explicit YHandoff(float* sbias)
+      : full(reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(sbias) + TileTraits<N>::kBiasBytes) +
+             2 * TileTraits<N>::kStages),
+        empty(full + 2) {}
+};
+
+// Whether a piece ends in an epilogue (and, with the hand-off, a Y tile for
+// each warpgroup): not a partial of a split tile, and not a CTA wholly past
+// U (the second CTA of the last pair_cols item when n_tiles is odd).
+template <int N>
+__device__ __forceinline__ bool has_y_tile(const Params& p, const Work& wk, const TileCoord& tc) {
+#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
+  // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
+  // costs the tile loop. Y is never written.
+  return false;
+#endif
+  return wk.role != kPartial && int64_t(tc.nb) * N < p.u;
 }
 
-// g = alpha * acc + bias, u likewise, in place. With a bias, both consumer
-// warpgroups take part (the bias of the tile's columns is staged in shared
-// memory once for both).
-template <int N>
-__device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N], float* sbias, int cw, int tid,
-                                                 const TileCoord& tc) {
-  const int lane = tid % 32;
+// N output columns per tile (N accumulators per thread). The narrow tile (N
+// = 88) takes neither a pre-activation nor a Y the copy engine cannot
+// address (the host picks it only without them: dispatch.cpp).
+template <typename T, int ACT, int PRE, int N>
+__device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, float* sbias, int cw,
+                                         int tid, const TileCoord& tc, uint32_t& yphase) {
+  static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
+  const int warp = tid / 32, lane = tid % 32;
+  const int bar = 1 + cw;  // named barrier of this consumer warpgroup
+  const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
   const int64_t col0 = int64_t(tc.nb) * N;
+  float* buf = reinterpret_cast<float*>(tile);
+
+  // The previous tile's TMA store must have read the tile before it is
+  // overwritten (it had a whole main loop to do so).
+  const bool handoff = PRE == 0 && p.y_tma;
+  const YHandoff<N> yh(sbias);
+  if (handoff) {
+    mbar_wait(&yh.empty[cw], yphase ^ 1);  // a fresh barrier passes parity 1 at once
+  } else {
+    if (tid == 0) bulk_wait_read();
+    named_barrier(bar, 128);
+  }
+  GATEDMLP_WD_MARK(watchdog::kEpiBar, tc.mb, tc.nb);
+
   if (p.has_bias) {
     // Bias depends only on the columns, which both warpgroups share.
     named_barrier(kBothBar, 256);  // both are done reading the previous tile's
@@ -599,6 +612,7 @@ __device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N],
     if (i < 2 * N) sbias[i] = b;
     named_barrier(kBothBar, 256);
   }
+  // g = alpha * acc + bias, u likewise, in place.
   if (p.alpha != 1.f || p.has_bias) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
@@ -610,61 +624,6 @@ __device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N],
       d[i] = v;
     }
   }
-}
-
-// The narrow kernels' Y, deferred: at the end of an item the consumers keep
-// g and u (alpha and bias applied) in a second set of registers, `st`, and
-// go straight on to the next item's wgmmas; the activation, the stmatrix
-// writes and the TMA store then run one column block per k-step, after the
-// k-step's wgmmas are issued, so that the special functions run while the
-// tensor cores work instead of between items (NOTES.md, h36). `part` is the
-// next block to write; kYBlocks<N>: nothing pending.
-struct PendingY {
-  int part;
-  int l, row0, col0;  // TMA coordinates are 32-bit
-};
-
-template <int ACT, int N, int FROM>
-__device__ __forceinline__ void deferred_y_step(const Params& p, const float (&st)[N], unsigned char* tile, int cw,
-                                                int tid, PendingY& py) {
-  const int bar = 1 + cw;
-  if (py.part == 0) {
-    // The previous TMA store must have read the tile (it had a main loop).
-    // (Blocks deferred from a later one on: the item's end has waited.)
-    if (tid == 0) bulk_wait_read();
-    named_barrier(bar, 128);
-  }
-  if (p.out_dtype == 0)
-    park_y_part<ACT, __nv_bfloat16, N, FROM>(py.part, st, tile, tid / 32, tid % 32, p.clamp_alpha, p.clamp_limit);
-  else
-    park_y_part<ACT, __half, N, FROM>(py.part, st, tile, tid / 32, tid % 32, p.clamp_alpha, p.clamp_limit);
-  if (++py.part == kYBlocks<N>) {
-    fence_proxy_async();
-    named_barrier(bar, 128);
-    store_y_tile<N>(p, tile, tid, py.row0, py.col0, py.l);
-  }
-}
-
-// N output columns per tile (N accumulators per thread). The narrow tile (N
-// = 88) takes neither a pre-activation nor a Y the copy engine cannot
-// address (the host picks it only without them: dispatch.cpp).
-template <typename T, int ACT, int PRE, int N>
-__device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, float* sbias, int cw,
-                                         int tid, const TileCoord& tc) {
-  static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
-  const int warp = tid / 32, lane = tid % 32;
-  const int bar = 1 + cw;  // named barrier of this consumer warpgroup
-  const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
-  const int64_t col0 = int64_t(tc.nb) * N;
-  float* buf = reinterpret_cast<float*>(tile);
-
-  // The previous tile's TMA store must have read the tile before it is
-  // overwritten (it had a whole main loop to do so).
-  if (tid == 0) bulk_wait_read();
-  named_barrier(bar, 128);
-  GATEDMLP_WD_MARK(watchdog::kEpiBar, tc.mb, tc.nb);
-
-  apply_alpha_bias<N>(p, d, sbias, cw, tid, tc);
 
   if constexpr (PRE == 1) {
     // Its own kernels: next to the register-direct paths below, this path
@@ -706,8 +665,19 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
     else
       park_y_swizzled<ACT, kDone, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     fence_proxy_async();
+    if (handoff) {
+      mbar_arrive(&yh.full[cw]);
+      yphase ^= 1;
+      return;
+    }
     named_barrier(bar, 128);
-    store_y_tile<N>(p, tile, tid, row0, col0, tc.l);
+    if (tid == 0 && row0 < p.m) {
+      // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
+      const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
+      tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), tc.l);
+      if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), tc.l);
+      bulk_commit();
+    }
     return;
   }
   if constexpr (N != 128) {
@@ -770,6 +740,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
+  const detail_::YHandoff<BNO> yh(sbias);  // after the ring's barriers
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -790,6 +761,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // One arrival per consumer warp of every CTA whose stage s the loads
       // into this stage's slot (multicast) also fill.
       mbar_init(&empty[s], 8 * CM);
+    }
+    for (int c = 0; c < 2; ++c) {
+      mbar_init(&yh.full[c], 128);
+      mbar_init(&yh.empty[c], 1);
     }
     fence_barrier_init();
   }
@@ -841,6 +816,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         }
         GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
       }
+    } else if (PRE == 0 && p.y_tma && (tid == 32 || tid == 64)) {
+      // The Y stores of consumer warpgroup c (YHandoff).
+      const int c = tid / 32 - 1;
+      const unsigned char* tile = epi + c * Tr::kEpiBytes;
+      const CUtensorMap* second = BNO == 128 ? &p.tma_y : &p.tma_y_tail;
+      const Schedule sched(p, cluster, clusters);
+      Work wk;
+      uint32_t phase = 0;
+      for (int w = 0; sched.at(p, w, &wk); ++w) {
+        const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
+        if (!detail_::has_y_tile<BNO>(p, wk, tc)) continue;
+        mbar_wait(&yh.full[c], phase);
+        phase ^= 1;
+        const int row0 = tc.mb * Tr::BM + 64 * c, col0 = tc.nb * BNO, l = tc.l;
+        if (row0 < p.m) {
+          // Columns 64 on: the second 64-column box, or (BNO = 88) the 24-column one.
+          tma_store_3d(&p.tma_y, tile, col0, row0, l);
+          if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, col0 + 64, row0, l);
+          bulk_commit();
+          bulk_wait_read();
+        }
+        mbar_arrive(&yh.empty[c]);
+      }
+      bulk_wait_all();  // the shared tile must outlive the last TMA store
     }
   } else {
     // ---------------------------------------------------------- consumers
@@ -866,20 +865,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     float d[BNO];
 #pragma unroll
     for (int i = 0; i < BNO; ++i) d[i] = 0.f;
-    // The narrow kernels defer each item's Y into the next item's k-steps
-    // (PendingY); st holds g and u meanwhile.
-    constexpr bool kDefer = BNO == 88;
-#ifndef GATEDMLP_SM90_DEFER_FROM
-#define GATEDMLP_SM90_DEFER_FROM 4
-#endif
-    constexpr bool kGelu = ACT == gatedmlp::detail::kGeluTanh || ACT == gatedmlp::detail::kGeluErf;
-    constexpr int kDeferFrom = kGelu ? 5 : GATEDMLP_SM90_DEFER_FROM;
-    float st[BNO];
-    detail_::PendingY py{detail_::kYBlocks<BNO>, 0, 0, 0};
-    auto defer_step = [&]() {
-      if constexpr (kDefer)
-        if (py.part < detail_::kYBlocks<BNO>) detail_::deferred_y_step<ACT, BNO, kDeferFrom>(p, st, tile, cw, tid, py);
-    };
     const uint32_t ring = smem_addr(smem);
     // Frees stage s in this CTA and, with multicast, in the peer (whose
     // loads also write here).
@@ -894,6 +879,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
     detail_::RingPos<Tr::kStages> pos;  // as the producer's
+    uint32_t yphase = 0;  // of the warpgroup's next Y hand-off
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
       const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
@@ -925,7 +911,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         }
         prev = s;
         pos.next();
-        defer_step();
       }
       for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
         const int s = pos.stage;
@@ -945,23 +930,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         }
         release(prev);
         prev = s;
-        defer_step();
       }
       wgmma_wait<0>();
       fence_regs(d);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
       if (prev >= 0) release(prev);
-      if constexpr (kDefer) {
-        // A piece shorter than the deferred blocks: the previous item's
-        // rest now. Then st is dead until the next stash, which the
-        // compiler cannot see by itself (the reads depend on py.part).
-        while (py.part < detail_::kYBlocks<BNO>) defer_step();
-#pragma unroll
-        for (int i = 0; i < BNO; ++i) asm volatile("" : "=f"(st[i]));
-      }
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
-        // Hand the sums to the item's owner; no epilogue here.
+        // Hand the sums to the item's owner; no epilogue here (has_y_tile).
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
         named_barrier(1 + cw, 128);
         if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
@@ -982,36 +958,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       }
       // Nothing to store (the whole CTA has no columns: both warpgroups skip
       // the epilogue and its CTA-wide barriers together).
-      if (int64_t(tc.nb) * Tr::BNO >= p.u) continue;
-#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
-      // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
-      // costs the tile loop. Y is never written.
-      continue;
-#endif
+      if (!detail_::has_y_tile<BNO>(p, wk, tc)) continue;
       GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-      if constexpr (kDefer) {
-        detail_::apply_alpha_bias<BNO>(p, d, sbias, cw, tid, tc);
-        if constexpr (kDeferFrom > 0) {
-          // Blocks 0 ... kDeferFrom - 1 now, into the tile the previous
-          // item's store must have read by now.
-          if (tid == 0) bulk_wait_read();
-          named_barrier(1 + cw, 128);
-          if (p.out_dtype == 0)
-            detail_::park_y_swizzled<ACT, false, __nv_bfloat16, BNO, 0, kDeferFrom>(d, tile, tid / 32, lane, p.clamp_alpha, p.clamp_limit);
-          else
-            detail_::park_y_swizzled<ACT, false, __half, BNO, 0, kDeferFrom>(d, tile, tid / 32, lane, p.clamp_alpha, p.clamp_limit);
-        }
-#pragma unroll
-        for (int i = 0; i < BNO; ++i) st[i] = d[i];
-        py = detail_::PendingY{kDeferFrom, tc.l, static_cast<int>(row0), tc.nb * BNO};
-      } else {
-        detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
-      }
+      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc, yphase);
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }
-    if constexpr (kDefer)
-      while (py.part < detail_::kYBlocks<BNO>) defer_step();  // the last item's Y
     GATEDMLP_WD_MARK(watchdog::kDrain);
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
     if (tid == 0) GATEDMLP_TL(wg, timeline::kDrained);
