@@ -111,8 +111,7 @@ struct TileTraits {
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
   static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
-  // The ring's full and empty barriers, then the Y tiles' (YHandoff).
-  static constexpr int kBarBytes = 2 * kStages * 8 + 4 * 8;
+  static constexpr int kBarBytes = 2 * kStages * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
@@ -539,46 +538,12 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
   }
 }
 
-// A consumer warpgroup's Y tile handed to a thread of the producer
-// warpgroup, which issues its TMA stores and waits for them to read the
-// tile (PRE = 0 kernels, Y by TMA). The consumers then neither wait for one
-// another (a named barrier) nor for one of them to issue the stores before
-// their next wgmmas (NOTES.md, h37). Per warpgroup cw: `full[cw]` (128
-// arrivals: the tile written and fenced for the async proxy) and
-// `empty[cw]` (one: the stores have read the tile). The storing thread
-// walks the schedule as the consumers do (has_y_tile) to know the tiles and
-// their coordinates. The barriers follow the ring's, which follow the bias
-// (kernel: the shared memory map); found from the bias pointer, they cost
-// the consumers no registers.
-template <int N>
-struct YHandoff {
-  uint64_t* full;
-  uint64_t* empty;
-  __device__ __forceinline__ explicit YHandoff(float* sbias)
-      : full(reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(sbias) + TileTraits<N>::kBiasBytes) +
-             2 * TileTraits<N>::kStages),
-        empty(full + 2) {}
-};
-
-// Whether a piece ends in an epilogue (and, with the hand-off, a Y tile for
-// each warpgroup): not a partial of a split tile, and not a CTA wholly past
-// U (the second CTA of the last pair_cols item when n_tiles is odd).
-template <int N>
-__device__ __forceinline__ bool has_y_tile(const Params& p, const Work& wk, const TileCoord& tc) {
-#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
-  // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
-  // costs the tile loop. Y is never written.
-  return false;
-#endif
-  return wk.role != kPartial && int64_t(tc.nb) * N < p.u;
-}
-
 // N output columns per tile (N accumulators per thread). The narrow tile (N
 // = 88) takes neither a pre-activation nor a Y the copy engine cannot
 // address (the host picks it only without them: dispatch.cpp).
 template <typename T, int ACT, int PRE, int N>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, float* sbias, int cw,
-                                         int tid, const TileCoord& tc, uint32_t& yphase) {
+                                         int tid, const TileCoord& tc) {
   static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
@@ -588,14 +553,8 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
 
   // The previous tile's TMA store must have read the tile before it is
   // overwritten (it had a whole main loop to do so).
-  const bool handoff = PRE == 0 && p.y_tma;
-  const YHandoff<N> yh(sbias);
-  if (handoff) {
-    mbar_wait(&yh.empty[cw], yphase ^ 1);  // a fresh barrier passes parity 1 at once
-  } else {
-    if (tid == 0) bulk_wait_read();
-    named_barrier(bar, 128);
-  }
+  if (tid == 0) bulk_wait_read();
+  named_barrier(bar, 128);
   GATEDMLP_WD_MARK(watchdog::kEpiBar, tc.mb, tc.nb);
 
   if (p.has_bias) {
@@ -665,11 +624,6 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
     else
       park_y_swizzled<ACT, kDone, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
     fence_proxy_async();
-    if (handoff) {
-      mbar_arrive(&yh.full[cw]);
-      yphase ^= 1;
-      return;
-    }
     named_barrier(bar, 128);
     if (tid == 0 && row0 < p.m) {
       // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
@@ -740,7 +694,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
-  const detail_::YHandoff<BNO> yh(sbias);  // after the ring's barriers
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -761,10 +714,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // One arrival per consumer warp of every CTA whose stage s the loads
       // into this stage's slot (multicast) also fill.
       mbar_init(&empty[s], 8 * CM);
-    }
-    for (int c = 0; c < 2; ++c) {
-      mbar_init(&yh.full[c], 128);
-      mbar_init(&yh.empty[c], 1);
     }
     fence_barrier_init();
   }
@@ -816,30 +765,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         }
         GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
       }
-    } else if (PRE == 0 && p.y_tma && (tid == 32 || tid == 64)) {
-      // The Y stores of consumer warpgroup c (YHandoff).
-      const int c = tid / 32 - 1;
-      const unsigned char* tile = epi + c * Tr::kEpiBytes;
-      const CUtensorMap* second = BNO == 128 ? &p.tma_y : &p.tma_y_tail;
-      const Schedule sched(p, cluster, clusters);
-      Work wk;
-      uint32_t phase = 0;
-      for (int w = 0; sched.at(p, w, &wk); ++w) {
-        const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
-        if (!detail_::has_y_tile<BNO>(p, wk, tc)) continue;
-        mbar_wait(&yh.full[c], phase);
-        phase ^= 1;
-        const int row0 = tc.mb * Tr::BM + 64 * c, col0 = tc.nb * BNO, l = tc.l;
-        if (row0 < p.m) {
-          // Columns 64 on: the second 64-column box, or (BNO = 88) the 24-column one.
-          tma_store_3d(&p.tma_y, tile, col0, row0, l);
-          if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, col0 + 64, row0, l);
-          bulk_commit();
-          bulk_wait_read();
-        }
-        mbar_arrive(&yh.empty[c]);
-      }
-      bulk_wait_all();  // the shared tile must outlive the last TMA store
     }
   } else {
     // ---------------------------------------------------------- consumers
@@ -879,7 +804,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (uint32_t peer = 1; peer < CM; ++peer) mbar_arrive_cluster(&empty[s], (rank + peer) % CM);
     };
     detail_::RingPos<Tr::kStages> pos;  // as the producer's
-    uint32_t yphase = 0;  // of the warpgroup's next Y hand-off
     Work wk;
     for (int w = 0; sched.at(p, w, &wk); ++w) {
       const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
@@ -937,7 +861,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       if (prev >= 0) release(prev);
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
-        // Hand the sums to the item's owner; no epilogue here (has_y_tile).
+        // Hand the sums to the item's owner; no epilogue here.
         detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
         named_barrier(1 + cw, 128);
         if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
@@ -958,9 +882,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       }
       // Nothing to store (the whole CTA has no columns: both warpgroups skip
       // the epilogue and its CTA-wide barriers together).
-      if (!detail_::has_y_tile<BNO>(p, wk, tc)) continue;
+      if (int64_t(tc.nb) * Tr::BNO >= p.u) continue;
+#if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
+      // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
+      // costs the tile loop. Y is never written.
+      continue;
+#endif
       GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc, yphase);
+      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }

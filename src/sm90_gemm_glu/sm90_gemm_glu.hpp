@@ -16,16 +16,14 @@ struct Tile {
   int smem_bytes;
 };
 // Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
-// per consumer warpgroup), 1 KB of bias, 8 + 4 mbarriers (the ring, the Y
-// tiles' hand-off), 1 KB alignment slack.
-inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 32 + 1024};
+// per consumer warpgroup), 1 KB of bias, 8 mbarriers, 1 KB alignment slack.
+inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 1024};
 // The narrow tile, 88 output columns (176 weight rows): 5 x (16 KB of X + 22
-// KB of weights), two 11 KB Y tiles, 704 B of bias, 10 + 4 mbarriers (the
-// ring, the Y tiles' hand-off), 1 KB slack.
+// KB of weights), two 11 KB Y tiles, 704 B of bias, 10 mbarriers, 1 KB slack.
 // Where the 128-column tiles leave much of a last wave idle, its tiles
 // (45 % more of them) can fill the waves better: 8B M = 512 is 3.39 waves of
 // 128 columns and 4.94 of 88 (dispatch.cpp picks; NOTES.md, h32).
-inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 32 + 1024};
+inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 1024};
 
 // CTAs per cluster (along M) for this problem: 2, or 1 with a single
 // row-block; GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
