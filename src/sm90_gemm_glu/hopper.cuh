@@ -124,17 +124,12 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const void* map, uint64_t
 }
 
 // Shared memory -> tensor box; clipped at the tensor's edges. Tracked by the
-// issuing thread's bulk async-groups. The written lines are marked first to
-// be evicted from L2: outputs are not read again by this kernel, and the
-// operands that the other CTAs still read should stay (NOTES.md, h38).
+// issuing thread's bulk async-groups.
 __device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1, int c2) {
-  asm volatile(
-      "{\n.reg .b64 policy;\n"
-      "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], policy;\n}" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // Waits until the thread's bulk stores have finished reading shared memory.
