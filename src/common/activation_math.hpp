@@ -29,30 +29,22 @@ GATEDMLP_HD double m_erf(double x) { return erf(x); }
 GATEDMLP_HD double sigmoid(double x) { return 1.0 / (1.0 + m_exp(-x)); }
 GATEDMLP_HD float sigmoid(float x) {
 #if defined(__CUDA_ARCH__)
-  // Approximate reciprocal (as __expf): 1 / inf = 0 keeps large negative x right.
-  return __fdividef(1.0f, 1.0f + m_exp(-x));
+  // One ex2 and one reciprocal of the special-function unit, in their
+  // flush-to-zero forms: __expf and __fdividef (ex2.approx.f32,
+  // div.approx.f32) wrap each in a range fix-up for subnormals, a few more
+  // instructions per output in an epilogue bound by its instruction count
+  // (NOTES.md, h40). No subnormal matters here: exp(-x) is subnormal only
+  // where 1 + exp(-x) rounds to 1 anyway, and the reciprocal of 1 + exp(-x)
+  // only below 2^-126 (x < -87.3), where __fdividef already returned 0 (it
+  // does for divisors of 2^126 and more). 1 / inf = 0 keeps large negative x
+  // right; NaN stays NaN.
+  float t, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(x * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + t));
+  return r;
 #else
   return 1.0f / (1.0f + m_exp(-x));
 #endif
-}
-
-// silu(g) * u with the reciprocal on the FMA pipe instead of the
-// special-function unit: t = exp(-|g|) in (0, 1], d = 1 + t in (1, 2], 1/d
-// from a linear first guess (relative error <= 1/17) and three Newton steps
-// (error ~1e-10 before rounding), sigmoid(g) = 1/d for g >= 0 and t/d below,
-// accurate in both tails. The Hopper epilogue is bound by the special-function
-// unit (two operations per output, at a quarter of the FMA rate): taking the
-// reciprocal of every other output there moves a quarter of that work to the
-// FMA pipe for ~9 plain instructions each (NOTES.md, h39). NaN stays NaN, +inf
-// gives inf, -inf gives NaN (-inf * 0), as g * sigmoid(g) does.
-GATEDMLP_HD float silu_mul_fma_rcp(float g, float u) {
-  const float t = m_exp(-fabsf(g));
-  const float d = 1.0f + t;
-  float r = fmaf(-8.0f / 17.0f, d, 24.0f / 17.0f);
-  r = fmaf(r, fmaf(-d, r, 1.0f), r);
-  r = fmaf(r, fmaf(-d, r, 1.0f), r);
-  r = fmaf(r, fmaf(-d, r, 1.0f), r);
-  return g * (g >= 0.0f ? r : t * r) * u;
 }
 
 // min(a, b) that returns NaN when a is NaN (fminf would return b). On the

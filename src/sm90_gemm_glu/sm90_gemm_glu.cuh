@@ -230,10 +230,6 @@ __device__ __forceinline__ float y_of(const float (&d)[N], int i, float ca, floa
   if constexpr (!DONE) return d[i] * d[i + N / 2];
 #endif
   if constexpr (DONE) return d[i];
-  // i is known at compile time (unrolled loops): every other silu output
-  // takes its reciprocal on the FMA pipe (silu_mul_fma_rcp).
-  else if (ACT == gatedmlp::detail::kSilu && i % 2 == 1)
-    return gatedmlp::detail::silu_mul_fma_rcp(d[i], d[i + N / 2]);
   else return gatedmlp::detail::glu<float>(ACT, d[i], d[i + N / 2], ca, cl);
 }
 
