@@ -10,12 +10,30 @@ namespace gatedmlp::detail {
 
 enum ActivationId : int { kSilu = 0, kGeluTanh = 1, kGeluErf = 2, kRelu = 3, kSwigluClamped = 4 };
 
-// Kernels use the hardware exp2 approximation (__expf, a few ulp): its error
-// is far below the bf16/fp16 rounding of the result, and the accurate expf
-// costs several times the instructions in the epilogue.
+// Kernels use the special-function unit's exp2 and reciprocal approximations
+// (a few ulp: far below the bf16/fp16 rounding of the result; the accurate
+// expf costs several times the instructions in the epilogue), in their
+// flush-to-zero forms. __expf and __fdividef (ex2.approx.f32, div.approx.f32)
+// wrap each in a range fix-up for subnormals, a few more instructions per
+// output in epilogues bound by their instruction count (NOTES.md, h40). In
+// the sigmoids below no subnormal matters: exp(-x) is subnormal only where
+// 1 + exp(-x) rounds to 1 anyway, and sigmoid(x) only below 2^-126 (x <
+// -87.3), which now gives 0 (so did __fdividef for divisors of 2^126 on).
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+#endif
 GATEDMLP_HD float m_exp(float x) {
 #if defined(__CUDA_ARCH__)
-  return __expf(x);
+  return ex2_ftz(x * 1.4426950408889634f);  // log2(e)
 #else
   return expf(x);
 #endif
@@ -29,19 +47,8 @@ GATEDMLP_HD double m_erf(double x) { return erf(x); }
 GATEDMLP_HD double sigmoid(double x) { return 1.0 / (1.0 + m_exp(-x)); }
 GATEDMLP_HD float sigmoid(float x) {
 #if defined(__CUDA_ARCH__)
-  // One ex2 and one reciprocal of the special-function unit, in their
-  // flush-to-zero forms: __expf and __fdividef (ex2.approx.f32,
-  // div.approx.f32) wrap each in a range fix-up for subnormals, a few more
-  // instructions per output in an epilogue bound by its instruction count
-  // (NOTES.md, h40). No subnormal matters here: exp(-x) is subnormal only
-  // where 1 + exp(-x) rounds to 1 anyway, and the reciprocal of 1 + exp(-x)
-  // only below 2^-126 (x < -87.3), where __fdividef already returned 0 (it
-  // does for divisors of 2^126 and more). 1 / inf = 0 keeps large negative x
-  // right; NaN stays NaN.
-  float t, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(x * -1.4426950408889634f));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + t));
-  return r;
+  // 1 / inf = 0 keeps large negative x right; NaN stays NaN.
+  return rcp_ftz(1.0f + m_exp(-x));
 #else
   return 1.0f / (1.0f + m_exp(-x));
 #endif
@@ -120,7 +127,7 @@ GATEDMLP_HD void sigmoid_n(const float* x, float* s) {
     run *= d[i];
   }
 #if defined(__CUDA_ARCH__)
-  float r = __fdividef(1.0f, run);  // 1 / (product of all)
+  float r = rcp_ftz(run);  // 1 / (product of all)
 #else
   float r = 1.0f / run;
 #endif
