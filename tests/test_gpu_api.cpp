@@ -1,9 +1,11 @@
 // API behaviour that needs a device: pointer checks that leave the output
 // untouched, routing (plan), misaligned pointers taking the element loader,
-// the device layout converter, and sizes that need 64-bit indexing.
+// the device layout converter, and sizes that need 64-bit indexing. Also the
+// kernels' activation functions on their own, against float64.
 #include <cmath>
 #include <random>
 
+#include "common/activation_math.hpp"
 #include "gatedmlp/layout.hpp"
 #include "gpu_util.hpp"
 
@@ -237,5 +239,79 @@ TEST(GpuApi, SixtyFourBitIndexing) {
     const double got = ref::bf16_to_float(hy[i]);
     ASSERT_TRUE(std::isfinite(got)) << "row " << rows[i / p.u] << " not written";
     ASSERT_NEAR(got, want[i], 1e-2 * (1 + std::fabs(want[i]))) << "row " << rows[i / p.u] << " col " << i % p.u;
+  }
+}
+
+// The activation as the kernels compute it, element by element, against the
+// float64 formula: glu (fp32 outputs; exp2 and reciprocal) and glu_out16
+// (16-bit outputs; silu, gelu_tanh and the clamped SwiGLU by one tanh), over
+// a dense sweep of g in [-120, 120], random g and u, and huge, tiny and NaN
+// inputs. Bounds, with s = |g| |u| (the clamped g and u + 1 for swiglu_clamped):
+// glu within 1e-6 s + 1e-30; glu_out16 within 3e-5 s + 1e-30, and within
+// 3e-5 of the value itself where g >= 0 (no cancellation there). A NaN g or
+// u gives NaN.
+TEST(GpuActivation, KernelFormsAgainstFloat64) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> g, u;
+  for (int i = -120 * 256; i <= 120 * 256; ++i) {
+    g.push_back(float(i) / 256.f);
+    u.push_back(1.f);
+  }
+  const uint64_t seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  std::printf("[ seed ] %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 4.f);
+  for (int i = 0; i < 200000; ++i) {
+    g.push_back(nd(rng));
+    u.push_back(nd(rng));
+  }
+  for (float v : {1e30f, -1e30f, 1e-30f, -1e-30f, 0.f, -0.f, 3e38f, -3e38f}) {
+    g.push_back(v);
+    u.push_back(1.5f);
+  }
+  const int64_t n_finite = static_cast<int64_t>(g.size());
+  g.push_back(NAN), u.push_back(1.f);
+  g.push_back(1.f), u.push_back(NAN);
+  const int64_t n = static_cast<int64_t>(g.size());
+  DeviceBuffer dg(n * 4), du(n * 4), dy(n * 4);
+  ASSERT_TRUE(dg.p && du.p && dy.p);
+  CUDA_OK(cudaMemcpy(dg.p, g.data(), n * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(du.p, u.data(), n * 4, cudaMemcpyHostToDevice));
+  const float ca = 1.702f, cl = 7.f;  // gpt-oss's alpha and limit
+  for (int act = 0; act < 5; ++act) {
+    for (bool out16 : {false, true}) {
+      SCOPED_TRACE("activation " + std::to_string(act) + (out16 ? ", glu_out16" : ", glu"));
+      CUDA_OK(cudaMemset(dy.p, 0xff, n * 4));  // NaN poison
+      const Status st = ref::glu_on_device(act, out16, static_cast<const float*>(dg.p), static_cast<const float*>(du.p),
+                                           static_cast<float*>(dy.p), n, ca, cl, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      std::vector<float> y(n);
+      CUDA_OK(cudaMemcpy(y.data(), dy.p, n * 4, cudaMemcpyDeviceToHost));
+      const double tol = out16 ? 3e-5 : 1e-6;
+      double worst = 0;  // largest |error| / (s + 1e-30) seen
+      int64_t fails = 0;
+      for (int64_t i = 0; i < n_finite; ++i) {
+        double gd = g[i], ud = u[i];
+        const double ref = detail::glu<double>(act, gd, ud, ca, cl);
+        if (act == detail::kSwigluClamped) detail::clamp_swiglu(gd, ud, double(cl)), ud += 1;
+        const double s = std::fabs(gd) * std::fabs(ud);
+        const double err = std::fabs(double(y[i]) - ref);
+        if (!std::isfinite(ref)) {
+          // Only 3e38 x 1.5 overflows: both must say infinity.
+          if (!(std::isinf(y[i]) && (y[i] > 0) == (ref > 0)) && ++fails <= 5)
+            ADD_FAILURE() << "g " << g[i] << " u " << u[i] << ": " << y[i] << ", float64 " << ref;
+          continue;
+        }
+        worst = std::max(worst, err / (s + 1e-30));
+        const bool ok = err <= tol * s + 1e-30 && (!out16 || g[i] < 0 || err <= tol * std::fabs(ref) + 1e-30);
+        if (!ok && ++fails <= 5)
+          ADD_FAILURE() << "g " << g[i] << " u " << u[i] << ": " << y[i] << ", float64 " << ref << " (error " << err
+                        << ")";
+      }
+      EXPECT_EQ(fails, 0);
+      for (int64_t i = n_finite; i < n; ++i) EXPECT_TRUE(std::isnan(y[i])) << "g " << g[i] << " u " << u[i];
+      std::printf("[ act %d %s ] worst |error| / (|g| |u|) %.3g over %lld values\n", act, out16 ? "out16" : "fp32 ",
+                  worst, static_cast<long long>(n_finite));
+    }
   }
 }

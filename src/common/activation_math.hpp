@@ -102,6 +102,53 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
   return F(0);
 }
 
+// The GLU for outputs rounded to 16 bits (bf16 or fp16), in the kernels'
+// epilogues: silu, the clamped SwiGLU and gelu_tanh through the
+// special-function unit's tanh (`tanh.approx.f32`, one MUFU op, relative
+// error about 2^-16.5), using sigmoid(x) = (1 + tanh(x / 2)) / 2:
+//   silu(g) = h + h tanh(h), h = g / 2: a multiply, the tanh and an FMA,
+// where the exp2-and-reciprocal sigmoid takes two MUFU ops and two more
+// instructions. The epilogues are bound by their instruction count and the
+// MUFU rate (NOTES.md, h39, h41). Accuracy: the error is at most ~1e-5 |g|
+// absolute for every g (1e-5 relative where g >= 0), far below the output's
+// own rounding (2^-9 relative for bf16, 2^-12 for fp16) at the scale of g.
+// Where g << 0 the result is tiny and its relative error grows (silu(-10)
+// = -4.5e-4 comes out within ~5e-5), as every norm-wise comparison allows;
+// tanh saturates to -1 below g ~ -18, giving exactly 0 (true value -3e-7
+// and smaller). fp32 outputs keep glu() above. Host code (no MUFU): glu().
+template <typename F>
+GATEDMLP_HD F glu_out16(int act, F g, F u, F clamp_alpha, F clamp_limit) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(F) == 4) {
+    auto tanh_approx = [](float x) {
+      float r;
+      asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+      return r;
+    };
+    switch (act) {
+      case kSilu: {
+        const float h = 0.5f * g;
+        return fmaf(h, tanh_approx(h), h) * u;
+      }
+      case kGeluTanh: {
+        const float c = 0.7978845608028654f;  // sqrt(2/pi)
+        const float h = 0.5f * g;
+        return fmaf(h, tanh_approx(g * fmaf(c * 0.044715f, g * g, c)), h) * u;
+      }
+      case kSwigluClamped: {
+        g = min_keep_nan(g, clamp_limit);
+        u = u < -clamp_limit ? -clamp_limit : (u > clamp_limit ? clamp_limit : u);
+        const float h = 0.5f * g;
+        return fmaf(h, tanh_approx(clamp_alpha * h), h) * (u + 1.0f);
+      }
+      default:
+        break;
+    }
+  }
+#endif
+  return glu<F>(act, g, u, clamp_alpha, clamp_limit);
+}
+
 // N GLU values at once (the portable kernel's epilogue: adjacent columns).
 // For silu and the clamped SwiGLU the N sigmoids share one reciprocal: fewer
 // special-function operations for a few more plain ones (NOTES.md, v11: it

@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -169,6 +170,12 @@ Status cuda_status(cudaError_t err, const std::string& what) {
 
 Status invalid(const std::string& msg) { return {StatusCode::invalid_argument, "gpu_reference_rows: " + msg}; }
 
+template <bool OUT16>
+__global__ void glu_eval_kernel(int act, const float* g, const float* u, float* y, int64_t n, float ca, float cl) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = OUT16 ? detail::glu_out16<float>(act, g[i], u[i], ca, cl) : detail::glu<float>(act, g[i], u[i], ca, cl);
+}
+
 }  // namespace
 
 Status gpu_reference_rows(const Problem& p, const Arguments& dev, const int64_t* rows_dev, int64_t nrows, double* y_out,
@@ -231,6 +238,17 @@ Status gpu_reference_rows(const Problem& p, const Arguments& dev, const int64_t*
   }
   reference_rows_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0, stream>>>(a);
   return cuda_status(cudaGetLastError(), "kernel launch");
+}
+
+Status glu_on_device(int act, bool out16, const float* g, const float* u, float* y, int64_t n, float clamp_alpha,
+                     float clamp_limit, cudaStream_t stream) {
+  if (n <= 0) return {};
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  if (out16) glu_eval_kernel<true><<<blocks, 256, 0, stream>>>(act, g, u, y, n, clamp_alpha, clamp_limit);
+  else glu_eval_kernel<false><<<blocks, 256, 0, stream>>>(act, g, u, y, n, clamp_alpha, clamp_limit);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return {StatusCode::cuda_error, std::string("glu_on_device: ") + cudaGetErrorString(e)};
+  return {};
 }
 
 }  // namespace gatedmlp::ref

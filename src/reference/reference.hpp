@@ -55,6 +55,13 @@ class Unfused {
 Status gpu_reference_rows(const Problem& p, const Arguments& dev, const int64_t* rows_dev,
                           int64_t nrows, double* y_out, cudaStream_t stream);
 
+// The kernels' activation on the device, element by element: y[i] =
+// glu_out16 (the 16-bit outputs' tanh form) when `out16`, else glu, of g[i]
+// and u[i] (device arrays of n floats). For tests of the activation's own
+// error, apart from any GEMM.
+Status glu_on_device(int act, bool out16, const float* g, const float* u, float* y, int64_t n,
+                     float clamp_alpha, float clamp_limit, cudaStream_t stream);
+
 // Fill n elements of `dtype` at device pointer p. Uniform in [lo, hi), or
 // normal(mean=lo, std=hi) when `normal` is set. Deterministic in seed.
 Status fill_random(void* p, DType dtype, int64_t n, uint64_t seed, float lo, float hi,

@@ -172,11 +172,18 @@ __device__ __forceinline__ void store_tile(const Params& p, const float* sacc, i
                             : load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j0 + e));
       }
     }
-    // Pairs of sigmoids share a reciprocal (NOTES.md, v11: 1 % faster than
-    // one each; groups of 8 measured no faster than pairs).
+    if (p.out_dtype != 2) {
+      // 16-bit Y: the one-MUFU tanh form of the activation (glu_out16).
 #pragma unroll
-    for (int e = 0; e < 8; e += 2)
-      gatedmlp::detail::glu_n<2>(ACT, gg + e, uu + e, p.clamp_alpha, p.clamp_limit, out + e);
+      for (int e = 0; e < 8; ++e)
+        out[e] = gatedmlp::detail::glu_out16<float>(ACT, gg[e], uu[e], p.clamp_alpha, p.clamp_limit);
+    } else {
+      // fp32 Y: pairs of sigmoids share a reciprocal (NOTES.md, v11: 1 %
+      // faster than one each; groups of 8 measured no faster than pairs).
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)
+        gatedmlp::detail::glu_n<2>(ACT, gg + e, uu + e, p.clamp_alpha, p.clamp_limit, out + e);
+    }
     if (p.has_pre) {
       const int64_t base = int64_t(l) * p.spre + row * p.ldpre;
       for (int e = 0; e < 8 && j0 + e < p.u; ++e) {

@@ -313,8 +313,10 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, int sms, void* w
   // 2, any activation but gelu_erf (launch.cuh). Stored from registers
   // instead, its 4-byte stores fill half of each 32-byte sector and cost
   // 7-13 % of the time rather than 2-5 % (NOTES.md, h13).
-  // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons).
-  p.pre_tma = r.has_preact && !env_off("GATEDMLP_SM90_PRE_TMA") &&
+  // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons). Y must
+  // go by TMA too: these kernels compute Y in the 16-bit output's form of
+  // the activation (glu_out16), so they never feed an fp32 Y.
+  p.pre_tma = r.has_preact && p.y_tma && !env_off("GATEDMLP_SM90_PRE_TMA") &&
               r.preact_dtype == r.input_dtype && r.u % kTile.tile_n == 0 && cluster_m <= 2 &&
               r.activation != Activation::gelu_erf &&
               r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&

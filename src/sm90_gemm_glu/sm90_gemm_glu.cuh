@@ -222,7 +222,12 @@ __device__ __forceinline__ void store_vec4(void* p, int dtype, int64_t i, float4
 // Y of fragment element i: act(g) * u, or, with DONE, the value that
 // glu_in_place already left in g's place.
 // N accumulators per thread: gate in d[0, N/2), up in d[N/2, N).
-template <int ACT, bool DONE, int N>
+// OUT16: Y is rounded to 16 bits, so the activation may take the one-MUFU
+// tanh form (glu_out16: its ~1e-5 error is far below that rounding). The
+// TMA path (16-bit Y, park_y_swizzled) and the PRE = 1 kernels (which the
+// host gives only a Y stored by TMA) take it; the generic path (fp32 Y, or
+// a Y the copy engine cannot address) keeps glu().
+template <int ACT, bool DONE, int N, bool OUT16 = false>
 __device__ __forceinline__ float y_of(const float (&d)[N], int i, float ca, float cl) {
 #if defined(GATEDMLP_SM90_EXP_NO_ACT)
   // Timing experiment only (scripts/exp-epilogue.sh): Y = g * u, no special
@@ -230,6 +235,7 @@ __device__ __forceinline__ float y_of(const float (&d)[N], int i, float ca, floa
   if constexpr (!DONE) return d[i] * d[i + N / 2];
 #endif
   if constexpr (DONE) return d[i];
+  else if constexpr (OUT16) return gatedmlp::detail::glu_out16<float>(ACT, d[i], d[i + N / 2], ca, cl);
   else return gatedmlp::detail::glu<float>(ACT, d[i], d[i + N / 2], ca, cl);
 }
 
@@ -239,7 +245,7 @@ __device__ __forceinline__ float y_of(const float (&d)[N], int i, float ca, floa
 template <int ACT, int H>
 __device__ __forceinline__ void glu_in_place(float (&d)[128], float ca, float cl) {
 #pragma unroll
-  for (int i = 32 * H; i < 32 * H + 32; ++i) d[i] = y_of<ACT, false>(d, i, ca, cl);
+  for (int i = 32 * H; i < 32 * H + 32; ++i) d[i] = y_of<ACT, false, 128, true>(d, i, ca, cl);
 }
 
 template <int ACT, bool DONE, int Q>
@@ -522,7 +528,7 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
-      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE, N, true>(d, i, ca, cl), y_of<ACT, DONE, N, true>(d, i + 1, ca, cl));
     }
     stmatrix_x4(addr(N == 128 || 16 * jp < 64, 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
   }
@@ -532,7 +538,7 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int i = 4 * jb + 2 * q;
-      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE>(d, i, ca, cl), y_of<ACT, DONE>(d, i + 1, ca, cl));
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE, N, true>(d, i, ca, cl), y_of<ACT, DONE, N, true>(d, i + 1, ca, cl));
     }
     stmatrix_x2(addr(false, 8 * jb), v[0], v[1]);
   }
