@@ -69,6 +69,20 @@ GATEDMLP_HD float min_keep_nan(float a, float b) {
 #endif
 }
 
+// max(a, 0) that returns NaN when a is NaN, for relu (torch.relu keeps a
+// NaN; fmaxf and a compare-and-select would give 0). One max.NaN on the
+// device.
+GATEDMLP_HD double relu_keep_nan(double a) { return a < 0.0 ? 0.0 : a; }
+GATEDMLP_HD float relu_keep_nan(float a) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(a));
+  return r;
+#else
+  return a < 0.0f ? 0.0f : a;
+#endif
+}
+
 // gpt-oss: the gate is clamped from above only, the up projection both ways.
 // A NaN passes through, as torch.clamp lets it.
 template <typename F>
@@ -90,7 +104,7 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
     case kGeluErf:
       return F(0.5) * g * (F(1) + m_erf(g * F(0.7071067811865476))) * u;
     case kRelu:
-      return (g > F(0) ? g : F(0)) * u;
+      return relu_keep_nan(g) * u;
     case kSwigluClamped: {
       // gpt-oss: see clamp_swiglu (written out here: the Hopper kernel's
       // register allocation spilled with the call).
