@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|resources|preact|split|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|portable|resources|preact|split|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -66,6 +66,12 @@ for step in "${steps[@]}"; do
   bench)
     "$build/tools/gatedmlp" bench --model "${GATEDMLP_BENCH_MODEL:-8b}" --json "$out/bench.json" 2>"$out/bench.err" | tee "$out/bench.txt"
     note "bench: rc=${PIPESTATUS[0]} (table in bench.txt)" ;;
+  portable)
+    # The portable kernel's target (issue: at least 0.50 of cuBLAS GEMM alone
+    # on the 8B shapes at M >= 1024), on a Hopper GPU through --path portable.
+    "$build/tools/gatedmlp" bench --path portable --m 1024,4096,16384,65536 --json "$out/portable.json" 2>"$out/portable.err" |
+      grep -E "^(model|8b) " | cut -c1-100 | tee "$out/portable.txt"
+    note "portable: table in portable.txt" ;;
   bars)
     # The Hopper issue's bars, each ratio from one run: the three models at
     # M = 1024/4096/16384, small M, many rows with small weights, and every
