@@ -11,7 +11,7 @@ mkdir -p "$out"
 build=build-gpu
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
-[ "${steps[0]}" = all ] && steps=(build smoke test sanitize resources accuracy bench bars python)
+[ "${steps[0]}" = all ] && steps=(build smoke test sanitize resources accuracy bench portable bars python)
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
