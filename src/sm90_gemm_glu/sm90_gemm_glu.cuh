@@ -50,7 +50,9 @@
 // k-block adds them and runs the epilogue.
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
-// registers; act(g) * u is rounded and written (stmatrix) into a
+// registers; act(g) * u (for 16-bit Y in the one-MUFU tanh form, glu_out16:
+// the epilogue is bound by its instructions and MUFU ops, NOTES.md h41) is
+// rounded and written (stmatrix) into a
 // 128-byte-swizzled shared tile that one thread hands to two TMA stores,
 // which run while the warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
 // engine cannot address, 32-column fp32 chunks go through the same bytes and
