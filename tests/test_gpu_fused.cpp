@@ -148,6 +148,7 @@ struct Variant {
   const char* split_tail = nullptr;  // GATEDMLP_SM90_SPLIT_TAIL for the run; nullptr: as the environment has it
   const char* clusters = nullptr;    // GATEDMLP_SM90_CLUSTERS for the run; nullptr: as the environment has it
   const char* tile = nullptr;        // GATEDMLP_SM90_TILE for the run; nullptr: as the environment has it
+  const char* cluster = nullptr;     // GATEDMLP_SM90_CLUSTER (CTAs per cluster); nullptr: as the environment has it
 };
 const Variant kAsIs{};
 const Variant kAutoPath{"fused, GATEDMLP_FORCE_PATH unset, split tail forced", true, nullptr, true, "force"};
@@ -163,6 +164,13 @@ const Variant kOneCluster{"fused, GATEDMLP_FORCE_PATH unset, one cluster", true,
 // tail forced, and on one cluster.
 const Variant kNarrow{"fused, GATEDMLP_SM90_TILE=88, split tail forced", true, nullptr, true, "force", nullptr, "88"};
 const Variant kNarrowOneCluster{"fused, GATEDMLP_SM90_TILE=88, one cluster", true, nullptr, true, nullptr, "1", "88"};
+// Clusters of two CTAs (weight multicast, column pairs for an odd row-block
+// count), which the library picks only above K = 8192, larger than the test
+// shapes: both tiles, split tail forced.
+const Variant kPairs{"fused, GATEDMLP_SM90_CLUSTER=2, split tail forced", true, nullptr, true, "force", nullptr,
+                     nullptr, "2"};
+const Variant kNarrowPairs{"fused, GATEDMLP_SM90_TILE=88, GATEDMLP_SM90_CLUSTER=2, split tail forced", true, nullptr,
+                           true, "force", nullptr, "88", "2"};
 
 struct CaseOptions {
   std::vector<Variant> variants{kAsIs};  // one fused run each, on the same inputs
@@ -256,8 +264,9 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
     std::optional<ScopedEnv> env, split_env;
     if (v.set_env) env.emplace(kForcePathEnv, v.force_path);
     if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
-    std::optional<ScopedEnv> clusters_env, tile_env;
+    std::optional<ScopedEnv> clusters_env, tile_env, cluster_env;
     if (v.clusters) clusters_env.emplace("GATEDMLP_SM90_CLUSTERS", v.clusters);
+    if (v.cluster) cluster_env.emplace("GATEDMLP_SM90_CLUSTER", v.cluster);
     if (v.tile) tile_env.emplace("GATEDMLP_SM90_TILE", v.tile);
     Config cfg;
     const Status sp = plan(p, &cfg);
@@ -666,8 +675,9 @@ std::vector<int64_t> sample_rows(int64_t m, std::mt19937_64& rng) {
 }
 
 // A case the fast path must take, run with GATEDMLP_FORCE_PATH unset, =portable,
-// unset on one cluster, and with the narrow tile forced (split, and on one
-// cluster), and without a workspace if asked, each checked against the
+// unset on one cluster, with the narrow tile forced (split, and on one
+// cluster), in clusters of two CTAs with either tile (split), and without a
+// workspace if asked, each checked against the
 // reference; on a 9.0 device the unset run must have taken the fast path,
 // and printed log_must_contain if given. *taken: the unset run's plan.
 void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, bool sm90, Config* taken,
@@ -676,7 +686,7 @@ void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, b
   std::vector<Config> plans;
   CaseOptions opt;
   if (log_must_contain) opt.log_must_contain = log_must_contain;
-  opt.variants = {kAutoPath, kPortablePath, kOneCluster, kNarrow, kNarrowOneCluster};
+  opt.variants = {kAutoPath, kPortablePath, kOneCluster, kNarrow, kNarrowOneCluster, kPairs, kNarrowPairs};
   if (also_without_workspace) opt.variants.push_back(kAutoNoWorkspace);
   opt.plans = &plans;
   run_case(p, rng, st, opt);
@@ -803,8 +813,10 @@ TEST(GpuFused, FastPathPreactTma) {
 // column-block count is odd), each loading its own X and weight tiles.
 // Every layout and activation, with or without a pre-activation, split tail
 // forced and on one cluster; the launcher's log must say the pairs ran.
+// Clusters of two throughout (the library's choice only above K = 8192).
 TEST(GpuFused, FastPathOddRowBlocks) {
   SKIP_WITHOUT_GPU();
+  const ScopedEnv pairs("GATEDMLP_SM90_CLUSTER", "2");
   run_preact_suite(
       [](Problem& p, int i, std::mt19937_64& rng) {
         p.m = pick(rng, {257, 300, 384, 640});
@@ -973,7 +985,8 @@ TEST(GpuFused, FastPathLargeShapes) {
     ASSERT_TRUE(fast_path_eligible(p));
     std::vector<Config> plans;
     CaseOptions opt;
-    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kOneCluster, kNarrow, kNarrowOneCluster};
+    opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kOneCluster, kNarrow, kNarrowOneCluster, kPairs,
+                    kNarrowPairs};
     opt.plans = &plans;
     opt.ref_rows = sample_rows(p.m, rng);
     run_case(p, rng, &st, opt);

@@ -37,14 +37,18 @@ int64_t map_group(const Problem& r) {
   return r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
 }
 
-// CTAs per cluster (along M). Two: the pair shares the weight tile and runs
-// in step, so CTAs that read the same weight rows do so at the same time.
-// Without it, on long K (70B, 405B) the persistent CTAs drift apart, a
-// wave's operands (128 MB at K = 16384) no longer fit L2, and DRAM reads grow
-// to 100x the operands: 0.50x cuBLAS at 405B M = 16384 single, 1.02x paired.
-// Four lose the 4 SMs that a GPC cannot fill with clusters of four (128 CTAs
-// of 132) and measured 0.90x. NOTES.md, version h5.
+// CTAs per cluster (along M). Two share the weight tile and run in step, so
+// CTAs that read the same weight rows do so at the same time. That was what
+// long K needed (NOTES.md, h5): the persistent CTAs drifted apart, a wave's
+// operands (128 MB at K = 16384) no longer fit L2, and DRAM reads grew to
+// 100x the operands: 0.50x cuBLAS at 405B M = 16384 single, 1.02x paired.
+// With today's kernel single CTAs measure the same or 0.2-0.5 % faster at
+// K = 4096 and 8192 (8B and 70B, M = 256 ... 16384, H200; NOTES.md, h42),
+// so clusters of two are kept only above K = 8192, where h5's loss was
+// measured. Four lose the 4 SMs that a GPC cannot fill with clusters of four
+// (128 CTAs of 132) and measured 0.90x.
 constexpr int kClusterM = 2;
+constexpr int64_t kClusterMinK = 8193;  // clusters of kClusterM from this K on, else 1
 
 // Y through TMA stores: 16-bit output whose rows (and batches) start on
 // 16-byte boundaries. TMA stores write whole 16-byte chunks, so U must be a
@@ -59,7 +63,7 @@ bool y_by_tma(const Problem& r, const Arguments* a) {
 }  // namespace
 
 int cluster_size(const Problem& r) {
-  int cm = kClusterM;
+  int cm = r.k >= kClusterMinK ? kClusterM : 1;
   if (const char* cl = std::getenv("GATEDMLP_SM90_CLUSTER")) cm = std::atoi(cl);
   if (cm != 2 && cm != 4) cm = 1;
   const int64_t m_tiles = (r.m + kTile.tile_m - 1) / kTile.tile_m;

@@ -37,8 +37,9 @@
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
-// weight rows stay in L2. CTAs run in clusters of two (by default; or four) that share
-// (multicast) the weight tile: see the kernel. With an odd number of
+// weight rows stay in L2. Above K = 8192 CTAs run in clusters of two (or
+// four, as a knob) that share (multicast) the weight tile: see the kernel
+// and cluster_size() in launch.cpp; below, one-CTA clusters. With an odd number of
 // row-blocks, the two CTAs of a cluster take two column-blocks of the last
 // row-block, each loading its tiles as a one-CTA cluster would (tile_coord
 // in schedule.hpp). Producer and consumers walk the same sequence

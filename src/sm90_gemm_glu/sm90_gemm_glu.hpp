@@ -25,8 +25,8 @@ inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 +
 // 128 columns and 4.94 of 88 (dispatch.cpp picks; NOTES.md, h32).
 inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 1024};
 
-// CTAs per cluster (along M) for this problem: 2, or 1 with a single
-// row-block; GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
+// CTAs per cluster (along M) for this problem: 2 for K > 8192, else 1 (and
+// 1 with a single row-block); GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
 int cluster_size(const Problem& resolved);
 
 // Why the narrow tile cannot take this (resolved) problem, which the fast
