@@ -54,7 +54,7 @@ Config pick(const Problem& p) {
 
 TEST(Dispatch, NarrowTileWhereItsWavesFitBetter) {
   SKIP_WITHOUT_SM90_BUILD();
-  // 8B on 66 clusters: M = 512 is 4.94 waves of 88-column tiles (run as 5)
+  // 8B on 132 one-CTA clusters (K <= 8192): M = 512 is 4.94 waves of 88-column tiles (run as 5)
   // against 3.39 of 128 (run as 3.69 with the split tail's cost); M = 1024
   // 9.88 (10) against 6.79 (7: there the split costs what it recovers).
   // From M = 2048 on, 128 (the split's cost is small against the waves); a
