@@ -465,41 +465,48 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
 }
 
 // A tile's pre-activation (16-bit, p.pre_tma: U is whole tiles, so every
-// tile is) through the warpgroup's shared tile in two rounds of 128 columns,
-// each handed to two TMA stores (rows past M are clipped by them). The
-// 4-byte stores of store_pre_fast half-fill every 32-byte sector; here the
-// copy engine writes whole lines. While it reads the tile, the warpgroup
-// computes Y of tile columns [64 round, 64 round + 64) in place of g: every
-// value the round parked is out of the registers' way by then, and round 1
-// needs only u (MODE 0) or the other 64 columns (MODE 1, 2). Then it waits
-// until the tile has been read, so that it can be written again. Leaves the
-// tile free for Y, and Y itself in d[0 ... 63].
+// tile is) in two rounds of 128 columns, each parked in shared memory and
+// handed to two TMA stores (rows past M are clipped by them). The 4-byte
+// stores of store_pre_fast half-fill every 32-byte sector; here the copy
+// engine writes whole lines. Round 0 goes through the warpgroup's Y tile,
+// round 1 through `spare`, the warpgroup's 16 KB of the item's last ring
+// stage, which the kernel holds until these stores have read it (NOTES.md,
+// h43: with one tile for both rounds, two waits per tile for the copy engine
+// cost ~1 %). While the copy engine reads a round, the warpgroup computes Y
+// of tile columns [64 round, 64 round + 64) in place of g: every value the
+// round parked is out of the registers' way by then, and round 1 needs only
+// u (MODE 0) or the other 64 columns (MODE 1, 2). Returns once round 0 has
+// been read: the Y tile is free for Y, and Y itself is in d[0 ... 63].
+// Round 1's stores may still be reading `spare` (the last bulk group).
 template <typename OUT, int MODE, int ACT>
-__device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], unsigned char* tile, int bar,
-                                              int tid, int l, int64_t row0, int64_t col0) {
+__device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], unsigned char* tile,
+                                              unsigned char* spare, int bar, int tid, int l, int64_t row0,
+                                              int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
   // Not unrolled: unrolled, silu spilled 12-20 B and gelu_tanh 8-12 B.
 #pragma unroll 1
   for (int round = 0; round < 2; ++round) {
+    unsigned char* buf = round == 0 ? tile : spare;
     // Keeps what is computed from d (the packs, Y) from being hoisted above
     // the barriers and held across them.
     fence_regs(d);
-    if (round == 0) park_pre<OUT, MODE, 0>(p, d, tile, warp, lane);
-    else park_pre<OUT, MODE, 1>(p, d, tile, warp, lane);
+    if (round == 0) park_pre<OUT, MODE, 0>(p, d, buf, warp, lane);
+    else park_pre<OUT, MODE, 1>(p, d, buf, warp, lane);
     fence_proxy_async();
     named_barrier(bar, 128);
     if (tid == 0 && row0 < p.m) {
       const int c0 = static_cast<int>(MODE == 0 ? pre_col(p, round, col0) : 2 * col0 + 128 * round);
-      tma_store_3d(&p.tma_pre, tile, c0, static_cast<int>(row0), l);
-      tma_store_3d(&p.tma_pre, tile + 8192, c0 + 64, static_cast<int>(row0), l);
+      tma_store_3d(&p.tma_pre, buf, c0, static_cast<int>(row0), l);
+      tma_store_3d(&p.tma_pre, buf + 8192, c0 + 64, static_cast<int>(row0), l);
       bulk_commit();
     }
     fence_regs(d);
     if (round == 0) glu_in_place<ACT, 0>(d, p.clamp_alpha, p.clamp_limit);
     else glu_in_place<ACT, 1>(d, p.clamp_alpha, p.clamp_limit);
-    if (tid == 0) bulk_wait_read();
-    named_barrier(bar, 128);
   }
+  // Round 0's stores (all but the last group) have read the Y tile.
+  if (tid == 0) bulk_wait_read<1>();
+  named_barrier(bar, 128);
   fence_regs(d);
 }
 
@@ -550,9 +557,11 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 // N output columns per tile (N accumulators per thread). The narrow tile (N
 // = 88) takes neither a pre-activation nor a Y the copy engine cannot
 // address (the host picks it only without them: dispatch.cpp).
+// PRE = 1: `spare` is the warpgroup's 16 KB of a held ring stage (see
+// store_pre_tma); the other kernels ignore it.
 template <typename T, int ACT, int PRE, int N>
-__device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, float* sbias, int cw,
-                                         int tid, const TileCoord& tc) {
+__device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, unsigned char* spare,
+                                         float* sbias, int cw, int tid, const TileCoord& tc) {
   static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
@@ -597,9 +606,9 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
     // Its own kernels: next to the register-direct paths below, this path
     // made ptxas spill ~300 B in some of them.
     switch (p.pre_mode) {
-      case 0: store_pre_tma<T, 0, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
-      case 1: store_pre_tma<T, 1, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
-      default: store_pre_tma<T, 2, ACT>(p, d, tile, bar, tid, tc.l, row0, col0); break;
+      case 0: store_pre_tma<T, 0, ACT>(p, d, tile, spare, bar, tid, tc.l, row0, col0); break;
+      case 1: store_pre_tma<T, 1, ACT>(p, d, tile, spare, bar, tid, tc.l, row0, col0); break;
+      default: store_pre_tma<T, 2, ACT>(p, d, tile, spare, bar, tid, tc.l, row0, col0); break;
     }
   } else if constexpr (N == 128) {  // (the narrow tile never has a pre-activation)
     if (p.has_pre) {
@@ -692,6 +701,8 @@ template <typename T, int ACT, int CM, int PRE, int BNO>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
   static_assert(BNO == 128 || (CM <= 2 && PRE == 0), "narrow kernels: clusters of one or two, no pre-activation");
+  static_assert(PRE == 0 || 24576 + 16384 <= TileTraits<BNO>::kStageBytes,
+                "PRE = 1: each consumer warpgroup parks 16 KB in the held stage, 24 KB apart");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = TileTraits<BNO>;
   extern __shared__ unsigned char smem_raw[];
@@ -867,7 +878,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       wgmma_wait<0>();
       fence_regs(d);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
-      if (prev >= 0) release(prev);
+      // PRE = 1: an item with an epilogue keeps its last stage until the
+      // epilogue's second pre-activation round has been read from it
+      // (store_pre_tma); the producer meanwhile fills the other three.
+      const bool hold = PRE == 1 && prev >= 0 && wk.role != kPartial && int64_t(tc.nb) * Tr::BNO < p.u;
+      if (prev >= 0 && !hold) release(prev);
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
@@ -895,10 +910,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
 #if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
       // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
       // costs the tile loop. Y is never written.
+      if (hold) release(prev);
       continue;
 #endif
       GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, sbias, cw, tid, tc);
+      // The warpgroup's 16 KB of the held stage: 24 KB apart, on 1024-byte
+      // boundaries (the 128-byte swizzle's period).
+      unsigned char* spare = smem + (prev >= 0 ? prev : 0) * Tr::kStageBytes + cw * 24576;
+      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare, sbias, cw, tid, tc);
+      if (hold) {
+        // Round 1's stores (all but the Y tile's group) have read the stage.
+        if (tid == 0) bulk_wait_read<1>();
+        named_barrier(1 + cw, 128);
+        release(prev);
+      }
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }
