@@ -470,7 +470,8 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
 // stores of store_pre_fast half-fill every 32-byte sector; here the copy
 // engine writes whole lines. Round 0 goes through the warpgroup's Y tile,
 // round 1 through `spare`, the warpgroup's 16 KB of the item's last ring
-// stage, which the kernel holds until these stores have read it (NOTES.md,
+// stage (once both warpgroups are done with its operands), which the kernel
+// holds until these stores have read it (NOTES.md,
 // h43: with one tile for both rounds, two waits per tile for the copy engine
 // cost ~1 %). While the copy engine reads a round, the warpgroup computes Y
 // of tile columns [64 round, 64 round + 64) in place of g: every value the
@@ -490,6 +491,10 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
     // Keeps what is computed from d (the packs, Y) from being hoisted above
     // the barriers and held across them.
     fence_regs(d);
+    // The held stage is the last k-step's operands of both warpgroups (the
+    // weight tile is shared): the other one may still have wgmmas reading
+    // it. Both reach this point on every item (an idle one too).
+    if (round == 1) named_barrier(kBothBar, 256);
     if (round == 0) park_pre<OUT, MODE, 0>(p, d, buf, warp, lane);
     else park_pre<OUT, MODE, 1>(p, d, buf, warp, lane);
     fence_proxy_async();
