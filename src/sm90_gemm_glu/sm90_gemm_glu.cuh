@@ -58,10 +58,11 @@
 // which run while the warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
 // engine cannot address, 32-column fp32 chunks go through the same bytes and
 // are stored by the threads.) The pre-activation, if asked, goes first:
-// when it is 16-bit with 16-byte rows and U is whole tiles, through the same
-// shared tile in two rounds of 128 columns and TMA stores (store_pre_tma, in
-// kernels of their own: PRE = 1), each round's wait for the copy engine
-// covered by computing half of Y; otherwise from the registers, two columns
+// when it is 16-bit with 16-byte rows and U is whole tiles, in two rounds of
+// 128 columns and TMA stores (store_pre_tma, in kernels of their own: PRE =
+// 1), round 0 through the Y tile and round 1 through the item's last ring
+// stage, held until it has been read, each round's stores covered by
+// computing half of Y; otherwise from the registers, two columns
 // per store (store_pre_fast for whole tiles of 16-bit output: straight-line
 // code, small enough to stay in the instruction cache). Only Y (and the
 // pre-activation) reaches device memory.
