@@ -30,6 +30,12 @@ __device__ __forceinline__ float rcp_ftz(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
+// One MUFU op, relative error about 2^-16.5 (glu_out16 below).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 #endif
 GATEDMLP_HD float m_exp(float x) {
 #if defined(__CUDA_ARCH__)
@@ -134,11 +140,6 @@ template <typename F>
 GATEDMLP_HD F glu_out16(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 #if defined(__CUDA_ARCH__)
   if constexpr (sizeof(F) == 4) {
-    auto tanh_approx = [](float x) {
-      float r;
-      asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
-      return r;
-    };
     switch (act) {
       case kSilu: {
         const float h = 0.5f * g;

@@ -115,6 +115,10 @@ struct TileTraits {
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
   static constexpr int kBiasBytes = 2 * BNO * 4;       // gate and up bias of the tile's columns, shared
+  // PRE = 1: consumer warpgroup cw parks a 16 KB pre-activation round at cw
+  // * kSpareStride in the held ring stage (store_pre_tma), on 1024-byte
+  // boundaries (the 128-byte swizzle's period).
+  static constexpr int kSpareStride = 24 * 1024;
   static constexpr int kBarBytes = 2 * kStages * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
@@ -707,8 +711,8 @@ template <typename T, int ACT, int CM, int PRE, int BNO>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
   static_assert(BNO == 128 || (CM <= 2 && PRE == 0), "narrow kernels: clusters of one or two, no pre-activation");
-  static_assert(PRE == 0 || 24576 + 16384 <= TileTraits<BNO>::kStageBytes,
-                "PRE = 1: each consumer warpgroup parks 16 KB in the held stage, 24 KB apart");
+  static_assert(PRE == 0 || TileTraits<BNO>::kSpareStride + 16384 <= TileTraits<BNO>::kStageBytes,
+                "PRE = 1: each consumer warpgroup parks 16 KB in the held stage");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = TileTraits<BNO>;
   extern __shared__ unsigned char smem_raw[];
@@ -920,9 +924,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       continue;
 #endif
       GATEDMLP_WD_MARK(watchdog::kEpi, tc.mb, tc.nb);
-      // The warpgroup's 16 KB of the held stage: 24 KB apart, on 1024-byte
-      // boundaries (the 128-byte swizzle's period).
-      unsigned char* spare = smem + (prev >= 0 ? prev : 0) * Tr::kStageBytes + cw * 24576;
+      // The warpgroup's 16 KB of the held stage (read by the PRE = 1
+      // kernels only; the others ignore it).
+      unsigned char* spare = smem + (prev >= 0 ? prev : 0) * Tr::kStageBytes + cw * Tr::kSpareStride;
       detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare, sbias, cw, tid, tc);
       if (hold) {
         // Round 1's stores (all but the Y tile's group) have read the stage.
