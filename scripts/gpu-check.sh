@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|test|sanitize|accuracy|bench|bars|portable|resources|preact|split|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|preact|split|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 set -uo pipefail
@@ -20,7 +20,7 @@ for step in "${steps[@]}"; do
   build)
     rm -rf "$build"
     t0=$(date +%s)
-    if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="80;90a" -DGATEDMLP_WERROR=ON >"$out/build.log" 2>&1 &&
+    if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${ARCHS:-80;90a}" -DGATEDMLP_WERROR=ON >"$out/build.log" 2>&1 &&
        cmake --build "$build" -j"$(nproc)" >>"$out/build.log" 2>&1; then
       note "build: ok in $(( $(date +%s) - t0 )) s"
     else
@@ -34,6 +34,13 @@ for step in "${steps[@]}"; do
     rc=$?
     tail -25 "$out/smoke.log"
     note "smoke: rc=$rc (124 = timed out); $(grep -E 'PASSED|FAILED' "$out/smoke.log" | tail -1)" ;;
+  fastpath)
+    # The Hopper kernel's own suites only: a quick check of a kernel change
+    # (with ARCHS=90a for the build) before the whole suite.
+    "$build/tests/test_gpu" --gtest_filter='GpuFused.FastPath*:GpuActivation.*' >"$out/fastpath.log" 2>&1
+    rc=$?
+    grep -E "^\[  (FAILED|PASSED) |cases \]" "$out/fastpath.log" | tail -12
+    note "fastpath: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/fastpath.log" | tail -1)" ;;
   test)
     # -V keeps every test's output: the random suites print their case counts.
     (cd "$build" && ctest -V -j1 --timeout 600) >"$out/ctest.log" 2>&1

@@ -157,6 +157,16 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
   return gatedmlp::detail::fused_row(j, half, p.group, p.first);
 }
 
+// pre_col in 32 bits (the blocker keeps 2U below 2^31), without the 64-bit
+// division: the PRE = 1 kernels compute it once per tile on the thread that
+// issues the stores, and the other threads wait for it at the next barrier.
+__device__ __forceinline__ int pre_col32(const Params& p, int half, uint32_t j) {
+  if (p.separate) return static_cast<int>(half == 0 ? j : static_cast<uint32_t>(p.u) + j);
+  const uint32_t g = static_cast<uint32_t>(p.group), block = j / g;
+  const uint32_t slot = half == p.first ? 0u : 1u;
+  return static_cast<int>((2 * block + slot) * g + (j - block * g));
+}
+
 // A tail partial: the warpgroup's 64 x 2N accumulators (N per thread; the
 // slot holds N = 128) as float2 pairs, pair q of thread t at (q * 128 + t) *
 // 2, so a warp's store is 256 contiguous bytes. Rows past M are neither
@@ -427,15 +437,59 @@ __device__ __forceinline__ int swizzled_off(int r, int c, int lane) {
   return (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (lane / 4)) * 16) + (c % 8) * 2;
 }
 
-// Half ROUND of a whole tile's 256 pre-activation columns, in their order
-// in the pre-activation row, written into the warpgroup's shared tile:
-//   MODE 0 (one run per half): round 0 is the gate run, round 1 the up run;
+// park_pre for rounds whose 8-column blocks of one half stay whole in the
+// pre-activation row (MODE 0, and MODE 1 with G >= 8): one stmatrix per 16
+// rows x 16 columns of a half, where 4-byte stores took four (as park_y does
+// for Y). Lane l addresses row l % 8 of matrix l / 8 (park_y_swizzled).
+template <typename OUT, int MODE, int ROUND>
+__device__ __forceinline__ void park_pre_stsm(const Params& p, const float (&d)[128], unsigned char* tile, int warp,
+                                              int lane) {
+  static_assert(MODE == 0 || MODE == 1, "gate and up in runs or blocks of G >= 8");
+  const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
+  const uint32_t base = smem_addr(tile);
+  const int lg = p.pre_log2g;
+  const int gpos = p.first == 0 ? 0 : 1;  // the gate's block within a pair of blocks (MODE 1)
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int jp = 4 * ROUND; jp < 4 * ROUND + 4; ++jp) {
+      const int c = 16 * jp + 8 * (lane / 16);  // the tile column of this lane's matrix
+      // Its column in the round's 128 (two boxes of 64).
+      const int bc = MODE == 0 ? 64 * half + c - 64 * ROUND
+                               : block_col(c, lg) + ((half == 0 ? gpos : 1 - gpos) << lg) - 128 * ROUND;
+      uint32_t v[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = 64 * half + 4 * (2 * jp + q / 2) + 2 * (q % 2);
+        v[q] = gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]);
+      }
+      stmatrix_x4(base + (bc / 64) * 8192 + r * 128 + ((((bc % 64) / 8) ^ (r % 8)) * 16), v[0], v[1], v[2], v[3]);
+    }
+}
+
+// Half ROUND of a whole tile's 256 pre-activation columns: gate and up of
+// tile columns [64 ROUND, 64 ROUND + 64), written into the warpgroup's
+// shared tile (two 64 x 64 boxes) in the order the copy engine stores them:
+//   MODE 0 (one run per half): box 0 the gate columns, box 1 the up columns,
+//     each stored at its own run;
 //   MODE 1 and 2 (blocks of G < 128, the tile's 256 columns one run from
-//     2 col0): round 0 is the run's first 128 columns, which hold tile
-//     columns 0 ... 63 of both halves, round 1 the rest.
+//     2 col0): the run's 128 columns from 128 ROUND on, which hold exactly
+//     those columns of both halves.
+// Every mode parks the same registers in a round, the ones glu_in_place
+// turns into Y next. MODE 0 and MODE 1 with G >= 8 by stmatrix
+// (park_pre_stsm); below, G = 1, 2, 4, two columns per 4-byte store.
 template <typename OUT, int MODE, int ROUND>
 __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128], unsigned char* tile, int warp,
                                          int lane) {
+  if constexpr (MODE == 0) {
+    park_pre_stsm<OUT, 0, ROUND>(p, d, tile, warp, lane);
+    return;
+  } else if constexpr (MODE == 1) {
+    if (p.pre_log2g >= 3) {
+      park_pre_stsm<OUT, 1, ROUND>(p, d, tile, warp, lane);
+      return;
+    }
+  }
   const int q = 2 * (lane % 4);
   const bool gate_first = p.first == 0;
   const int lg = p.pre_log2g;
@@ -447,23 +501,18 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
       const int i = 4 * jj + 2 * h;  // gate d[i], d[i+1]; up d[i+64], d[i+65]
       const int jl = 8 * jj + q;      // tile column (even)
       auto put = [&](int off, uint32_t v) { *reinterpret_cast<uint32_t*>(tile + swizzled_off(r, off, lane)) = v; };
-      if constexpr (MODE == 0) {
-        put(jl, ROUND == 0 ? gatedmlp::detail::pack2<OUT>(d[i], d[i + 1])
-                           : gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]));
+      if ((jj < 8) != (ROUND == 0)) continue;  // resolved at compile time
+      const int base = 2 * 64 * ROUND;            // the round's first run column
+      if constexpr (MODE == 1) {
+        const int bc = block_col(8 * jj, lg) + block_col(q, lg) - base;
+        put(bc + ((gate_first ? 0 : 1) << lg), gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]));
+        put(bc + ((gate_first ? 1 : 0) << lg), gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]));
       } else {
-        if ((jj < 8) != (ROUND == 0)) continue;  // resolved at compile time
-        const int base = 2 * 64 * ROUND;         // the round's first run column
-        if constexpr (MODE == 1) {
-          const int bc = block_col(8 * jj, lg) + block_col(q, lg) - base;
-          put(bc + ((gate_first ? 0 : 1) << lg), gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]));
-          put(bc + ((gate_first ? 1 : 0) << lg), gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]));
-        } else {
-          const int c = 2 * jl - base;
-          put(c, gate_first ? gatedmlp::detail::pack2<OUT>(d[i], d[i + 64])
-                            : gatedmlp::detail::pack2<OUT>(d[i + 64], d[i]));
-          put(c + 2, gate_first ? gatedmlp::detail::pack2<OUT>(d[i + 1], d[i + 65])
-                                : gatedmlp::detail::pack2<OUT>(d[i + 65], d[i + 1]));
-        }
+        const int c = 2 * jl - base;
+        put(c, gate_first ? gatedmlp::detail::pack2<OUT>(d[i], d[i + 64])
+                          : gatedmlp::detail::pack2<OUT>(d[i + 64], d[i]));
+        put(c + 2, gate_first ? gatedmlp::detail::pack2<OUT>(d[i + 1], d[i + 65])
+                              : gatedmlp::detail::pack2<OUT>(d[i + 65], d[i + 1]));
       }
     }
   }
@@ -473,15 +522,15 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
 // tile is) in two rounds of 128 columns, each parked in shared memory and
 // handed to two TMA stores (rows past M are clipped by them). The 4-byte
 // stores of store_pre_fast half-fill every 32-byte sector; here the copy
-// engine writes whole lines. Round 0 goes through the warpgroup's Y tile,
+// engine writes whole lines. Round r holds tile columns [64 r, 64 r + 64)
+// of both halves (park_pre). Round 0 goes through the warpgroup's Y tile,
 // round 1 through `spare`, the warpgroup's 16 KB of the item's last ring
 // stage (once both warpgroups are done with its operands), which the kernel
 // holds until these stores have read it (NOTES.md,
 // h43: with one tile for both rounds, two waits per tile for the copy engine
 // cost ~1 %). While the copy engine reads a round, the warpgroup computes Y
-// of tile columns [64 round, 64 round + 64) in place of g: every value the
-// round parked is out of the registers' way by then, and round 1 needs only
-// u (MODE 0) or the other 64 columns (MODE 1, 2). Returns once round 0 has
+// of the round's columns in place of their g: every value the round parked
+// is out of the registers' way by then. Returns once round 0 has
 // been read: the Y tile is free for Y, and Y itself is in d[0 ... 63].
 // Round 1's stores may still be reading `spare` (the last bulk group).
 template <typename OUT, int MODE, int ACT>
@@ -489,6 +538,15 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
                                               unsigned char* spare, int bar, int tid, int l, int64_t row0,
                                               int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
+  // Where each round's two boxes go: MODE 0, the gate and the up run (64
+  // columns apart from one round to the next); MODE 1, 2, one run from 2
+  // col0, 128 columns per round.
+  int c_box0 = static_cast<int>(2 * col0), c_box1 = c_box0 + 64, c_step = 128;
+  if constexpr (MODE == 0) {
+    c_box0 = pre_col32(p, 0, static_cast<uint32_t>(col0));
+    c_box1 = pre_col32(p, 1, static_cast<uint32_t>(col0));
+    c_step = 64;
+  }
   // Not unrolled: unrolled, silu spilled 12-20 B and gelu_tanh 8-12 B.
 #pragma unroll 1
   for (int round = 0; round < 2; ++round) {
@@ -499,15 +557,30 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
     // The held stage is the last k-step's operands of both warpgroups (the
     // weight tile is shared): the other one may still have wgmmas reading
     // it. Both reach this point on every item (an idle one too).
+#if !defined(GATEDMLP_SM90_EXP_PRE_NO_BOTHBAR)  // timing experiments only (scripts/exp-epilogue.sh)
     if (round == 1) named_barrier(kBothBar, 256);
+#endif
+#if !defined(GATEDMLP_SM90_EXP_PRE_NO_PARK)
     if (round == 0) park_pre<OUT, MODE, 0>(p, d, buf, warp, lane);
     else park_pre<OUT, MODE, 1>(p, d, buf, warp, lane);
+#endif
     fence_proxy_async();
     named_barrier(bar, 128);
     if (tid == 0 && row0 < p.m) {
-      const int c0 = static_cast<int>(MODE == 0 ? pre_col(p, round, col0) : 2 * col0 + 128 * round);
-      tma_store_3d(&p.tma_pre, buf, c0, static_cast<int>(row0), l);
-      tma_store_3d(&p.tma_pre, buf + 8192, c0 + 64, static_cast<int>(row0), l);
+#if defined(GATEDMLP_SM90_EXP_PRE_EVICT_FIRST)
+      uint64_t pol;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+      for (int b = 0; b < 2; ++b)
+        asm volatile(
+            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;" ::"l"(
+                reinterpret_cast<uint64_t>(&p.tma_pre)),
+            "r"(smem_addr(buf + 8192 * b)), "r"((b ? c_box1 : c_box0) + c_step * round), "r"(static_cast<int>(row0)),
+            "r"(l), "l"(pol)
+            : "memory");
+#elif !defined(GATEDMLP_SM90_EXP_PRE_NO_STORE)
+      tma_store_3d(&p.tma_pre, buf, c_box0 + c_step * round, static_cast<int>(row0), l);
+      tma_store_3d(&p.tma_pre, buf + 8192, c_box1 + c_step * round, static_cast<int>(row0), l);
+#endif
       bulk_commit();
     }
     fence_regs(d);
@@ -515,7 +588,9 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
     else glu_in_place<ACT, 1>(d, p.clamp_alpha, p.clamp_limit);
   }
   // Round 0's stores (all but the last group) have read the Y tile.
+#if !defined(GATEDMLP_SM90_EXP_PRE_NO_WAIT)
   if (tid == 0) bulk_wait_read<1>();
+#endif
   named_barrier(bar, 128);
   fence_regs(d);
 }
@@ -930,7 +1005,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare, sbias, cw, tid, tc);
       if (hold) {
         // Round 1's stores (all but the Y tile's group) have read the stage.
+#if !defined(GATEDMLP_SM90_EXP_PRE_NO_WAIT)
         if (tid == 0) bulk_wait_read<1>();
+#endif
         named_barrier(1 + cw, 128);
         release(prev);
       }

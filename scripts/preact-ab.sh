@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The pre-activation output's cost, A/B: this tree against one or more
+# others (comma-separated; e.g. `git archive <commit> | tar -x -C old`), per
+# layout. Each line: the fused call without and with the pre-activation,
+# both timed in the same round, and the overhead. The trees alternate within
+# a round, so that clock drift hits them alike.
+#   scripts/preact-ab.sh OTHER_TREE[,OTHER_TREE...]
+#   env: ROUNDS (2), LAYOUTS ("stacked separate g1 g32 g128"), M (4096), MODEL (8b)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=0 scripts/ab-bench.sh "$1" || exit 1
+IFS=, read -ra trees <<<".,$1"
+fused_ms() { "$@" 2>/dev/null | grep -E "^(8b|70b|405b|custom) " | awk -F'|' '{split($2, a, " "); print a[1]}'; }
+printf "%-10s %-9s %10s %10s %8s\n" tree layout "without" "with" overhead
+for r in $(seq "${ROUNDS:-2}"); do
+  for l in ${LAYOUTS:-stacked separate g1 g32 g128}; do
+    for t in "${trees[@]}"; do
+      g="$t/build-ab/tools/gatedmlp"
+      a=$(fused_ms "$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l")
+      b=$(fused_ms "$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" --preact)
+      printf "%-10s %-9s %10s %10s %7.1f%%\n" "$([ "$t" = . ] && echo this || basename "$t")" "$l" "$a" "$b" \
+        "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a > 0 ? 100 * (b / a - 1) : 0) }')"
+    done
+  done
+done
