@@ -185,6 +185,11 @@ __device__ __forceinline__ void stmatrix_x2(uint32_t addr, uint32_t r0, uint32_t
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Counts the calling threads towards barrier id without waiting: the other
+// side of a producer / consumer pair whose consumers call named_barrier.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 // ------------------------------------------------------------------ flags between CTAs
 // A flag in global memory that one CTA raises, by storing the launch's

@@ -128,8 +128,11 @@ using Traits = TileTraits<128>;
 
 namespace detail_ {
 
-// Named barriers: 1 + cw for consumer warpgroup cw alone, kBothBar for both.
+// Named barriers: 1 + cw for consumer warpgroup cw alone, kBothBar for both;
+// kParkBar + cw: the other warpgroup's wgmmas no longer read the held stage
+// (PRE = 1, store_pre_tma), so cw may park in it.
 constexpr int kBothBar = 3;
+constexpr int kParkBar = 4;
 
 // A position in the ring of STAGES stages: the stage, and the parity of the
 // pass through the ring, which the stage's barriers are waited on with. The
@@ -535,9 +538,29 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
 // Round 1's stores may still be reading `spare` (the last bulk group).
 template <typename OUT, int MODE, int ACT>
 __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], unsigned char* tile,
-                                              unsigned char* spare, int bar, int tid, int l, int64_t row0,
-                                              int64_t col0) {
+                                              unsigned char* spare, bool early, int bar, int tid, int l,
+                                              int64_t row0, int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
+  const int cw = bar - 1;
+  // Round 1 parks in the held stage, which holds the last k-step's operands
+  // of both warpgroups (the weight tile is shared), so the other one's
+  // wgmmas must be done with it. With `early`, the other warpgroup says so
+  // as soon as its epilogue starts (it waited for its wgmmas before), here;
+  // this one waits for that before round 1 (kParkBar + cw), which rarely
+  // waits at all, where a barrier of both warpgroups there cost ~0.5 %
+  // (NOTES.md, h45). The arrivals must not run a generation ahead: a
+  // warpgroup could arrive for its next item before the other had waited
+  // for this one. `early` (a whole item of at least kStages k-blocks; not
+  // the split tail's owners) rules that out: the next early item's
+  // kStages-th k-block, or one before it, reuses the held stage, which is
+  // refilled only once both have released it, after their round 1. (Asked
+  // as "kb1 - kb0 >= kStages", it kept kb0 live through the main loop, and
+  // ptxas spilled ~400 B; in the kernels of two-CTA clusters any `early`
+  // known only at run time spilled ~340 B, so those keep the barrier of
+  // both.)
+  // Both warpgroups come here on every item with an epilogue (an idle one
+  // too) and agree on `early`.
+  if (early) named_barrier_arrive(kParkBar + (1 - cw), 256);
   // Where each round's two boxes go: MODE 0, the gate and the up run (64
   // columns apart from one round to the next); MODE 1, 2, one run from 2
   // col0, 128 columns per round.
@@ -554,11 +577,8 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
     // Keeps what is computed from d (the packs, Y) from being hoisted above
     // the barriers and held across them.
     fence_regs(d);
-    // The held stage is the last k-step's operands of both warpgroups (the
-    // weight tile is shared): the other one may still have wgmmas reading
-    // it. Both reach this point on every item (an idle one too).
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_BOTHBAR)  // timing experiments only (scripts/exp-epilogue.sh)
-    if (round == 1) named_barrier(kBothBar, 256);
+    if (round == 1) named_barrier(early ? kParkBar + cw : kBothBar, 256);
 #endif
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_PARK)
     if (round == 0) park_pre<OUT, MODE, 0>(p, d, buf, warp, lane);
@@ -642,11 +662,12 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 // N output columns per tile (N accumulators per thread). The narrow tile (N
 // = 88) takes neither a pre-activation nor a Y the copy engine cannot
 // address (the host picks it only without them: dispatch.cpp).
-// PRE = 1: `spare` is the warpgroup's 16 KB of a held ring stage (see
-// store_pre_tma); the other kernels ignore it.
+// PRE = 1: `spare` is the warpgroup's 16 KB of a held ring stage, `early`
+// whether the other warpgroup may say it is done with that stage without a
+// barrier of both (see store_pre_tma); the other kernels ignore them.
 template <typename T, int ACT, int PRE, int N>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, unsigned char* spare,
-                                         float* sbias, int cw, int tid, const TileCoord& tc) {
+                                         bool early, float* sbias, int cw, int tid, const TileCoord& tc) {
   static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
@@ -691,9 +712,9 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
     // Its own kernels: next to the register-direct paths below, this path
     // made ptxas spill ~300 B in some of them.
     switch (p.pre_mode) {
-      case 0: store_pre_tma<T, 0, ACT>(p, d, tile, spare, bar, tid, tc.l, row0, col0); break;
-      case 1: store_pre_tma<T, 1, ACT>(p, d, tile, spare, bar, tid, tc.l, row0, col0); break;
-      default: store_pre_tma<T, 2, ACT>(p, d, tile, spare, bar, tid, tc.l, row0, col0); break;
+      case 0: store_pre_tma<T, 0, ACT>(p, d, tile, spare, early, bar, tid, tc.l, row0, col0); break;
+      case 1: store_pre_tma<T, 1, ACT>(p, d, tile, spare, early, bar, tid, tc.l, row0, col0); break;
+      default: store_pre_tma<T, 2, ACT>(p, d, tile, spare, early, bar, tid, tc.l, row0, col0); break;
     }
   } else if constexpr (N == 128) {  // (the narrow tile never has a pre-activation)
     if (p.has_pre) {
@@ -1002,7 +1023,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // The warpgroup's 16 KB of the held stage (read by the PRE = 1
       // kernels only; the others ignore it).
       unsigned char* spare = smem + (prev >= 0 ? prev : 0) * Tr::kStageBytes + cw * Tr::kSpareStride;
-      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare, sbias, cw, tid, tc);
+      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare, CM == 1 && wk.role == kWhole && p.k_blocks >= Tr::kStages, sbias, cw, tid, tc);
       if (hold) {
         // Round 1's stores (all but the Y tile's group) have read the stage.
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_WAIT)
