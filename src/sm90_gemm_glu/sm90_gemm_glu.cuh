@@ -1023,7 +1023,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // The warpgroup's 16 KB of the held stage (read by the PRE = 1
       // kernels only; the others ignore it).
       unsigned char* spare = smem + (prev >= 0 ? prev : 0) * Tr::kStageBytes + cw * Tr::kSpareStride;
-      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare, CM == 1 && wk.role == kWhole && p.k_blocks >= Tr::kStages, sbias, cw, tid, tc);
+      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare,
+                                          CM == 1 && wk.role == kWhole && p.k_blocks >= Tr::kStages, sbias, cw,
+                                          tid, tc);
       if (hold) {
         // Round 1's stores (all but the Y tile's group) have read the stage.
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_WAIT)
