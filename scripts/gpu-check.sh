@@ -93,18 +93,19 @@ for step in "${steps[@]}"; do
       for l in separate g1 g8 g32 g128 g256; do "$g" bench --m 4096 --layout "$l"; done
       "$g" bench --m 4096 --layout g32 --first up
       for l in stacked g1; do "$g" bench --m 4096 --layout "$l" --preact; done
-    } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-140 | tee "$out/bars.txt"
+    } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-170 | tee "$out/bars.txt"
     note "bars: table in bars.txt" ;;
   preact)
-    # The pre-activation output's cost per layout (8B, M = 4096; each line
-    # times the fused call in its own run: without it, with it through TMA
-    # stores, and with GATEDMLP_SM90_PRE_TMA=0, stored from registers), and
+    # The pre-activation output's cost per layout (8B, M = 4096; the bench
+    # times the fused call with and without it in the same run and prints
+    # the difference first in the last column: "preact +x.x%"), through TMA
+    # stores, then with GATEDMLP_SM90_PRE_TMA=0 (stored from registers), and
     # memcheck on the fast path's pre-activation tests.
     g="$build/tools/gatedmlp"
     { for l in stacked separate g1 g32 g128; do
-        "$g" bench --m 4096 --layout "$l"; "$g" bench --m 4096 --layout "$l" --preact
-        GATEDMLP_SM90_PRE_TMA=0 "$g" bench --m 4096 --layout "$l" --preact | sed 's/^8b /8b-reg /'; done
-    } 2>"$out/preact.err" | grep -E "^(model|8b|8b-reg|custom) " | cut -c1-140 | tee "$out/preact.txt"
+        "$g" bench --m 4096 --layout "$l" --preact | sed "s/^8b /8b-$l /"
+        GATEDMLP_SM90_PRE_TMA=0 "$g" bench --m 4096 --layout "$l" --preact | sed "s/^8b /8b-$l-reg /"; done
+    } 2>"$out/preact.err" | grep -E "^(model|8b-[a-z0-9-]*|custom) " | cut -c1-170 | tee "$out/preact.txt"
     compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/test_gpu" \
       --gtest_filter='GpuFused.FastPathPreact*' >"$out/sanitize_preact.log" 2>&1
     note "preact: table in preact.txt; memcheck rc=$?, $(grep -E "ERROR SUMMARY" "$out/sanitize_preact.log" | tail -1)" ;;

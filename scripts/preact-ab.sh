@@ -2,8 +2,9 @@
 # The pre-activation output's cost, A/B: this tree against one or more
 # others (comma-separated; e.g. `git archive <commit> | tar -x -C old`), per
 # layout. Each line: the fused call without and with the pre-activation,
-# both timed in the same round, and the overhead. The trees alternate within
-# a round, so that clock drift hits them alike.
+# both timed in one run of the bench (trees whose bench predates that
+# column: in two runs), and the overhead. The trees alternate within a
+# round, so that clock drift hits them alike.
 #   scripts/preact-ab.sh OTHER_TREE[,OTHER_TREE...]
 #   env: ROUNDS (2), LAYOUTS ("stacked separate g1 g32 g128"), M (4096), MODEL (8b)
 set -uo pipefail
@@ -16,8 +17,11 @@ for r in $(seq "${ROUNDS:-2}"); do
   for l in ${LAYOUTS:-stacked separate g1 g32 g128}; do
     for t in "${trees[@]}"; do
       g="$t/build-ab/tools/gatedmlp"
-      a=$(fused_ms "$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l")
-      b=$(fused_ms "$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" --preact)
+      line=$("$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" --preact 2>/dev/null |
+             grep -E "^(8b|70b|405b|custom) ")
+      b=$(awk -F'|' '{split($2, f, " "); print f[1]}' <<<"$line")
+      a=$(grep -oE "\(([0-9.]+) ms without\)" <<<"$line" | grep -oE "[0-9.]+" | head -1)
+      [ -n "$a" ] || a=$(fused_ms "$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l")
       printf "%-10s %-9s %10s %10s %7.1f%%\n" "$([ "$t" = . ] && echo this || basename "$t")" "$l" "$a" "$b" \
         "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a > 0 ? 100 * (b / a - 1) : 0) }')"
     done

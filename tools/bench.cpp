@@ -65,6 +65,9 @@ struct Row {
   std::string note;
   std::string path = "none", config;
   double fused_ms = NAN, gemm_ms = NAN, unfused_ms = NAN;
+  // --preact: the same fused call without the pre-activation, timed in the
+  // same run (what the pre-activation costs: fused_ms / fused_nopre_ms - 1).
+  double fused_nopre_ms = NAN;
   double fused_tflops = NAN, gemm_tflops = NAN;
   double check_rel = NAN;  // ||fused - unfused|| / ||unfused|| on sampled rows
   int64_t reps = 0, copies = 0;
@@ -221,7 +224,13 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   const int64_t copies =
       std::clamp<int64_t>(static_cast<int64_t>(2 * l2 / std::max<size_t>(per_copy, 1)) + 1, 1, kMaxCopies);
   row.copies = copies;
-  const size_t fused_ws = row.fused_ok ? workspace_size(p) : 0;
+  // --preact: the call without it is timed too (Row::fused_nopre_ms).
+  Problem nopre = p;
+  nopre.has_preact = false;
+  Config nopre_cfg;
+  const bool time_nopre = row.fused_ok && p.has_preact && plan(nopre, &nopre_cfg, dev_.device).ok();
+  const size_t fused_ws =
+      row.fused_ok ? std::max(workspace_size(p), time_nopre ? workspace_size(nopre) : size_t{0}) : 0;
   row.workspace_fused_bytes = double(fused_ws);
   const size_t need = size_t(copies) * per_copy + inter_bytes + (size_t{32} << 20) + fused_ws + kSlackBytes;
   if (!fits_in_memory(need, &row.note)) {
@@ -259,6 +268,11 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
     status_check(ref::Unfused::create(p, &unfused), "Unfused::create");
 
     auto fused_call = [&](int64_t c) { return run(p, args[c], fused_workspace.get(), fused_ws, stream_); };
+    auto nopre_call = [&](int64_t c) {
+      Arguments a = args[c];
+      a.preact = nullptr;
+      return run(nopre, a, fused_workspace.get(), fused_ws, stream_);
+    };
     auto gemm_call = [&](int64_t c) { return unfused->run_gemm_only(args[c], stream_); };
     auto unfused_call = [&](int64_t c) { return unfused->run(args[c], stream_); };
 
@@ -293,12 +307,14 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
 
     std::vector<Call> calls;
     if (row.fused_ok) calls.push_back(fused_call);
+    if (time_nopre) calls.push_back(nopre_call);
     calls.push_back(gemm_call);
     calls.push_back(unfused_call);
     std::vector<double> ms;
     time_paths(calls, copies, &ms, &row.reps);
     size_t i = 0;
     if (row.fused_ok) row.fused_ms = ms[i++];
+    if (time_nopre) row.fused_nopre_ms = ms[i++];
     row.gemm_ms = ms[i++];
     row.unfused_ms = ms[i++];
   } catch (const ToolError& e) {
@@ -329,6 +345,10 @@ void print_table(const std::vector<Row>& rows) {
     }
     std::string tail = r.config;
     if (!r.note.empty()) tail += (tail.empty() ? "" : "  ") + std::string("[") + r.note + "]";
+    // First, where a cut line still shows it.
+    if (std::isfinite(r.fused_nopre_ms))
+      tail = fmt("preact %+.1f%% (%.4f ms without)  ", 100.0 * (r.fused_ms / r.fused_nopre_ms - 1.0),
+                 r.fused_nopre_ms) + tail;
     std::printf("%-6s %6lld %6lld %6lld | %9s %8s | %9s %9s | %8s %8s | %8.1fMB %8.1fMB | %-10s %s\n", r.model.c_str(),
                 (long long)r.m, (long long)r.k, (long long)r.u, cell(r.fused_ms, "%.4f").c_str(),
                 cell(r.fused_tflops, "%.1f").c_str(), cell(r.gemm_ms, "%.4f").c_str(),
@@ -368,6 +388,7 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
     out << ", \"fused_ms\": " << json_num(r.fused_ms) << ", \"fused_tflops\": " << json_num(r.fused_tflops);
     out << ", \"gemm_ms\": " << json_num(r.gemm_ms) << ", \"gemm_tflops\": " << json_num(r.gemm_tflops);
     out << ", \"unfused_ms\": " << json_num(r.unfused_ms);
+    out << ", \"fused_nopre_ms\": " << json_num(r.fused_nopre_ms);
     out << ", \"gemm_over_fused\": " << json_num(r.gemm_ms / r.fused_ms);
     out << ", \"unfused_over_fused\": " << json_num(r.unfused_ms / r.fused_ms);
     out << ", \"act_bytes_fused\": " << json_num(r.act_fused_bytes);
@@ -394,7 +415,9 @@ int bench_main(int argc, char** argv) {
   };
   for (auto& s : kernel_flag_specs()) specs.push_back(s);
   // Of the option flags, the pre-activation output (the Hopper issue's bar
-  // times it against Y alone).
+  // times it against Y alone: with --preact the fused call without it is a
+  // fourth path of the same run, and the table's last column starts with
+  // what the pre-activation cost).
   for (auto& s : extra_flag_specs())
     if (s.name == "preact" || s.name == "preact-dtype") specs.push_back(s);
   specs.push_back({"reps", "N",
@@ -411,7 +434,9 @@ int bench_main(int argc, char** argv) {
   Flags f("bench",
           "Time the fused kernel, cuBLAS GEMM alone (into [M, 2U]) and the unfused GEMM + GLU in the same run.\n"
           "Times are medians of CUDA-event timings after warm-up, inputs rotated past twice the L2;\n"
-          "--schedule says how the three paths' calls are ordered, --path which fused kernel runs.",
+          "--schedule says how the three paths' calls are ordered, --path which fused kernel runs.\n"
+          "With --preact, the fused call without the pre-activation is timed too, as a fourth path,\n"
+          "and its cost printed first in the last column (\"preact +x.x%\").",
           specs);
   f.parse(argc, argv);
   if (f.help()) {
