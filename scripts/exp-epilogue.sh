@@ -13,8 +13,6 @@
 #   prenowait   GATEDMLP_SM90_EXP_PRE_NO_WAIT: neither Y nor the held
 #               stage's release waits for the stores to have read shared
 #               memory (racy: timing only)
-#   prehint     GATEDMLP_SM90_EXP_PRE_EVICT_FIRST: the pre-activation stored
-#               with an L2 evict_first policy
 #   scripts/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
 # VARIANTS picks builds (default: base skip).
 set -uo pipefail
@@ -33,7 +31,6 @@ for v in "${variants[@]}"; do
     prenopark) flags="-DGATEDMLP_SM90_EXP_PRE_NO_PARK" ;;
     prenobar) flags="-DGATEDMLP_SM90_EXP_PRE_NO_BOTHBAR" ;;
     prenowait) flags="-DGATEDMLP_SM90_EXP_PRE_NO_WAIT" ;;
-    prehint) flags="-DGATEDMLP_SM90_EXP_PRE_EVICT_FIRST" ;;
     *) echo "unknown variant $v"; exit 2 ;;
   esac
   # The builds in parallel.

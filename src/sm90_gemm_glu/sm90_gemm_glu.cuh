@@ -160,9 +160,9 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
   return gatedmlp::detail::fused_row(j, half, p.group, p.first);
 }
 
-// pre_col in 32 bits (the blocker keeps 2U below 2^31), without the 64-bit
-// division: the PRE = 1 kernels compute it once per tile on the thread that
-// issues the stores, and the other threads wait for it at the next barrier.
+// pre_col in 32 bits (the blocker keeps 2U below 2^31): a 32-bit division
+// where pre_col's is 64-bit, for the PRE = 1 kernels' store columns, which
+// they compute once per tile.
 __device__ __forceinline__ int pre_col32(const Params& p, int half, uint32_t j) {
   if (p.separate) return static_cast<int>(half == 0 ? j : static_cast<uint32_t>(p.u) + j);
   const uint32_t g = static_cast<uint32_t>(p.group), block = j / g;
@@ -587,17 +587,7 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
     fence_proxy_async();
     named_barrier(bar, 128);
     if (tid == 0 && row0 < p.m) {
-#if defined(GATEDMLP_SM90_EXP_PRE_EVICT_FIRST)
-      uint64_t pol;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-      for (int b = 0; b < 2; ++b)
-        asm volatile(
-            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;" ::"l"(
-                reinterpret_cast<uint64_t>(&p.tma_pre)),
-            "r"(smem_addr(buf + 8192 * b)), "r"((b ? c_box1 : c_box0) + c_step * round), "r"(static_cast<int>(row0)),
-            "r"(l), "l"(pol)
-            : "memory");
-#elif !defined(GATEDMLP_SM90_EXP_PRE_NO_STORE)
+#if !defined(GATEDMLP_SM90_EXP_PRE_NO_STORE)
       tma_store_3d(&p.tma_pre, buf, c_box0 + c_step * round, static_cast<int>(row0), l);
       tma_store_3d(&p.tma_pre, buf + 8192, c_box1 + c_step * round, static_cast<int>(row0), l);
 #endif
