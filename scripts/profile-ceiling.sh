@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# How far the fused kernel is from what its tensor pipe allows, at one clock.
+# For each MODEL:M, ncu profiles every kernel of two rounds of the bench's
+# paths (cuBLAS GEMM, unfused GEMM + GLU, fused; with BENCH_ARGS=--preact also
+# the fused call without the pre-activation) with the SM clock locked
+# (CLOCK=base, the default; CLOCK=none leaves it free), and scripts/ncu_kernels.py
+# prints per kernel: time, clock, tensor-pipe (wgmma) activity, DRAM bytes,
+# L2 hit rate; then unfused / fused at that clock, and what it would be with
+# the fused kernel's tensor pipe busy 100 % of its time (the ratio's ceiling).
+# Output to $OUT or ./profile-out.
+#   [CLOCK=base|none] [BENCH_ARGS=...] [BUILD=build-gpu] scripts/profile-ceiling.sh [MODEL:M ...]
+#   (default: 8b:4096 70b:4096 405b:4096)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+out="${OUT:-$PWD/profile-out}"
+mkdir -p "$out"
+b="${BUILD:-build-gpu}"
+[ -x "$b/tools/gatedmlp" ] || { echo "build $b first (ARCHS=90a scripts/gpu-check.sh build)"; exit 1; }
+cases=("$@")
+[ ${#cases[@]} -eq 0 ] && cases=(8b:4096 70b:4096 405b:4096)
+metrics=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
+tag=$(echo "${BENCH_ARGS:-}" | tr -dc 'a-z0-9')
+for c in "${cases[@]}"; do
+  model=${c%%:*} m=${c##*:}
+  f="$out/ceiling-$model-$m-${CLOCK:-base}${tag:+-$tag}"
+  # --reps 2: a warm-up round, a sizing round, two timed rounds; the first
+  # round's launches (module load, cuBLASLt set-up) are skipped.
+  # shellcheck disable=SC2086
+  ncu --csv --clock-control "${CLOCK:-base}" --kernel-name 'regex:glu_kernel|nvjet|xmma|cutlass|gemm' \
+    --launch-skip 5 --launch-count 15 --metrics "$metrics" \
+    "$b/tools/gatedmlp" bench --model "$model" --m "$m" --reps 2 ${BENCH_ARGS:-} >"$f.csv" 2>"$f.log"
+  echo "--- $model M=$m clock=${CLOCK:-base} ${BENCH_ARGS:-}"
+  python3 scripts/ncu_kernels.py "$f.csv" || tail -5 "$f.log"
+done
