@@ -13,6 +13,10 @@
 #   prenowait   GATEDMLP_SM90_EXP_PRE_NO_WAIT: neither Y nor the held
 #               stage's release waits for the stores to have read shared
 #               memory (racy: timing only)
+# and on every kernel:
+#   drainread   GATEDMLP_SM90_EXP_DRAIN_READ: each item's TMA stores (Y, the
+#               pre-activation) have read shared memory before the next
+#               item's wgmmas start, not under them
 #   scripts/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
 # VARIANTS picks builds (default: base skip).
 set -uo pipefail
@@ -31,6 +35,7 @@ for v in "${variants[@]}"; do
     prenopark) flags="-DGATEDMLP_SM90_EXP_PRE_NO_PARK" ;;
     prenobar) flags="-DGATEDMLP_SM90_EXP_PRE_NO_BOTHBAR" ;;
     prenowait) flags="-DGATEDMLP_SM90_EXP_PRE_NO_WAIT" ;;
+    drainread) flags="-DGATEDMLP_SM90_EXP_DRAIN_READ" ;;
     *) echo "unknown variant $v"; exit 2 ;;
   esac
   # The builds in parallel.
