@@ -13,10 +13,6 @@
 #   prenowait   GATEDMLP_SM90_EXP_PRE_NO_WAIT: neither Y nor the held
 #               stage's release waits for the stores to have read shared
 #               memory (racy: timing only)
-# and on every kernel:
-#   drainread   GATEDMLP_SM90_EXP_DRAIN_READ: each item's TMA stores (Y, the
-#               pre-activation) have read shared memory before the next
-#               item's wgmmas start, not under them
 #   scripts/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
 # VARIANTS picks builds (default: base skip).
 set -uo pipefail
@@ -35,7 +31,6 @@ for v in "${variants[@]}"; do
     prenopark) flags="-DGATEDMLP_SM90_EXP_PRE_NO_PARK" ;;
     prenobar) flags="-DGATEDMLP_SM90_EXP_PRE_NO_BOTHBAR" ;;
     prenowait) flags="-DGATEDMLP_SM90_EXP_PRE_NO_WAIT" ;;
-    drainread) flags="-DGATEDMLP_SM90_EXP_DRAIN_READ" ;;
     *) echo "unknown variant $v"; exit 2 ;;
   esac
   # The builds in parallel.
@@ -47,5 +42,7 @@ wait
 for v in "${variants[@]}"; do [ -x build-exp-$v/tools/gatedmlp ] || exit 1; done
 for v in "${variants[@]}" "${variants[@]}"; do
   echo "-- $v"
-  build-exp-$v/tools/gatedmlp bench "${args[@]}" 2>/dev/null | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-100
+  # The first 100 columns and, with --preact, the cost column ("preact +x.x% (t ms without)").
+  build-exp-$v/tools/gatedmlp bench "${args[@]}" 2>/dev/null | grep -E "^(model|8b|70b|405b|custom) " |
+    sed -E 's/^(.{100}).*(preact [^)]*\)).*$/\1 | \2/; t; s/^(.{100}).*$/\1/'
 done

@@ -1024,13 +1024,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         named_barrier(1 + cw, 128);
         release(prev);
       }
-#if defined(GATEDMLP_SM90_EXP_DRAIN_READ)
-      // Timing experiment only (scripts/exp-epilogue.sh drainread): the
-      // item's stores finish reading shared memory before the next item's
-      // wgmmas, instead of under them.
-      if (tid == 0) bulk_wait_read<0>();
-      named_barrier(1 + cw, 128);
-#endif
       GATEDMLP_WD_MARK(watchdog::kStored, tc.mb, tc.nb);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kEpiDone, w, wk.item);
     }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Where one kernel spends what another does not: ncu's full set of sections
+# (--set full, clocks locked to base) on two launches of one bench run, then
+# every metric that differs by more than 3 % (scripts/ncu_diff.py), A -> B.
+# KERNEL is a regex on the demangled name (template arguments included, which
+# ncu writes as "(int)1") that matches both; SKIP launches of it are passed
+# over first, and the next two are A and B in launch order. Output to $OUT or
+# ./profile-out.
+#   [KERNEL=regex] [SKIP=2] [BUILD=build-gpu] scripts/ncu-diff.sh [bench args]
+# e.g. the pre-activation kernel (launched first in each round of
+# `bench --preact`) against the same call without it:
+#   scripts/ncu-diff.sh --m 4096 --preact
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+out="${OUT:-$PWD/profile-out}"
+mkdir -p "$out"
+b="${BUILD:-build-gpu}"
+[ -x "$b/tools/gatedmlp" ] || { echo "build $b first (ARCHS=90a scripts/gpu-check.sh build)"; exit 1; }
+args=("$@")
+[ ${#args[@]} -eq 0 ] && args=(--m 4096 --preact)
+ncu --set full --clock-control base --kernel-name-base demangled --kernel-name "regex:${KERNEL:-sm90_gemm_glu_kernel}" \
+  --launch-skip "${SKIP:-2}" --launch-count 2 -f -o "$out/diff" "$b/tools/gatedmlp" bench "${args[@]}" --reps 3 \
+  >"$out/ncu-diff.log" 2>&1
+[ -f "$out/diff.ncu-rep" ] || { echo "ncu made no report:"; grep -E "==(ERROR|WARNING)==" "$out/ncu-diff.log" | head; exit 1; }
+ncu -i "$out/diff.ncu-rep" --page details --csv >"$out/diff-details.csv" 2>&1
+python3 scripts/ncu_diff.py "$out/diff-details.csv" --top "${TOP:-70}"
