@@ -6,10 +6,10 @@
 # ncu writes as "(int)1") that matches both; SKIP launches of it are passed
 # over first, and the next two are A and B in launch order. Output to $OUT or
 # ./profile-out.
-#   [KERNEL=regex] [SKIP=2] [BUILD=build-gpu] scripts/ncu-diff.sh [bench args]
-# e.g. the pre-activation kernel (launched first in each round of
-# `bench --preact`) against the same call without it:
-#   scripts/ncu-diff.sh --m 4096 --preact
+#   [KERNEL=regex] [SKIP=3] [BUILD=build-gpu] scripts/ncu-diff.sh [bench args]
+# The default, `bench --m 4096 --preact`, launches per round the call with
+# the pre-activation, then the one without: SKIP=3 makes A the call without
+# it (round 2) and B the call with it (round 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -20,7 +20,7 @@ b="${BUILD:-build-gpu}"
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--m 4096 --preact)
 ncu --set full --clock-control base --kernel-name-base demangled --kernel-name "regex:${KERNEL:-sm90_gemm_glu_kernel}" \
-  --launch-skip "${SKIP:-2}" --launch-count 2 -f -o "$out/diff" "$b/tools/gatedmlp" bench "${args[@]}" --reps 3 \
+  --launch-skip "${SKIP:-3}" --launch-count 2 -f -o "$out/diff" "$b/tools/gatedmlp" bench "${args[@]}" --reps 3 \
   >"$out/ncu-diff.log" 2>&1
 [ -f "$out/diff.ncu-rep" ] || { echo "ncu made no report:"; grep -E "==(ERROR|WARNING)==" "$out/ncu-diff.log" | head; exit 1; }
 ncu -i "$out/diff.ncu-rep" --page details --csv >"$out/diff-details.csv" 2>&1
