@@ -19,10 +19,13 @@
 
 namespace gatedmlp::detail {
 
-// half: 0 = gate, 1 = up; first: which half block 0 holds.
-GATEDMLP_HD int64_t fused_row(int64_t j, int half, int64_t group, int first) {
-  const int64_t block = j / group;
-  const int64_t slot = (half == first) ? 0 : 1;
+// half: 0 = gate, 1 = up; first: which half block 0 holds. I: the index
+// type, int64_t, or uint32_t where the caller knows 2U < 2^31 and wants a
+// 32-bit division (the Hopper kernel's pre_col32).
+template <typename I>
+GATEDMLP_HD I fused_row(I j, int half, I group, int first) {
+  const I block = j / group;
+  const I slot = (half == first) ? 0 : 1;
   return (2 * block + slot) * group + (j - block * group);
 }
 

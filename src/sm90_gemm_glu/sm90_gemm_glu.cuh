@@ -165,9 +165,7 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
 // they compute once per tile.
 __device__ __forceinline__ int pre_col32(const Params& p, int half, uint32_t j) {
   if (p.separate) return static_cast<int>(half == 0 ? j : static_cast<uint32_t>(p.u) + j);
-  const uint32_t g = static_cast<uint32_t>(p.group), block = j / g;
-  const uint32_t slot = half == p.first ? 0u : 1u;
-  return static_cast<int>((2 * block + slot) * g + (j - block * g));
+  return static_cast<int>(gatedmlp::detail::fused_row<uint32_t>(j, half, static_cast<uint32_t>(p.group), p.first));
 }
 
 // A tail partial: the warpgroup's 64 x 2N accumulators (N per thread; the
