@@ -8,12 +8,15 @@ the median of each metric per kernel, then two bounds:
 
   unfused / fused    = (t_cublas + t_glu) / t_fused, what the bench's "unfused"
                        column measures, here at the profiled clock;
-  ... at 100 % gmma  = the same with the fused kernel's time cut to the part
-                       its tensor pipe is busy (t_fused x gmma active %): what
-                       a fused kernel could reach with its tensor pipe never
-                       idle at this clock, the ceiling of that ratio.
+  ... at peak        = the same with the fused kernel's time cut to its share
+                       of the tensor peak: what a fused kernel could reach with
+                       its tensor pipe never idle at this clock, the ratio's
+                       ceiling. The share is FLOPS / (time x clock x SMs x
+                       4096, the dense 16-bit FLOPs per SM and clock of sm_90:
+                       989 TFLOP/s at 1.83 GHz on 132 SMs) when --flops gives
+                       the GEMM's FLOPs, else ncu's tensor-pipe activity.
 
-usage: ncu_kernels.py FILE.csv
+usage: ncu_kernels.py FILE.csv [--flops F]
 """
 import csv
 import re
@@ -21,11 +24,14 @@ import statistics
 import sys
 
 TIME = "gpu__time_duration.sum"
-GMMA = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+CLOCK = "sm__cycles_elapsed.avg.per_second"
+SMS = "device__attribute_multiprocessor_count"
+PEAK_PER_SM_CLOCK = 4096
+GMMA = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
 SHOW = [
     (TIME, "time us", 1e-3),
-    ("sm__cycles_elapsed.avg.per_second", "clock GHz", 1e-9),
-    (GMMA, "gmma %", 1),
+    (CLOCK, "clock GHz", 1e-9),
+    (GMMA, "tensor %", 1),
     ("dram__bytes_read.sum", "DRAM rd MB", 1e-6),
     ("dram__bytes_write.sum", "DRAM wr MB", 1e-6),
     ("lts__t_sector_hit_rate.pct", "L2 hit %", 1),
@@ -53,7 +59,7 @@ def label(name):
     return "cublas gemm"
 
 
-def main(path):
+def main(path, flops):
     per = {}
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
@@ -74,25 +80,32 @@ def main(path):
     if not per:
         sys.exit(f"{path}: no kernels")
     med = {k: {m: statistics.median(vals.values()) for m, vals in ms.items()} for k, ms in per.items()}
-    print(f"{'kernel':34s} {'n':>3s} " + " ".join(f"{h:>10s}" for _, h, _ in SHOW))
+    def share(k):  # of the tensor peak, in %
+        m = med[k]
+        if flops and TIME in m and CLOCK in m and m.get(SMS):
+            return 100 * flops / (m[TIME] * 1e-9 * m[CLOCK] * m[SMS] * PEAK_PER_SM_CLOCK)
+        return m.get(GMMA)
+
+    print(f"{'kernel':34s} {'n':>3s} " + " ".join(f"{h:>10s}" for _, h, _ in SHOW) + ("  peak %" if flops else ""))
     for k in sorted(med):
         n = max(len(v) for v in per[k].values())
         cells = [f"{med[k][m] * s:10.3f}" if m in med[k] else f"{'-':>10s}" for m, _, s in SHOW]
-        print(f"{k:34s} {n:3d} " + " ".join(cells))
+        tail = f"  {share(k):6.1f}" if flops and share(k) and not k.startswith("glu") else ""
+        print(f"{k:34s} {n:3d} " + " ".join(cells) + tail)
     cub, glu = med.get("cublas gemm", {}).get(TIME), med.get("glu (unfused)", {}).get(TIME)
     for k in sorted(med):
         if not k.startswith("fused") or TIME not in med[k]:
             continue
-        t, busy = med[k][TIME], med[k].get(GMMA)
+        t, busy = med[k][TIME], share(k)
         line = f"{k}: cublas / fused {cub / t:.3f}" if cub else k
         if cub and glu:
             line += f", unfused / fused {(cub + glu) / t:.3f} (glu {100 * glu / (cub + glu):.1f} % of unfused)"
             if busy:
-                line += f", at 100 % gmma {(cub + glu) / (t * busy / 100):.3f}"
+                line += f", at peak {(cub + glu) / (t * busy / 100):.3f}"
         print(line)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 4) or (len(sys.argv) == 4 and sys.argv[2] != "--flops"):
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[3]) if len(sys.argv) == 4 else None)
