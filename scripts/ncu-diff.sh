@@ -11,12 +11,7 @@
 # The default, `bench --m 4096 --preact` with SWAP=1, has A the call without
 # the pre-activation and B the call with it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export PATH="/usr/local/cuda/bin:$PATH"
-out="${OUT:-$PWD/profile-out}"
-mkdir -p "$out"
-b="${BUILD:-build-gpu}"
-[ -x "$b/tools/gatedmlp" ] || { echo "build $b first (ARCHS=90a scripts/gpu-check.sh build)"; exit 1; }
+source "$(dirname "$0")/profile-env.sh"
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--m 4096 --preact)
 ncu --set full --clock-control base --kernel-name-base demangled --kernel-name "regex:${KERNEL:-sm90_gemm_glu_kernel}" \

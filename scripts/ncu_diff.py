@@ -9,12 +9,7 @@ collected metric) or `--page details --csv` (one row per metric). Answers
 import argparse
 import csv
 
-
-def num(v):
-    try:
-        return float(v.replace(",", ""))
-    except (ValueError, AttributeError):
-        return None
+from ncu_source_top import num
 
 
 def main():

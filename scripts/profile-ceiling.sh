@@ -12,12 +12,7 @@
 #   [CLOCK=base|none] [BENCH_ARGS=...] [BUILD=build-gpu] scripts/profile-ceiling.sh [MODEL:M ...]
 #   (default: 8b:4096 70b:4096 405b:4096)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export PATH="/usr/local/cuda/bin:$PATH"
-out="${OUT:-$PWD/profile-out}"
-mkdir -p "$out"
-b="${BUILD:-build-gpu}"
-[ -x "$b/tools/gatedmlp" ] || { echo "build $b first (ARCHS=90a scripts/gpu-check.sh build)"; exit 1; }
+source "$(dirname "$0")/profile-env.sh"
 cases=("$@")
 [ ${#cases[@]} -eq 0 ] && cases=(8b:4096 70b:4096 405b:4096)
 metrics=device__attribute_multiprocessor_count,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
