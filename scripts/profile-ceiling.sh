@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How far the fused kernel is from what its tensor pipe allows, at one clock.
-# For each MODEL:M, ncu profiles every kernel of two rounds of the bench's
-# paths (cuBLAS GEMM, unfused GEMM + GLU, fused; with BENCH_ARGS=--preact also
+# For each MODEL:M, ncu profiles 15 launches of the bench's paths after the
+# first round (cuBLAS GEMM, unfused GEMM + GLU, fused; with BENCH_ARGS=--preact also
 # the fused call without the pre-activation) with the SM clock locked
 # (CLOCK=base, the default; CLOCK=none leaves it free), and scripts/ncu_kernels.py
 # prints per kernel: time, clock, tensor-pipe activity, DRAM bytes, L2 hit
@@ -24,8 +24,9 @@ for c in "${cases[@]}"; do
   esac
   flops=$(echo "$ku" | awk -v m="$m" '{printf "%.0f", 4 * m * $1 * $2}')
   f="$out/ceiling-$model-$m-${CLOCK:-base}${tag:+-$tag}"
-  # --reps 2: a warm-up round, a sizing round, two timed rounds; the first
-  # round's launches (module load, cuBLASLt set-up) are skipped.
+  # --reps 2: a warm-up round, a sizing round, two timed rounds (4 or, with
+  # --preact, 5 launches each); the first 5 launches (module load, cuBLASLt
+  # set-up) are skipped.
   # shellcheck disable=SC2086
   ncu --csv --clock-control "${CLOCK:-base}" --kernel-name 'regex:glu_kernel|nvjet|xmma|cutlass|gemm' \
     --launch-skip 5 --launch-count 15 --metrics "$metrics" \
