@@ -21,7 +21,7 @@ namespace gatedmlp::detail {
 
 // half: 0 = gate, 1 = up; first: which half block 0 holds. I: the index
 // type, int64_t, or uint32_t where the caller knows 2U < 2^31 and wants a
-// 32-bit division (the Hopper kernel's pre_col32).
+// 32-bit division (the Hopper kernel's pre_col).
 template <typename I>
 GATEDMLP_HD I fused_row(I j, int half, I group, int first) {
   const I block = j / group;

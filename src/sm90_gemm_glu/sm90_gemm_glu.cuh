@@ -154,18 +154,13 @@ using gatedmlp::detail::store_float;
 
 // Column of the pre-activation output (and index into a fused bias) that
 // holds logical (half, j): the weight row for fused weights, [gate | up] for
-// separate ones.
-__device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j) {
-  if (p.separate) return half == 0 ? j : p.u + j;
-  return gatedmlp::detail::fused_row(j, half, p.group, p.first);
-}
-
-// pre_col in 32 bits (the blocker keeps 2U below 2^31): a 32-bit division
-// where pre_col's is 64-bit, for the PRE = 1 kernels' store columns, which
-// they compute once per tile.
-__device__ __forceinline__ int pre_col32(const Params& p, int half, uint32_t j) {
-  if (p.separate) return static_cast<int>(half == 0 ? j : static_cast<uint32_t>(p.u) + j);
-  return static_cast<int>(gatedmlp::detail::fused_row<uint32_t>(j, half, static_cast<uint32_t>(p.group), p.first));
+// separate ones. I: int64_t, or uint32_t (the blocker keeps 2U below 2^31)
+// for a 32-bit division where the PRE = 1 kernels compute their store
+// columns once per tile.
+template <typename I>
+__device__ __forceinline__ I pre_col(const Params& p, int half, I j) {
+  if (p.separate) return half == 0 ? j : static_cast<I>(p.u) + j;
+  return gatedmlp::detail::fused_row<I>(j, half, static_cast<I>(p.group), p.first);
 }
 
 // A tail partial: the warpgroup's 64 x 2N accumulators (N per thread; the
@@ -564,8 +559,8 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
   // col0, 128 columns per round.
   int c_box0 = static_cast<int>(2 * col0), c_box1 = c_box0 + 64, c_step = 128;
   if constexpr (MODE == 0) {
-    c_box0 = pre_col32(p, 0, static_cast<uint32_t>(col0));
-    c_box1 = pre_col32(p, 1, static_cast<uint32_t>(col0));
+    c_box0 = static_cast<int>(pre_col(p, 0, static_cast<uint32_t>(col0)));
+    c_box1 = static_cast<int>(pre_col(p, 1, static_cast<uint32_t>(col0)));
     c_step = 64;
   }
   // Not unrolled: unrolled, silu spilled 12-20 B and gelu_tanh 8-12 B.
