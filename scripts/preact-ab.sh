@@ -11,7 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=0 scripts/ab-bench.sh "$1" || exit 1
 IFS=, read -ra trees <<<".,$1"
-fused_ms() { "$@" 2>/dev/null | grep -E "^(8b|70b|405b|custom) " | awk -F'|' '{split($2, a, " "); print a[1]}'; }
+# The fused ms column of a bench table line.
+fused_col() { awk -F'|' '{split($2, f, " "); print f[1]}'; }
 printf "%-10s %-9s %10s %10s %8s\n" tree layout "without" "with" overhead
 for r in $(seq "${ROUNDS:-2}"); do
   for l in ${LAYOUTS:-stacked separate g1 g32 g128}; do
@@ -19,9 +20,10 @@ for r in $(seq "${ROUNDS:-2}"); do
       g="$t/build-ab/tools/gatedmlp"
       line=$("$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" --preact 2>/dev/null |
              grep -E "^(8b|70b|405b|custom) ")
-      b=$(awk -F'|' '{split($2, f, " "); print f[1]}' <<<"$line")
+      b=$(fused_col <<<"$line")
       a=$(grep -oE "\(([0-9.]+) ms without\)" <<<"$line" | grep -oE "[0-9.]+" | head -1)
-      [ -n "$a" ] || a=$(fused_ms "$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l")
+      [ -n "$a" ] || a=$("$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" 2>/dev/null |
+                           grep -E "^(8b|70b|405b|custom) " | fused_col)
       printf "%-10s %-9s %10s %10s %7.1f%%\n" "$([ "$t" = . ] && echo this || basename "$t")" "$l" "$a" "$b" \
         "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a > 0 ? 100 * (b / a - 1) : 0) }')"
     done
