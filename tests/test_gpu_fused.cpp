@@ -252,6 +252,9 @@ void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, const Ca
   Err eu;
   ASSERT_TRUE(compare("y (unfused)", yu_out, y_poison, r.output_dtype, L, r.m, r.ldy, r.u, r.batch_stride_y, y_ref,
                       &eu, ref_rows));
+  // The yardstick must itself be right: its error is bounded as the fused one's is below.
+  EXPECT_LE(eu.rel_floor1(), r.output_dtype == DType::fp32 ? 1e-2 : 2e-2)
+      << "unfused relative error " << eu.rel() << " (" << eu.rel_floor1() << " against an RMS of at least 1)";
   std::vector<unsigned char> pu_out;
   Err peu;
   if (r.has_preact) {

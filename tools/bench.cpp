@@ -1,5 +1,8 @@
 // `gatedmlp bench`: times the fused kernel against cuBLAS GEMM alone and
-// against the unfused GEMM + GLU path, all three in the same run.
+// against the unfused GEMM + GLU path, all three in the same run. The unfused
+// path's GLU kernel is also timed alone, and its bytes over its time printed
+// ("glu TB/s"): the baseline is only fair if that half runs near the memory
+// bandwidth.
 //
 //   gatedmlp bench                                  # Llama-3 8B, M = 1 ... 65536
 //   gatedmlp bench --model all --json bench.json
@@ -8,7 +11,7 @@
 //
 // Method: each call's GPU time is taken with CUDA events after a warm-up, and
 // the reported time is the median. Two schedules (--schedule):
-//   call  (default) the three paths are interleaved call by call, so clock and
+//   call  (default) the paths are interleaved call by call, so clock and
 //         thermal drift hit them alike;
 //   block each path runs in its own block of consecutive calls (a few warm-up
 //         calls of that path, then its timed calls back to back, an event
@@ -44,7 +47,7 @@ struct Model {
 constexpr Model kModels[] = {{"8b", 4096, 14336}, {"70b", 8192, 28672}, {"405b", 16384, 53248}};
 const std::vector<int64_t> kDefaultM = {1, 16, 64, 256, 1024, 4096, 16384, 65536};
 
-constexpr double kTargetSeconds = 0.4;  // timed reps of the three paths together, per shape
+constexpr double kTargetSeconds = 0.4;  // timed reps of all the paths together, per shape
 constexpr int64_t kMinReps = 3;         // the 405B shapes at large M take ~0.3 s a call
 constexpr int64_t kMaxReps = 3000;
 constexpr int64_t kMaxCopies = 64;
@@ -68,6 +71,10 @@ struct Row {
   // --preact: the same fused call without the pre-activation, timed in the
   // same run (what the pre-activation costs: fused_ms / fused_nopre_ms - 1).
   double fused_nopre_ms = NAN;
+  // The unfused path's GLU kernel alone, and the bytes it moves (reads the
+  // [M, 2U] intermediate, writes Y and any pre-activation): a baseline whose
+  // elementwise half ran far below memory bandwidth would flatter us.
+  double glu_ms = NAN, glu_bytes = 0;
   double fused_tflops = NAN, gemm_tflops = NAN;
   double check_rel = NAN;  // ||fused - unfused|| / ||unfused|| on sampled rows
   int64_t reps = 0, copies = 0;
@@ -202,6 +209,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   const size_t pre_bytes = p.has_preact ? size_t(m) * 2 * u * dtype_size(p.preact_dtype) : 0;
   row.act_fused_bytes = double(y_bytes + pre_bytes);
   row.act_unfused_bytes = double(inter_bytes + y_bytes);
+  row.glu_bytes = double(inter_bytes + y_bytes + pre_bytes);
 
   if (const Status s = check_support(p); !s.ok()) {
     row.skipped = true;
@@ -275,6 +283,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
     };
     auto gemm_call = [&](int64_t c) { return unfused->run_gemm_only(args[c], stream_); };
     auto unfused_call = [&](int64_t c) { return unfused->run(args[c], stream_); };
+    auto glu_call = [&](int64_t c) { return unfused->run_glu_only(args[c], stream_); };
 
     // A benchmark of a wrong kernel is worthless: compare fused with unfused
     // on a few rows first (the fused Y was poisoned, so unwritten rows show).
@@ -310,6 +319,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
     if (time_nopre) calls.push_back(nopre_call);
     calls.push_back(gemm_call);
     calls.push_back(unfused_call);
+    calls.push_back(glu_call);
     std::vector<double> ms;
     time_paths(calls, copies, &ms, &row.reps);
     size_t i = 0;
@@ -317,6 +327,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
     if (time_nopre) row.fused_nopre_ms = ms[i++];
     row.gemm_ms = ms[i++];
     row.unfused_ms = ms[i++];
+    row.glu_ms = ms[i++];
   } catch (const ToolError& e) {
     // Out of memory mid-way, or a failing call: report the shape and go on.
     (void)cudaStreamSynchronize(stream_);
@@ -334,9 +345,9 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
 std::string cell(double v, const char* format) { return std::isfinite(v) ? fmt(format, v) : "-"; }
 
 void print_table(const std::vector<Row>& rows) {
-  std::printf("%-6s %6s %6s %6s | %9s %8s | %9s %9s | %8s %8s | %10s %10s | %-10s %s\n", "model", "M", "K", "U",
-              "fused ms", "TFLOP/s", "gemm ms", "unfsd ms", "gemm/fsd", "unf/fsd", "act fused", "act unfsd", "path",
-              "config / note");
+  std::printf("%-6s %6s %6s %6s | %9s %8s | %9s %9s | %8s %8s | %10s %10s | %8s | %-10s %s\n", "model", "M", "K",
+              "U", "fused ms", "TFLOP/s", "gemm ms", "unfsd ms", "gemm/fsd", "unf/fsd", "act fused", "act unfsd",
+              "glu TB/s", "path", "config / note");
   for (const Row& r : rows) {
     if (r.skipped) {
       std::printf("%-6s %6lld %6lld %6lld | skipped: %s\n", r.model.c_str(), (long long)r.m, (long long)r.k,
@@ -349,12 +360,13 @@ void print_table(const std::vector<Row>& rows) {
     if (std::isfinite(r.fused_nopre_ms))
       tail = fmt("preact %+.1f%% (%.4f ms without)  ", 100.0 * (r.fused_ms / r.fused_nopre_ms - 1.0),
                  r.fused_nopre_ms) + tail;
-    std::printf("%-6s %6lld %6lld %6lld | %9s %8s | %9s %9s | %8s %8s | %8.1fMB %8.1fMB | %-10s %s\n", r.model.c_str(),
-                (long long)r.m, (long long)r.k, (long long)r.u, cell(r.fused_ms, "%.4f").c_str(),
+    std::printf("%-6s %6lld %6lld %6lld | %9s %8s | %9s %9s | %8s %8s | %8.1fMB %8.1fMB | %8s | %-10s %s\n",
+                r.model.c_str(), (long long)r.m, (long long)r.k, (long long)r.u, cell(r.fused_ms, "%.4f").c_str(),
                 cell(r.fused_tflops, "%.1f").c_str(), cell(r.gemm_ms, "%.4f").c_str(),
                 cell(r.unfused_ms, "%.4f").c_str(), cell(r.gemm_ms / r.fused_ms, "%.3f").c_str(),
                 cell(r.unfused_ms / r.fused_ms, "%.3f").c_str(), r.act_fused_bytes / 1048576.0,
-                r.act_unfused_bytes / 1048576.0, r.path.c_str(), tail.c_str());
+                r.act_unfused_bytes / 1048576.0, cell(r.glu_bytes / (r.glu_ms * 1e-3) / 1e12, "%.2f").c_str(),
+                r.path.c_str(), tail.c_str());
   }
 }
 
@@ -389,6 +401,7 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
     out << ", \"gemm_ms\": " << json_num(r.gemm_ms) << ", \"gemm_tflops\": " << json_num(r.gemm_tflops);
     out << ", \"unfused_ms\": " << json_num(r.unfused_ms);
     out << ", \"fused_nopre_ms\": " << json_num(r.fused_nopre_ms);
+    out << ", \"glu_ms\": " << json_num(r.glu_ms) << ", \"glu_bytes\": " << json_num(r.glu_bytes);
     out << ", \"gemm_over_fused\": " << json_num(r.gemm_ms / r.fused_ms);
     out << ", \"unfused_over_fused\": " << json_num(r.unfused_ms / r.fused_ms);
     out << ", \"act_bytes_fused\": " << json_num(r.act_fused_bytes);
@@ -424,7 +437,7 @@ int bench_main(int argc, char** argv) {
                    "timed calls per path (default: adaptive, about 0.4 s per shape); with --schedule block, "
                    "split over the 3 rounds, rounded up"});
   specs.push_back({"schedule", "S",
-                   "call (default): the three paths interleaved call by call; block: each path timed in its own "
+                   "call (default): the paths interleaved call by call; block: each path timed in its own "
                    "block of consecutive calls after its own warm-up, the blocks rotated 3 times (A B C A B C ...)"});
   specs.push_back({"path", "P",
                    "fused kernel path, by setting GATEDMLP_FORCE_PATH: auto (unset it: the dispatcher's choice), "
@@ -434,8 +447,9 @@ int bench_main(int argc, char** argv) {
   Flags f("bench",
           "Time the fused kernel, cuBLAS GEMM alone (into [M, 2U]) and the unfused GEMM + GLU in the same run.\n"
           "Times are medians of CUDA-event timings after warm-up, inputs rotated past twice the L2;\n"
-          "--schedule says how the three paths' calls are ordered, --path which fused kernel runs.\n"
-          "With --preact, the fused call without the pre-activation is timed too, as a fourth path,\n"
+          "--schedule says how the paths' calls are ordered, --path which fused kernel runs. The unfused\n"
+          "path's GLU kernel is timed alone too; \"glu TB/s\" is its bytes (intermediate read, Y written) over its time.\n"
+          "With --preact, the fused call without the pre-activation is timed too, as another path,\n"
           "and its cost printed first in the last column (\"preact +x.x%\").",
           specs);
   f.parse(argc, argv);
@@ -510,11 +524,11 @@ int bench_main(int argc, char** argv) {
                      (long long)m, (long long)mdl.k, (long long)mdl.u, r.note.c_str());
       } else {
         std::fprintf(stderr,
-                     "[%zu/%zu] %s M=%lld K=%lld U=%lld: fused %s ms, gemm %.4f ms, unfused %.4f ms "
+                     "[%zu/%zu] %s M=%lld K=%lld U=%lld: fused %s ms, gemm %.4f ms, unfused %.4f ms, glu %.4f ms "
                      "(%lld reps, %lld copies, %.1f s)%s%s\n",
                      rows.size() + 1, total, name.c_str(), (long long)m, (long long)mdl.k, (long long)mdl.u,
-                     cell(r.fused_ms, "%.4f").c_str(), r.gemm_ms, r.unfused_ms, (long long)r.reps, (long long)r.copies,
-                     secs, r.note.empty() ? "" : ": ", r.note.c_str());
+                     cell(r.fused_ms, "%.4f").c_str(), r.gemm_ms, r.unfused_ms, r.glu_ms, (long long)r.reps,
+                     (long long)r.copies, secs, r.note.empty() ? "" : ": ", r.note.c_str());
       }
       rows.push_back(std::move(r));
     }

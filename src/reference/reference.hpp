@@ -48,6 +48,9 @@ class Unfused {
   virtual Status run(const Arguments& args, cudaStream_t stream) = 0;
   // The GEMM alone into the intermediate: the "cuBLAS GEMM only" timing.
   virtual Status run_gemm_only(const Arguments& args, cudaStream_t stream) = 0;
+  // The GLU kernel alone, on whatever the intermediate holds: the bench's
+  // yardstick of how close the elementwise half runs to memory bandwidth.
+  virtual Status run_glu_only(const Arguments& args, cudaStream_t stream) = 0;
 };
 
 // float64 reference on the device for batch 0 and the given rows:

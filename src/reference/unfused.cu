@@ -14,8 +14,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "common/device_dtype.cuh"
 #include "common/activation_math.hpp"
@@ -144,127 +148,233 @@ __device__ __forceinline__ float bias_at(const GluArgs& a, int64_t bias_off, int
   return load_dyn(a.bias, a.bias_dtype, bias_off + col);
 }
 
-template <typename T, typename O, GluMode kMode>
+// One item's intermediate values as loaded, before conversion: the loads of
+// all kGluRows rows of a step are issued before any of them is used.
+//   contig: lo = g[0..V), hi = u[0..V)
+//   pair:   lo, hi = the 2V interleaved columns from 2 j0 on
+//   scalar: lo = g, hi = u (V = 1)
+template <typename T, int V>
+struct GluIn {
+  Vec<T, V> lo, hi;
+};
+
+// One 16-byte (or one-element) load; kStream marks it evict-first
+// (`ld.global.cs`): every intermediate byte is read exactly once.
+template <bool kStream, typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_in(const T* p) {
+  if constexpr (kStream && sizeof(Vec<T, V>) == 16) {
+    const uint4 r = __ldcs(reinterpret_cast<const uint4*>(p));
+    Vec<T, V> v;
+    static_assert(sizeof(v) == sizeof(r), "a 16-byte vector");
+    memcpy(&v, &r, sizeof(r));
+    return v;
+  } else {
+    return *reinterpret_cast<const Vec<T, V>*>(p);
+  }
+}
+
+// Bias, pre-activation, activation and store of one item of one row.
+template <typename T, typename O, GluMode kMode, int V>
+__device__ __forceinline__ void glu_finish(const GluArgs& a, int64_t row, int64_t j0, int64_t gcol, int64_t ucol,
+                                           int gslot, const GluIn<T, V>& in) {
+  // Batch and row within it; most calls have no batch, so skip the division.
+  const int64_t b = a.rows == a.m ? 0 : row / a.m;
+  const int64_t mi = row - b * a.m;
+  O* y = static_cast<O*>(a.y) + b * a.stride_y + mi * a.ldy;
+  const int64_t pre_off = b * a.stride_pre + mi * a.ldpre;
+  const int64_t bias_off = b * a.bias_stride;
+
+  float g[V], u[V];
+  if constexpr (kMode == GluMode::pair) {
+    // Selects rather than e[2i + gslot]: a runtime index would put e in local memory.
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const T& e0 = i < V / 2 ? in.lo.v[2 * i] : in.hi.v[2 * i - V];
+      const T& e1 = i < V / 2 ? in.lo.v[2 * i + 1] : in.hi.v[2 * i + 1 - V];
+      g[i] = to_float(gslot ? e1 : e0);
+      u[i] = to_float(gslot ? e0 : e1);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      g[i] = to_float(in.lo.v[i]);
+      u[i] = to_float(in.hi.v[i]);
+    }
+  }
+
+  if (a.has_bias) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      if constexpr (kMode == GluMode::pair) {
+        g[i] += bias_at(a, bias_off, 2 * (j0 + i) + gslot, 0);
+        u[i] += bias_at(a, bias_off, 2 * (j0 + i) + 1 - gslot, 1);
+      } else {
+        g[i] += bias_at(a, bias_off, gcol + i, 0);
+        u[i] += bias_at(a, bias_off, ucol + i, 1);
+      }
+    }
+  }
+
+  // The pre-activation's columns are the intermediate's columns.
+  if (a.has_pre) {
+    if constexpr (kMode == GluMode::pair) {
+      float e[2 * V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        e[2 * i] = gslot ? u[i] : g[i];
+        e[2 * i + 1] = gslot ? g[i] : u[i];
+      }
+      store_vec_dyn<2 * V>(a.pre, a.pre_dtype, pre_off + 2 * j0, e);
+    } else if constexpr (kMode == GluMode::contig) {
+      store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + gcol, g);
+      store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + ucol, u);
+    } else {
+      store_dyn(a.pre, a.pre_dtype, pre_off + gcol, g[0]);
+      store_dyn(a.pre, a.pre_dtype, pre_off + ucol, u[0]);
+    }
+  }
+
+  float out[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    out[i] = detail::glu<float>(a.act, g[i], u[i], a.clamp_alpha, a.clamp_limit);
+  }
+  if constexpr (kMode == GluMode::scalar) {
+    y[j0] = from_float<O>(out[0]);
+  } else {
+    store_vec<V>(y + j0, out);
+  }
+}
+
+// Blocks tile the row's items along x and step over rows along y, kRows rows
+// at a time: a thread issues the loads of all kRows rows, then finishes them,
+// so kRows x 32 bytes of intermediate are in flight per thread (vector modes).
+// The grid is one wave (see UnfusedImpl::glu), so no block waits for a slot.
+template <typename T, typename O, GluMode kMode, int kRows, bool kStream>
 __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
   constexpr int V = kMode == GluMode::scalar ? 1 : kGluVec;
   const int64_t two_u = 2 * a.u;
   const int64_t items = a.u / V;
-  const int64_t item0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t item_step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const T* inter = static_cast<const T*>(a.inter);
 
-  for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
-    const int64_t b = row / a.m;
-    const int64_t mi = row - b * a.m;
-    const T* in = static_cast<const T*>(a.inter) + row * two_u;
-    O* y = static_cast<O*>(a.y) + b * a.stride_y + mi * a.ldy;
-    const int64_t pre_off = b * a.stride_pre + mi * a.ldpre;
-    const int64_t bias_off = b * a.bias_stride;
-
-    for (int64_t it = item0; it < items; it += item_step) {
-      const int64_t j0 = it * V;
-      float g[V], u[V];
-      int64_t gcol = 0, ucol = 0;  // column of g[0] / u[0] (contig, scalar)
-      int gslot = 0;               // pair: which of each g/u pair is the gate
-      if constexpr (kMode == GluMode::pair) {
-        float e[2 * V];
-        load_vec<V>(in + 2 * j0, e);
-        load_vec<V>(in + 2 * j0 + V, e + V);
-        gslot = a.first == 0 ? 0 : 1;
-        // Selects rather than e[2i + gslot]: a runtime index would put e in local memory.
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          g[i] = gslot ? e[2 * i + 1] : e[2 * i];
-          u[i] = gslot ? e[2 * i] : e[2 * i + 1];
-        }
+  for (int64_t it = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; it < items; it += item_step) {
+    const int64_t j0 = it * V;
+    // Columns of the item's first g and u (contig, scalar), the same in every
+    // row; pair mode reads the 2V columns from 2 j0 on.
+    int64_t gcol = 0, ucol = 0;
+    const int gslot = a.first == 0 ? 0 : 1;  // pair: which of each g/u pair is the gate
+    if constexpr (kMode != GluMode::pair) {
+      if (a.separate) {
+        gcol = j0;
+        ucol = a.u + j0;
       } else {
-        if (a.separate) {
-          gcol = j0;
-          ucol = a.u + j0;
-        } else {
-          gcol = detail::fused_row(j0, 0, a.group, a.first);
-          ucol = detail::fused_row(j0, 1, a.group, a.first);
-        }
-        if constexpr (kMode == GluMode::contig) {
-          load_vec<V>(in + gcol, g);
-          load_vec<V>(in + ucol, u);
-        } else {
-          g[0] = to_float(in[gcol]);
-          u[0] = to_float(in[ucol]);
-        }
+        gcol = detail::fused_row(j0, 0, a.group, a.first);
+        ucol = detail::fused_row(j0, 1, a.group, a.first);
       }
-
-      if (a.has_bias) {
+    }
+    for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows; row0 < a.rows;
+         row0 += static_cast<int64_t>(gridDim.y) * kRows) {
+      GluIn<T, V> in[kRows];
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
+      for (int r = 0; r < kRows; ++r) {
+        if (row0 + r < a.rows) {
+          const T* p = inter + (row0 + r) * two_u;
           if constexpr (kMode == GluMode::pair) {
-            g[i] += bias_at(a, bias_off, 2 * (j0 + i) + gslot, 0);
-            u[i] += bias_at(a, bias_off, 2 * (j0 + i) + 1 - gslot, 1);
+            in[r].lo = load_in<kStream, T, V>(p + 2 * j0);
+            in[r].hi = load_in<kStream, T, V>(p + 2 * j0 + V);
           } else {
-            g[i] += bias_at(a, bias_off, gcol + i, 0);
-            u[i] += bias_at(a, bias_off, ucol + i, 1);
+            in[r].lo = load_in<kStream, T, V>(p + gcol);
+            in[r].hi = load_in<kStream, T, V>(p + ucol);
           }
         }
       }
-
-      // The pre-activation's columns are the intermediate's columns.
-      if (a.has_pre) {
-        if constexpr (kMode == GluMode::pair) {
-          float e[2 * V];
 #pragma unroll
-          for (int i = 0; i < V; ++i) {
-            e[2 * i] = gslot ? u[i] : g[i];
-            e[2 * i + 1] = gslot ? g[i] : u[i];
-          }
-          store_vec_dyn<2 * V>(a.pre, a.pre_dtype, pre_off + 2 * j0, e);
-        } else if constexpr (kMode == GluMode::contig) {
-          store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + gcol, g);
-          store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + ucol, u);
-        } else {
-          store_dyn(a.pre, a.pre_dtype, pre_off + gcol, g[0]);
-          store_dyn(a.pre, a.pre_dtype, pre_off + ucol, u[0]);
-        }
-      }
-
-      float out[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        out[i] = detail::glu<float>(a.act, g[i], u[i], a.clamp_alpha, a.clamp_limit);
-      }
-      if constexpr (kMode == GluMode::scalar) {
-        y[j0] = from_float<O>(out[0]);
-      } else {
-        store_vec<V>(y + j0, out);
+      for (int r = 0; r < kRows; ++r) {
+        if (row0 + r < a.rows) glu_finish<T, O, kMode, V>(a, row0 + r, j0, gcol, ucol, gslot, in[r]);
       }
     }
   }
 }
 
+// EXPERIMENT (h47): GATEDMLP_GLU_EXP="ROWS,STREAM" picks the rows per step
+// (1, 2, 4) and the evict-first loads, for bf16 -> bf16 only.
+struct GluExp {
+  int rows = 1;
+  bool stream = false;
+};
+GluExp glu_exp() {
+  GluExp e;
+  if (const char* s = std::getenv("GATEDMLP_GLU_EXP")) {
+    int r = 1, h = 0;
+    if (std::sscanf(s, "%d,%d", &r, &h) >= 1) {
+      e.rows = r;
+      e.stream = h != 0;
+    }
+  }
+  return e;
+}
+
+template <typename Kernel>
+dim3 glu_grid(Kernel kernel, int64_t items, int64_t rows, int krows, int sm_count) {
+  const int64_t gx = std::min<int64_t>((items + kGluThreads - 1) / kGluThreads, int64_t{1} << 20);
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGluThreads, 0) != cudaSuccess || per_sm < 1) {
+    (void)cudaGetLastError();
+    per_sm = 1;
+  }
+  // One wave: as many row steps as there are block slots beside gx.
+  const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
+  const int64_t steps = (rows + krows - 1) / krows;
+  const int64_t gy = std::clamp<int64_t>(slots / gx, 1, std::min<int64_t>(steps, 65535));
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+}
+
+template <typename T, typename O, GluMode kMode, int kRows, bool kStream>
+void launch_glu_kernel(int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
+  auto kernel = glu_kernel<T, O, kMode, kRows, kStream>;
+  kernel<<<glu_grid(kernel, items, a.rows, kRows, sm_count), kGluThreads, 0, stream>>>(a);
+}
+
+template <typename T, typename O, GluMode kMode>
+void launch_glu_mode(int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<O, __nv_bfloat16> && kMode != GluMode::scalar) {
+    const GluExp e = glu_exp();
+    if (e.rows == 2 && !e.stream) return launch_glu_kernel<T, O, kMode, 2, false>(items, sm_count, stream, a);
+    if (e.rows == 4 && !e.stream) return launch_glu_kernel<T, O, kMode, 4, false>(items, sm_count, stream, a);
+    if (e.rows == 1 && e.stream) return launch_glu_kernel<T, O, kMode, 1, true>(items, sm_count, stream, a);
+    if (e.rows == 2 && e.stream) return launch_glu_kernel<T, O, kMode, 2, true>(items, sm_count, stream, a);
+    if (e.rows == 4 && e.stream) return launch_glu_kernel<T, O, kMode, 4, true>(items, sm_count, stream, a);
+  }
+  launch_glu_kernel<T, O, kMode, 1, false>(items, sm_count, stream, a);
+}
+
 template <typename T, typename O>
-void launch_glu_typed(GluMode mode, dim3 grid, cudaStream_t stream, const GluArgs& a) {
+void launch_glu_typed(GluMode mode, int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
   switch (mode) {
     case GluMode::scalar:
-      glu_kernel<T, O, GluMode::scalar><<<grid, kGluThreads, 0, stream>>>(a);
+      launch_glu_mode<T, O, GluMode::scalar>(items, sm_count, stream, a);
       break;
     case GluMode::contig:
-      glu_kernel<T, O, GluMode::contig><<<grid, kGluThreads, 0, stream>>>(a);
+      launch_glu_mode<T, O, GluMode::contig>(items, sm_count, stream, a);
       break;
     case GluMode::pair:
-      glu_kernel<T, O, GluMode::pair><<<grid, kGluThreads, 0, stream>>>(a);
+      launch_glu_mode<T, O, GluMode::pair>(items, sm_count, stream, a);
       break;
   }
 }
 
 template <typename T>
-void launch_glu_in(DType out, GluMode mode, dim3 grid, cudaStream_t stream, const GluArgs& a) {
+void launch_glu_in(DType out, GluMode mode, int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
   switch (out) {
     case DType::bf16:
-      launch_glu_typed<T, __nv_bfloat16>(mode, grid, stream, a);
+      launch_glu_typed<T, __nv_bfloat16>(mode, items, sm_count, stream, a);
       break;
     case DType::fp16:
-      launch_glu_typed<T, __half>(mode, grid, stream, a);
+      launch_glu_typed<T, __half>(mode, items, sm_count, stream, a);
       break;
     case DType::fp32:
-      launch_glu_typed<T, float>(mode, grid, stream, a);
+      launch_glu_typed<T, float>(mode, items, sm_count, stream, a);
       break;
   }
 }
@@ -317,6 +427,7 @@ class UnfusedImpl final : public Unfused {
   size_t intermediate_bytes() const override { return inter_bytes_; }
   Status run(const Arguments& args, cudaStream_t stream) override;
   Status run_gemm_only(const Arguments& args, cudaStream_t stream) override;
+  Status run_glu_only(const Arguments& args, cudaStream_t stream) override;
 
  private:
   struct Algo {
@@ -591,16 +702,10 @@ Status UnfusedImpl::glu(const Arguments& args, cudaStream_t stream) {
   }
 
   const int64_t items = mode == GluMode::scalar ? p_.u : p_.u / kGluVec;
-  const int64_t gx = std::min<int64_t>((items + kGluThreads - 1) / kGluThreads, int64_t{1} << 20);
-  // About 8 blocks of 256 threads per SM fill it; rows beyond that loop.
-  const int64_t target = static_cast<int64_t>(sm_count_) * 8;
-  const int64_t gy = std::clamp<int64_t>(target / gx, 1, std::min<int64_t>(a.rows, 65535));
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-
   if (p_.input_dtype == DType::bf16) {
-    launch_glu_in<__nv_bfloat16>(p_.output_dtype, mode, grid, stream, a);
+    launch_glu_in<__nv_bfloat16>(p_.output_dtype, mode, items, sm_count_, stream, a);
   } else {
-    launch_glu_in<__half>(p_.output_dtype, mode, grid, stream, a);
+    launch_glu_in<__half>(p_.output_dtype, mode, items, sm_count_, stream, a);
   }
   return cuda_status(cudaGetLastError(), "GLU kernel launch (" + shape_str(p_) + ")");
 }
@@ -616,6 +721,12 @@ Status UnfusedImpl::run_gemm_only(const Arguments& args, cudaStream_t stream) {
   if (empty_) return Status::Ok();
   UNFUSED_TRY(check_args(args, false));
   return gemm(args, stream);
+}
+
+Status UnfusedImpl::run_glu_only(const Arguments& args, cudaStream_t stream) {
+  if (empty_) return Status::Ok();
+  UNFUSED_TRY(check_args(args, true));
+  return glu(args, stream);
 }
 
 }  // namespace
