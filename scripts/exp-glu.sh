@@ -27,3 +27,15 @@ for v in ${VARIANTS:--}; do
 done | tee "$out/exp-glu.txt"
 unset GATEDMLP_GLU_EXP
 python3 scripts/glu_floor.py 2>&1 | tee "$out/glu-floor.txt"
+# NCU=1: ncu's view of one GLU launch (8B M = 4096) per variant.
+if [ "${NCU:-0}" = 1 ]; then
+  for v in ${VARIANTS:--}; do
+    if [ "$v" = - ]; then unset GATEDMLP_GLU_EXP; else export GATEDMLP_GLU_EXP="$v"; fi
+    echo "== ncu, glu=$v"
+    ncu --kernel-name regex:glu_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+      "$b/tools/gatedmlp" bench --m 4096 --reps 3 2>&1 |
+      grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit Reg|Grid Size|Issue Slots|Warp Cycles Per Issued|Stall|Executed Ipc|L2 Hit|Mem Busy|Max Bandwidth|SM Busy|Compute \(SM\)"
+  done | tee "$out/exp-glu-ncu.txt"
+  unset GATEDMLP_GLU_EXP
+fi

@@ -6,7 +6,10 @@ For each [M, 2U] bf16 intermediate a (the unfused GEMM's output) it times
   mul     torch.mul(a[:, :U], a[:, U:], out=y)   reads 2U, writes U per row:
           the GLU kernel's traffic without its activation
   silu*u  F.silu(a[:, :U]) * a[:, U:]            what plain PyTorch runs (two kernels)
+  mul2    torch.mul(g, u, out=y)                 the same bytes from two separate tensors
   copy    b.copy_(a)                             reads and writes 2U per row
+  read    a.sum()                                reads 2U per row
+  write   b.fill_(1)                             writes 2U per row
 and prints each one's time and bytes moved per second (the intermediates are
 far larger than the L2, so no rotation is needed).
 
@@ -42,17 +45,21 @@ def main():
         a = torch.randn(m, 2 * u, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(m, u, device="cuda", dtype=torch.bfloat16)
         b = torch.empty_like(a)
+        g, up = a[:, :u].contiguous(), a[:, u:].contiguous()
         n = a.numel() * a.element_size()
         ops = [
             ("mul", lambda: torch.mul(a[:, :u], a[:, u:], out=y), n + n // 2),
+            ("mul2", lambda: torch.mul(g, up, out=y), n + n // 2),
             # silu reads g and writes it, the product reads both and writes y.
             ("silu*u", lambda: F.silu(a[:, :u]) * a[:, u:], n // 2 * 2 + n + n // 2),
             ("copy", lambda: b.copy_(a), 2 * n),
+            ("read", lambda: a.sum(), n),
+            ("write", lambda: b.fill_(1), n),
         ]
         for name, fn, nbytes in ops:
             ms = median_ms(fn)
             print(f"{m:>6} {u:>6} | {name:<7} {ms:8.4f} {nbytes / ms / 1e9:6.2f}")
-        del a, y, b
+        del a, y, b, g, up
         torch.cuda.empty_cache()
 
 
