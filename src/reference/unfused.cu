@@ -14,9 +14,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -148,8 +145,7 @@ __device__ __forceinline__ float bias_at(const GluArgs& a, int64_t bias_off, int
   return load_dyn(a.bias, a.bias_dtype, bias_off + col);
 }
 
-// One item's intermediate values as loaded, before conversion: the loads of
-// all kGluRows rows of a step are issued before any of them is used.
+// One item's intermediate values as loaded, before conversion:
 //   contig: lo = g[0..V), hi = u[0..V)
 //   pair:   lo, hi = the 2V interleaved columns from 2 j0 on
 //   scalar: lo = g, hi = u (V = 1)
@@ -158,31 +154,16 @@ struct GluIn {
   Vec<T, V> lo, hi;
 };
 
-// One 16-byte (or one-element) load; kStream marks it evict-first
-// (`ld.global.cs`): every intermediate byte is read exactly once.
-template <bool kStream, typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_in(const T* p) {
-  if constexpr (kStream && sizeof(Vec<T, V>) == 16) {
-    const uint4 r = __ldcs(reinterpret_cast<const uint4*>(p));
-    Vec<T, V> v;
-    static_assert(sizeof(v) == sizeof(r), "a 16-byte vector");
-    memcpy(&v, &r, sizeof(r));
-    return v;
-  } else {
-    return *reinterpret_cast<const Vec<T, V>*>(p);
-  }
-}
-
-// Bias, pre-activation, activation and store of one item of one row.
-template <typename T, typename O, GluMode kMode, int V>
+// Bias, pre-activation, activation and store of one item of one row. kAct >=
+// 0: the activation is fixed at compile time and there is neither bias nor
+// pre-activation (see glu_kernel).
+template <typename T, typename O, GluMode kMode, int V, int kAct>
 __device__ __forceinline__ void glu_finish(const GluArgs& a, int64_t row, int64_t j0, int64_t gcol, int64_t ucol,
                                            int gslot, const GluIn<T, V>& in) {
   // Batch and row within it; most calls have no batch, so skip the division.
   const int64_t b = a.rows == a.m ? 0 : row / a.m;
   const int64_t mi = row - b * a.m;
   O* y = static_cast<O*>(a.y) + b * a.stride_y + mi * a.ldy;
-  const int64_t pre_off = b * a.stride_pre + mi * a.ldpre;
-  const int64_t bias_off = b * a.bias_stride;
 
   float g[V], u[V];
   if constexpr (kMode == GluMode::pair) {
@@ -202,42 +183,48 @@ __device__ __forceinline__ void glu_finish(const GluArgs& a, int64_t row, int64_
     }
   }
 
-  if (a.has_bias) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      if constexpr (kMode == GluMode::pair) {
-        g[i] += bias_at(a, bias_off, 2 * (j0 + i) + gslot, 0);
-        u[i] += bias_at(a, bias_off, 2 * (j0 + i) + 1 - gslot, 1);
-      } else {
-        g[i] += bias_at(a, bias_off, gcol + i, 0);
-        u[i] += bias_at(a, bias_off, ucol + i, 1);
-      }
-    }
-  }
-
-  // The pre-activation's columns are the intermediate's columns.
-  if (a.has_pre) {
-    if constexpr (kMode == GluMode::pair) {
-      float e[2 * V];
+  if constexpr (kAct < 0) {
+    const int64_t bias_off = b * a.bias_stride;
+    if (a.has_bias) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        e[2 * i] = gslot ? u[i] : g[i];
-        e[2 * i + 1] = gslot ? g[i] : u[i];
+        if constexpr (kMode == GluMode::pair) {
+          g[i] += bias_at(a, bias_off, 2 * (j0 + i) + gslot, 0);
+          u[i] += bias_at(a, bias_off, 2 * (j0 + i) + 1 - gslot, 1);
+        } else {
+          g[i] += bias_at(a, bias_off, gcol + i, 0);
+          u[i] += bias_at(a, bias_off, ucol + i, 1);
+        }
       }
-      store_vec_dyn<2 * V>(a.pre, a.pre_dtype, pre_off + 2 * j0, e);
-    } else if constexpr (kMode == GluMode::contig) {
-      store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + gcol, g);
-      store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + ucol, u);
-    } else {
-      store_dyn(a.pre, a.pre_dtype, pre_off + gcol, g[0]);
-      store_dyn(a.pre, a.pre_dtype, pre_off + ucol, u[0]);
+    }
+
+    // The pre-activation's columns are the intermediate's columns.
+    if (a.has_pre) {
+      const int64_t pre_off = b * a.stride_pre + mi * a.ldpre;
+      if constexpr (kMode == GluMode::pair) {
+        float e[2 * V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          e[2 * i] = gslot ? u[i] : g[i];
+          e[2 * i + 1] = gslot ? g[i] : u[i];
+        }
+        store_vec_dyn<2 * V>(a.pre, a.pre_dtype, pre_off + 2 * j0, e);
+      } else if constexpr (kMode == GluMode::contig) {
+        store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + gcol, g);
+        store_vec_dyn<V>(a.pre, a.pre_dtype, pre_off + ucol, u);
+      } else {
+        store_dyn(a.pre, a.pre_dtype, pre_off + gcol, g[0]);
+        store_dyn(a.pre, a.pre_dtype, pre_off + ucol, u[0]);
+      }
     }
   }
 
+  // A constant kAct folds glu's switch away.
+  const int act = kAct >= 0 ? kAct : a.act;
   float out[V];
 #pragma unroll
   for (int i = 0; i < V; ++i) {
-    out[i] = detail::glu<float>(a.act, g[i], u[i], a.clamp_alpha, a.clamp_limit);
+    out[i] = detail::glu<float>(act, g[i], u[i], a.clamp_alpha, a.clamp_limit);
   }
   if constexpr (kMode == GluMode::scalar) {
     y[j0] = from_float<O>(out[0]);
@@ -246,11 +233,17 @@ __device__ __forceinline__ void glu_finish(const GluArgs& a, int64_t row, int64_
   }
 }
 
-// Blocks tile the row's items along x and step over rows along y, kRows rows
-// at a time: a thread issues the loads of all kRows rows, then finishes them,
-// so kRows x 32 bytes of intermediate are in flight per thread (vector modes).
-// The grid is one wave (see UnfusedImpl::glu), so no block waits for a slot.
-template <typename T, typename O, GluMode kMode, int kRows, bool kStream>
+// Blocks tile the row's items along x and step over rows along y; the grid
+// is one wave (glu_grid), so no block waits for a slot.
+//
+// kAct >= 0 is the common call, made lean enough to stream at memory
+// bandwidth: the activation fixed at compile time, no bias, no
+// pre-activation. With everything chosen at run time (kAct < 0: a switch per
+// output, bias and pre-activation branches) the kernel takes 64 registers and
+// ~30 instructions per output, and streams at about half the bandwidth a
+// plain elementwise kernel reaches (NOTES.md, h47) -- a baseline that slow
+// would flatter the fused kernel.
+template <typename T, typename O, GluMode kMode, int kAct>
 __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
   constexpr int V = kMode == GluMode::scalar ? 1 : kGluVec;
   const int64_t two_u = 2 * a.u;
@@ -273,80 +266,54 @@ __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
         ucol = detail::fused_row(j0, 1, a.group, a.first);
       }
     }
-    for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows; row0 < a.rows;
-         row0 += static_cast<int64_t>(gridDim.y) * kRows) {
-      GluIn<T, V> in[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (row0 + r < a.rows) {
-          const T* p = inter + (row0 + r) * two_u;
-          if constexpr (kMode == GluMode::pair) {
-            in[r].lo = load_in<kStream, T, V>(p + 2 * j0);
-            in[r].hi = load_in<kStream, T, V>(p + 2 * j0 + V);
-          } else {
-            in[r].lo = load_in<kStream, T, V>(p + gcol);
-            in[r].hi = load_in<kStream, T, V>(p + ucol);
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (row0 + r < a.rows) glu_finish<T, O, kMode, V>(a, row0 + r, j0, gcol, ucol, gslot, in[r]);
-      }
+    for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
+      const T* p = inter + row * two_u;
+      GluIn<T, V> in;
+      in.lo = *reinterpret_cast<const Vec<T, V>*>(p + (kMode == GluMode::pair ? 2 * j0 : gcol));
+      in.hi = *reinterpret_cast<const Vec<T, V>*>(p + (kMode == GluMode::pair ? 2 * j0 + V : ucol));
+      glu_finish<T, O, kMode, V, kAct>(a, row, j0, gcol, ucol, gslot, in);
     }
   }
 }
 
-// EXPERIMENT (h47): GATEDMLP_GLU_EXP="ROWS,STREAM" picks the rows per step
-// (1, 2, 4) and the evict-first loads, for bf16 -> bf16 only.
-struct GluExp {
-  int rows = 1;
-  bool stream = false;
-};
-GluExp glu_exp() {
-  GluExp e;
-  if (const char* s = std::getenv("GATEDMLP_GLU_EXP")) {
-    int r = 1, h = 0;
-    if (std::sscanf(s, "%d,%d", &r, &h) >= 1) {
-      e.rows = r;
-      e.stream = h != 0;
-    }
-  }
-  return e;
-}
-
-template <typename Kernel>
-dim3 glu_grid(Kernel kernel, int64_t items, int64_t rows, int krows, int sm_count) {
+template <typename T, typename O, GluMode kMode, int kAct>
+void launch_glu_kernel(int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
+  auto kernel = glu_kernel<T, O, kMode, kAct>;
   const int64_t gx = std::min<int64_t>((items + kGluThreads - 1) / kGluThreads, int64_t{1} << 20);
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGluThreads, 0) != cudaSuccess || per_sm < 1) {
-    (void)cudaGetLastError();
+    (void)cudaGetLastError();  // not sticky; the launch below reports a real problem
     per_sm = 1;
   }
-  // One wave: as many row steps as there are block slots beside gx.
+  // One wave: as many blocks along the rows as there are slots beside gx.
   const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
-  const int64_t steps = (rows + krows - 1) / krows;
-  const int64_t gy = std::clamp<int64_t>(slots / gx, 1, std::min<int64_t>(steps, 65535));
-  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  const int64_t gy = std::clamp<int64_t>(slots / gx, 1, std::min<int64_t>(a.rows, 65535));
+  kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGluThreads, 0, stream>>>(a);
 }
 
-template <typename T, typename O, GluMode kMode, int kRows, bool kStream>
-void launch_glu_kernel(int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
-  auto kernel = glu_kernel<T, O, kMode, kRows, kStream>;
-  kernel<<<glu_grid(kernel, items, a.rows, kRows, sm_count), kGluThreads, 0, stream>>>(a);
-}
-
+// The lean kernels exist for 16-bit outputs in the input's dtype on the
+// vector paths; every other call takes the general one.
 template <typename T, typename O, GluMode kMode>
 void launch_glu_mode(int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<O, __nv_bfloat16> && kMode != GluMode::scalar) {
-    const GluExp e = glu_exp();
-    if (e.rows == 2 && !e.stream) return launch_glu_kernel<T, O, kMode, 2, false>(items, sm_count, stream, a);
-    if (e.rows == 4 && !e.stream) return launch_glu_kernel<T, O, kMode, 4, false>(items, sm_count, stream, a);
-    if (e.rows == 1 && e.stream) return launch_glu_kernel<T, O, kMode, 1, true>(items, sm_count, stream, a);
-    if (e.rows == 2 && e.stream) return launch_glu_kernel<T, O, kMode, 2, true>(items, sm_count, stream, a);
-    if (e.rows == 4 && e.stream) return launch_glu_kernel<T, O, kMode, 4, true>(items, sm_count, stream, a);
+  if constexpr (std::is_same_v<T, O> && kMode != GluMode::scalar) {
+    if (!a.has_bias && !a.has_pre) {
+      switch (a.act) {
+        case detail::kSilu:
+          return launch_glu_kernel<T, O, kMode, detail::kSilu>(items, sm_count, stream, a);
+        case detail::kGeluTanh:
+          return launch_glu_kernel<T, O, kMode, detail::kGeluTanh>(items, sm_count, stream, a);
+        case detail::kGeluErf:
+          return launch_glu_kernel<T, O, kMode, detail::kGeluErf>(items, sm_count, stream, a);
+        case detail::kRelu:
+          return launch_glu_kernel<T, O, kMode, detail::kRelu>(items, sm_count, stream, a);
+        case detail::kSwigluClamped:
+          return launch_glu_kernel<T, O, kMode, detail::kSwigluClamped>(items, sm_count, stream, a);
+        default:
+          break;
+      }
+    }
   }
-  launch_glu_kernel<T, O, kMode, 1, false>(items, sm_count, stream, a);
+  launch_glu_kernel<T, O, kMode, -1>(items, sm_count, stream, a);
 }
 
 template <typename T, typename O>
