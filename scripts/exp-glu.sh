@@ -5,6 +5,8 @@
 # move the same bytes (scripts/glu_floor.py), on one GPU.
 #   scripts/exp-glu.sh [bench args]     (default: every model at M = 4096, 8B at 16384)
 # NCU=1 adds ncu's view of one GLU launch of each kind (8B, M = 4096).
+# PROBE=1 first runs scripts/probes/glu_bw.cu (the same bytes traversed in
+# several orders), then stops.
 # Builds BUILD (default build-gpu, sm_90a only) if it has no tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,11 @@ export PATH="/usr/local/cuda/bin:$PATH"
 out="${OUT:-$PWD/profile-out}"
 mkdir -p "$out"
 b="${BUILD:-build-gpu}"
+if [ "${PROBE:-0}" = 1 ]; then
+  nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/probes/glu_bw.cu -o "$out/glu_bw" &&
+    "$out/glu_bw" | tee "$out/glu-bw.txt"
+  exit
+fi
 if [ ! -x "$b/tools/gatedmlp" ]; then
   cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a" -DGATEDMLP_BUILD_TESTS=OFF \
     >"$out/exp-glu-build.log" 2>&1 && cmake --build "$b" -j"$(nproc)" --target gatedmlp_tool >>"$out/exp-glu-build.log" 2>&1 ||
