@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The unfused baseline's GLU kernel against memory bandwidth (h47): the
 # bench's "glu TB/s" column (the GLU kernel timed alone) for the plain call
-# and for calls that take the general kernel (a bias), then torch kernels that
+# and for one that takes the general kernel (--preact), then torch kernels that
 # move the same bytes (scripts/glu_floor.py), on one GPU.
 #   scripts/exp-glu.sh [bench args]     (default: every model at M = 4096, 8B at 16384)
 # NCU=1 adds ncu's view of one GLU launch of each kind (8B, M = 4096).
 # PROBE=1 first runs scripts/probes/glu_bw.cu (the same bytes traversed in
-# several orders), then stops.
+# several orders), then stops unless PROBE_ONLY=0.
 # Builds BUILD (default build-gpu, sm_90a only) if it has no tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ b="${BUILD:-build-gpu}"
 if [ "${PROBE:-0}" = 1 ]; then
   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/probes/glu_bw.cu -o "$out/glu_bw" &&
     "$out/glu_bw" | tee "$out/glu-bw.txt"
-  exit
+  [ "${PROBE_ONLY:-1}" = 1 ] && exit
 fi
 if [ ! -x "$b/tools/gatedmlp" ]; then
   cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a" -DGATEDMLP_BUILD_TESTS=OFF \
@@ -26,12 +26,12 @@ if [ ! -x "$b/tools/gatedmlp" ]; then
 fi
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=(--model all --m 4096)
-for extra in "" "--layout g1" "--act gelu_tanh" "--bias"; do
+for extra in "" "--layout g1" "--act gelu_tanh" "--preact"; do
   "$b/tools/gatedmlp" bench "${runs[@]}" $extra 2>/dev/null | grep -E "^(8b|70b|405b|custom) " | sed "s/^/[${extra:-plain}] /"
 done | tee "$out/exp-glu.txt"
 python3 scripts/glu_floor.py 2>&1 | tee "$out/glu-floor.txt"
 if [ "${NCU:-0}" = 1 ]; then
-  for extra in "" "--bias"; do
+  for extra in "" "--preact"; do
     echo "== ncu, GLU kernel of bench --m 4096 $extra"
     ncu --kernel-name regex:glu_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section LaunchStats --section InstructionStats \
