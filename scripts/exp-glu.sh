@@ -26,14 +26,16 @@ if [ ! -x "$b/tools/gatedmlp" ]; then
 fi
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=(--model all --m 4096)
-for extra in "" "--layout g1" "--act gelu_tanh" "--preact"; do
-  "$b/tools/gatedmlp" bench "${runs[@]}" $extra 2>/dev/null | grep -E "^(8b|70b|405b|custom) " | sed "s/^/[${extra:-plain}] /"
+for extra in "" "--layout g1" "--act gelu_tanh" "--preact" "general" "general --act gelu_tanh"; do
+  # "general": GATEDMLP_GLU_GENERAL=1, the general kernel on the plain call.
+  e=(); [ "${extra%% *}" = general ] && e=(GATEDMLP_GLU_GENERAL=1)
+  env "${e[@]}" "$b/tools/gatedmlp" bench "${runs[@]}" ${extra#general} 2>/dev/null | grep -E "^(8b|70b|405b|custom) " | sed "s/^/[${extra:-plain}] /"
 done | tee "$out/exp-glu.txt"
 python3 scripts/glu_floor.py 2>&1 | tee "$out/glu-floor.txt"
 if [ "${NCU:-0}" = 1 ]; then
   for extra in "" "--preact"; do
     echo "== ncu, GLU kernel of bench --m 4096 $extra"
-    ncu --kernel-name regex:glu_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy \
+    ncu --kernel-name regex:^glu_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section LaunchStats --section InstructionStats \
       "$b/tools/gatedmlp" bench --m 4096 --reps 3 $extra 2>&1 |
       grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Executed Ipc A|Executed Instructions  |Compute \(SM\)"

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -112,13 +113,6 @@ __device__ __forceinline__ void store_vec_dyn(void* base, DType t, int64_t i, co
       store_vec<N>(static_cast<float*>(base) + i, v);
       break;
   }
-}
-
-template <int N, typename T>
-__device__ __forceinline__ void load_vec(const T* src, float* v) {
-  const Vec<T, N> t = *reinterpret_cast<const Vec<T, N>*>(src);
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = to_float(t.v[i]);
 }
 
 // ---------------------------------------------------------------- GLU kernel
@@ -248,8 +242,8 @@ __device__ __forceinline__ void glu_finish(const GluArgs& a, int64_t row, int64_
   }
 }
 
-// Blocks tile the row's items along x and step over rows along y; the grid
-// is one wave (glu_grid), so no block waits for a slot.
+// Blocks tile the row's items along x and take rows along y (see
+// launch_glu_kernel).
 //
 // kAct >= 0 is the common call, made lean enough to stream at memory
 // bandwidth: the activation fixed at compile time, no bias, no
@@ -292,71 +286,69 @@ __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
 }
 
 template <typename T, typename O, GluMode kMode, int kAct>
-void launch_glu_kernel(int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
-  auto kernel = glu_kernel<T, O, kMode, kAct>;
+void launch_glu_kernel(int64_t items, cudaStream_t stream, const GluArgs& a) {
   const int64_t gx = std::min<int64_t>((items + kGluThreads - 1) / kGluThreads, int64_t{1} << 20);
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGluThreads, 0) != cudaSuccess || per_sm < 1) {
-    (void)cudaGetLastError();  // not sticky; the launch below reports a real problem
-    per_sm = 1;
-  }
-  // One wave: as many blocks along the rows as there are slots beside gx.
-  const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
-  const int64_t gy = std::clamp<int64_t>(slots / gx, 1, std::min<int64_t>(a.rows, 65535));
-  kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGluThreads, 0, stream>>>(a);
+  // A block per row (and x chunk), rows beyond the grid's limit looping:
+  // blocks start in order, so the rows in flight stay together and move
+  // through memory as a streaming copy's do. A one-wave grid whose blocks
+  // step over the rows ran 7-18 % slower (scripts/probes/glu_bw.cu, h47).
+  const int64_t gy = std::min<int64_t>(a.rows, 65535);
+  glu_kernel<T, O, kMode, kAct><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGluThreads, 0, stream>>>(a);
 }
 
 // The lean kernels exist for 16-bit outputs in the input's dtype on the
 // vector paths; every other call takes the general one.
 template <typename T, typename O, GluMode kMode>
-void launch_glu_mode(int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
+void launch_glu_mode(int64_t items, cudaStream_t stream, const GluArgs& a) {
   if constexpr (std::is_same_v<T, O> && kMode != GluMode::scalar) {
-    if (!a.has_bias && !a.has_pre) {
+    // EXPERIMENT (h47): GATEDMLP_GLU_GENERAL=1 times the general kernel on the plain call.
+    static const bool general = std::getenv("GATEDMLP_GLU_GENERAL") != nullptr;
+    if (!a.has_bias && !a.has_pre && !general) {
       switch (a.act) {
         case detail::kSilu:
-          return launch_glu_kernel<T, O, kMode, detail::kSilu>(items, sm_count, stream, a);
+          return launch_glu_kernel<T, O, kMode, detail::kSilu>(items, stream, a);
         case detail::kGeluTanh:
-          return launch_glu_kernel<T, O, kMode, detail::kGeluTanh>(items, sm_count, stream, a);
+          return launch_glu_kernel<T, O, kMode, detail::kGeluTanh>(items, stream, a);
         case detail::kGeluErf:
-          return launch_glu_kernel<T, O, kMode, detail::kGeluErf>(items, sm_count, stream, a);
+          return launch_glu_kernel<T, O, kMode, detail::kGeluErf>(items, stream, a);
         case detail::kRelu:
-          return launch_glu_kernel<T, O, kMode, detail::kRelu>(items, sm_count, stream, a);
+          return launch_glu_kernel<T, O, kMode, detail::kRelu>(items, stream, a);
         case detail::kSwigluClamped:
-          return launch_glu_kernel<T, O, kMode, detail::kSwigluClamped>(items, sm_count, stream, a);
+          return launch_glu_kernel<T, O, kMode, detail::kSwigluClamped>(items, stream, a);
         default:
           break;
       }
     }
   }
-  launch_glu_kernel<T, O, kMode, -1>(items, sm_count, stream, a);
+  launch_glu_kernel<T, O, kMode, -1>(items, stream, a);
 }
 
 template <typename T, typename O>
-void launch_glu_typed(GluMode mode, int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
+void launch_glu_typed(GluMode mode, int64_t items, cudaStream_t stream, const GluArgs& a) {
   switch (mode) {
     case GluMode::scalar:
-      launch_glu_mode<T, O, GluMode::scalar>(items, sm_count, stream, a);
+      launch_glu_mode<T, O, GluMode::scalar>(items, stream, a);
       break;
     case GluMode::contig:
-      launch_glu_mode<T, O, GluMode::contig>(items, sm_count, stream, a);
+      launch_glu_mode<T, O, GluMode::contig>(items, stream, a);
       break;
     case GluMode::pair:
-      launch_glu_mode<T, O, GluMode::pair>(items, sm_count, stream, a);
+      launch_glu_mode<T, O, GluMode::pair>(items, stream, a);
       break;
   }
 }
 
 template <typename T>
-void launch_glu_in(DType out, GluMode mode, int64_t items, int sm_count, cudaStream_t stream, const GluArgs& a) {
+void launch_glu_in(DType out, GluMode mode, int64_t items, cudaStream_t stream, const GluArgs& a) {
   switch (out) {
     case DType::bf16:
-      launch_glu_typed<T, __nv_bfloat16>(mode, items, sm_count, stream, a);
+      launch_glu_typed<T, __nv_bfloat16>(mode, items, stream, a);
       break;
     case DType::fp16:
-      launch_glu_typed<T, __half>(mode, items, sm_count, stream, a);
+      launch_glu_typed<T, __half>(mode, items, stream, a);
       break;
     case DType::fp32:
-      launch_glu_typed<T, float>(mode, items, sm_count, stream, a);
+      launch_glu_typed<T, float>(mode, items, stream, a);
       break;
   }
 }
@@ -429,7 +421,6 @@ class UnfusedImpl final : public Unfused {
   size_t esz_ = 2;
   int64_t n_out_ = 0;   // GEMM output columns per call: 2U fused, U per separate tensor
   bool empty_ = false;  // nothing to compute (L, M or U is 0)
-  int sm_count_ = 1;
 
   cublasLtHandle_t lt_ = nullptr;
   cublasLtMatmulDesc_t desc_ = nullptr;
@@ -516,11 +507,6 @@ Status UnfusedImpl::init(const Problem& problem) {
   }
   empty_ = p_.batch == 0 || p_.m == 0 || p_.u == 0;
   if (empty_) return Status::Ok();
-
-  int device = 0;
-  UNFUSED_TRY(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
-  UNFUSED_TRY(cuda_status(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
-                          "cudaDeviceGetAttribute(multiProcessorCount)"));
 
   inter_bytes_ = static_cast<size_t>(p_.batch) * static_cast<size_t>(p_.m) * static_cast<size_t>(2 * p_.u) * esz_;
   UNFUSED_TRY(cuda_status(
@@ -685,9 +671,9 @@ Status UnfusedImpl::glu(const Arguments& args, cudaStream_t stream) {
 
   const int64_t items = mode == GluMode::scalar ? p_.u : p_.u / kGluVec;
   if (p_.input_dtype == DType::bf16) {
-    launch_glu_in<__nv_bfloat16>(p_.output_dtype, mode, items, sm_count_, stream, a);
+    launch_glu_in<__nv_bfloat16>(p_.output_dtype, mode, items, stream, a);
   } else {
-    launch_glu_in<__half>(p_.output_dtype, mode, items, sm_count_, stream, a);
+    launch_glu_in<__half>(p_.output_dtype, mode, items, stream, a);
   }
   return cuda_status(cudaGetLastError(), "GLU kernel launch (" + shape_str(p_) + ")");
 }
