@@ -30,6 +30,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kGluThreads = 256;
 constexpr int kGluVec = 8;  // outputs per thread on the vector paths: one 16-byte load of g and of u
+constexpr int kGluRowsPerBlock = 8;  // consecutive rows a GLU block takes per grid step
 
 // ---------------------------------------------------------------- errors
 Status cuda_status(cudaError_t err, const std::string& what) {
@@ -275,12 +276,17 @@ __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
         ucol = detail::fused_row(j0, 1, a.group, a.first);
       }
     }
-    for (int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
-      const T* p = inter + row * two_u;
-      GluIn<T, V> in;
-      in.lo = *reinterpret_cast<const Vec<T, V>*>(p + (kMode == GluMode::pair ? 2 * j0 : gcol));
-      in.hi = *reinterpret_cast<const Vec<T, V>*>(p + (kMode == GluMode::pair ? 2 * j0 + V : ucol));
-      glu_finish<T, O, kMode, V, kAct>(a, row, j0, gcol, ucol, gslot, in);
+    // kGluRowsPerBlock consecutive rows per grid step (see launch_glu_kernel).
+    for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * kGluRowsPerBlock; row0 < a.rows;
+         row0 += static_cast<int64_t>(gridDim.y) * kGluRowsPerBlock) {
+      const int64_t row1 = std::min<int64_t>(row0 + kGluRowsPerBlock, a.rows);
+      for (int64_t row = row0; row < row1; ++row) {
+        const T* p = inter + row * two_u;
+        GluIn<T, V> in;
+        in.lo = *reinterpret_cast<const Vec<T, V>*>(p + (kMode == GluMode::pair ? 2 * j0 : gcol));
+        in.hi = *reinterpret_cast<const Vec<T, V>*>(p + (kMode == GluMode::pair ? 2 * j0 + V : ucol));
+        glu_finish<T, O, kMode, V, kAct>(a, row, j0, gcol, ucol, gslot, in);
+      }
     }
   }
 }
@@ -288,11 +294,13 @@ __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
 template <typename T, typename O, GluMode kMode, int kAct>
 void launch_glu_kernel(int64_t items, cudaStream_t stream, const GluArgs& a) {
   const int64_t gx = std::min<int64_t>((items + kGluThreads - 1) / kGluThreads, int64_t{1} << 20);
-  // A block per row (and x chunk), rows beyond the grid's limit looping:
-  // blocks start in order, so the rows in flight stay together and move
-  // through memory as a streaming copy's do. A one-wave grid whose blocks
-  // step over the rows ran 7-18 % slower (scripts/probes/glu_bw.cu, h47).
-  const int64_t gy = std::min<int64_t>(a.rows, 65535);
+  // A block per kGluRowsPerBlock rows (and x chunk), rows beyond the grid's
+  // limit looping: blocks start in order, so the rows in flight stay
+  // together and move through memory as a streaming copy's do. A one-wave
+  // grid whose blocks step over the rows ran 7-18 % slower
+  // (scripts/probes/glu_bw.cu, h47); a block per row repeated the column
+  // arithmetic (a 64-bit division for interleaved layouts) on every row.
+  const int64_t gy = std::min<int64_t>((a.rows + kGluRowsPerBlock - 1) / kGluRowsPerBlock, 65535);
   glu_kernel<T, O, kMode, kAct><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGluThreads, 0, stream>>>(a);
 }
 
