@@ -41,6 +41,15 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return w;
 }
 
+// One 16-byte store of four words to 16-byte aligned global memory. In asm
+// because the compiler splits a uint4 assignment built from packed halves
+// into four 4-byte stores: each writes part of every sector it touches, and
+// the unfused GLU kernel ran at half the memory bandwidth with them (NOTES.md,
+// h47).
+__device__ __forceinline__ void store_global_16B(void* p, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(w1), "r"(w2), "r"(w3) : "memory");
+}
+
 // Element i of an array whose type is known only at run time.
 __device__ __forceinline__ float load_float(const void* p, int dtype, int64_t i) {
   switch (dtype) {

@@ -72,32 +72,37 @@ __device__ __forceinline__ void store_dyn(void* base, DType t, int64_t i, float 
   gatedmlp::detail::store_float(base, static_cast<int>(t), i, v);
 }
 
-__device__ __forceinline__ uint32_t bits_of(float x) { return __float_as_uint(x); }
-__device__ __forceinline__ uint32_t bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
-__device__ __forceinline__ uint32_t bits_of(__half x) { return __half_as_ushort(x); }
+// One 32-bit word of O values from v: two rounded to 16 bits (one paired
+// conversion), or one fp32.
+template <typename O>
+__device__ __forceinline__ uint32_t pack_word(const float* v);
+template <>
+__device__ __forceinline__ uint32_t pack_word<__nv_bfloat16>(const float* v) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v[0], v[1]);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack_word<__half>(const float* v) {
+  const __half2 h = __floats2half2_rn(v[0], v[1]);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack_word<float>(const float* v) {
+  return __float_as_uint(v[0]);
+}
 
 // N values as 16-byte stores; dst must be 16-byte aligned global memory.
-// The words are packed by hand: storing a Vec of bf16 / fp16 compiled to one
-// 2-byte store per element, partial-sector writes that halved the GLU
-// kernel's bandwidth (NOTES.md, h47).
 template <int N, typename O>
 __device__ __forceinline__ void store_vec(O* dst, const float* v) {
   constexpr int kChunk = 16 / sizeof(O);
-  constexpr int kPerWord = 4 / sizeof(O);
   static_assert(N % kChunk == 0, "store_vec writes whole 16-byte chunks");
 #pragma unroll
   for (int c = 0; c < N / kChunk; ++c) {
+    const float* s = v + c * kChunk;
     uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[k] = 0;
-#pragma unroll
-      for (int h = 0; h < kPerWord; ++h) w[k] |= bits_of(from_float<O>(v[c * kChunk + k * kPerWord + h])) << (16 * h);
-    }
-    // In asm: a uint4 assignment was split into four 4-byte stores too.
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + c * kChunk), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                 "r"(w[3])
-                 : "memory");
+    for (int k = 0; k < 4; ++k) w[k] = pack_word<O>(s + k * (4 / sizeof(O)));
+    detail::store_global_16B(dst + c * kChunk, w[0], w[1], w[2], w[3]);
   }
 }
 
