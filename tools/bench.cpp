@@ -448,7 +448,8 @@ int bench_main(int argc, char** argv) {
           "Time the fused kernel, cuBLAS GEMM alone (into [M, 2U]) and the unfused GEMM + GLU in the same run.\n"
           "Times are medians of CUDA-event timings after warm-up, inputs rotated past twice the L2;\n"
           "--schedule says how the paths' calls are ordered, --path which fused kernel runs. The unfused\n"
-          "path's GLU kernel is timed alone too; \"glu TB/s\" is its bytes (intermediate read, Y written) over its time.\n"
+          "path's GLU kernel is timed alone too; \"glu TB/s\" is its bytes (the intermediate read; Y and any\n"
+          "pre-activation written) over its time.\n"
           "With --preact, the fused call without the pre-activation is timed too, as another path,\n"
           "and its cost printed first in the last column (\"preact +x.x%\").",
           specs);
