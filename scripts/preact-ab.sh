@@ -6,7 +6,8 @@
 # column: in two runs), and the overhead. The trees alternate within a
 # round, so that clock drift hits them alike.
 #   scripts/preact-ab.sh OTHER_TREE[,OTHER_TREE...]
-#   env: ROUNDS (2), LAYOUTS ("stacked separate g1 g32 g128"), M (4096), MODEL (8b)
+#   env: ROUNDS (2), LAYOUTS ("stacked separate g1 g32 g128"), M (4096), MODEL (8b),
+#        BENCH_ARGS (more bench flags, e.g. "--schedule block")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=0 scripts/ab-bench.sh "$1" || exit 1
@@ -18,11 +19,13 @@ for r in $(seq "${ROUNDS:-2}"); do
   for l in ${LAYOUTS:-stacked separate g1 g32 g128}; do
     for t in "${trees[@]}"; do
       g="$t/build-ab/tools/gatedmlp"
-      line=$("$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" --preact 2>/dev/null |
+      # shellcheck disable=SC2086
+      line=$("$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" --preact ${BENCH_ARGS:-} 2>/dev/null |
              grep -E "^(8b|70b|405b|custom) ")
       b=$(fused_col <<<"$line")
       a=$(grep -oE "\(([0-9.]+) ms without\)" <<<"$line" | grep -oE "[0-9.]+" | head -1)
-      [ -n "$a" ] || a=$("$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" 2>/dev/null |
+      # shellcheck disable=SC2086
+      [ -n "$a" ] || a=$("$g" bench --model "${MODEL:-8b}" --m "${M:-4096}" --layout "$l" ${BENCH_ARGS:-} 2>/dev/null |
                            grep -E "^(8b|70b|405b|custom) " | fused_col)
       printf "%-10s %-9s %10s %10s %7.1f%%\n" "$([ "$t" = . ] && echo this || basename "$t")" "$l" "$a" "$b" \
         "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a > 0 ? 100 * (b / a - 1) : 0) }')"
