@@ -32,12 +32,22 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
 
 // Two values rounded to a 16-bit type and packed into one 32-bit word, a in
 // the low half (the lower address when stored).
+// One paired conversion (cvt.rn.bf16x2.f32 / f16x2), where two scalar ones
+// and a byte permute would do the same.
 template <typename T>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  static_assert(sizeof(T) == 2, "16-bit types only");
-  const T h[2] = {from_float<T>(a), from_float<T>(b)};
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
   uint32_t w;
-  __builtin_memcpy(&w, h, 4);
+  __builtin_memcpy(&w, &h, 4);
+  return w;
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  uint32_t w;
+  __builtin_memcpy(&w, &h, 4);
   return w;
 }
 

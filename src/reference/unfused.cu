@@ -72,25 +72,6 @@ __device__ __forceinline__ void store_dyn(void* base, DType t, int64_t i, float 
   gatedmlp::detail::store_float(base, static_cast<int>(t), i, v);
 }
 
-// One 32-bit word of O values from v: two rounded to 16 bits (one paired
-// conversion), or one fp32.
-template <typename O>
-__device__ __forceinline__ uint32_t pack_word(const float* v);
-template <>
-__device__ __forceinline__ uint32_t pack_word<__nv_bfloat16>(const float* v) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(v[0], v[1]);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack_word<__half>(const float* v) {
-  const __half2 h = __floats2half2_rn(v[0], v[1]);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack_word<float>(const float* v) {
-  return __float_as_uint(v[0]);
-}
-
 // N values as 16-byte stores; dst must be 16-byte aligned global memory.
 template <int N, typename O>
 __device__ __forceinline__ void store_vec(O* dst, const float* v) {
@@ -101,7 +82,13 @@ __device__ __forceinline__ void store_vec(O* dst, const float* v) {
     const float* s = v + c * kChunk;
     uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = pack_word<O>(s + k * (4 / sizeof(O)));
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (sizeof(O) == 2) {
+        w[k] = detail::pack2<O>(s[2 * k], s[2 * k + 1]);
+      } else {
+        w[k] = __float_as_uint(s[k]);
+      }
+    }
     detail::store_global_16B(dst + c * kChunk, w[0], w[1], w[2], w[3]);
   }
 }

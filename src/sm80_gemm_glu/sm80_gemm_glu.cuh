@@ -62,13 +62,8 @@ __device__ __forceinline__ void store_vec8(void* p, int dtype, int64_t i, const 
   }
   uint32_t w[4];
   for (int e = 0; e < 4; ++e) {
-    if (dtype == 0) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
-      w[e] = *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const __half2 h = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
-      w[e] = *reinterpret_cast<const uint32_t*>(&h);
-    }
+    w[e] = dtype == 0 ? gatedmlp::detail::pack2<__nv_bfloat16>(v[2 * e], v[2 * e + 1])
+                      : gatedmlp::detail::pack2<__half>(v[2 * e], v[2 * e + 1]);
   }
   // One 16-byte store: a uint4 assignment here compiled to four 4-byte ones.
   gatedmlp::detail::store_global_16B(static_cast<uint16_t*>(p) + i, w[0], w[1], w[2], w[3]);
