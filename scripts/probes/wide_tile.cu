@@ -84,13 +84,27 @@ constexpr int kThreads = 384;
 constexpr int kGroupM = 16;   // row-blocks per raster group (schedule.hpp's group_m)
 constexpr int kXBytes = kBM * kBK * 2;
 
-template <int BN, int STAGES, int EPI>
+// The Y columns EPI 2 stores by TMA: BN / 64 boxes of 64 columns (128-byte
+// swizzle), then one of 32 (64-byte swizzle) if 32 or more are left; the
+// rest go from the registers.
+template <int BN>
+struct YTile {
+  static constexpr int kBoxes64 = BN / 64;        // 64-column boxes
+  static constexpr bool kBox32 = BN % 64 >= 32;   // then one of 32
+  static constexpr int kTmaCols = 64 * kBoxes64 + (kBox32 ? 32 : 0);
+  static constexpr int kBytes = 64 * kTmaCols * 2;  // 64 rows
+};
+
+template <int BN, int STAGES, int EPI, bool PP = false>
 struct Cfg {
   static constexpr int kWBytes = 2 * BN * kBK * 2;  // gate rows, then up rows
   static constexpr int kStageBytes = kXBytes + kWBytes;
   static constexpr int kRingBytes = STAGES * kStageBytes;
-  static constexpr int kYTileBytes = EPI >= 2 ? 64 * BN * 2 : 0;  // per consumer warpgroup
-  static constexpr int kBarBytes = 2 * STAGES * 8;
+  // Per consumer warpgroup: 64 rows of Y's TMA-stored columns, two such
+  // tiles in the ping-pong kernels (128 rows).
+  static constexpr int kYTileBytes = EPI >= 2 ? YTile<BN>::kBytes * (PP ? 2 : 1) : 0;
+  // full and empty per stage; PP: and the two warpgroups' turn barriers.
+  static constexpr int kBarBytes = (2 * STAGES + (PP ? 2 : 0)) * 8;
   // +1024: the base is aligned up to 1024 bytes, the 128-byte swizzle's period.
   static constexpr int kSmemBytes = kRingBytes + 2 * kYTileBytes + kBarBytes + 1024;
   // The up rows' descriptor must start on a swizzle atom (8 rows of 128 B),
@@ -159,12 +173,15 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
 // i in [0, N/2): for N = 160, 80 registers, columns up to 8*19 + 7 = 159.
 // The offset is a template argument so that gate and up share one array
 // whose every index is a compile-time constant (it must stay in registers).
-// The accumulator lists, each the previous one and more: 44 (N = 88), 56
+// The accumulator lists, each the previous one and more: 40 (N = 80), 44 (N = 88), 56
 // (112), 64 (128), 80 (160) registers.
-#define PROBE_D44 \
+#define PROBE_D40 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43"
+  "%32, %33, %34, %35, %36, %37, %38, %39"
+#define PROBE_D44 \
+  PROBE_D40 ", " \
+  "%40, %41, %42, %43"
 #define PROBE_D56 \
   PROBE_D44 ", " \
   "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
@@ -174,12 +191,14 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
 #define PROBE_D80 \
   PROBE_D64 ", " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
-#define PROBE_OPS44(C, O) \
+#define PROBE_OPS40(C, O) \
   C(d[O + 0]), C(d[O + 1]), C(d[O + 2]), C(d[O + 3]), C(d[O + 4]), C(d[O + 5]), C(d[O + 6]), C(d[O + 7]), \
   C(d[O + 8]), C(d[O + 9]), C(d[O + 10]), C(d[O + 11]), C(d[O + 12]), C(d[O + 13]), C(d[O + 14]), C(d[O + 15]), \
   C(d[O + 16]), C(d[O + 17]), C(d[O + 18]), C(d[O + 19]), C(d[O + 20]), C(d[O + 21]), C(d[O + 22]), C(d[O + 23]), \
   C(d[O + 24]), C(d[O + 25]), C(d[O + 26]), C(d[O + 27]), C(d[O + 28]), C(d[O + 29]), C(d[O + 30]), C(d[O + 31]), \
-  C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39]), \
+  C(d[O + 32]), C(d[O + 33]), C(d[O + 34]), C(d[O + 35]), C(d[O + 36]), C(d[O + 37]), C(d[O + 38]), C(d[O + 39])
+#define PROBE_OPS44(C, O) \
+  PROBE_OPS40(C, O), \
   C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43])
 #define PROBE_OPS56(C, O) \
   PROBE_OPS44(C, O), \
@@ -198,6 +217,7 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
   "wgmma.mma_async.sync.aligned." SHAPE ".f32.bf16.bf16 {" DREGS "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n" \
   : OPS(C, O) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
+#define PROBE_WGMMA_N80(C, O) PROBE_WGMMA("m64n80k16", PROBE_D40, PROBE_OPS40, "40", "41", "42", C, O)
 #define PROBE_WGMMA_N88(C, O) PROBE_WGMMA("m64n88k16", PROBE_D44, PROBE_OPS44, "44", "45", "46", C, O)
 #define PROBE_WGMMA_N112(C, O) PROBE_WGMMA("m64n112k16", PROBE_D56, PROBE_OPS56, "56", "57", "58", C, O)
 #define PROBE_WGMMA_N128(C, O) PROBE_WGMMA("m64n128k16", PROBE_D64, PROBE_OPS64, "64", "65", "66", C, O)
@@ -220,8 +240,11 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint
   } else if constexpr (N == 112) {
     if constexpr (FIRST) PROBE_WGMMA_N112("=f", O);
     else PROBE_WGMMA_N112("+f", O);
+  } else if constexpr (N == 80) {
+    if constexpr (FIRST) PROBE_WGMMA_N80("=f", O);
+    else PROBE_WGMMA_N80("+f", O);
   } else {
-    static_assert(N == 88, "m64n88k16, m64n112k16, m64n128k16 and m64n160k16 only");
+    static_assert(N == 88, "m64n80k16, m64n88k16, m64n112k16, m64n128k16 and m64n160k16 only");
     if constexpr (FIRST) PROBE_WGMMA_N88("=f", O);
     else PROBE_WGMMA_N88("+f", O);
   }
@@ -231,11 +254,14 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint
 #undef PROBE_WGMMA_N160
 #undef PROBE_WGMMA_N112
 #undef PROBE_WGMMA_N88
+#undef PROBE_WGMMA_N80
 #undef PROBE_WGMMA
+#undef PROBE_D40
 #undef PROBE_D44
 #undef PROBE_D56
 #undef PROBE_D64
 #undef PROBE_D80
+#undef PROBE_OPS40
 #undef PROBE_OPS44
 #undef PROBE_OPS56
 #undef PROBE_OPS64
@@ -277,8 +303,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // EPI 1: the warpgroup's 64 rows x BN columns (from column block JJ0 of 8
 // columns on: EPI 2 stores its last columns so), two adjacent columns per
 // 4-byte store (U even, so a pair never straddles U or a row).
-template <int BN, int JJ0 = 0>
-__device__ __forceinline__ void epilogue_direct(const Params& p, const float (&acc)[BN], int row0, int col0,
+// The fragment is acc[O, O + BN) of an NA-register array (the ping-pong
+// kernels hold two 64-row fragments: O = 0 and BN).
+template <int BN, int JJ0 = 0, int O = 0, int NA = BN>
+__device__ __forceinline__ void epilogue_direct(const Params& p, const float (&acc)[NA], int row0, int col0,
                                                 int warp, int lane) {
   const int q = 2 * (lane % 4);
 #pragma unroll
@@ -290,7 +318,7 @@ __device__ __forceinline__ void epilogue_direct(const Params& p, const float (&a
     for (int jj = JJ0; jj < BN / 8; ++jj) {
       const int col = col0 + 8 * jj + q;
       if (col >= p.u) continue;
-      const int i = 4 * jj + 2 * h;
+      const int i = O + 4 * jj + 2 * h;
       *reinterpret_cast<uint32_t*>(yrow + col) =
           pack_bf16(silu_mul(acc[i], acc[i + BN / 2]), silu_mul(acc[i + 1], acc[i + 1 + BN / 2]));
     }
@@ -306,18 +334,19 @@ __device__ __forceinline__ void epilogue_direct(const Params& p, const float (&a
 // matrix. The last BN % 32 columns (BN = 88: 24, BN = 112: 16) are stored
 // straight from the registers, as EPI 1 does. One thread then issues the
 // TMA stores and leaves them in flight; the next tile's epilogue waits
-// until they have read the tile.
-template <int BN>
-__device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)[BN], unsigned char* tile,
+// until they have read the tile (WAIT; the ping-pong kernels' second half
+// writes a tile of its own, covered by the first half's wait).
+template <int BN, int O = 0, int NA = BN, bool WAIT = true>
+__device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)[NA], unsigned char* tile,
                                              int cw, int tid, int row0, int col0) {
-  constexpr int kBoxes64 = BN / 64;                // 64-column boxes
-  constexpr bool kBox32 = BN % 64 >= 32;           // then one of 32
-  constexpr int kTmaCols = 64 * kBoxes64 + (kBox32 ? 32 : 0);
+  constexpr int kBoxes64 = YTile<BN>::kBoxes64;
+  constexpr bool kBox32 = YTile<BN>::kBox32;
+  constexpr int kTmaCols = YTile<BN>::kTmaCols;
   static_assert(kTmaCols % 16 == 0, "stmatrix writes 16 columns at a time");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this warpgroup (0 is __syncthreads)
-  if (tid == 0) bulk_wait_read();
-  named_barrier(bar, 128);
+  if (WAIT && tid == 0) bulk_wait_read();
+  if (WAIT) named_barrier(bar, 128);
   // Lanes 8 m ... 8 m + 7 address the rows of matrix m: rows + 8 (m % 2),
   // columns + 8 (m / 2), which is register m's fragment (i below).
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
@@ -328,7 +357,7 @@ __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)
     uint32_t v[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      const int i = 4 * (2 * jp + m / 2) + 2 * (m % 2);
+      const int i = O + 4 * (2 * jp + m / 2) + 2 * (m % 2);
       v[m] = pack_bf16(silu_mul(acc[i], acc[i + BN / 2]), silu_mul(acc[i + 1], acc[i + 1 + BN / 2]));
     }
     const int c = 16 * jp;  // compile-time: which box the 16 columns fall in
@@ -339,7 +368,7 @@ __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)
       addr = base + kBoxes64 * 8192 + r * 64 + ((((c % 32 + cl) / 8) ^ ((r / 2) % 4)) * 16);
     stmatrix_x4(addr, v[0], v[1], v[2], v[3]);
   }
-  if constexpr (kTmaCols < BN) epilogue_direct<BN, kTmaCols / 8>(p, acc, row0, col0, warp, lane);
+  if constexpr (kTmaCols < BN) epilogue_direct<BN, kTmaCols / 8, O, NA>(p, acc, row0, col0, warp, lane);
   fence_proxy_async();  // the stmatrix writes before the copy engine's reads
   named_barrier(bar, 128);
   if (tid == 0 && row0 < p.m) {
@@ -353,27 +382,119 @@ __device__ __forceinline__ void epilogue_tma(const Params& p, const float (&acc)
   }
 }
 
+// One 64-deep k-step of a ping-pong warpgroup over all 128 token rows: per
+// 16-deep slice, rows 0-63 (X descriptor da0) into acc[0, BN) and rows
+// 64-127 (da1) into acc[BN, 2 BN), each as gate then up.
+template <int BN, bool FIRST>
+__device__ __forceinline__ void mma_kstep_pp(float (&acc)[2 * BN], uint64_t da0, uint64_t da1, uint64_t dg,
+                                             uint64_t du) {
+  wgmma_bf16<BN, 0, FIRST>(acc, da0, dg);
+  wgmma_bf16<BN, BN / 2, FIRST>(acc, da0, du);
+  wgmma_bf16<BN, BN, FIRST>(acc, da1, dg);
+  wgmma_bf16<BN, 3 * BN / 2, FIRST>(acc, da1, du);
+#pragma unroll
+  for (int kk = 1; kk < kBK / 16; ++kk) {
+    wgmma_bf16<BN, 0, false>(acc, da0 + 2 * kk, dg + 2 * kk);
+    wgmma_bf16<BN, BN / 2, false>(acc, da0 + 2 * kk, du + 2 * kk);
+    wgmma_bf16<BN, BN, false>(acc, da1 + 2 * kk, dg + 2 * kk);
+    wgmma_bf16<BN, 3 * BN / 2, false>(acc, da1 + 2 * kk, du + 2 * kk);
+  }
+}
+
+// The ping-pong consumer: warpgroup cw takes the CTA's items j = cw, cw + 2,
+// ... whole, 128 token rows x BN output columns (2 x BN accumulators per
+// thread), so that one warpgroup's epilogue runs while the other's main loop
+// has the tensor cores (cuBLAS's M = 512 kernel, nvjet 176x128, is this
+// shape). The ring is shared in item order, each stage read by one
+// warpgroup: item j starts j * k_blocks k-blocks into it. The stage bytes
+// per FLOP are those of the cooperative kernel of the same tile; h18 lost
+// with 128 weight rows per item (15.3 KB per MFLOP), this is 13.2 (BN = 88).
+// Turns: item j's main loop starts once item j - 1's warpgroup has waited
+// for all of its stages (turn[cw], one arrival per warp of the other). Not
+// only to keep the two main loops from interleaving: an mbarrier wait asks
+// for a phase's parity, so no one may wait on a full barrier more than one
+// phase ahead of it, and item j's stages are k_blocks / STAGES phases
+// after item j - 2's.
+template <int BN, int STAGES>
+__device__ __forceinline__ void consume_pingpong(const Params& p, uint32_t ring, uint64_t* full, uint64_t* empty,
+                                                 uint64_t* turn, unsigned char* ytile, int cw, int tid) {
+  using C = Cfg<BN, STAGES, 2, true>;
+  const int lane = tid % 32;
+  float acc[2 * BN];
+  uint32_t turn_phase = 0;
+  for (int j = cw;; j += 2) {
+    const int t = int(blockIdx.x) + j * int(gridDim.x);
+    if (t >= p.tiles) break;
+    int mb, nb;
+    tile_coord(p, t, mb, nb, gridDim.x);
+    if (j > 0) {
+      mbar_wait(&turn[cw], turn_phase);
+      turn_phase ^= 1;
+    }
+    const int pos = j * p.k_blocks;
+    int s = pos % STAGES;
+    uint32_t phase = (pos / STAGES) & 1;
+    mbar_wait(&full[s], phase);
+    {
+      const uint32_t st = ring + s * C::kStageBytes;
+      wgmma_fence();
+      mma_kstep_pp<BN, true>(acc, desc_sw128(st), desc_sw128(st + 64 * 128), desc_sw128(st + kXBytes),
+                             desc_sw128(st + kXBytes + BN * 128));
+      wgmma_commit();
+      fence_regs(acc);
+    }
+    int prev = s;
+    if (++s == STAGES) s = 0, phase ^= 1;
+    for (int kb = 1; kb < p.k_blocks; ++kb) {
+      mbar_wait(&full[s], phase);
+      const uint32_t st = ring + s * C::kStageBytes;
+      fence_regs(acc);
+      wgmma_fence();
+      mma_kstep_pp<BN, false>(acc, desc_sw128(st), desc_sw128(st + 64 * 128), desc_sw128(st + kXBytes),
+                              desc_sw128(st + kXBytes + BN * 128));
+      wgmma_commit();
+      fence_regs(acc);
+      wgmma_wait<1>();
+      fence_regs(acc);
+      if (lane == 0) mbar_arrive(&empty[prev]);
+      prev = s;
+      if (++s == STAGES) s = 0, phase ^= 1;
+    }
+    if (lane == 0) mbar_arrive(&turn[1 - cw]);  // every stage of this item has been waited for
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (lane == 0) mbar_arrive(&empty[prev]);
+    const int row0 = mb * kBM, col0 = nb * BN;
+    epilogue_tma<BN, 0, 2 * BN, true>(p, acc, ytile, cw, tid, row0, col0);
+    epilogue_tma<BN, BN, 2 * BN, false>(p, acc, ytile + YTile<BN>::kBytes, cw, tid, row0 + 64, col0);
+  }
+  if (tid == 0) bulk_wait_all();  // the shared tiles must outlive the last stores
+}
+
 }  // namespace
 
 // BN output columns per tile (2 BN weight rows), STAGES ring stages, EPI as
 // in the header.
-template <int BN, int STAGES, int EPI>
+// PP: ping-pong (below).
+template <int BN, int STAGES, int EPI, bool PP>
 __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Cfg<BN, STAGES, EPI>;
+  using C = Cfg<BN, STAGES, EPI, PP>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
   unsigned char* ytiles = smem + C::kRingBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(ytiles + 2 * C::kYTileBytes);
   uint64_t* empty = full + STAGES;
+  uint64_t* turn = empty + STAGES;  // PP only
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);   // the producer's arrive_expect_tx; TMA completes the bytes
-      mbar_init(&empty[s], 8);  // one arrival per consumer warp
+      mbar_init(&empty[s], PP ? 4 : 8);  // one arrival per consumer warp that reads it
     }
+    if (PP) mbar_init(&turn[0], 4), mbar_init(&turn[1], 4);  // one arrival per warp of the other warpgroup
     fence_barrier_init();
   }
   __syncthreads();
@@ -420,53 +541,57 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
       if (BN % 64 >= 32) tma_prefetch_map(&p.tma_y32);
     }
     const uint32_t ring = smem_addr(smem);
-    float acc[BN];
-    int s = 0;
-    uint32_t phase = 0;
-    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-      int mb, nb;
-      tile_coord(p, t, mb, nb, gridDim.x);
-      // The first k-step, peeled: its first wgmmas overwrite the
-      // accumulators (scale_d 0, write-only).
-      mbar_wait(&full[s], phase);
-      {
-        const uint32_t st = ring + s * C::kStageBytes;
-        const uint64_t da = desc_sw128(st + cw * 64 * 128), dg = desc_sw128(st + kXBytes),
-                       du = desc_sw128(st + kXBytes + BN * 128);
-        wgmma_fence();
-        mma_kstep<BN, true, EPI == 3>(acc, da, dg, du);
-        wgmma_commit();
-        fence_regs(acc);
-      }
-      int prev = s;
-      if (++s == STAGES) s = 0, phase ^= 1;
-      for (int kb = 1; kb < p.k_blocks; ++kb) {
+    if constexpr (PP) {
+      consume_pingpong<BN, STAGES>(p, ring, full, empty, turn, ytile, cw, tid);
+    } else {
+      float acc[BN];
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        int mb, nb;
+        tile_coord(p, t, mb, nb, gridDim.x);
+        // The first k-step, peeled: its first wgmmas overwrite the
+        // accumulators (scale_d 0, write-only).
         mbar_wait(&full[s], phase);
-        const uint32_t st = ring + s * C::kStageBytes;
-        const uint64_t da = desc_sw128(st + cw * 64 * 128), dg = desc_sw128(st + kXBytes),
-                       du = desc_sw128(st + kXBytes + BN * 128);
-        fence_regs(acc);
-        wgmma_fence();
-        mma_kstep<BN, false, EPI == 3>(acc, da, dg, du);
-        wgmma_commit();
-        fence_regs(acc);
-        // The previous k-step's wgmmas have retired: their stage can be refilled.
-        wgmma_wait<1>();
+        {
+          const uint32_t st = ring + s * C::kStageBytes;
+          const uint64_t da = desc_sw128(st + cw * 64 * 128), dg = desc_sw128(st + kXBytes),
+                         du = desc_sw128(st + kXBytes + BN * 128);
+          wgmma_fence();
+          mma_kstep<BN, true, EPI == 3>(acc, da, dg, du);
+          wgmma_commit();
+          fence_regs(acc);
+        }
+        int prev = s;
+        if (++s == STAGES) s = 0, phase ^= 1;
+        for (int kb = 1; kb < p.k_blocks; ++kb) {
+          mbar_wait(&full[s], phase);
+          const uint32_t st = ring + s * C::kStageBytes;
+          const uint64_t da = desc_sw128(st + cw * 64 * 128), dg = desc_sw128(st + kXBytes),
+                         du = desc_sw128(st + kXBytes + BN * 128);
+          fence_regs(acc);
+          wgmma_fence();
+          mma_kstep<BN, false, EPI == 3>(acc, da, dg, du);
+          wgmma_commit();
+          fence_regs(acc);
+          // The previous k-step's wgmmas have retired: their stage can be refilled.
+          wgmma_wait<1>();
+          fence_regs(acc);
+          if (lane == 0) mbar_arrive(&empty[prev]);
+          prev = s;
+          if (++s == STAGES) s = 0, phase ^= 1;
+        }
+        // Nothing may be left in flight across the tile loop's back edge, or
+        // ptxas serialises every wgmma (NOTES.md h20).
+        wgmma_wait<0>();
         fence_regs(acc);
         if (lane == 0) mbar_arrive(&empty[prev]);
-        prev = s;
-        if (++s == STAGES) s = 0, phase ^= 1;
+        const int row0 = mb * kBM + 64 * cw, col0 = nb * BN;
+        if constexpr (EPI == 1) epilogue_direct<BN>(p, acc, row0, col0, warp, lane);
+        if constexpr (EPI >= 2) epilogue_tma<BN>(p, acc, ytile, cw, tid, row0, col0);
       }
-      // Nothing may be left in flight across the tile loop's back edge, or
-      // ptxas serialises every wgmma (NOTES.md h20).
-      wgmma_wait<0>();
-      fence_regs(acc);
-      if (lane == 0) mbar_arrive(&empty[prev]);
-      const int row0 = mb * kBM + 64 * cw, col0 = nb * BN;
-      if constexpr (EPI == 1) epilogue_direct<BN>(p, acc, row0, col0, warp, lane);
-      if constexpr (EPI >= 2) epilogue_tma<BN>(p, acc, ytile, cw, tid, row0, col0);
+      if (EPI >= 2 && tid == 0) bulk_wait_all();  // the shared tile must outlive the last store
     }
-    if (EPI >= 2 && tid == 0) bulk_wait_all();  // the shared tile must outlive the last store
   }
 #endif
 }
@@ -598,15 +723,15 @@ struct Variant {
   std::vector<float> ms;
 };
 
-template <int BN, int STAGES, int EPI>
+template <int BN, int STAGES, int EPI, bool PP = false>
 Variant make_variant(const char* name) {
   Variant v;
   v.name = name;
   v.bn = BN;
   v.stages = STAGES;
   v.epi = EPI;
-  v.kernel = probe_kernel<BN, STAGES, EPI>;
-  v.smem = Cfg<BN, STAGES, EPI>::kSmemBytes;
+  v.kernel = probe_kernel<BN, STAGES, EPI, PP>;
+  v.smem = Cfg<BN, STAGES, EPI, PP>::kSmemBytes;
   return v;
 }
 
@@ -918,6 +1043,10 @@ int main(int argc, char** argv) {
     variants.push_back(a);
     variants.push_back(b);
   }
+  // Ping-pong (consume_pingpong): 128 tokens x BN columns per warpgroup.
+  variants.push_back(make_variant<88, 5, 2, true>("n88pp-s5"));
+  variants.push_back(make_variant<88, 4, 2, true>("n88pp-s4"));
+  variants.push_back(make_variant<80, 5, 2, true>("n80pp-s5"));
 #if defined(PROBE_WITH_LIBRARY)
   // The library itself, each tile, in the same harness (same inputs, no
   // rotation): what it adds to the probe's kernels. "-c1": one-CTA clusters
@@ -936,6 +1065,19 @@ int main(int argc, char** argv) {
     variants.push_back(v);
   }
 #endif
+  // PROBE_VARIANTS="name,name,...": only those (in the list's order of
+  // definition), to keep a run short.
+  if (const char* only = std::getenv("PROBE_VARIANTS"); only && *only) {
+    const std::string list = std::string(",") + only + ",";
+    std::vector<Variant> kept;
+    for (const Variant& v : variants)
+      if (list.find(std::string(",") + v.name + ",") != std::string::npos) kept.push_back(v);
+    if (kept.empty()) {
+      std::fprintf(stderr, "PROBE_VARIANTS=%s names no variant\n", only);
+      return 1;
+    }
+    variants = kept;
+  }
   for (const Variant& v : variants) {
     if (v.lib_tile) continue;
     if (size_t(v.smem) > prop.sharedMemPerBlockOptin) {
