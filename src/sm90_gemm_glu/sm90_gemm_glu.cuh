@@ -473,7 +473,8 @@ __device__ __forceinline__ void park_pre_stsm(const Params& p, const float (&d)[
 //     those columns of both halves.
 // Every mode parks the same registers in a round, the ones glu_in_place
 // turns into Y next. MODE 0 and MODE 1 with G >= 8 by stmatrix
-// (park_pre_stsm); below, G = 1, 2, 4, two columns per 4-byte store.
+// (park_pre_stsm); G = 2, 4 two columns per 4-byte store; G = 1 four per
+// 8-byte store.
 template <typename OUT, int MODE, int ROUND>
 __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128], unsigned char* tile, int warp,
                                          int lane) {
@@ -504,11 +505,17 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
         put(bc + ((gate_first ? 0 : 1) << lg), gatedmlp::detail::pack2<OUT>(d[i], d[i + 1]));
         put(bc + ((gate_first ? 1 : 0) << lg), gatedmlp::detail::pack2<OUT>(d[i + 64], d[i + 65]));
       } else {
+        // Columns c ... c + 3 (c a multiple of 4: 8 aligned bytes of one
+        // 16-byte chunk) in one 8-byte store. As two 4-byte stores, rows r
+        // and r ^ 1 of a warp's store hit the same banks (their chunks are
+        // swizzled onto the same pair), two wavefronts for 128 bytes; as
+        // one, a warp's 256 bytes take the two they need.
         const int c = 2 * jl - base;
-        put(c, gate_first ? gatedmlp::detail::pack2<OUT>(d[i], d[i + 64])
-                          : gatedmlp::detail::pack2<OUT>(d[i + 64], d[i]));
-        put(c + 2, gate_first ? gatedmlp::detail::pack2<OUT>(d[i + 1], d[i + 65])
-                              : gatedmlp::detail::pack2<OUT>(d[i + 65], d[i + 1]));
+        const uint32_t lo = gate_first ? gatedmlp::detail::pack2<OUT>(d[i], d[i + 64])
+                                       : gatedmlp::detail::pack2<OUT>(d[i + 64], d[i]);
+        const uint32_t hi = gate_first ? gatedmlp::detail::pack2<OUT>(d[i + 1], d[i + 65])
+                                       : gatedmlp::detail::pack2<OUT>(d[i + 65], d[i + 1]);
+        *reinterpret_cast<uint2*>(tile + swizzled_off(r, c, lane)) = make_uint2(lo, hi);
       }
     }
   }
