@@ -1,7 +1,8 @@
 // The dispatcher's choice of the Hopper kernel's tile (src/core/dispatch.cpp),
 // on the host, for a simulated H200 (132 SMs, 227 KB of shared memory per
 // block): the narrow 88-column tile where its waves fill the SMs better and
-// it can run, the 128-column tile everywhere else.
+// it can run, as the ping-pong kernels where those can run and their whole
+// waves cost less, the 128-column tile everywhere else.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -39,7 +40,8 @@ Problem llama8b(int64_t m) {
 
 // The tile the dispatcher picks, with the knobs it reads unset.
 Config pick(const Problem& p) {
-  for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH"}) unsetenv(v);
+  for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH", "GATEDMLP_SM90_PINGPONG"})
+    unsetenv(v);
   Config c;
   const Status s = detail::select_config(p.resolved(), nullptr, h200(), &c);
   EXPECT_TRUE(s.ok()) << s.message();
@@ -57,15 +59,22 @@ TEST(Dispatch, NarrowTileWhereItsWavesFitBetter) {
   // 8B on 132 one-CTA clusters (K <= 8192): M = 512 is 4.94 waves of 88-column tiles (run as 5)
   // against 3.39 of 128 (run as 3.69 with the split tail's cost); M = 1024
   // 9.88 (10) against 6.79 (7: there the split costs what it recovers).
-  // From M = 2048 on, 128 (the split's cost is small against the waves); a
-  // single row-block (M <= 128) has no split and 128 fills one wave.
-  for (int64_t m : {256, 512, 1024})
-    EXPECT_EQ(pick(llama8b(m)).tile_n, 88) << "M = " << m << ": " << to_string(pick(llama8b(m)));
-  for (int64_t m : {1, 64, 128, 2048, 4096, 16384})
+  // The ping-pong kernels run the 88-column waves whole but hide the
+  // per-item epilogue: they take M = 512 on (at 4096, 40 x 89 against 27.45
+  // x 132 for 128 columns), but not M = 256 (3 whole waves against 2.47 split).
+  // A single row-block (M <= 128) has no split, and 128 fills one wave.
+  for (int64_t m : {512, 1024, 2048, 4096, 16384}) {
+    const Config c = pick(llama8b(m));
+    EXPECT_EQ(c.tile_n, 88) << "M = " << m << ": " << to_string(c);
+    EXPECT_TRUE(c.pingpong) << "M = " << m << ": " << to_string(c);
+  }
+  EXPECT_EQ(pick(llama8b(256)).tile_n, 88) << to_string(pick(llama8b(256)));
+  EXPECT_FALSE(pick(llama8b(256)).pingpong) << to_string(pick(llama8b(256)));
+  for (int64_t m : {1, 64, 128})
     EXPECT_EQ(pick(llama8b(m)).tile_n, 128) << "M = " << m << ": " << to_string(pick(llama8b(m)));
-  // The reason names both estimates.
+  // The reason names every estimate.
   const std::string why = pick(llama8b(512)).reason;
-  EXPECT_NE(why.find("88-column tiles"), std::string::npos) << why;
+  EXPECT_NE(why.find("88-column tiles, ping-pong"), std::string::npos) << why;
   EXPECT_NE(why.find("4.94 waves"), std::string::npos) << why;
   EXPECT_NE(why.find("3.39 waves"), std::string::npos) << why;
   // Separate weights, fp16, and interleaved blocks that divide 88 alike.
@@ -121,5 +130,42 @@ TEST(Dispatch, TileKnob) {
   setenv("GATEDMLP_SM90_TILE", "128", 1);
   ASSERT_TRUE(detail::select_config(llama8b(512).resolved(), nullptr, h200(), &c).ok());
   EXPECT_EQ(c.tile_n, 128) << to_string(c);
+  EXPECT_FALSE(c.pingpong) << to_string(c);
   unsetenv("GATEDMLP_SM90_TILE");
+}
+
+TEST(Dispatch, PingPongKnobsAndLimits) {
+  SKIP_WITHOUT_SM90_BUILD();
+  Config c;
+  // 88 forces the cooperative narrow kernels, pp the ping-pong ones.
+  setenv("GATEDMLP_SM90_TILE", "88", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(4096).resolved(), nullptr, h200(), &c).ok());
+  EXPECT_EQ(c.tile_n, 88) << to_string(c);
+  EXPECT_FALSE(c.pingpong) << to_string(c);
+  setenv("GATEDMLP_SM90_TILE", "pp", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(256).resolved(), nullptr, h200(), &c).ok());
+  EXPECT_TRUE(c.pingpong) << to_string(c);
+  EXPECT_NE(c.reason.find("GATEDMLP_SM90_TILE=pp"), std::string::npos) << c.reason;
+  // Forced, but M < 128 (no whole row-block) and a pre-activation are not theirs.
+  ASSERT_TRUE(detail::select_config(llama8b(64).resolved(), nullptr, h200(), &c).ok());
+  EXPECT_FALSE(c.pingpong) << to_string(c);
+  Problem pre = llama8b(4096);
+  pre.has_preact = true;
+  ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
+  EXPECT_FALSE(c.pingpong) << to_string(c);
+  EXPECT_EQ(c.tile_n, 128) << to_string(c);
+  unsetenv("GATEDMLP_SM90_TILE");
+  // GATEDMLP_SM90_PINGPONG=0 leaves them out of the pick.
+  setenv("GATEDMLP_SM90_PINGPONG", "0", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(4096).resolved(), nullptr, h200(), &c).ok());
+  unsetenv("GATEDMLP_SM90_PINGPONG");
+  EXPECT_FALSE(c.pingpong) << to_string(c);
+  EXPECT_EQ(c.tile_n, 128) << to_string(c);
+  EXPECT_NE(c.reason.find("no ping-pong"), std::string::npos) << c.reason;
+  // K > 8192 runs in clusters of two, which the ping-pong kernels do not.
+  Problem big = llama8b(4096);
+  big.k = 16384;
+  c = pick(big);
+  EXPECT_FALSE(c.pingpong) << to_string(c);
+  EXPECT_NE(c.reason.find("clusters of 2"), std::string::npos) << c.reason;
 }

@@ -164,6 +164,11 @@ const Variant kOneCluster{"fused, GATEDMLP_FORCE_PATH unset, one cluster", true,
 // tail forced, and on one cluster.
 const Variant kNarrow{"fused, GATEDMLP_SM90_TILE=88, split tail forced", true, nullptr, true, "force", nullptr, "88"};
 const Variant kNarrowOneCluster{"fused, GATEDMLP_SM90_TILE=88, one cluster", true, nullptr, true, nullptr, "1", "88"};
+// The ping-pong kernels (the narrow tile, each consumer warpgroup running
+// whole items in turn) wherever they can run, and on one CTA, where every
+// item follows another and the two warpgroups take turns through them.
+const Variant kPingPong{"fused, GATEDMLP_SM90_TILE=pp", true, nullptr, true, nullptr, nullptr, "pp"};
+const Variant kPingPongOneCta{"fused, GATEDMLP_SM90_TILE=pp, one CTA", true, nullptr, true, nullptr, "1", "pp"};
 // Clusters of two CTAs (weight multicast, column pairs for an odd row-block
 // count), which the library picks only above K = 8192, larger than the test
 // shapes: both tiles, split tail forced.
@@ -576,10 +581,28 @@ bool narrow_eligible(const Problem& p) {
 }
 
 // The tile a kNarrow variant ran with on a 9.0 device: 88 columns where the
-// narrow tile can run, else 128.
+// narrow tile can run, else 128; never the ping-pong kernels.
 void check_narrow_plan(const Problem& p, const Config& c, bool sm90) {
   if (!sm90) return;
   EXPECT_EQ(c.tile_n, narrow_eligible(p) ? 88 : 128) << "GATEDMLP_SM90_TILE=88: " << to_string(c);
+  EXPECT_FALSE(c.pingpong) << "GATEDMLP_SM90_TILE=88: " << to_string(c);
+}
+
+// Whether the ping-pong kernels can take a case: the narrow tile's, in
+// one-CTA clusters (K <= 8192 unless GATEDMLP_SM90_CLUSTER says otherwise),
+// with at least one whole 128-row tile.
+bool pingpong_eligible(const Problem& p) {
+  const Problem r = p.resolved();
+  return narrow_eligible(p) && r.m >= 128 && r.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
+}
+
+// The kernels a kPingPong variant ran with on a 9.0 device.
+void check_pingpong_plan(const Problem& p, const Config& c, bool sm90) {
+  if (!sm90) return;
+  EXPECT_EQ(c.pingpong, pingpong_eligible(p)) << "GATEDMLP_SM90_TILE=pp: " << to_string(c);
+  if (c.pingpong) {
+    EXPECT_EQ(c.tile_n, 88) << to_string(c);
+  }
 }
 
 // The path a case took with GATEDMLP_FORCE_PATH unset (plans[0]) and with it
@@ -689,7 +712,8 @@ void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, b
   std::vector<Config> plans;
   CaseOptions opt;
   if (log_must_contain) opt.log_must_contain = log_must_contain;
-  opt.variants = {kAutoPath, kPortablePath, kOneCluster, kNarrow, kNarrowOneCluster, kPairs, kNarrowPairs};
+  opt.variants = {kAutoPath, kPortablePath, kOneCluster, kNarrow, kNarrowOneCluster, kPairs, kNarrowPairs,
+                  kPingPong, kPingPongOneCta};
   if (also_without_workspace) opt.variants.push_back(kAutoNoWorkspace);
   opt.plans = &plans;
   run_case(p, rng, st, opt);
@@ -697,6 +721,8 @@ void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, b
   check_paths(plans, true, sm90);
   check_narrow_plan(p, plans[3], sm90);
   check_narrow_plan(p, plans[4], sm90);
+  check_pingpong_plan(p, plans[7], sm90);
+  check_pingpong_plan(p, plans[8], sm90);
   if (::testing::Test::HasFailure()) return;
   *taken = plans[0];
 }
@@ -989,7 +1015,7 @@ TEST(GpuFused, FastPathLargeShapes) {
     std::vector<Config> plans;
     CaseOptions opt;
     opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kOneCluster, kNarrow, kNarrowOneCluster, kPairs,
-                    kNarrowPairs};
+                    kNarrowPairs, kPingPong, kPingPongOneCta};
     opt.plans = &plans;
     opt.ref_rows = sample_rows(p.m, rng);
     run_case(p, rng, &st, opt);
@@ -997,12 +1023,16 @@ TEST(GpuFused, FastPathLargeShapes) {
     check_paths(plans, true, sm90);
     check_narrow_plan(p, plans[4], sm90);
     check_narrow_plan(p, plans[5], sm90);
+    check_pingpong_plan(p, plans[8], sm90);
+    check_pingpong_plan(p, plans[9], sm90);
     // On an H100 / H200 (132 SMs) the dispatcher's own pick for the 8B-like
-    // M = 512 shapes is the narrow tile (the others go by the wave model).
+    // M = 512 shapes is the narrow tile's ping-pong kernel (the others go by
+    // the wave model).
     int dev = 0, sms = 0;
     if (sm90 && sh.u == 14336 && cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms == 132) {
       EXPECT_EQ(plans[0].tile_n, 88) << to_string(plans[0]);
+      EXPECT_TRUE(plans[0].pingpong) << to_string(plans[0]);
     }
     if (HasFailure()) return;
     auto_paths.add(plans[0]);

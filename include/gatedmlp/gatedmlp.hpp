@@ -163,6 +163,10 @@ struct Config {
   int stages = 0;      // shared-memory pipeline depth
   int threads = 0;
   bool vector_loads = false;  // 16-byte cp.async loads (K, strides and pointers aligned)
+  // Hopper path: each consumer warpgroup runs whole tiles in turn
+  // (ping-pong), one's epilogue under the other's main loop, instead of both
+  // sharing each tile.
+  bool pingpong = false;
   std::string reason;         // why this path and these loads were chosen
 };
 

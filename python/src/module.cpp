@@ -766,6 +766,7 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("stages", &Config::stages)
                 .def_rw("threads", &Config::threads)
                 .def_rw("vector_loads", &Config::vector_loads)
+                .def_rw("pingpong", &Config::pingpong)
                 .def_rw("reason", &Config::reason)
                 .def("__repr__", [](const Config& c) { return to_string(c); });
   add_copy(cf);

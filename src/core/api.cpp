@@ -66,15 +66,15 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
 }  // namespace
 
 // The Hopper path's split tail is the only user of workspace: a flag and an
-// fp32 partial tile per CTA and consumer warpgroup. Other paths, and devices
-// without one, need none.
+// fp32 partial tile per CTA and consumer warpgroup. Other paths, the
+// ping-pong kernels (no split tail), and devices without one, need none.
 size_t workspace_size(const Problem& p) {
   if (!check_support(p)) return 0;
   detail::DeviceInfo dev;
   if (!detail::device_info(-1, &dev)) return 0;
   Config cfg;
   const Problem r = p.resolved();
-  if (!detail::select_config(r, nullptr, dev, &cfg) || cfg.path != KernelPath::sm90_wgmma) return 0;
+  if (!detail::select_config(r, nullptr, dev, &cfg) || cfg.path != KernelPath::sm90_wgmma || cfg.pingpong) return 0;
   if (r.k <= sm90::kTile.tile_k) return 0;  // one k-block: nothing to split
   return sm90::workspace_bytes(dev.sms);
 }
@@ -91,7 +91,7 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
   if (cfg.path == KernelPath::sm90_wgmma)
-    return sm90::launch(r, a, cfg.tile_n, dev.sms, workspace, workspace_bytes, stream);
+    return sm90::launch(r, a, cfg.tile_n, cfg.pingpong, dev.sms, workspace, workspace_bytes, stream);
 
   const sm80::Params k = make_params(r, a);
   const cudaError_t e = r.input_dtype == DType::bf16 ? sm80::launch_bf16(k, cfg, stream)

@@ -62,8 +62,15 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 // 0.939 / 1.011 / 0.837 with 128 columns). The model before
 // (a split giving back half of an idle last wave) kept 128 at 8B M = 1024,
 // where 88 measured 1-2 % faster in every run.
-// GATEDMLP_SM90_TILE=88|128 forces one (tests; 88 only where it can run).
+// The ping-pong kernels (the narrow tile, each warpgroup running whole items
+// in turn) hide the per-item epilogue under the other warpgroup's main loop,
+// so their per-item cost is smaller (kPingPongOverheadColumns), but they
+// have no split tail: their waves are always whole.
+// GATEDMLP_SM90_TILE=88|128|pp forces one (tests; 88 and pp only where they
+// can run); GATEDMLP_SM90_PINGPONG=0 leaves the ping-pong kernels out of the
+// pick (timing knob).
 constexpr int kItemOverheadColumns = 4;  // per-item fixed cost, in columns' worth of main loop
+constexpr int kPingPongOverheadColumns = 1;
 constexpr double kSplitCostItems = 0.3;  // a split tail's fixed cost, in items
 
 struct TileEstimate {
@@ -91,6 +98,17 @@ TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
   return e;
 }
 
+TileEstimate estimate_pingpong(const Problem& r, int sms) {
+  const sm90::Tile& t = sm90::kTilePingPong;
+  TileEstimate e;
+  e.items = (r.m + t.tile_m - 1) / t.tile_m * ((r.u + t.tile_n - 1) / t.tile_n) * r.batch;
+  e.clusters = std::max(1, sms);
+  e.waves = double(e.items) / double(e.clusters);
+  e.waves_run = double((e.items + e.clusters - 1) / e.clusters);
+  e.cost = e.waves_run * (t.tile_n + kPingPongOverheadColumns);
+  return e;
+}
+
 const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const DeviceInfo& dev, std::string* why) {
   std::ostringstream os;
   const std::string no = sm90::narrow_blocker(r, a);
@@ -103,20 +121,33 @@ const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const D
     *why = os.str();
     return sm90::kTile;
   }
+  const std::string pp_no = sm90::pingpong_blocker(r);
+  const char* pp_knob = std::getenv("GATEDMLP_SM90_PINGPONG");
+  const bool pp_ok = pp_no.empty() && size_t(sm90::kTilePingPong.smem_bytes) <= dev.smem_optin &&
+                     !(pp_knob && std::string(pp_knob) == "0");
   const TileEstimate wide = estimate(r, sm90::kTile, dev.sms), narrow = estimate(r, sm90::kTileNarrow, dev.sms);
-  const bool pick_narrow = f == "88" || narrow.cost < wide.cost;
-  auto show = [&](const TileEstimate& e, const sm90::Tile& t) {
-    os << t.tile_n << " columns " << e.items << " items, " << e.waves << " waves (run as " << e.waves_run
+  const TileEstimate pp = estimate_pingpong(r, dev.sms);
+  const sm90::Tile* pick = narrow.cost < wide.cost ? &sm90::kTileNarrow : &sm90::kTile;
+  if (pp_ok && pp.cost < std::min(narrow.cost, wide.cost)) pick = &sm90::kTilePingPong;
+  if (f == "88") pick = &sm90::kTileNarrow;
+  if (f == "pp" && pp_ok) pick = &sm90::kTilePingPong;
+  auto show = [&](const TileEstimate& e, const char* name) {
+    os << name << " " << e.items << " items, " << e.waves << " waves (run as " << e.waves_run
        << (e.split ? ", split tail" : "") << ")";
   };
-  os << (pick_narrow ? sm90::kTileNarrow.tile_n : sm90::kTile.tile_n) << "-column tiles"
-     << (f == "88" ? " (GATEDMLP_SM90_TILE=88)" : "") << " on " << wide.clusters << " clusters: ";
+  os << pick->tile_n << "-column tiles" << (pick == &sm90::kTilePingPong ? ", ping-pong" : "")
+     << (f == "88" || f == "pp" ? " (GATEDMLP_SM90_TILE=" + f + ")" : "") << " on " << wide.clusters << " clusters: ";
   os.precision(3);
-  show(narrow, sm90::kTileNarrow);
+  if (pp_ok) {
+    show(pp, "ping-pong 88 columns");
+    os << " against ";
+  }
+  show(narrow, "88 columns");
   os << " against ";
-  show(wide, sm90::kTile);
+  show(wide, "128 columns");
+  if (!pp_ok) os << "; no ping-pong: " << (pp_no.empty() ? "GATEDMLP_SM90_PINGPONG=0 or too little shared memory" : pp_no);
   *why = os.str();
-  return pick_narrow ? sm90::kTileNarrow : sm90::kTile;
+  return *pick;
 }
 
 }  // namespace
@@ -136,6 +167,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     c.tile_k = t.tile_k;
     c.stages = t.stages;
     c.threads = t.threads;
+    c.pingpong = &t == &sm90::kTilePingPong;
     c.vector_loads = true;
     c.reason = "Hopper TMA + wgmma path; persistent, one CTA per SM; " + tile_why;
     *cfg = c;

@@ -84,6 +84,13 @@ std::string narrow_blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
+std::string pingpong_blocker(const Problem& r) {
+  std::ostringstream os;
+  if (cluster_size(r) > 1) os << "clusters of " << cluster_size(r) << " (the ping-pong kernels run one CTA per cluster)";
+  else if (r.m < kTilePingPong.tile_m) os << "m=" << r.m << " is less than one " << kTilePingPong.tile_m << "-row tile";
+  return os.str();
+}
+
 std::string blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
   const int64_t g = map_group(r);
@@ -172,8 +179,8 @@ size_t flag_bytes(int ctas) {
 
 size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + size_t(ctas) * 2 * 64 * 256 * sizeof(float); }
 
-Status launch(const Problem& r, const Arguments& a, int tile_n, int sms, void* workspace, size_t ws_bytes,
-              cudaStream_t stream) {
+Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, int sms, void* workspace,
+              size_t ws_bytes, cudaStream_t stream) {
   Status s;
   auto fn = encode_fn(&s);
   if (!fn) return s;
@@ -184,11 +191,17 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, int sms, void* w
     if (const std::string no = narrow_blocker(r, &a); !no.empty())
       return err(StatusCode::not_supported, "sm90::launch: the narrow tile cannot take this call: ", no);
   }
+  if (pingpong) {
+    if (!narrow) return err(StatusCode::not_supported, "sm90::launch: the ping-pong kernels have 88-column tiles");
+    if (const std::string no = pingpong_blocker(r); !no.empty())
+      return err(StatusCode::not_supported, "sm90::launch: the ping-pong kernels cannot take this call: ", no);
+  }
 
   Params p{};
   constexpr int BM = kTile.tile_m, BK = kTile.tile_k;
   const int BN = tile_n;
   p.tile_n = tile_n;
+  p.pingpong = pingpong;
   p.m = r.m;
   p.k = r.k;
   p.u = r.u;
@@ -334,8 +347,9 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, int sms, void* w
     if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact"); !e) return e;
   }
 
-  // Split-tail workspace: flags first, then the partial tiles.
-  if (workspace && ws_bytes >= workspace_bytes(sms)) {
+  // Split-tail workspace: flags first, then the partial tiles. (The
+  // ping-pong kernels run every item whole.)
+  if (!pingpong && workspace && ws_bytes >= workspace_bytes(sms)) {
     p.sk_flag = static_cast<uint64_t*>(workspace);
     p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
     p.sk_ctas = sms;

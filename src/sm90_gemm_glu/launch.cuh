@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "sm90_gemm_glu/pingpong.cuh"
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
@@ -27,6 +28,10 @@ constexpr bool tile_matches(const Tile& t) {
 }
 static_assert(tile_matches<128>(kTile), "kTile does not describe the 128-column kernels");
 static_assert(tile_matches<88>(kTileNarrow), "kTileNarrow does not describe the narrow kernels");
+static_assert(PingPongTraits::kSmemBytes == kTilePingPong.smem_bytes && PingPongTraits::Tr::BM == kTilePingPong.tile_m &&
+                  PingPongTraits::N == kTilePingPong.tile_n && PingPongTraits::Tr::BK == kTilePingPong.tile_k &&
+                  PingPongTraits::kStages == kTilePingPong.stages && PingPongTraits::Tr::kThreads == kTilePingPong.threads,
+              "kTilePingPong does not describe the ping-pong kernels");
 
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
 // item, at most as many as can be resident at once; all of them when the tail
@@ -115,8 +120,31 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 #endif
 }
 
+// The ping-pong kernels: one CTA per SM (at most one per item), every item
+// whole (no split tail), no cluster attribute.
+template <typename T, int ACT>
+cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
+  auto kernel = sm90_gemm_glu_pingpong_kernel<T, ACT>;
+  constexpr int kSmem = PingPongTraits::kSmemBytes;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem); e != cudaSuccess)
+    return e;
+  int ctas = sms;
+  if (const char* v = std::getenv("GATEDMLP_SM90_CLUSTERS")) ctas = std::max(1, std::atoi(v));  // tuning and test knob
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(p.tiles, ctas));
+  if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
+    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles, ping-pong; %lld items on %lld CTAs\n", p.tile_n,
+                 static_cast<long long>(p.tiles), static_cast<long long>(grid));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(PingPongTraits::Tr::kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 template <typename T, int ACT>
 cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stream) {
+  if (p.pingpong) return launch_pingpong<T, ACT>(p, sms, stream);
   // The narrow kernels (p.tile_n 88) come in clusters of one and two, without
   // the pre-activation: launch.cpp picks them only then.
   if (p.tile_n == kTileNarrow.tile_n)

@@ -38,6 +38,7 @@ struct Params {
   int64_t m, k, u;
   int batch;
   int tile_n;           // output columns per tile: 128, or 88 (the narrow kernels)
+  int pingpong;         // tile_n 88 only: the ping-pong kernels (pingpong.cuh), else the cooperative ones
   int m_tiles, n_tiles, k_blocks;
   int group_m;          // row units per raster group (tile order, see tile_coord)
   int m_units;          // row units of CM row-blocks: m_tiles / CM, rounded up, or down when odd_items

@@ -147,6 +147,14 @@ struct RingPos {
   __device__ __forceinline__ void next() {
     if (++stage == STAGES) stage = 0, phase ^= 1;
   }
+  // n positions on at once (the ping-pong kernels skip the other
+  // warpgroup's item); STAGES is a constant, so no division is a call.
+  __device__ __forceinline__ void advance(uint32_t n) {
+    uint32_t s = uint32_t(stage) + n % STAGES, passes = n / STAGES;
+    if (s >= STAGES) s -= STAGES, ++passes;
+    stage = static_cast<int>(s);
+    phase ^= passes & 1u;
+  }
 };
 
 using gatedmlp::detail::load_float;
@@ -649,6 +657,62 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
   }
 }
 
+// Gate and up bias of the tile's N columns into sbias[0, 2N) (gate, then
+// up), elements i = first, first + step, ... of them: the two cooperative
+// warpgroups load them together (step 256), a ping-pong warpgroup alone
+// (step 128). Columns past U read as 0.
+template <int N>
+__device__ __forceinline__ void load_bias(const Params& p, float* sbias, int first, int step, int l, int64_t col0) {
+  const int64_t boff = int64_t(l) * p.sb;
+  for (int i = first; i < 2 * N; i += step) {
+    const int half = i / N;
+    const int64_t j = col0 + i % N;
+    float b = 0.f;
+    if (j < p.u)
+      b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
+                                    : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
+    sbias[i] = b;
+  }
+}
+
+// g = alpha * acc + bias, u likewise, in place (sbias as load_bias leaves it).
+template <int N>
+__device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N], const float* sbias, int lane) {
+  if (p.alpha == 1.f && !p.has_bias) return;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float v = d[i] * p.alpha;
+    if (p.has_bias) {
+      const int col = 8 * ((i % (N / 2)) / 4) + 2 * (lane % 4) + (i % 2);
+      v += sbias[(i / (N / 2)) * N + col];
+    }
+    d[i] = v;
+  }
+}
+
+// Fast Y: registers -> swizzled shared tile -> two TMA stores (rows row0 ...
+// row0 + 63, clipped at M and U), issued by one thread and left in flight
+// while the warpgroup goes on. The tile must be free (its previous stores
+// have read it: bulk_wait_read and a barrier of the warpgroup before).
+template <int ACT, bool DONE, int N>
+__device__ __forceinline__ void store_y_tma(const Params& p, const float (&d)[N], unsigned char* tile, int bar,
+                                            int tid, int l, int64_t row0, int64_t col0) {
+  const int warp = tid / 32, lane = tid % 32;
+  if (p.out_dtype == 0)
+    park_y_swizzled<ACT, DONE, __nv_bfloat16, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+  else
+    park_y_swizzled<ACT, DONE, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
+  fence_proxy_async();
+  named_barrier(bar, 128);
+  if (tid == 0 && row0 < p.m) {
+    // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
+    const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
+    tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), l);
+    if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), l);
+    bulk_commit();
+  }
+}
+
 // N output columns per tile (N accumulators per thread). The narrow tile (N
 // = 88) takes neither a pre-activation nor a Y the copy engine cannot
 // address (the host picks it only without them: dispatch.cpp).
@@ -674,29 +738,10 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
   if (p.has_bias) {
     // Bias depends only on the columns, which both warpgroups share.
     named_barrier(kBothBar, 256);  // both are done reading the previous tile's
-    const int64_t boff = int64_t(tc.l) * p.sb;
-    const int i = cw * 128 + tid;  // 0 ... 255: gate and up of N columns, 2N <= 256
-    const int half = i / N;
-    const int64_t j = col0 + i % N;
-    float b = 0.f;
-    if (i < 2 * N && j < p.u)
-      b = (p.separate && half == 1) ? load_float(p.bias_up, p.bias_dtype, boff + j)
-                                    : load_float(p.bias, p.bias_dtype, boff + pre_col(p, half, j));
-    if (i < 2 * N) sbias[i] = b;
+    load_bias<N>(p, sbias, cw * 128 + tid, 256, tc.l, col0);
     named_barrier(kBothBar, 256);
   }
-  // g = alpha * acc + bias, u likewise, in place.
-  if (p.alpha != 1.f || p.has_bias) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float v = d[i] * p.alpha;
-      if (p.has_bias) {
-        const int col = 8 * ((i % (N / 2)) / 4) + 2 * (lane % 4) + (i % 2);
-        v += sbias[(i / (N / 2)) * N + col];
-      }
-      d[i] = v;
-    }
-  }
+  apply_alpha_bias(p, d, sbias, lane);
 
   if constexpr (PRE == 1) {
     // Its own kernels: next to the register-direct paths below, this path
@@ -731,21 +776,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
   // With PRE = 1, store_pre_tma has already computed Y (in d[0 ... 63]).
   constexpr bool kDone = PRE == 1;
   if (p.y_tma) {
-    // Fast Y: registers -> swizzled shared tile -> two TMA stores, issued by
-    // one thread and left in flight while the warpgroup starts the next tile.
-    if (p.out_dtype == 0)
-      park_y_swizzled<ACT, kDone, __nv_bfloat16, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
-    else
-      park_y_swizzled<ACT, kDone, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
-    fence_proxy_async();
-    named_barrier(bar, 128);
-    if (tid == 0 && row0 < p.m) {
-      // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
-      const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
-      tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), tc.l);
-      if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), tc.l);
-      bulk_commit();
-    }
+    store_y_tma<ACT, kDone>(p, d, tile, bar, tid, tc.l, row0, col0);
     return;
   }
   if constexpr (N != 128) {

@@ -24,6 +24,10 @@ inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 +
 // (45 % more of them) can fill the waves better: 8B M = 512 is 3.39 waves of
 // 128 columns and 4.94 of 88 (dispatch.cpp picks; NOTES.md, h32).
 inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 1024};
+// The ping-pong kernels (pingpong.cuh): the narrow tile, each consumer
+// warpgroup running whole items in turn. 5 x 38 KB stages, per warpgroup an
+// 11 KB Y tile and 704 B of bias, 12 mbarriers, 1 KB slack.
+inline constexpr Tile kTilePingPong{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 2 * 704 + 96 + 1024};
 
 // CTAs per cluster (along M) for this problem: 2 for K > 8192, else 1 (and
 // 1 with a single row-block); GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
@@ -32,6 +36,10 @@ int cluster_size(const Problem& resolved);
 // Why the narrow tile cannot take this (resolved) problem, which the fast
 // path takes (blocker() is ""), or "" if it can. `args` may be null.
 std::string narrow_blocker(const Problem& resolved, const Arguments* args);
+
+// Why the ping-pong kernels cannot take this (resolved) problem, which the
+// narrow tile takes (narrow_blocker() is ""), or "" if they can.
+std::string pingpong_blocker(const Problem& resolved);
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
@@ -49,8 +57,10 @@ size_t workspace_bytes(int ctas);
 // problem must have passed blocker().
 // With at least workspace_bytes(sms) of workspace the last waves are split
 // (see the kernel's Schedule); with less, or none, every item runs whole.
-// tile_n: kTile's or kTileNarrow's (which must then take the problem).
-Status launch(const Problem& resolved, const Arguments& args, int tile_n, int sms, void* workspace,
+// tile_n: kTile's or kTileNarrow's (which must then take the problem);
+// pingpong: kTilePingPong's kernels (tile_n must be its, and
+// pingpong_blocker() ""), which never split the tail.
+Status launch(const Problem& resolved, const Arguments& args, int tile_n, bool pingpong, int sms, void* workspace,
               size_t workspace_bytes, cudaStream_t stream);
 
 // Per-dtype kernel launchers (sm90_gemm_glu_launch.cu); cluster_m is 1,

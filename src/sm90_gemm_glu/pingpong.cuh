@@ -1,0 +1,234 @@
+// Hopper fast path, ping-pong kernels: the narrow tile (128 tokens x 88
+// output columns, 176 weight rows) with each consumer warpgroup running whole
+// items in turn, so that one warpgroup's epilogue runs while the other's main
+// loop has the tensor cores.
+//
+// Why. In the cooperative kernels (sm90_gemm_glu.cuh) both consumer
+// warpgroups share each item, 64 rows each, and both run its epilogue at the
+// same time: the tensor cores idle ~1.7 us of each ~30 us item (the narrow
+// tile's timeline, NOTES.md). Four ways of putting epilogue work under the
+// same warpgroup's main loop lost (h20, h34-h36). Here the two warpgroups
+// take alternate items of the CTA's sequence, each item whole: per 16-deep
+// k-slice a warpgroup issues two m64n176k16, rows 0-63 into d0 and rows
+// 64-127 into d1 (176 accumulators per thread). The stage bytes per FLOP are
+// those of the cooperative narrow kernel (13.2 KB per MFLOP): the earlier
+// ping-pong tries (h10, h18) moved 15-19 and lost on the feed. This is the
+// shape of cuBLAS's own M = 512 kernel (nvjet 176x128). A standalone probe
+// (scripts/probes/wide_tile.cu, n88pp-s5) ran 2.3-4 % faster than the
+// cooperative narrow kernel at 8B M = 512 ... 16384 (NOTES.md, h49).
+//
+// Pipeline. As in the cooperative kernels: one producer thread loads X (128
+// rows) and the 176 weight rows of each k-block into a 5-stage ring of 38 KB
+// stages, in the items' order. A stage is read by one warpgroup (its empty
+// barrier takes 4 warp arrivals). Item w's stages start w x k_blocks into the
+// ring (every item runs whole: these kernels have no split tail).
+//
+// Turns. Item w's main loop starts once item w - 1's warpgroup has waited for
+// all of its stages (turn[cw], one arrival per warp of the other warpgroup).
+// That orders the two main loops on the tensor cores, and it is needed for
+// correctness: an mbarrier wait names only a phase's parity, so no thread may
+// wait on a full barrier more than one phase ahead of it, and item w's
+// stages are k_blocks / 5 phases after item w - 2's.
+//
+// Epilogue (per warpgroup, 128 rows): alpha and bias, then rows 0-63 and
+// 64-127 in turn through the warpgroup's one 64 x 88 Y tile and TMA stores
+// (store_y_tma), the second half once the first half's stores have read the
+// tile: the epilogue is hidden under the other warpgroup's main loop, so its
+// length matters less than its shared memory (the ring keeps 5 stages).
+//
+// What these kernels take (pingpong_blocker in launch.cpp): the narrow
+// tile's calls (no pre-activation, Y by TMA), in one-CTA clusters, M >= 128.
+#pragma once
+
+#include "sm90_gemm_glu/sm90_gemm_glu.cuh"
+
+namespace gatedmlp::sm90 {
+
+struct PingPongTraits {
+  using Tr = TileTraits<88>;
+  static constexpr int N = Tr::BNO;  // 88 output columns: 88 accumulators per 64 rows
+  static constexpr int kStages = Tr::kStages;
+  // Per warpgroup: one 64 x 88 Y tile (both halves in turn) and the tile's
+  // 2 x 88 bias values.
+  static constexpr int kEpiBytes = Tr::kEpiBytes;
+  static constexpr int kBiasBytes = Tr::kBiasBytes;
+  // full and empty per stage, and the two turn barriers.
+  static constexpr int kBarBytes = (2 * kStages + 2) * 8;
+  static constexpr int kSmemBytes = kStages * Tr::kStageBytes + 2 * kEpiBytes + 2 * kBiasBytes + kBarBytes + 1024;
+};
+
+namespace detail_ {
+
+// One warpgroup's epilogue of a whole item (see the note at the top).
+template <typename T, int ACT>
+__device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[88], float (&d1)[88],
+                                                  unsigned char* tile, float* sbias, int cw, int tid,
+                                                  const TileCoord& tc) {
+  constexpr int N = PingPongTraits::N;
+  const int bar = 1 + cw, lane = tid % 32;
+  const int64_t row0 = int64_t(tc.mb) * PingPongTraits::Tr::BM, col0 = int64_t(tc.nb) * N;
+  // The previous item's stores have read the tile (and every thread is past
+  // its reads of sbias, which come before its last barrier).
+  if (tid == 0) bulk_wait_read();
+  named_barrier(bar, 128);
+  if (p.has_bias) {
+    load_bias<N>(p, sbias, tid, 128, tc.l, col0);
+    named_barrier(bar, 128);
+  }
+  apply_alpha_bias(p, d0, sbias, lane);
+  store_y_tma<ACT, false>(p, d0, tile, bar, tid, tc.l, row0, col0);
+  if (row0 + 64 >= p.m) return;  // rows 64-127 all past M: computed, never stored
+  if (tid == 0) bulk_wait_read();
+  named_barrier(bar, 128);
+  apply_alpha_bias(p, d1, sbias, lane);
+  store_y_tma<ACT, false>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
+}
+
+}  // namespace detail_
+
+template <typename T, int ACT>
+__global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
+    sm90_gemm_glu_pingpong_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using PT = PingPongTraits;
+  using Tr = PT::Tr;
+  constexpr int N = PT::N;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  unsigned char* epi = smem + PT::kStages * Tr::kStageBytes;
+  float* sbias = reinterpret_cast<float*>(epi + 2 * PT::kEpiBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * PT::kEpiBytes + 2 * PT::kBiasBytes);
+  uint64_t* empty = full + PT::kStages;
+  uint64_t* turn = empty + PT::kStages;
+
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  const int cta = static_cast<int>(blockIdx.x), ctas = static_cast<int>(gridDim.x);
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&p.tma_x);
+    tma_prefetch_map(&p.tma_wg);
+    tma_prefetch_map(&p.tma_wu);
+    for (int s = 0; s < PT::kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4);  // one arrival per warp of the warpgroup that reads it
+    }
+    mbar_init(&turn[0], 4);  // one arrival per warp of the other warpgroup
+    mbar_init(&turn[1], 4);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------- producer
+    setmaxnreg_dec<40>();
+    if (tid == 0) {
+      const Schedule sched(p, cta, ctas);
+      detail_::RingPos<PT::kStages> pos;
+      Work wk;
+      for (int w = 0; sched.at(p, w, &wk); ++w) {
+        const TileCoord tc = tile_coord<1>(p, wk.item, 0);
+        // 32-bit: n0 < U < 2^31 (the blocker checks 2U), and so is G.
+        const uint32_t n0 = uint32_t(tc.nb) * N;
+        const uint32_t wgrp = static_cast<uint32_t>(p.w_group);
+        const int c3 = static_cast<int>(n0 / wgrp), c1 = static_cast<int>(n0 - uint32_t(c3) * wgrp);
+        const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
+        for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
+          const int s = pos.stage;
+          mbar_wait(&empty[s], pos.phase ^ 1);  // a fresh barrier passes parity 1 at once
+          unsigned char* st = smem + s * Tr::kStageBytes;
+          mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
+          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
+          tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
+          tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+        }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------- consumers
+    setmaxnreg_inc<232>();
+    const Schedule sched(p, cta, ctas);
+    const int cw = wg - 1;  // takes the CTA's items cw, cw + 2, ...
+    const int lane = tid % 32;
+    unsigned char* tile = epi + cw * PT::kEpiBytes;
+    float* bias = sbias + cw * 2 * N;
+    if (tid == 0) {
+      tma_prefetch_map(&p.tma_y);
+      tma_prefetch_map(&p.tma_y_tail);
+    }
+    float d0[N], d1[N];  // rows 0-63 and 64-127 of the item
+#pragma unroll
+    for (int i = 0; i < N; ++i) d0[i] = d1[i] = 0.f;
+    const uint32_t ring = smem_addr(smem);
+    const uint32_t kbs = static_cast<uint32_t>(p.k_blocks);
+    detail_::RingPos<PT::kStages> pos;
+    pos.advance(uint32_t(cw) * kbs);  // warpgroup 1 starts at item 1
+    auto release = [&](int s) {
+      if (lane == 0) mbar_arrive(&empty[s]);
+    };
+    uint32_t turn_phase = 0;
+    Work wk;
+    for (int w = cw; sched.at(p, w, &wk); w += 2) {
+      const TileCoord tc = tile_coord<1>(p, wk.item, 0);
+      if (w > 0) {
+        mbar_wait(&turn[cw], turn_phase);
+        turn_phase ^= 1;
+      }
+      // The first k-step, peeled: its first wgmmas overwrite the
+      // accumulators (write-only), so that they are dead from the previous
+      // epilogue's last read on.
+      int prev = pos.stage;
+      mbar_wait(&full[prev], pos.phase);
+      {
+        const uint64_t da0 = detail_::desc_x<Tr>(ring, prev, 0), da1 = detail_::desc_x<Tr>(ring, prev, 1),
+                       db = detail_::desc_w<Tr>(ring, prev);
+        wgmma_fence();
+        wgmma_tile<T, N, true>(d0, da0, db);
+        wgmma_tile<T, N, true>(d1, da1, db);
+#pragma unroll
+        for (int kk = 1; kk < Tr::BK / 16; ++kk) {
+          wgmma_tile<T, N, false>(d0, da0 + 2 * kk, db + 2 * kk);
+          wgmma_tile<T, N, false>(d1, da1 + 2 * kk, db + 2 * kk);
+        }
+        wgmma_commit();
+        fence_regs(d0);
+        fence_regs(d1);
+      }
+      pos.next();
+      for (int kb = 1; kb < p.k_blocks; ++kb, pos.next()) {
+        const int s = pos.stage;
+        mbar_wait(&full[s], pos.phase);
+        const uint64_t da0 = detail_::desc_x<Tr>(ring, s, 0), da1 = detail_::desc_x<Tr>(ring, s, 1),
+                       db = detail_::desc_w<Tr>(ring, s);
+        fence_regs(d0);
+        fence_regs(d1);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Tr::BK / 16; ++kk) {
+          wgmma_tile<T, N, false>(d0, da0 + 2 * kk, db + 2 * kk);
+          wgmma_tile<T, N, false>(d1, da1 + 2 * kk, db + 2 * kk);
+        }
+        wgmma_commit();
+        fence_regs(d0);
+        fence_regs(d1);
+        // The previous k-step's wgmmas have retired: their stage can be refilled.
+        wgmma_wait<1>();
+        fence_regs(d0);
+        fence_regs(d1);
+        release(prev);
+        prev = s;
+      }
+      if (lane == 0) mbar_arrive(&turn[1 - cw]);  // every stage of this item has been waited for
+      wgmma_wait<0>();
+      fence_regs(d0);
+      fence_regs(d1);
+      release(prev);
+      detail_::epilogue_pingpong<T, ACT>(p, d0, d1, tile, bias, cw, tid, tc);
+      pos.advance(kbs);  // the other warpgroup's item
+    }
+    if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
+  }
+#endif
+}
+
+}  // namespace gatedmlp::sm90
