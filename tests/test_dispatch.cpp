@@ -96,9 +96,19 @@ TEST(Dispatch, NarrowTileOnlyWhereItCanRun) {
     EXPECT_EQ(c.tile_n, 128) << what << ": " << to_string(c);
     EXPECT_NE(c.reason.find("cannot take"), std::string::npos) << what << ": " << c.reason;
   };
+  // A pre-activation: the ping-pong kernels take it for stacked (and
+  // separate) weights; the cooperative narrow kernels never do.
   Problem p = llama8b(512);
   p.has_preact = true;
-  expect_128(p, "a pre-activation");
+  EXPECT_TRUE(pick(p).pingpong) << to_string(pick(p));
+  EXPECT_NE(pick(p).reason.find("no cooperative 88-column tile"), std::string::npos) << pick(p).reason;
+  p.weights.group = 1;
+  expect_128(p, "a pre-activation of interleaved weights");
+  EXPECT_NE(pick(p).reason.find("interleaved"), std::string::npos) << pick(p).reason;
+  p = llama8b(512);
+  p.has_preact = true;
+  p.preact_dtype = DType::fp32;
+  expect_128(p, "an fp32 pre-activation");
   p = llama8b(512);
   p.output_dtype = DType::fp32;
   expect_128(p, "fp32 output");
@@ -146,11 +156,15 @@ TEST(Dispatch, PingPongKnobsAndLimits) {
   ASSERT_TRUE(detail::select_config(llama8b(256).resolved(), nullptr, h200(), &c).ok());
   EXPECT_TRUE(c.pingpong) << to_string(c);
   EXPECT_NE(c.reason.find("GATEDMLP_SM90_TILE=pp"), std::string::npos) << c.reason;
-  // Forced, but M < 128 (no whole row-block) and a pre-activation are not theirs.
+  // Forced, but M < 128 (no whole row-block) and a pre-activation of
+  // interleaved weights are not theirs; one of stacked weights is.
   ASSERT_TRUE(detail::select_config(llama8b(64).resolved(), nullptr, h200(), &c).ok());
   EXPECT_FALSE(c.pingpong) << to_string(c);
   Problem pre = llama8b(4096);
   pre.has_preact = true;
+  ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
+  EXPECT_TRUE(c.pingpong) << to_string(c);
+  pre.weights.group = 8;
   ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
   EXPECT_FALSE(c.pingpong) << to_string(c);
   EXPECT_EQ(c.tile_n, 128) << to_string(c);

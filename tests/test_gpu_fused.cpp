@@ -588,12 +588,19 @@ void check_narrow_plan(const Problem& p, const Config& c, bool sm90) {
   EXPECT_FALSE(c.pingpong) << "GATEDMLP_SM90_TILE=88: " << to_string(c);
 }
 
-// Whether the ping-pong kernels can take a case: the narrow tile's, in
-// one-CTA clusters (K <= 8192 unless GATEDMLP_SM90_CLUSTER says otherwise),
-// with at least one whole 128-row tile.
+// Whether the ping-pong kernels can take a case: the narrow tile's but for
+// the pre-activation, in one-CTA clusters (K <= 8192 unless
+// GATEDMLP_SM90_CLUSTER says otherwise), with at least one whole 128-row
+// tile; a pre-activation too, of stacked or separate weights, in the
+// input's dtype, with rows and batches on 16-byte boundaries.
 bool pingpong_eligible(const Problem& p) {
+  Problem q = p;
+  q.has_preact = false;
   const Problem r = p.resolved();
-  return narrow_eligible(p) && r.m >= 128 && r.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
+  const bool runs = r.weights.format == WeightFormat::separate || r.weights.group == r.u;
+  const bool pre_ok = !r.has_preact || (runs && r.preact_dtype == r.input_dtype && r.ldpre % 8 == 0 &&
+                                        (r.batch == 1 || r.batch_stride_preact % 8 == 0));
+  return narrow_eligible(q) && pre_ok && r.m >= 128 && r.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
 }
 
 // The kernels a kPingPong variant ran with on a 9.0 device.
@@ -816,7 +823,9 @@ TEST(GpuFused, FastPathPreactEveryLayout) {
 // tails (the stores clip them), batches, and the split tail with and
 // without a workspace. Both paths against the reference, and the launcher's
 // log must name the TMA pre-activation (gelu_erf, or an fp32 Y, which the
-// PRE = 1 kernels never feed: from registers).
+// PRE = 1 kernels never feed: from registers; the ping-pong kernels, which
+// these few-item shapes take wherever they can, store it by TMA for every
+// activation).
 TEST(GpuFused, FastPathPreactTma) {
   SKIP_WITHOUT_GPU();
   run_preact_suite(
@@ -831,6 +840,7 @@ TEST(GpuFused, FastPathPreactTma) {
       true,
       // The kernel that ran, in the launcher's words (launch.cuh).
       [](const Problem& p) {
+        if (pingpong_eligible(p)) return "ping-pong";
         return p.activation == Activation::gelu_erf || p.output_dtype == DType::fp32
                    ? "pre-activation stored from registers"
                    : "pre-activation by TMA stores";

@@ -111,25 +111,27 @@ TileEstimate estimate_pingpong(const Problem& r, int sms) {
 
 const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const DeviceInfo& dev, std::string* why) {
   std::ostringstream os;
-  const std::string no = sm90::narrow_blocker(r, a);
+  const std::string no = sm90::narrow_blocker(r, a), pp_no = sm90::pingpong_blocker(r, a);
   const char* force = std::getenv("GATEDMLP_SM90_TILE");
   const std::string f = force ? force : "";
-  if (!no.empty() || size_t(sm90::kTileNarrow.smem_bytes) > dev.smem_optin || f == "128") {
+  const char* pp_knob = std::getenv("GATEDMLP_SM90_PINGPONG");
+  const bool narrow_ok = no.empty() && size_t(sm90::kTileNarrow.smem_bytes) <= dev.smem_optin;
+  const bool pp_ok = pp_no.empty() && size_t(sm90::kTilePingPong.smem_bytes) <= dev.smem_optin &&
+                     !(pp_knob && std::string(pp_knob) == "0");
+  if ((!narrow_ok && !pp_ok) || f == "128") {
     os << sm90::kTile.tile_n << "-column tiles";
     if (f == "128") os << " (GATEDMLP_SM90_TILE=128)";
-    else if (!no.empty()) os << " (the " << sm90::kTileNarrow.tile_n << "-column tile cannot take " << no << ")";
+    else if (!no.empty())
+      os << " (the " << sm90::kTileNarrow.tile_n << "-column tile cannot take " << no
+         << (pp_no.empty() ? "" : "; the ping-pong kernels: " + pp_no) << ")";
     *why = os.str();
     return sm90::kTile;
   }
-  const std::string pp_no = sm90::pingpong_blocker(r);
-  const char* pp_knob = std::getenv("GATEDMLP_SM90_PINGPONG");
-  const bool pp_ok = pp_no.empty() && size_t(sm90::kTilePingPong.smem_bytes) <= dev.smem_optin &&
-                     !(pp_knob && std::string(pp_knob) == "0");
   const TileEstimate wide = estimate(r, sm90::kTile, dev.sms), narrow = estimate(r, sm90::kTileNarrow, dev.sms);
   const TileEstimate pp = estimate_pingpong(r, dev.sms);
-  const sm90::Tile* pick = narrow.cost < wide.cost ? &sm90::kTileNarrow : &sm90::kTile;
-  if (pp_ok && pp.cost < std::min(narrow.cost, wide.cost)) pick = &sm90::kTilePingPong;
-  if (f == "88") pick = &sm90::kTileNarrow;
+  const sm90::Tile* pick = narrow_ok && narrow.cost < wide.cost ? &sm90::kTileNarrow : &sm90::kTile;
+  if (pp_ok && pp.cost < (narrow_ok ? std::min(narrow.cost, wide.cost) : wide.cost)) pick = &sm90::kTilePingPong;
+  if (f == "88") pick = narrow_ok ? &sm90::kTileNarrow : &sm90::kTile;
   if (f == "pp" && pp_ok) pick = &sm90::kTilePingPong;
   auto show = [&](const TileEstimate& e, const char* name) {
     os << name << " " << e.items << " items, " << e.waves << " waves (run as " << e.waves_run
@@ -142,10 +144,13 @@ const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const D
     show(pp, "ping-pong 88 columns");
     os << " against ";
   }
-  show(narrow, "88 columns");
-  os << " against ";
+  if (narrow_ok) {
+    show(narrow, "88 columns");
+    os << " against ";
+  }
   show(wide, "128 columns");
   if (!pp_ok) os << "; no ping-pong: " << (pp_no.empty() ? "GATEDMLP_SM90_PINGPONG=0 or too little shared memory" : pp_no);
+  if (!narrow_ok) os << "; no cooperative 88-column tile: " << no;
   *why = os.str();
   return *pick;
 }

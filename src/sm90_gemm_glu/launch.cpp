@@ -71,11 +71,14 @@ int cluster_size(const Problem& r) {
   return cm;
 }
 
-std::string narrow_blocker(const Problem& r, const Arguments* a) {
+namespace {
+
+// What keeps any kernel of the 88-column tile from a call, but the
+// pre-activation (which the ping-pong kernels take in part), or "".
+std::string narrow_tile_blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
   const int64_t g = map_group(r), n = kTileNarrow.tile_n;
-  if (r.has_preact) os << "a pre-activation output (its stores are written for 128-column tiles)";
-  else if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
+  if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
   else if (!(g == r.u || g % n == 0 || n % g == 0))
     os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile";
   else if (cluster_size(r) > 2) os << "clusters of " << cluster_size(r) << " (each CTA would load 44 weight rows)";
@@ -84,10 +87,31 @@ std::string narrow_blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
-std::string pingpong_blocker(const Problem& r) {
+}  // namespace
+
+std::string narrow_blocker(const Problem& r, const Arguments* a) {
+  if (r.has_preact) return "a pre-activation output (its stores are written for 128-column tiles)";
+  return narrow_tile_blocker(r, a);
+}
+
+std::string pingpong_blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
-  if (cluster_size(r) > 1) os << "clusters of " << cluster_size(r) << " (the ping-pong kernels run one CTA per cluster)";
-  else if (r.m < kTilePingPong.tile_m) os << "m=" << r.m << " is less than one " << kTilePingPong.tile_m << "-row tile";
+  if (const std::string no = narrow_tile_blocker(r, a); !no.empty()) return no;
+  if (cluster_size(r) > 1) {
+    os << "clusters of " << cluster_size(r) << " (the ping-pong kernels run one CTA per cluster)";
+  } else if (r.m < kTilePingPong.tile_m) {
+    os << "m=" << r.m << " is less than one " << kTilePingPong.tile_m << "-row tile";
+  } else if (r.has_preact) {
+    // The pre-activation as Y is stored: two runs of U columns (stacked or
+    // separate weights), the input's 16-bit dtype, 16-byte rows.
+    if (map_group(r) != r.u) os << "a pre-activation with interleaved weights (G=" << r.weights.group << ")";
+    else if (r.preact_dtype != r.input_dtype) os << "a pre-activation of another dtype than the input's";
+    else if (r.ldpre % 8 || (r.batch > 1 && r.batch_stride_preact % 8))
+      os << "a pre-activation whose ldpre or batch stride is not a multiple of 8";
+    else if (a && !aligned16(a->preact)) os << "a pre-activation not 16-byte aligned";
+    else if (r.m * r.ldpre * 2 >= kMaxStrideBytes || r.batch_stride_preact * 2 >= kMaxStrideBytes)
+      os << "a pre-activation stride exceeds the tensor map's 2^40-byte limit";
+  }
   return os.str();
 }
 
@@ -187,14 +211,13 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
   const bool narrow = tile_n == kTileNarrow.tile_n;
   if (tile_n != kTile.tile_n && !narrow)
     return err(StatusCode::not_supported, "sm90::launch: no kernel with ", tile_n, "-column tiles");
-  if (narrow) {
-    if (const std::string no = narrow_blocker(r, &a); !no.empty())
-      return err(StatusCode::not_supported, "sm90::launch: the narrow tile cannot take this call: ", no);
-  }
   if (pingpong) {
     if (!narrow) return err(StatusCode::not_supported, "sm90::launch: the ping-pong kernels have 88-column tiles");
-    if (const std::string no = pingpong_blocker(r); !no.empty())
+    if (const std::string no = pingpong_blocker(r, &a); !no.empty())
       return err(StatusCode::not_supported, "sm90::launch: the ping-pong kernels cannot take this call: ", no);
+  } else if (narrow) {
+    if (const std::string no = narrow_blocker(r, &a); !no.empty())
+      return err(StatusCode::not_supported, "sm90::launch: the narrow tile cannot take this call: ", no);
   }
 
   Params p{};
@@ -333,7 +356,7 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
   // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons). Y must
   // go by TMA too: these kernels compute Y in the 16-bit output's form of
   // the activation (glu_out16), so they never feed an fp32 Y.
-  p.pre_tma = r.has_preact && p.y_tma && !env_off("GATEDMLP_SM90_PRE_TMA") &&
+  p.pre_tma = !pingpong && r.has_preact && p.y_tma && !env_off("GATEDMLP_SM90_PRE_TMA") &&
               r.preact_dtype == r.input_dtype && r.u % kTile.tile_n == 0 && cluster_m <= 2 &&
               r.activation != Activation::gelu_erf &&
               r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&
@@ -345,6 +368,20 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
                                    cuuint64_t(batched ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2)};
     const cuuint32_t box[3] = {64, 64, 1};
     if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact"); !e) return e;
+  }
+  if (pingpong && r.has_preact) {
+    // (U, 2 runs, M, L): a box stops at the end of its run (pingpong_blocker
+    // took only stacked and separate weights, whose runs are the halves).
+    const bool batched = r.batch > 1;
+    const cuuint64_t dims[4] = {cuuint64_t(r.u), 2, cuuint64_t(r.m), cuuint64_t(r.batch)};
+    const cuuint64_t strides[3] = {cuuint64_t(r.u * 2), cuuint64_t(r.ldpre * 2),
+                                   cuuint64_t(batched ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2)};
+    const cuuint32_t box[4] = {64, 1, 64, 1}, tail[4] = {cuuint32_t(BN - 64), 1, 64, 1};
+    if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 4, dims, strides, box, "preact"); !e) return e;
+    if (Status e = encode(fn, &p.tma_pre_tail, r.preact_dtype, a.preact, 4, dims, strides, tail,
+                          "preact (last 24 columns)", CU_TENSOR_MAP_SWIZZLE_NONE);
+        !e)
+      return e;
   }
 
   // Split-tail workspace: flags first, then the partial tiles. (The

@@ -124,7 +124,7 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 // whole (no split tail), no cluster attribute.
 template <typename T, int ACT>
 cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
-  auto kernel = sm90_gemm_glu_pingpong_kernel<T, ACT>;
+  auto kernel = p.has_pre ? sm90_gemm_glu_pingpong_kernel<T, ACT, 1> : sm90_gemm_glu_pingpong_kernel<T, ACT, 0>;
   constexpr int kSmem = PingPongTraits::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem); e != cudaSuccess)
     return e;
@@ -132,8 +132,9 @@ cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
   if (const char* v = std::getenv("GATEDMLP_SM90_CLUSTERS")) ctas = std::max(1, std::atoi(v));  // tuning and test knob
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(p.tiles, ctas));
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
-    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles, ping-pong; %lld items on %lld CTAs\n", p.tile_n,
-                 static_cast<long long>(p.tiles), static_cast<long long>(grid));
+    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles, ping-pong; %lld items on %lld CTAs%s\n", p.tile_n,
+                 static_cast<long long>(p.tiles), static_cast<long long>(grid),
+                 p.has_pre ? "; pre-activation by TMA stores" : "");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(PingPongTraits::Tr::kThreads);

@@ -32,8 +32,13 @@ struct Params {
   // The narrow tile's last 24 columns: Y with box 24 x 64 x 1, no swizzle.
   CUtensorMap tma_y_tail;
   // The pre-activation as (2U, M, L), 16-bit only; box 64 x 64 x 1. Used
-  // when pre_tma (U is then a multiple of the 128-column tile).
+  // when pre_tma (U is then a multiple of the 128-column tile). The
+  // ping-pong kernels (stacked or separate weights only) map it as (U, 2
+  // runs, M, L) instead, so that a box is clipped at the end of its run:
+  // box 64 x 1 x 64 x 1, and tma_pre_tail the tile's last 24 columns
+  // (no swizzle), as for Y.
   CUtensorMap tma_pre;
+  CUtensorMap tma_pre_tail;
 
   int64_t m, k, u;
   int batch;

@@ -36,8 +36,14 @@
 // tile: the epilogue is hidden under the other warpgroup's main loop, so its
 // length matters less than its shared memory (the ring keeps 5 stages).
 //
+// Pre-activation (PRE = 1; stacked or separate weights, 16-bit, the input's
+// dtype): per 64-row half, the gate and then the up values go through the
+// same Y tile and TMA stores before Y does (store_pre_pingpong), all of it
+// under the other warpgroup's main loop.
+//
 // What these kernels take (pingpong_blocker in launch.cpp): the narrow
-// tile's calls (no pre-activation, Y by TMA), in one-CTA clusters, M >= 128.
+// tile's calls (Y by TMA) in one-CTA clusters, M >= 128, and the
+// pre-activation as above.
 #pragma once
 
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
@@ -59,8 +65,38 @@ struct PingPongTraits {
 
 namespace detail_ {
 
+// The pre-activation of 64 rows from row0 (alpha and bias applied; stacked
+// or separate weights: the gate and the up values each one run of columns),
+// gate then up, each parked in the warpgroup's Y tile as Y would be and
+// stored by two TMA stores (tma_pre, tma_pre_tail) into its run. The tile
+// must be free on entry and is free again on return (each round waits for
+// its stores to have read it: there is time for that, under the other
+// warpgroup's main loop).
+template <typename T>
+__device__ __forceinline__ void store_pre_pingpong(const Params& p, const float (&d)[88], unsigned char* tile,
+                                                   int bar, int tid, int l, int64_t row0, int64_t col0) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int gate_run = p.separate ? 0 : p.gate_half;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (half == 0) park_y_swizzled<0, true, T, 88, 0>(d, tile, warp, lane, 0.f, 0.f);
+    else park_y_swizzled<0, true, T, 88, 44>(d, tile, warp, lane, 0.f, 0.f);
+    fence_proxy_async();
+    named_barrier(bar, 128);
+    if (tid == 0) {
+      const int run = half == 0 ? gate_run : 1 - gate_run;
+      tma_store_4d(&p.tma_pre, tile, static_cast<int>(col0), run, static_cast<int>(row0), l);
+      if (col0 + 64 < p.u)
+        tma_store_4d(&p.tma_pre_tail, tile + 8192, static_cast<int>(col0 + 64), run, static_cast<int>(row0), l);
+      bulk_commit();
+      bulk_wait_read();
+    }
+    named_barrier(bar, 128);
+  }
+}
+
 // One warpgroup's epilogue of a whole item (see the note at the top).
-template <typename T, int ACT>
+template <typename T, int ACT, int PRE>
 __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[88], float (&d1)[88],
                                                   unsigned char* tile, float* sbias, int cw, int tid,
                                                   const TileCoord& tc) {
@@ -76,17 +112,20 @@ __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[8
     named_barrier(bar, 128);
   }
   apply_alpha_bias(p, d0, sbias, lane);
+  if constexpr (PRE == 1) store_pre_pingpong<T>(p, d0, tile, bar, tid, tc.l, row0, col0);
   store_y_tma<ACT, false>(p, d0, tile, bar, tid, tc.l, row0, col0);
   if (row0 + 64 >= p.m) return;  // rows 64-127 all past M: computed, never stored
   if (tid == 0) bulk_wait_read();
   named_barrier(bar, 128);
   apply_alpha_bias(p, d1, sbias, lane);
+  if constexpr (PRE == 1) store_pre_pingpong<T>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
   store_y_tma<ACT, false>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
 }
 
 }  // namespace detail_
 
-template <typename T, int ACT>
+// PRE: 1 with the pre-activation output (store_pre_pingpong), 0 without.
+template <typename T, int ACT, int PRE>
 __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
     sm90_gemm_glu_pingpong_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -155,6 +194,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
     if (tid == 0) {
       tma_prefetch_map(&p.tma_y);
       tma_prefetch_map(&p.tma_y_tail);
+      if (PRE == 1) tma_prefetch_map(&p.tma_pre), tma_prefetch_map(&p.tma_pre_tail);
     }
     float d0[N], d1[N];  // rows 0-63 and 64-127 of the item
 #pragma unroll
@@ -223,7 +263,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
       fence_regs(d0);
       fence_regs(d1);
       release(prev);
-      detail_::epilogue_pingpong<T, ACT>(p, d0, d1, tile, bias, cw, tid, tc);
+      detail_::epilogue_pingpong<T, ACT, PRE>(p, d0, d1, tile, bias, cw, tid, tc);
       pos.advance(kbs);  // the other warpgroup's item
     }
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store

@@ -621,11 +621,14 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the 128-byte
 // swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x 24 box
 // without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
-// of those by stmatrix.x2.
-template <int ACT, bool DONE, typename OUT, int N>
+// of those by stmatrix.x2. OFF (with DONE only): the values parked are
+// d[OFF + i] instead of d[i] (the ping-pong kernels park the up half of the
+// pre-activation so).
+template <int ACT, bool DONE, typename OUT, int N, int OFF = 0>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
   static_assert(N == 128 || N == 88, "Y tiles of 128 or 88 columns");
+  static_assert(OFF == 0 || DONE, "an offset only for values already computed");
   constexpr int kPlainLd = 2 * (N - 64);  // N = 88: bytes per row of the unswizzled box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
   const uint32_t base = smem_addr(tile);
@@ -641,7 +644,7 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int i = 4 * (2 * jp + q / 2) + 2 * (q % 2);  // column block 2 jp + q / 2, rows + 8 (q % 2)
-      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE, N, true>(d, i, ca, cl), y_of<ACT, DONE, N, true>(d, i + 1, ca, cl));
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE, N, true>(d, OFF + i, ca, cl), y_of<ACT, DONE, N, true>(d, OFF + i + 1, ca, cl));
     }
     stmatrix_x4(addr(N == 128 || 16 * jp < 64, 16 * jp + 8 * (lane / 16)), v[0], v[1], v[2], v[3]);
   }
@@ -651,7 +654,7 @@ __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned ch
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int i = 4 * jb + 2 * q;
-      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE, N, true>(d, i, ca, cl), y_of<ACT, DONE, N, true>(d, i + 1, ca, cl));
+      v[q] = gatedmlp::detail::pack2<OUT>(y_of<ACT, DONE, N, true>(d, OFF + i, ca, cl), y_of<ACT, DONE, N, true>(d, OFF + i + 1, ca, cl));
     }
     stmatrix_x2(addr(false, 8 * jb), v[0], v[1]);
   }

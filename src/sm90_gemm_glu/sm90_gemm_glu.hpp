@@ -38,8 +38,8 @@ int cluster_size(const Problem& resolved);
 std::string narrow_blocker(const Problem& resolved, const Arguments* args);
 
 // Why the ping-pong kernels cannot take this (resolved) problem, which the
-// narrow tile takes (narrow_blocker() is ""), or "" if they can.
-std::string pingpong_blocker(const Problem& resolved);
+// fast path takes (blocker() is ""), or "" if they can. `args` may be null.
+std::string pingpong_blocker(const Problem& resolved, const Arguments* args);
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
