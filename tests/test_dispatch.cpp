@@ -96,13 +96,15 @@ TEST(Dispatch, NarrowTileOnlyWhereItCanRun) {
     EXPECT_EQ(c.tile_n, 128) << what << ": " << to_string(c);
     EXPECT_NE(c.reason.find("cannot take"), std::string::npos) << what << ": " << c.reason;
   };
-  // A pre-activation: the ping-pong kernels take it for stacked (and
-  // separate) weights; the cooperative narrow kernels never do.
+  // A pre-activation: the ping-pong kernels take it for stacked, separate
+  // and G = 1 weights; the cooperative narrow kernels never do.
   Problem p = llama8b(512);
   p.has_preact = true;
   EXPECT_TRUE(pick(p).pingpong) << to_string(pick(p));
   EXPECT_NE(pick(p).reason.find("no cooperative 88-column tile"), std::string::npos) << pick(p).reason;
   p.weights.group = 1;
+  EXPECT_TRUE(pick(p).pingpong) << to_string(pick(p));
+  p.weights.group = 8;
   expect_128(p, "a pre-activation of interleaved weights");
   EXPECT_NE(pick(p).reason.find("interleaved"), std::string::npos) << pick(p).reason;
   p = llama8b(512);

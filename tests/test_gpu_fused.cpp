@@ -591,13 +591,13 @@ void check_narrow_plan(const Problem& p, const Config& c, bool sm90) {
 // Whether the ping-pong kernels can take a case: the narrow tile's but for
 // the pre-activation, in one-CTA clusters (K <= 8192 unless
 // GATEDMLP_SM90_CLUSTER says otherwise), with at least one whole 128-row
-// tile; a pre-activation too, of stacked or separate weights, in the
-// input's dtype, with rows and batches on 16-byte boundaries.
+// tile; a pre-activation too, of stacked, separate or G = 1 weights, in
+// the input's dtype, with rows and batches on 16-byte boundaries.
 bool pingpong_eligible(const Problem& p) {
   Problem q = p;
   q.has_preact = false;
   const Problem r = p.resolved();
-  const bool runs = r.weights.format == WeightFormat::separate || r.weights.group == r.u;
+  const bool runs = r.weights.format == WeightFormat::separate || r.weights.group == r.u || r.weights.group == 1;
   const bool pre_ok = !r.has_preact || (runs && r.preact_dtype == r.input_dtype && r.ldpre % 8 == 0 &&
                                         (r.batch == 1 || r.batch_stride_preact % 8 == 0));
   return narrow_eligible(q) && pre_ok && r.m >= 128 && r.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");

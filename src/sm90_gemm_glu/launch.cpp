@@ -103,8 +103,10 @@ std::string pingpong_blocker(const Problem& r, const Arguments* a) {
     os << "m=" << r.m << " is less than one " << kTilePingPong.tile_m << "-row tile";
   } else if (r.has_preact) {
     // The pre-activation as Y is stored: two runs of U columns (stacked or
-    // separate weights), the input's 16-bit dtype, 16-byte rows.
-    if (map_group(r) != r.u) os << "a pre-activation with interleaved weights (G=" << r.weights.group << ")";
+    // separate weights) or one of 2U (G = 1), the input's 16-bit dtype,
+    // 16-byte rows.
+    if (map_group(r) != r.u && r.weights.group != 1)
+      os << "a pre-activation with weights interleaved in blocks of G=" << r.weights.group << " > 1";
     else if (r.preact_dtype != r.input_dtype) os << "a pre-activation of another dtype than the input's";
     else if (r.ldpre % 8 || (r.batch > 1 && r.batch_stride_preact % 8))
       os << "a pre-activation whose ldpre or batch stride is not a multiple of 8";
@@ -369,7 +371,18 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
     const cuuint32_t box[3] = {64, 64, 1};
     if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact"); !e) return e;
   }
-  if (pingpong && r.has_preact) {
+  if (pingpong && r.has_preact && p.pre_mode == 2) {
+    // G = 1: (2U, M, L), one unswizzled box of 88 columns per round.
+    const bool batched = r.batch > 1;
+    const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2),
+                                   cuuint64_t(batched ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2)};
+    const cuuint32_t box[3] = {cuuint32_t(BN), 64, 1};
+    if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact (G = 1)",
+                          CU_TENSOR_MAP_SWIZZLE_NONE);
+        !e)
+      return e;
+  } else if (pingpong && r.has_preact) {
     // (U, 2 runs, M, L): a box stops at the end of its run (pingpong_blocker
     // took only stacked and separate weights, whose runs are the halves).
     const bool batched = r.batch > 1;

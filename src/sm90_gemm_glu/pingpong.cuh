@@ -36,10 +36,11 @@
 // tile: the epilogue is hidden under the other warpgroup's main loop, so its
 // length matters less than its shared memory (the ring keeps 5 stages).
 //
-// Pre-activation (PRE = 1; stacked or separate weights, 16-bit, the input's
-// dtype): per 64-row half, the gate and then the up values go through the
-// same Y tile and TMA stores before Y does (store_pre_pingpong), all of it
-// under the other warpgroup's main loop.
+// Pre-activation (PRE = 1; stacked, separate or G = 1 weights, 16-bit, the
+// input's dtype): per 64-row half, two rounds of it (the gate and the up
+// values; or, for G = 1, the two halves of the tile's 176 interleaved
+// columns) go through the same Y tile and TMA stores before Y does
+// (store_pre_pingpong), all of it under the other warpgroup's main loop.
 //
 // What these kernels take (pingpong_blocker in launch.cpp): the narrow
 // tile's calls (Y by TMA) in one-CTA clusters, M >= 128, and the
@@ -72,10 +73,47 @@ namespace detail_ {
 // must be free on entry and is free again on return (each round waits for
 // its stores to have read it: there is time for that, under the other
 // warpgroup's main loop).
+//
+// G = 1 weights (p.pre_mode 2): gate and up of column j sit side by side at
+// pre-activation columns 2j, 2j + 1, so the tile's 88 columns are one run of
+// 176 from 2 col0; it goes in two rounds of 88 (tile columns 0-43, 44-87),
+// each parked unswizzled (176-byte rows, four columns per 8-byte store) and
+// stored as one box (tma_pre: (2U, M, L), box 88 x 64 x 1).
 template <typename T>
 __device__ __forceinline__ void store_pre_pingpong(const Params& p, const float (&d)[88], unsigned char* tile,
                                                    int bar, int tid, int l, int64_t row0, int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
+  if (p.pre_mode == 2) {
+    const bool gate_first = p.first == 0;
+#pragma unroll
+    for (int round = 0; round < 2; ++round) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+        for (int jj = 0; jj < 11; ++jj) {
+          const int c = 8 * jj + 2 * (lane % 4);  // tile column (even: c and c + 1 fall in one round)
+          if ((c < 44) != (round == 0)) continue;
+          const int i = 4 * jj + 2 * h;  // gate d[i], d[i + 1]; up d[i + 44], d[i + 45]
+          const uint32_t lo = gate_first ? gatedmlp::detail::pack2<T>(d[i], d[i + 44])
+                                         : gatedmlp::detail::pack2<T>(d[i + 44], d[i]);
+          const uint32_t hi = gate_first ? gatedmlp::detail::pack2<T>(d[i + 1], d[i + 45])
+                                         : gatedmlp::detail::pack2<T>(d[i + 45], d[i + 1]);
+          *reinterpret_cast<uint2*>(tile + r * 176 + (2 * c - 88 * round) * 2) = make_uint2(lo, hi);
+        }
+      }
+      fence_proxy_async();
+      named_barrier(bar, 128);
+      if (tid == 0) {
+        const int64_t c0 = 2 * col0 + 88 * round;
+        if (c0 < 2 * p.u) tma_store_3d(&p.tma_pre, tile, static_cast<int>(c0), static_cast<int>(row0), l);
+        bulk_commit();
+        bulk_wait_read();
+      }
+      named_barrier(bar, 128);
+    }
+    return;
+  }
   const int gate_run = p.separate ? 0 : p.gate_half;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
