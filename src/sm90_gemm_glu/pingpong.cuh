@@ -133,6 +133,25 @@ __device__ __forceinline__ void store_pre_pingpong(const Params& p, const float 
   }
 }
 
+// One 64-deep k-step over the item's 128 rows (X rows 0-63 at descriptor
+// da0, 64-127 at da1, the 176 weight rows at db): per 16-deep slice, rows
+// 0-63 into d0 and rows 64-127 into d1 (one m64n176k16 each).
+// FIRST: the first slice's wgmmas overwrite the accumulators (write-only),
+// for an item's first k-step, which must be straight-line code (behind a
+// run-time branch ptxas serialises every wgmma: NOTES.md h22).
+template <typename T, bool FIRST>
+__device__ __forceinline__ void kstep_pingpong(float (&d0)[88], float (&d1)[88], uint64_t da0, uint64_t da1,
+                                               uint64_t db) {
+  using Tr = PingPongTraits::Tr;
+  wgmma_tile<T, 88, FIRST>(d0, da0, db);
+  wgmma_tile<T, 88, FIRST>(d1, da1, db);
+#pragma unroll
+  for (int kk = 1; kk < Tr::BK / 16; ++kk) {
+    wgmma_tile<T, 88, false>(d0, da0 + 2 * kk, db + 2 * kk);
+    wgmma_tile<T, 88, false>(d1, da1 + 2 * kk, db + 2 * kk);
+  }
+}
+
 // One warpgroup's epilogue of a whole item (see the note at the top).
 template <typename T, int ACT, int PRE>
 __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[88], float (&d1)[88],
@@ -261,13 +280,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
         const uint64_t da0 = detail_::desc_x<Tr>(ring, prev, 0), da1 = detail_::desc_x<Tr>(ring, prev, 1),
                        db = detail_::desc_w<Tr>(ring, prev);
         wgmma_fence();
-        wgmma_tile<T, N, true>(d0, da0, db);
-        wgmma_tile<T, N, true>(d1, da1, db);
-#pragma unroll
-        for (int kk = 1; kk < Tr::BK / 16; ++kk) {
-          wgmma_tile<T, N, false>(d0, da0 + 2 * kk, db + 2 * kk);
-          wgmma_tile<T, N, false>(d1, da1 + 2 * kk, db + 2 * kk);
-        }
+        detail_::kstep_pingpong<T, true>(d0, d1, da0, da1, db);
         wgmma_commit();
         fence_regs(d0);
         fence_regs(d1);
@@ -281,11 +294,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
         fence_regs(d0);
         fence_regs(d1);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < Tr::BK / 16; ++kk) {
-          wgmma_tile<T, N, false>(d0, da0 + 2 * kk, db + 2 * kk);
-          wgmma_tile<T, N, false>(d1, da1 + 2 * kk, db + 2 * kk);
-        }
+        detail_::kstep_pingpong<T, false>(d0, d1, da0, da1, db);
         wgmma_commit();
         fence_regs(d0);
         fence_regs(d1);
