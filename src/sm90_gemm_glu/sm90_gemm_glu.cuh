@@ -21,7 +21,11 @@
 // Both consumer warpgroups work on the same tile (cooperative): a ping-pong
 // schedule, each warpgroup on its own 64-row tile so that one's epilogue runs
 // under the other's main loop, loads the weight tile per 64 rows and was 6 %
-// slower (NOTES.md, h10).
+// slower (NOTES.md, h10). Ping-pong with whole 128 x 88 tiles per warpgroup
+// moves the narrow tile's bytes per FLOP and is 2.5-3 % faster: those
+// kernels are in pingpong.cuh (h49), and take every call they can; these
+// take the rest (K > 8192: clusters of two; M < 128; G = 16, 32, 128, ...;
+// fp32 Y; a pre-activation of G = 2 ... 128 blocks).
 //
 // Warpgroups. 384 threads:
 //   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
