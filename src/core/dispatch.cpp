@@ -79,8 +79,10 @@ struct TileEstimate {
   bool split = false;
 };
 
+// t: kTile, kTileNarrow or kTilePingPong (one-CTA clusters, never split).
 TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
-  const int cm = sm90::cluster_size(r);
+  const bool pingpong = &t == &sm90::kTilePingPong;
+  const int cm = pingpong ? 1 : sm90::cluster_size(r);
   sm90::Params p{};
   p.m_tiles = static_cast<int>((r.m + t.tile_m - 1) / t.tile_m);
   p.n_tiles = static_cast<int>((r.u + t.tile_n - 1) / t.tile_n);
@@ -90,22 +92,11 @@ TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
   TileEstimate e;
   e.items = p.tiles;
   e.clusters = std::max(1, sms / cm);
-  e.split = sm90::plan_split_tail(p, e.clusters, cm, true);
+  e.split = !pingpong && sm90::plan_split_tail(p, e.clusters, cm, true);
   e.waves = double(e.items) / double(e.clusters);
   e.waves_run = double((e.items + e.clusters - 1) / e.clusters);
   if (e.split) e.waves_run = std::min(e.waves_run, e.waves + kSplitCostItems);
-  e.cost = e.waves_run * (t.tile_n + kItemOverheadColumns);
-  return e;
-}
-
-TileEstimate estimate_pingpong(const Problem& r, int sms) {
-  const sm90::Tile& t = sm90::kTilePingPong;
-  TileEstimate e;
-  e.items = (r.m + t.tile_m - 1) / t.tile_m * ((r.u + t.tile_n - 1) / t.tile_n) * r.batch;
-  e.clusters = std::max(1, sms);
-  e.waves = double(e.items) / double(e.clusters);
-  e.waves_run = double((e.items + e.clusters - 1) / e.clusters);
-  e.cost = e.waves_run * (t.tile_n + kPingPongOverheadColumns);
+  e.cost = e.waves_run * (t.tile_n + (pingpong ? kPingPongOverheadColumns : kItemOverheadColumns));
   return e;
 }
 
@@ -128,7 +119,7 @@ const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const D
     return sm90::kTile;
   }
   const TileEstimate wide = estimate(r, sm90::kTile, dev.sms), narrow = estimate(r, sm90::kTileNarrow, dev.sms);
-  const TileEstimate pp = estimate_pingpong(r, dev.sms);
+  const TileEstimate pp = estimate(r, sm90::kTilePingPong, dev.sms);
   const sm90::Tile* pick = narrow_ok && narrow.cost < wide.cost ? &sm90::kTileNarrow : &sm90::kTile;
   if (pp_ok && pp.cost < (narrow_ok ? std::min(narrow.cost, wide.cost) : wide.cost)) pick = &sm90::kTilePingPong;
   if (f == "88") pick = narrow_ok ? &sm90::kTileNarrow : &sm90::kTile;
