@@ -5,7 +5,7 @@
 # partial cluster units cost.
 #   scripts/probe-waves.sh [M list]
 #   env: BUILD (build-ab), MODEL (8b), SETTINGS (space-separated; "-" is the
-#        default, else VAR=VALUE, e.g. "- GATEDMLP_SM90_CLUSTER=1")
+#        default, else VAR=VALUE[,VAR=VALUE...], e.g. "- GATEDMLP_SM90_CLUSTER=1")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -18,6 +18,6 @@ if [ ! -x "$b/tools/gatedmlp" ]; then
 fi
 for s in ${SETTINGS:-- GATEDMLP_SM90_SPLIT_TAIL=0}; do
   echo "-- $([ "$s" = - ] && echo default || echo "$s")"
-  if [ "$s" = - ]; then set --; else set -- "$s"; fi
+  if [ "$s" = - ]; then set --; else IFS=, read -ra kv <<<"$s"; set -- "${kv[@]}"; fi
   env "$@" "$b/tools/gatedmlp" bench --model "${MODEL:-8b}" --m "$ms" 2>/dev/null | grep -E "^(8b|70b|405b|custom) " | cut -c1-100
 done

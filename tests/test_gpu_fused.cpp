@@ -571,13 +571,13 @@ bool fast_path_eligible(const Problem& p) {
 // Whether the fast path's narrow tile (88 output columns) can take a case the
 // fast path takes: no pre-activation, Y stored by TMA (16-bit, U, ldy and
 // the batch stride multiples of 8; y is its own cudaMalloc), and weight
-// blocks that a box of 88 rows can gather (stacked, separate, G dividing 88
-// or a multiple of it).
+// blocks that boxes can gather (stacked, separate, G dividing 88 or a
+// multiple of it, or G a multiple of 8: boxes of 8 rows).
 bool narrow_eligible(const Problem& p) {
   const Problem r = p.resolved();
   const int64_t g = r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
   return fast_path_eligible(p) && !r.has_preact && r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 &&
-         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % 88 == 0 || 88 % g == 0);
+         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % 88 == 0 || 88 % g == 0 || g % 8 == 0);
 }
 
 // The tile a kNarrow variant ran with on a 9.0 device: 88 columns where the
@@ -635,7 +635,7 @@ struct PathCount {
 };
 
 // Layouts fast_path_problem cycles through.
-constexpr int kFastLayouts = 17;
+constexpr int kFastLayouts = 21;
 
 // Case i of FastPathEveryLayoutActivationOption: the layout and activation
 // cycle with i so every pair shows up; everything else is drawn at random
@@ -643,7 +643,7 @@ constexpr int kFastLayouts = 17;
 // strides that are multiples of 8, odd M and U).
 Problem fast_path_problem(std::mt19937_64& rng, int i) {
   Problem p;
-  // 0: separate; 1, 2: stacked, gate/up first; 3..16: G in {1, 2, 4, 8, 32, 128, 256} x {gate, up} first.
+  // 0: separate; 1, 2: stacked, gate/up first; 3..20: G in {1, 2, 4, 8, 16, 32, 64, 128, 256} x {gate, up} first.
   const int layout = i % kFastLayouts;
   int64_t g = 0;
   if (layout == 0) {
@@ -652,7 +652,7 @@ Problem fast_path_problem(std::mt19937_64& rng, int i) {
     p.weights.format = WeightFormat::fused;
     p.weights.first = layout % 2 ? Half::gate : Half::up;
     if (layout >= 3) {
-      const int64_t groups[] = {1, 2, 4, 8, 32, 128, 256};
+      const int64_t groups[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
       g = groups[(layout - 3) / 2];
     }
     p.weights.group = g;
@@ -661,7 +661,7 @@ Problem fast_path_problem(std::mt19937_64& rng, int i) {
   else if (g == 1) p.u = pick(rng, {37, 95, 129, 251});
   else if (g == 2 || g == 4) p.u = g * pick(rng, {3, 35, 66});
   else if (g == 8) p.u = 8 * pick(rng, {1, 3, 13, 25});
-  else if (g == 32) p.u = 32 * pick(rng, {1, 3, 5, 7});
+  else if (g == 16 || g == 32 || g == 64) p.u = g * pick(rng, {1, 3, 5, 7, 12});  // 88-column tiles cross blocks anywhere
   else if (g == 128) p.u = 128 * pick(rng, {1, 2, 3});
   else p.u = 256 * pick(rng, {1, 2});
 
@@ -997,6 +997,10 @@ TEST(GpuFused, FastPathLargeShapes) {
       // narrow tile (4.94 waves of it on 132 SMs against 3.39 of 128 columns).
       {512, 264, 14336, 0, Half::gate, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
       {512, 1032, 14336, -1, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 1},
+      // Blocks of 32 and 64 rows, which 88-column tiles cross at every
+      // offset (8-row weight boxes), U not a whole number of tiles.
+      {1100, 1024, 2848, 32, Half::up, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
+      {700, 520, 1216, 64, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 2},
   };
   CaseStats st;
   PathCount auto_paths;
