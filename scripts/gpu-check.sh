@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|preact|split|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|preact|split|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 # ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
@@ -90,11 +90,25 @@ for step in "${steps[@]}"; do
     { "$g" bench --model all --m 1024,4096,16384
       "$g" bench --m 64,128,256,512
       "$g" bench --m 512 --k 1024 --u 4096
-      for l in separate g1 g8 g32 g128 g256; do "$g" bench --m 4096 --layout "$l"; done
+      for l in separate g1 g8 g16 g32 g64 g128 g256; do "$g" bench --m 4096 --layout "$l"; done
       "$g" bench --m 4096 --layout g32 --first up
       for l in stacked g1; do "$g" bench --m 4096 --layout "$l" --preact; done
     } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-170 | tee "$out/bars.txt"
     note "bars: table in bars.txt" ;;
+  layouts)
+    # Every interleave block against stacked on the 8B M = 4096 shape, as
+    # the library picks and with the 128-column tile forced (what G = 16 ...
+    # 256 ran before their 8-row weight boxes, NOTES.md h52), ROUNDS times.
+    g="$build/tools/gatedmlp"
+    for r in $(seq "${ROUNDS:-2}"); do
+      for l in stacked g16 g32 g64 g128 g256; do
+        for t in - 128; do
+          if [ "$t" = - ]; then "$g" bench --m 4096 --layout "$l"; else GATEDMLP_SM90_TILE=$t "$g" bench --m 4096 --layout "$l"; fi |
+            sed "s/^8b /8b-$l-$([ "$t" = - ] && echo pick || echo t$t) /"
+        done
+      done
+    done 2>"$out/layouts.err" | grep -E "^8b-" | cut -c1-170 | tee "$out/layouts.txt"
+    note "layouts: table in layouts.txt" ;;
   preact)
     # The pre-activation output's cost per layout (8B, M = 4096; the bench
     # times the fused call with and without it in the same run and prints
