@@ -97,8 +97,7 @@ for step in "${steps[@]}"; do
     note "bars: table in bars.txt" ;;
   layouts)
     # Every interleave block against stacked on the 8B M = 4096 shape, as
-    # the library picks and with the 128-column tile forced (what G = 16 ...
-    # 256 ran before their 8-row weight boxes, NOTES.md h52), ROUNDS times.
+    # the library picks and with the 128-column tile forced, ROUNDS times.
     g="$build/tools/gatedmlp"
     for r in $(seq "${ROUNDS:-2}"); do
       for l in stacked g16 g32 g64 g128 g256; do

@@ -571,13 +571,13 @@ bool fast_path_eligible(const Problem& p) {
 // Whether the fast path's narrow tile (88 output columns) can take a case the
 // fast path takes: no pre-activation, Y stored by TMA (16-bit, U, ldy and
 // the batch stride multiples of 8; y is its own cudaMalloc), and weight
-// blocks that boxes can gather (stacked, separate, G dividing 88 or a
-// multiple of it, or G a multiple of 8: boxes of 8 rows).
+// blocks that a box of 88 rows can gather (stacked, separate, G dividing 88
+// or a multiple of it).
 bool narrow_eligible(const Problem& p) {
   const Problem r = p.resolved();
   const int64_t g = r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
   return fast_path_eligible(p) && !r.has_preact && r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 &&
-         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % 88 == 0 || 88 % g == 0 || g % 8 == 0);
+         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % 88 == 0 || 88 % g == 0);
 }
 
 // The tile a kNarrow variant ran with on a 9.0 device: 88 columns where the
@@ -661,7 +661,7 @@ Problem fast_path_problem(std::mt19937_64& rng, int i) {
   else if (g == 1) p.u = pick(rng, {37, 95, 129, 251});
   else if (g == 2 || g == 4) p.u = g * pick(rng, {3, 35, 66});
   else if (g == 8) p.u = 8 * pick(rng, {1, 3, 13, 25});
-  else if (g == 16 || g == 32 || g == 64) p.u = g * pick(rng, {1, 3, 5, 7, 12});  // 88-column tiles cross blocks anywhere
+  else if (g == 16 || g == 32 || g == 64) p.u = g * pick(rng, {1, 3, 5, 7, 12});
   else if (g == 128) p.u = 128 * pick(rng, {1, 2, 3});
   else p.u = 256 * pick(rng, {1, 2});
 
@@ -997,8 +997,8 @@ TEST(GpuFused, FastPathLargeShapes) {
       // narrow tile (4.94 waves of it on 132 SMs against 3.39 of 128 columns).
       {512, 264, 14336, 0, Half::gate, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
       {512, 1032, 14336, -1, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 1},
-      // Blocks of 32 and 64 rows, which 88-column tiles cross at every
-      // offset (8-row weight boxes), U not a whole number of tiles.
+      // Blocks of 32 and 64 rows (the 128-column tile: an 88-row box cannot
+      // gather them), U not a whole number of tiles.
       {1100, 1024, 2848, 32, Half::up, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
       {700, 520, 1216, 64, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 2},
   };

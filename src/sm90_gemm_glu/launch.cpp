@@ -79,9 +79,8 @@ std::string narrow_tile_blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
   const int64_t g = map_group(r), n = kTileNarrow.tile_n;
   if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
-  else if (!(g == r.u || g % n == 0 || n % g == 0 || g % 8 == 0))
-    os << "weights.group=" << g << " neither divides nor is a multiple of the " << n
-       << "-column tile, and is not a multiple of 8 (boxes of 8 rows)";
+  else if (!(g == r.u || g % n == 0 || n % g == 0))
+    os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile";
   else if (cluster_size(r) > 2) os << "clusters of " << cluster_size(r) << " (each CTA would load 44 weight rows)";
   else if ((r.m + kTileNarrow.tile_m - 1) / kTileNarrow.tile_m * ((r.u + n - 1) / n) > kMaxCoord / r.batch)
     os << "batch x m x u make 2^31 or more " << n << "-column tiles";
@@ -273,27 +272,17 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
   {
     // Blocks of at least a tile: the box is `rows` consecutive rows of one
     // block. Smaller blocks: the box takes rows/G blocks of G rows. `rows` is
-    // a whole half of the tile (128 or 88), or the part one CTA of a cluster
-    // loads. Blocks that a tile's rows can cross anywhere (the narrow tile,
-    // G = 16, 32, 64, 128, 256, ...): boxes of 8 rows (p.w_chunks; the
-    // blockers leave only G that are multiples of 8 and clusters of at most
-    // two, whose CTAs load whole halves).
+    // a whole half of the tile (128), or the part one CTA of a cluster loads.
     const bool big = g == r.u || g % BN == 0;
-    const bool chunks = !big && BN % g != 0;
     const int64_t rows = BN / std::max(1, cluster_m / 2);
-    if (chunks && (!narrow || g % 8 || cluster_m > 2))
-      return err(StatusCode::not_supported, "sm90::launch: weight blocks of G=", g, " with ", BN,
-                 "-column tiles in clusters of ", cluster_m);
     p.w_part_c1 = big ? static_cast<int>(rows) : 0;
-    p.w_part_c3 = big || chunks ? 0 : static_cast<int>(rows / g);
-    p.w_chunks = chunks ? BN / 8 : 0;
+    p.w_part_c3 = big ? 0 : static_cast<int>(rows / g);
     const cuuint64_t dims[5] = {cuuint64_t(r.k), cuuint64_t(g), cuuint64_t(halves), cuuint64_t(blocks),
                                 cuuint64_t(p.w_batched ? r.batch : 1)};
     const cuuint64_t strides[4] = {cuuint64_t(row_bytes), cuuint64_t(g * row_bytes),
                                    cuuint64_t(halves * g * row_bytes),
                                    cuuint64_t(p.w_batched ? r.batch_stride_w * 2 : blocks * halves * g * row_bytes)};
-    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(chunks ? 8 : big ? rows : g), 1,
-                               cuuint32_t(big || chunks ? 1 : rows / g), 1};
+    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(big ? rows : g), 1, cuuint32_t(big ? 1 : rows / g), 1};
     if (Status e = encode(fn, &p.tma_wg, r.input_dtype, a.w, 5, dims, strides, box, sep ? "w (gate)" : "w"); !e)
       return e;
     if (sep) {

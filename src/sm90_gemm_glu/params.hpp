@@ -61,10 +61,6 @@ struct Params {
   // (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
   // whole blocks of G rows when G is smaller than the part.
   int w_part_c1, w_part_c3;
-  // The narrow tile with G a multiple of 8 that neither divides 88 nor is a
-  // multiple of it: each weight half as 11 boxes of 8 rows (load_w_half);
-  // 0: one box per half (or part).
-  int w_chunks;
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
   int x_rows;                // rows per X box: BM, or M rounded up to 8 when M < BM (the rest of the ring's A rows are zeroed once)
 

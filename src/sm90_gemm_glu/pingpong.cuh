@@ -235,10 +235,8 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
           tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
-          detail_::load_w_half<N, false>(p, st + Tr::kABytes, &p.tma_wg, &full[s], 0, kb * Tr::BK, c1, p.gate_half,
-                                         c3, wl);
-          detail_::load_w_half<N, false>(p, st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], 0, kb * Tr::BK,
-                                         c1, p.up_half, c3, wl);
+          tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
+          tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
         }
       }
     }

@@ -813,38 +813,6 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
   return desc_sw128(ring + s * Tr::kStageBytes + Tr::kABytes);
 }
 
-// One half (gate or up) of a k-block's weight tile, ROWS rows from the tile's
-// first column, whose row sits at (c1, half, c3) of the weight map (row c1 of
-// block c3), into dst; multicast to `mask` when MC. One box, or, with
-// p.w_chunks, one box of 8 rows (one 1 KB swizzle atom, so the stage's bytes
-// are the same as one box's) per chunk. p.w_chunks: the narrow tile with
-// blocks of G rows, G a multiple of 8 that neither divides 88 nor is a
-// multiple of it (G = 16, 32, 64, 128, 256, ...). A tile's rows then start
-// anywhere in a block and run on into the next, which no single box of the
-// (K, G, 2, U/G, L) map can gather. Rows n0 + 8i are at row (c1 + 8i) mod G
-// of block c3 + (c1 + 8i) / G; chunks past U lie past the last block and are
-// zero-filled (they still count their bytes on the barrier).
-template <int ROWS, bool MC>
-__device__ __forceinline__ void load_w_half(const Params& p, unsigned char* dst, const void* map, uint64_t* bar,
-                                            uint16_t mask, int k0, int c1, int half, int c3, int wl) {
-  const auto load = [&](unsigned char* d) {
-    if constexpr (MC) tma_load_5d_multicast(d, map, bar, mask, k0, c1, half, c3, wl);
-    else tma_load_5d(d, map, bar, k0, c1, half, c3, wl);
-  };
-  if (!p.w_chunks) {
-    load(dst);
-    return;
-  }
-  static_assert(ROWS % 8 == 0, "chunks of 8 rows");
-  const int g = static_cast<int>(p.w_group);  // a multiple of 8, as c1 is
-#pragma unroll 1
-  for (int i = 0; i < ROWS / 8; ++i, dst += 1024) {
-    load(dst);
-    c1 += 8;
-    if (c1 == g) c1 = 0, ++c3;
-  }
-}
-
 }  // namespace detail_
 
 // PRE: 1 for the kernels that store the pre-activation through TMA (a 16-bit
@@ -936,21 +904,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           if (CM == 1 || (CM == 2 && tc.pair_cols)) {
             // The whole weight tile, for this CTA alone (with column pairs
             // each CTA also loads the shared X tile itself: no multicast).
-            detail_::load_w_half<Tr::BNO, false>(p, st + Tr::kABytes, &p.tma_wg, &full[s], 0, kb * Tr::BK, c1,
-                                                 p.gate_half, c3, wl);
-            detail_::load_w_half<Tr::BNO, false>(p, st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], 0,
-                                                 kb * Tr::BK, c1, p.up_half, c3, wl);
+            tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
+            tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
           } else {
             // This CTA's part of the weight tile: half rank / kParts (gate,
             // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
             // every CTA of the cluster.
             constexpr int kParts = CM > 1 ? CM / 2 : 1;  // (CM = 1 never comes here)
             const int h = static_cast<int>(rank) / kParts, q = static_cast<int>(rank) % kParts;
-            // (p.w_chunks: BNO = 88 and CM = 2, so kParts = 1 and the part is the whole half.)
-            detail_::load_w_half<Tr::BNO / kParts, true>(
-                p, st + Tr::kABytes + h * (Tr::kBBytes / 2) + q * (Tr::kBBytes / 2 / kParts),
-                h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * Tr::BK, c1 + q * p.w_part_c1,
-                h == 0 ? p.gate_half : p.up_half, c3 + q * p.w_part_c3, wl);
+            tma_load_5d_multicast(st + Tr::kABytes + h * (Tr::kBBytes / 2) + q * (Tr::kBBytes / 2 / kParts),
+                                  h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * Tr::BK,
+                                  c1 + q * p.w_part_c1, h == 0 ? p.gate_half : p.up_half, c3 + q * p.w_part_c3, wl);
           }
         }
         GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
