@@ -165,10 +165,9 @@ const Variant kOneCluster{"fused, GATEDMLP_FORCE_PATH unset, one cluster", true,
 const Variant kNarrow{"fused, GATEDMLP_SM90_TILE=88, split tail forced", true, nullptr, true, "force", nullptr, "88"};
 const Variant kNarrowOneCluster{"fused, GATEDMLP_SM90_TILE=88, one cluster", true, nullptr, true, nullptr, "1", "88"};
 // The ping-pong kernels (the narrow tile, each consumer warpgroup running
-// whole items in turn) wherever they can run, split tail forced, and on one
-// CTA, where every item follows another and the two warpgroups take turns
-// through them.
-const Variant kPingPong{"fused, GATEDMLP_SM90_TILE=pp, split tail forced", true, nullptr, true, "force", nullptr, "pp"};
+// whole items in turn) wherever they can run, and on one CTA, where every
+// item follows another and the two warpgroups take turns through them.
+const Variant kPingPong{"fused, GATEDMLP_SM90_TILE=pp", true, nullptr, true, nullptr, nullptr, "pp"};
 const Variant kPingPongOneCta{"fused, GATEDMLP_SM90_TILE=pp, one CTA", true, nullptr, true, nullptr, "1", "pp"};
 // Clusters of two CTAs (weight multicast, column pairs for an odd row-block
 // count), which the library picks only above K = 8192, larger than the test

@@ -66,16 +66,15 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
 }  // namespace
 
 // The Hopper path's split tail is the only user of workspace: a flag and an
-// fp32 partial tile per CTA and consumer warpgroup (the ping-pong kernels
-// use a CTA's two for one 128-row partial). Other paths, and devices
-// without one, need none.
+// fp32 partial tile per CTA and consumer warpgroup. Other paths, the
+// ping-pong kernels (no split tail), and devices without one, need none.
 size_t workspace_size(const Problem& p) {
   if (!check_support(p)) return 0;
   detail::DeviceInfo dev;
   if (!detail::device_info(-1, &dev)) return 0;
   Config cfg;
   const Problem r = p.resolved();
-  if (!detail::select_config(r, nullptr, dev, &cfg) || cfg.path != KernelPath::sm90_wgmma) return 0;
+  if (!detail::select_config(r, nullptr, dev, &cfg) || cfg.path != KernelPath::sm90_wgmma || cfg.pingpong) return 0;
   if (r.k <= sm90::kTile.tile_k) return 0;  // one k-block: nothing to split
   return sm90::workspace_bytes(dev.sms);
 }

@@ -64,9 +64,8 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 // where 88 measured 1-2 % faster in every run.
 // The ping-pong kernels (the narrow tile, each warpgroup running whole items
 // in turn) hide the per-item epilogue under the other warpgroup's main loop,
-// so their per-item cost is smaller (kPingPongOverheadColumns); their split
-// tail (not with a pre-activation) is modelled as the cooperative kernels'
-// (NOTES.md h54).
+// so their per-item cost is smaller (kPingPongOverheadColumns), but they
+// have no split tail: their waves are always whole.
 // GATEDMLP_SM90_TILE=88|128|pp forces one (tests; 88 and pp only where they
 // can run); GATEDMLP_SM90_PINGPONG=0 leaves the ping-pong kernels out of the
 // pick (timing knob).
@@ -80,7 +79,7 @@ struct TileEstimate {
   bool split = false;
 };
 
-// t: kTile, kTileNarrow or kTilePingPong (one-CTA clusters).
+// t: kTile, kTileNarrow or kTilePingPong (one-CTA clusters, never split).
 TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
   const bool pingpong = &t == &sm90::kTilePingPong;
   const int cm = pingpong ? 1 : sm90::cluster_size(r);
@@ -93,7 +92,7 @@ TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
   TileEstimate e;
   e.items = p.tiles;
   e.clusters = std::max(1, sms / cm);
-  e.split = !(pingpong && r.has_preact) && sm90::plan_split_tail(p, e.clusters, cm, true);
+  e.split = !pingpong && sm90::plan_split_tail(p, e.clusters, cm, true);
   e.waves = double(e.items) / double(e.clusters);
   e.waves_run = double((e.items + e.clusters - 1) / e.clusters);
   if (e.split) e.waves_run = std::min(e.waves_run, e.waves + kSplitCostItems);

@@ -397,8 +397,9 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
       return e;
   }
 
-  // Split-tail workspace: flags first, then the partial tiles.
-  if (workspace && ws_bytes >= workspace_bytes(sms)) {
+  // Split-tail workspace: flags first, then the partial tiles. (The
+  // ping-pong kernels run every item whole.)
+  if (!pingpong && workspace && ws_bytes >= workspace_bytes(sms)) {
     p.sk_flag = static_cast<uint64_t*>(workspace);
     p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
     p.sk_ctas = sms;

@@ -47,20 +47,6 @@ inline uint64_t next_token() {
   return z ? z : 1;
 }
 
-// Split tail (schedule.hpp) over `resident` clusters of cm CTAs; sets
-// p.sk_token when it splits. GATEDMLP_SM90_SPLIT_TAIL=0 turns it off,
-// =force splits whenever possible (tests); GATEDMLP_SM90_SPLIT_WAVES=1|2
-// splits the partial wave only, or the last whole wave too (default:
-// plan_split_tail's choice).
-inline bool split_tail(Params& p, int64_t resident, int cm) {
-  const char* st = std::getenv("GATEDMLP_SM90_SPLIT_TAIL");
-  const char* sw = std::getenv("GATEDMLP_SM90_SPLIT_WAVES");
-  const bool force = st && std::string(st) == "force";
-  const bool split = plan_split_tail(p, resident, cm, !st || force || std::atoi(st) != 0, force, sw ? std::atoi(sw) : 0);
-  if (split) p.sk_token = next_token();
-  return split;
-}
-
 template <typename T, int ACT, int CM, int PRE, int BNO>
 cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   using Tr = TileTraits<BNO>;
@@ -105,8 +91,16 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   // Tuning knob (any cluster size): run on fewer clusters than fit.
   if (const char* v = std::getenv("GATEDMLP_SM90_CLUSTERS")) resident = std::max(1, std::atoi(v));
   resident = std::max(resident, 1);
-  const bool split = split_tail(p, resident, CM);
+  // Split tail (schedule.hpp): GATEDMLP_SM90_SPLIT_TAIL=0 turns it off,
+  // =force splits whenever possible (tests); GATEDMLP_SM90_SPLIT_WAVES=1|2
+  // splits the partial wave only, or the last whole wave too (default:
+  // plan_split_tail's choice).
+  const char* st = std::getenv("GATEDMLP_SM90_SPLIT_TAIL");
+  const char* sw = std::getenv("GATEDMLP_SM90_SPLIT_WAVES");
+  const bool force = st && std::string(st) == "force";
+  const bool split = plan_split_tail(p, resident, CM, !st || force || std::atoi(st) != 0, force, sw ? std::atoi(sw) : 0);
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
+  if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
     std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles; %lld items on %d clusters of %d%s; %s%s\n", BNO,
                  static_cast<long long>(p.tiles), resident, CM, p.odd_items ? "; last row-block in column pairs" : "",
@@ -126,24 +120,20 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 #endif
 }
 
-// The ping-pong kernels: one CTA per SM (at most one per item, or all of
-// them when the tail is split), no cluster attribute.
+// The ping-pong kernels: one CTA per SM (at most one per item), every item
+// whole (no split tail), no cluster attribute.
 template <typename T, int ACT>
-cudaError_t launch_pingpong(Params p, int sms, cudaStream_t stream) {
+cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
   auto kernel = p.has_pre ? sm90_gemm_glu_pingpong_kernel<T, ACT, 1> : sm90_gemm_glu_pingpong_kernel<T, ACT, 0>;
   constexpr int kSmem = PingPongTraits::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem); e != cudaSuccess)
     return e;
   int ctas = sms;
   if (const char* v = std::getenv("GATEDMLP_SM90_CLUSTERS")) ctas = std::max(1, std::atoi(v));  // tuning and test knob
-  // No split tail with the pre-activation (pingpong.cuh: its owner's
-  // epilogue spilled).
-  const bool split = !p.has_pre && split_tail(p, ctas, 1);
-  const int64_t grid = split ? ctas : std::max<int64_t>(1, std::min<int64_t>(p.tiles, ctas));
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(p.tiles, ctas));
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
-    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles, ping-pong; %lld items on %lld CTAs; %s%s\n", p.tile_n,
+    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles, ping-pong; %lld items on %lld CTAs%s\n", p.tile_n,
                  static_cast<long long>(p.tiles), static_cast<long long>(grid),
-                 split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
                  p.has_pre ? "; pre-activation by TMA stores" : "");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));

@@ -152,40 +152,14 @@ __device__ __forceinline__ void kstep_pingpong(float (&d0)[88], float (&d1)[88],
   }
 }
 
-// One 64-row half's epilogue: alpha and bias, the pre-activation, Y. The
-// tile must be free on entry (bulk_wait_read and the warpgroup's barrier).
+// One warpgroup's epilogue of a whole item (see the note at the top).
 template <typename T, int ACT, int PRE>
-__device__ __forceinline__ void epilogue_half(const Params& p, float (&d)[88], unsigned char* tile,
-                                              const float* sbias, int bar, int tid, int l, int64_t row0,
-                                              int64_t col0) {
-  apply_alpha_bias(p, d, sbias, tid % 32);
-  if constexpr (PRE == 1) store_pre_pingpong<T>(p, d, tile, bar, tid, l, row0, col0);
-  store_y_tma<ACT, false>(p, d, tile, bar, tid, l, row0, col0);
-}
-
-// One warpgroup's epilogue of an item (see the note at the top).
-// OWNER: the item's last piece of a split tail, whose sums still lack the
-// partials of the lower CTAs: add_lower(d, half, row0) adds half `half`'s
-// (rows 0-63 or 64-127) into d. Adding them into d0 while d1 is live spilled
-// (176 accumulators and the loads in flight), so d1 waits in `stash` (45 KB
-// of the ring, free by then: see the caller) and comes back into d0 for
-// rows 64-127. Each thread reads back only what it wrote: no barrier.
-// Named barrier: the owner of a split item may stash into the ring (both
-// consumer warpgroups; 1 + cw are each warpgroup's own).
-constexpr int kStashBar = 3;
-
-template <typename T, int ACT, int PRE, bool OWNER, typename AddLower>
 __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[88], float (&d1)[88],
                                                   unsigned char* tile, float* sbias, int cw, int tid,
-                                                  const TileCoord& tc, float* stash, AddLower&& add_lower) {
+                                                  const TileCoord& tc) {
   constexpr int N = PingPongTraits::N;
-  const int bar = 1 + cw;
+  const int bar = 1 + cw, lane = tid % 32;
   const int64_t row0 = int64_t(tc.mb) * PingPongTraits::Tr::BM, col0 = int64_t(tc.nb) * N;
-  if constexpr (OWNER) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) stash[i * 128 + tid] = d1[i];
-    add_lower(d0, 0, row0);
-  }
   // The previous item's stores have read the tile (and every thread is past
   // its reads of sbias, which come before its last barrier).
   if (tid == 0) bulk_wait_read();
@@ -194,16 +168,15 @@ __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[8
     load_bias<N>(p, sbias, tid, 128, tc.l, col0);
     named_barrier(bar, 128);
   }
-  epilogue_half<T, ACT, PRE>(p, d0, tile, sbias, bar, tid, tc.l, row0, col0);
+  apply_alpha_bias(p, d0, sbias, lane);
+  if constexpr (PRE == 1) store_pre_pingpong<T>(p, d0, tile, bar, tid, tc.l, row0, col0);
+  store_y_tma<ACT, false>(p, d0, tile, bar, tid, tc.l, row0, col0);
   if (row0 + 64 >= p.m) return;  // rows 64-127 all past M: computed, never stored
-  if constexpr (OWNER) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) d0[i] = stash[i * 128 + tid];
-    add_lower(d0, 1, row0 + 64);
-  }
   if (tid == 0) bulk_wait_read();
   named_barrier(bar, 128);
-  epilogue_half<T, ACT, PRE>(p, OWNER ? d0 : d1, tile, sbias, bar, tid, tc.l, row0 + 64, col0);
+  apply_alpha_bias(p, d1, sbias, lane);
+  if constexpr (PRE == 1) store_pre_pingpong<T>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
+  store_y_tma<ACT, false>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
 }
 
 }  // namespace detail_
@@ -284,14 +257,9 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < N; ++i) d0[i] = d1[i] = 0.f;
     const uint32_t ring = smem_addr(smem);
+    const uint32_t kbs = static_cast<uint32_t>(p.k_blocks);
     detail_::RingPos<PT::kStages> pos;
-    // Piece w's stages follow those of pieces 0 ... w - 1 in the ring: each
-    // warpgroup skips the other's pieces (warpgroup 1 first skips piece 0).
-    auto skip = [&](int w) {
-      Work o;
-      if (sched.at(p, w, &o)) pos.advance(static_cast<uint32_t>(o.kb1 - o.kb0));
-    };
-    if (cw == 1) skip(0);
+    pos.advance(uint32_t(cw) * kbs);  // warpgroup 1 starts at item 1
     auto release = [&](int s) {
       if (lane == 0) mbar_arrive(&empty[s]);
     };
@@ -318,7 +286,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
         fence_regs(d1);
       }
       pos.next();
-      for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
+      for (int kb = 1; kb < p.k_blocks; ++kb, pos.next()) {
         const int s = pos.stage;
         mbar_wait(&full[s], pos.phase);
         const uint64_t da0 = detail_::desc_x<Tr>(ring, s, 0), da1 = detail_::desc_x<Tr>(ring, s, 1),
@@ -337,56 +305,13 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
         release(prev);
         prev = s;
       }
-      if (lane == 0) mbar_arrive(&turn[1 - cw]);  // every stage of this piece has been waited for
+      if (lane == 0) mbar_arrive(&turn[1 - cw]);  // every stage of this item has been waited for
       wgmma_wait<0>();
       fence_regs(d0);
       fence_regs(d1);
       release(prev);
-      {
-        // The next piece (the other warpgroup's) owns a split item: its
-        // epilogue stashes into the ring, which this piece's wgmmas no
-        // longer read.
-        Work nx;
-        if (PRE == 0 && sched.at(p, w + 1, &nx) && nx.role == kOwner) named_barrier_arrive(detail_::kStashBar, 256);
-      }
-      const int64_t row0 = int64_t(tc.mb) * Tr::BM;
-      if (PRE == 0 && wk.role == kPartial) {
-        // Split tail (PRE = 0 only: the owner's epilogue below spilled with
-        // the pre-activation's stores beside it; launch_pingpong splits no
-        // PRE = 1 call): hand the sums to the item's owner (at most one partial
-        // per CTA: the first piece of its share; rows 0-63 in the CTA's
-        // first slot, 64-127 in its second), no epilogue.
-        detail_::store_partial(p, d0, detail_::partial_slot(p, cta, 0), tid, row0);
-        detail_::store_partial(p, d1, detail_::partial_slot(p, cta, 1), tid, row0 + 64);
-        named_barrier(1 + cw, 128);
-        if (tid == 0) flag_raise(p.sk_flag + cta * 2, p.sk_token);
-      } else if (PRE == 0 && wk.role == kOwner) {
-        // The partials of the lower CTAs whose shares reach into this item:
-        // each wrote it as its share's first piece, which waits on nothing,
-        // so these waits cannot close a cycle. The first half waits for
-        // each flag; the second only adds.
-        const int stop = sched.first_partial(p, wk.item);
-        auto add_lower = [&](float (&d)[N], int half, int64_t r0) {
-          for (int j = cta - 1; j > stop; --j) {
-            if (!sched.has_share(p, j)) continue;  // no share, no partial
-            if (half == 0) {
-              if (tid == 0) flag_wait(p.sk_flag + j * 2, p.sk_token);
-              named_barrier(1 + cw, 128);
-            }
-            detail_::add_partial<N, 4>(p, d, detail_::partial_slot(p, j, half), tid, r0);
-          }
-        };
-        // The ring is free for the stash: the owner's piece is its CTA's
-        // last (no more loads), its own wgmmas are done, and so are the
-        // other warpgroup's (which arrived on kStashBar after them).
-        if (w > 0) named_barrier(detail_::kStashBar, 256);
-        float* stash = reinterpret_cast<float*>(smem + cw * (N * 128 * 4));
-        detail_::epilogue_pingpong<T, ACT, PRE, true>(p, d0, d1, tile, bias, cw, tid, tc, stash, add_lower);
-      } else {
-        detail_::epilogue_pingpong<T, ACT, PRE, false>(p, d0, d1, tile, bias, cw, tid, tc, nullptr,
-                                                        [](float (&)[N], int, int64_t) {});
-      }
-      skip(w + 1);  // the other warpgroup's next piece
+      detail_::epilogue_pingpong<T, ACT, PRE>(p, d0, d1, tile, bias, cw, tid, tc);
+      pos.advance(kbs);  // the other warpgroup's item
     }
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store
   }

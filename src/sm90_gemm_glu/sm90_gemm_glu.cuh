@@ -193,18 +193,18 @@ __device__ __forceinline__ void store_partial(const Params& p, const float (&d)[
     if (q % 2 ? row_b : row_a) __stcg(reinterpret_cast<float2*>(slot) + q * 128 + tid, make_float2(d[2 * q], d[2 * q + 1]));
 }
 
-// ROUND loads in flight at a time: unbounded, the compiler hoists all 64
+// Eight loads in flight at a time: unbounded, the compiler hoists all 64
 // ahead of the adds, and 128 more live registers next to the accumulators
-// spill. (The ping-pong kernels, with 176 accumulators live, take 4.)
-template <int N, int ROUND = 8>
+// spill.
+template <int N>
 __device__ __forceinline__ void add_partial(const Params& p, float (&d)[N], const float* slot, int tid,
                                             int64_t row0) {
   const int64_t r = row0 + 16 * (tid / 32) + (tid % 32) / 4;
   const bool row_a = r < p.m, row_b = r + 8 < p.m;  // the thread's two rows
   constexpr int kPairs = N / 2;  // 64, or 44: five rounds, the last of four
 #pragma unroll
-  for (int q0 = 0; q0 < kPairs; q0 += ROUND) {
-    constexpr int kRound = ROUND;
+  for (int q0 = 0; q0 < kPairs; q0 += 8) {
+    constexpr int kRound = 8;
     float2 v[kRound];
 #pragma unroll
     for (int e = 0; e < kRound; ++e) {
