@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|preact|split|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 # ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
@@ -50,6 +50,15 @@ for step in "${steps[@]}"; do
     grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)" "$out/ctest.log" | tail -15
     note "ctest: rc=$rc; $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)"
     note "gpu random cases: $(grep -hoE '\[ cases \] [0-9]+' "$out/ctest.log" | awk '{s+=$4} END {print s+0}') passed" ;;
+  soak)
+    # The random suites with many more cases than ctest runs (SOAK_CASES
+    # per suite, default 600): fresh seeds, every variant of each case.
+    GATEDMLP_TEST_CASES=${SOAK_CASES:-600} "$build/tests/test_gpu" \
+      --gtest_filter='GpuFused.FastPathEvery*:GpuFused.Random*' \
+      >"$out/soak.log" 2>&1
+    rc=$?
+    grep -E "^\[  (FAILED|PASSED) |cases \]" "$out/soak.log" | tail -12
+    note "soak: rc=$rc; $(grep -hoE '\[ cases \] [0-9]+' "$out/soak.log" | awk '{s+=$4} END {print s+0}') cases; $(grep -E 'PASSED|FAILED' "$out/soak.log" | tail -1)" ;;
   sanitize)
     for tool in memcheck racecheck synccheck; do
       GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
