@@ -9,6 +9,8 @@
 #   n112s4  224 weight rows, 4 stages: 8B M = 512 is 3.88 waves of it
 #   n88s5   176 weight rows, 5 stages: cuBLAS's M = 512 tile
 #           (nvjet 176x128), 4.94 waves at M = 512 (h32)
+#   n88pp-s5, n88pp-s4, n80pp-s5, n96pp-s4: ping-pong (each consumer
+#           warpgroup a whole 128 x BN tile in turn; h49, h55)
 # and the epilogue: -regs (bf16 pairs stored from registers), -tma
 # (stmatrix + TMA stores, as production; the last BN % 32 columns from
 # registers), -tma1 (one m64n(2BN)k16 per slice, as production). Then the

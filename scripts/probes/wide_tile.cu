@@ -182,6 +182,9 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
 #define PROBE_D44 \
   PROBE_D40 ", " \
   "%40, %41, %42, %43"
+#define PROBE_D48 \
+  PROBE_D44 ", " \
+  "%44, %45, %46, %47"
 #define PROBE_D56 \
   PROBE_D44 ", " \
   "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
@@ -200,6 +203,9 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
 #define PROBE_OPS44(C, O) \
   PROBE_OPS40(C, O), \
   C(d[O + 40]), C(d[O + 41]), C(d[O + 42]), C(d[O + 43])
+#define PROBE_OPS48(C, O) \
+  PROBE_OPS44(C, O), \
+  C(d[O + 44]), C(d[O + 45]), C(d[O + 46]), C(d[O + 47])
 #define PROBE_OPS56(C, O) \
   PROBE_OPS44(C, O), \
   C(d[O + 44]), C(d[O + 45]), C(d[O + 46]), C(d[O + 47]), C(d[O + 48]), C(d[O + 49]), C(d[O + 50]), C(d[O + 51]), \
@@ -219,6 +225,7 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 #define PROBE_WGMMA_N80(C, O) PROBE_WGMMA("m64n80k16", PROBE_D40, PROBE_OPS40, "40", "41", "42", C, O)
 #define PROBE_WGMMA_N88(C, O) PROBE_WGMMA("m64n88k16", PROBE_D44, PROBE_OPS44, "44", "45", "46", C, O)
+#define PROBE_WGMMA_N96(C, O) PROBE_WGMMA("m64n96k16", PROBE_D48, PROBE_OPS48, "48", "49", "50", C, O)
 #define PROBE_WGMMA_N112(C, O) PROBE_WGMMA("m64n112k16", PROBE_D56, PROBE_OPS56, "56", "57", "58", C, O)
 #define PROBE_WGMMA_N128(C, O) PROBE_WGMMA("m64n128k16", PROBE_D64, PROBE_OPS64, "64", "65", "66", C, O)
 #define PROBE_WGMMA_N160(C, O) PROBE_WGMMA("m64n160k16", PROBE_D80, PROBE_OPS80, "80", "81", "82", C, O)
@@ -240,11 +247,14 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint
   } else if constexpr (N == 112) {
     if constexpr (FIRST) PROBE_WGMMA_N112("=f", O);
     else PROBE_WGMMA_N112("+f", O);
+  } else if constexpr (N == 96) {
+    if constexpr (FIRST) PROBE_WGMMA_N96("=f", O);
+    else PROBE_WGMMA_N96("+f", O);
   } else if constexpr (N == 80) {
     if constexpr (FIRST) PROBE_WGMMA_N80("=f", O);
     else PROBE_WGMMA_N80("+f", O);
   } else {
-    static_assert(N == 88, "m64n80k16, m64n88k16, m64n112k16, m64n128k16 and m64n160k16 only");
+    static_assert(N == 88, "m64n80k16, m64n88k16, m64n96k16, m64n112k16, m64n128k16 and m64n160k16 only");
     if constexpr (FIRST) PROBE_WGMMA_N88("=f", O);
     else PROBE_WGMMA_N88("+f", O);
   }
@@ -254,15 +264,18 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint
 #undef PROBE_WGMMA_N160
 #undef PROBE_WGMMA_N112
 #undef PROBE_WGMMA_N88
+#undef PROBE_WGMMA_N96
 #undef PROBE_WGMMA_N80
 #undef PROBE_WGMMA
 #undef PROBE_D40
 #undef PROBE_D44
+#undef PROBE_D48
 #undef PROBE_D56
 #undef PROBE_D64
 #undef PROBE_D80
 #undef PROBE_OPS40
 #undef PROBE_OPS44
+#undef PROBE_OPS48
 #undef PROBE_OPS56
 #undef PROBE_OPS64
 #undef PROBE_OPS80
@@ -1047,6 +1060,9 @@ int main(int argc, char** argv) {
   variants.push_back(make_variant<88, 5, 2, true>("n88pp-s5"));
   variants.push_back(make_variant<88, 4, 2, true>("n88pp-s4"));
   variants.push_back(make_variant<80, 5, 2, true>("n80pp-s5"));
+  // 96 columns (G = 16 and 32 never cross a tile): 192 accumulators per
+  // consumer thread; five 40 KB stages do not fit beside the probe's Y tiles.
+  variants.push_back(make_variant<96, 4, 2, true>("n96pp-s4"));
 #if defined(PROBE_WITH_LIBRARY)
   // The library itself, each tile, in the same harness (same inputs, no
   // rotation): what it adds to the probe's kernels. "-c1": one-CTA clusters
