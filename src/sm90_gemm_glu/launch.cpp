@@ -363,32 +363,27 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
               r.activation != Activation::gelu_erf &&
               r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&
               r.m * r.ldpre * 2 < kMaxStrideBytes && r.batch_stride_preact * 2 < kMaxStrideBytes;
-  if (p.pre_tma) {
-    const bool batched = r.batch > 1;
+  // The pre-activation's tensor maps. As (2U, M, L): for the PRE = 1
+  // cooperative kernels (64 x 64 swizzled boxes), and for the ping-pong
+  // kernels with G = 1 weights (one unswizzled box of 88 columns per round).
+  // As (U, 2 runs, M, L): for the ping-pong kernels with stacked or separate
+  // weights (pingpong_blocker takes no others), so that a box stops at the
+  // end of its run; tma_pre_tail is the tile's last 24 columns, as for Y.
+  const bool pp_pre = pingpong && r.has_preact;
+  const cuuint64_t pre_batch_stride =
+      cuuint64_t(r.batch > 1 ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2);
+  if (p.pre_tma || (pp_pre && p.pre_mode == 2)) {
+    const bool g1 = pp_pre;
     const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
-    const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2),
-                                   cuuint64_t(batched ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2)};
-    const cuuint32_t box[3] = {64, 64, 1};
-    if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact"); !e) return e;
-  }
-  if (pingpong && r.has_preact && p.pre_mode == 2) {
-    // G = 1: (2U, M, L), one unswizzled box of 88 columns per round.
-    const bool batched = r.batch > 1;
-    const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
-    const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2),
-                                   cuuint64_t(batched ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2)};
-    const cuuint32_t box[3] = {cuuint32_t(BN), 64, 1};
-    if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact (G = 1)",
-                          CU_TENSOR_MAP_SWIZZLE_NONE);
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2), pre_batch_stride};
+    const cuuint32_t box[3] = {cuuint32_t(g1 ? BN : 64), 64, 1};
+    if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box,
+                          g1 ? "preact (G = 1)" : "preact", g1 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
         !e)
       return e;
-  } else if (pingpong && r.has_preact) {
-    // (U, 2 runs, M, L): a box stops at the end of its run (pingpong_blocker
-    // took only stacked and separate weights, whose runs are the halves).
-    const bool batched = r.batch > 1;
+  } else if (pp_pre) {
     const cuuint64_t dims[4] = {cuuint64_t(r.u), 2, cuuint64_t(r.m), cuuint64_t(r.batch)};
-    const cuuint64_t strides[3] = {cuuint64_t(r.u * 2), cuuint64_t(r.ldpre * 2),
-                                   cuuint64_t(batched ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2)};
+    const cuuint64_t strides[3] = {cuuint64_t(r.u * 2), cuuint64_t(r.ldpre * 2), pre_batch_stride};
     const cuuint32_t box[4] = {64, 1, 64, 1}, tail[4] = {cuuint32_t(BN - 64), 1, 64, 1};
     if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 4, dims, strides, box, "preact"); !e) return e;
     if (Status e = encode(fn, &p.tma_pre_tail, r.preact_dtype, a.preact, 4, dims, strides, tail,
