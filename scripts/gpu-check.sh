@@ -69,7 +69,7 @@ for step in "${steps[@]}"; do
     done ;;
   resources)
     cuobjdump --dump-resource-usage "$build/src/libgatedmlp.a" 2>/dev/null | grep -E "Function|REG|STACK|SHARED" >"$out/resources.txt"
-    for k in sm80_gemm_glu_kernel sm90_gemm_glu_kernel; do
+    for k in sm80_gemm_glu_kernel sm90_gemm_glu_kernel sm90_gemm_glu_pingpong_kernel; do
       echo "   $k:"
       grep -A1 "$k" "$out/resources.txt" | grep -oE "REG:[0-9]+ STACK:[0-9]+ SHARED:[0-9]+ LOCAL:[0-9]+" | sort | uniq -c | sed 's/^/   /'
     done
@@ -105,13 +105,15 @@ for step in "${steps[@]}"; do
     } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-170 | tee "$out/bars.txt"
     note "bars: table in bars.txt" ;;
   layouts)
-    # Every interleave block against stacked on the 8B M = 4096 shape, as
-    # the library picks and with the 128-column tile forced, ROUNDS times.
+    # Every interleave block against stacked on the 8B shape (M in
+    # LAYOUT_MS, default 4096), as the library picks and with each
+    # GATEDMLP_SM90_TILE in LAYOUT_TILES forced (default: 128), ROUNDS times.
     g="$build/tools/gatedmlp"
     for r in $(seq "${ROUNDS:-2}"); do
-      for l in stacked g16 g32 g64 g128 g256; do
-        for t in - 128; do
-          if [ "$t" = - ]; then "$g" bench --m 4096 --layout "$l"; else GATEDMLP_SM90_TILE=$t "$g" bench --m 4096 --layout "$l"; fi |
+      for l in ${LAYOUTS:-stacked g16 g32 g64 g128 g256}; do
+        for t in - ${LAYOUT_TILES:-128}; do
+          if [ "$t" = - ]; then "$g" bench --m "${LAYOUT_MS:-4096}" --layout "$l"
+          else GATEDMLP_SM90_TILE=$t "$g" bench --m "${LAYOUT_MS:-4096}" --layout "$l"; fi |
             sed "s/^8b /8b-$l-$([ "$t" = - ] && echo pick || echo t$t) /"
         done
       done

@@ -117,16 +117,78 @@ TEST(Dispatch, NarrowTileOnlyWhereItCanRun) {
   p = llama8b(512);
   p.ldy = p.u + 4;
   expect_128(p, "ldy not a multiple of 8");
-  for (int64_t g : {16, 32, 128}) {
+  for (int64_t g : {64, 128, 256}) {
     p = llama8b(512);
     p.weights.group = g;
-    expect_128(p, "G neither divides 88 nor is a multiple of it");
+    expect_128(p, "G divides neither 88 nor 96, nor is a multiple of either");
   }
   setenv("GATEDMLP_SM90_CLUSTER", "4", 1);
   Config c;
   ASSERT_TRUE(detail::select_config(llama8b(512).resolved(), nullptr, h200(), &c).ok());
   unsetenv("GATEDMLP_SM90_CLUSTER");
   EXPECT_EQ(c.tile_n, 128) << "clusters of four: " << to_string(c);
+}
+
+// Blocks of 16 and 32 rows: an 88-row box would start inside a block, a
+// 96-row one never does. Their ping-pong kernels compete with the
+// 128-column tile by the same wave model; where the 88-column ones can run,
+// the 96-column ones are not a candidate (GATEDMLP_SM90_TILE=pp96 forces
+// them).
+TEST(Dispatch, PingPong96ForBlocksOf16And32) {
+  SKIP_WITHOUT_SM90_BUILD();
+  for (int64_t g : {16, 32}) {
+    for (int64_t m : {4096, 16384}) {
+      // 8B M = 4096: 32 x 150 items, 37 whole waves x 97 against 27.45 x 132.
+      Problem p = llama8b(m);
+      p.weights.group = g;
+      const Config c = pick(p);
+      EXPECT_TRUE(c.pingpong) << "G = " << g << ", M = " << m << ": " << to_string(c);
+      EXPECT_EQ(c.tile_n, 96) << "G = " << g << ", M = " << m << ": " << to_string(c);
+      EXPECT_NE(c.reason.find("ping-pong 96 columns"), std::string::npos) << c.reason;
+    }
+    // M = 256: 2 whole waves of 88 ... 96 columns lose to 2.0 split waves of 128.
+    Problem p = llama8b(256);
+    p.weights.group = g;
+    EXPECT_EQ(pick(p).tile_n, 128) << "G = " << g << ": " << to_string(pick(p));
+    // Nor a pre-activation (the 96-column kernels store none).
+    p = llama8b(4096);
+    p.weights.group = g;
+    p.has_preact = true;
+    EXPECT_EQ(pick(p).tile_n, 128) << "G = " << g << ", a pre-activation: " << to_string(pick(p));
+    EXPECT_NE(pick(p).reason.find("96 columns: a pre-activation"), std::string::npos) << pick(p).reason;
+  }
+  // Where the 88-column ping-pong kernels run, they are the candidate.
+  for (int64_t g : {0, 1, 8}) {
+    Problem p = llama8b(4096);
+    p.weights.group = g;
+    EXPECT_EQ(pick(p).tile_n, 88) << "G = " << g << ": " << to_string(pick(p));
+  }
+  // Forced: stacked weights too; never with a pre-activation or M < 128.
+  Config c;
+  setenv("GATEDMLP_SM90_TILE", "pp96", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(4096).resolved(), nullptr, h200(), &c).ok());
+  EXPECT_TRUE(c.pingpong && c.tile_n == 96) << to_string(c);
+  EXPECT_NE(c.reason.find("GATEDMLP_SM90_TILE=pp96"), std::string::npos) << c.reason;
+  Problem pre = llama8b(4096);
+  pre.has_preact = true;
+  ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
+  EXPECT_FALSE(c.tile_n == 96) << to_string(c);
+  ASSERT_TRUE(detail::select_config(llama8b(64).resolved(), nullptr, h200(), &c).ok());
+  EXPECT_FALSE(c.pingpong) << to_string(c);
+  // pp: 88 columns where they run, else 96.
+  setenv("GATEDMLP_SM90_TILE", "pp", 1);
+  Problem g16 = llama8b(256);
+  g16.weights.group = 16;
+  ASSERT_TRUE(detail::select_config(g16.resolved(), nullptr, h200(), &c).ok());
+  EXPECT_TRUE(c.pingpong && c.tile_n == 96) << to_string(c);
+  unsetenv("GATEDMLP_SM90_TILE");
+  // GATEDMLP_SM90_PINGPONG=0 leaves them out too.
+  setenv("GATEDMLP_SM90_PINGPONG", "0", 1);
+  g16 = llama8b(4096);
+  g16.weights.group = 16;
+  ASSERT_TRUE(detail::select_config(g16.resolved(), nullptr, h200(), &c).ok());
+  unsetenv("GATEDMLP_SM90_PINGPONG");
+  EXPECT_EQ(c.tile_n, 128) << to_string(c);
 }
 
 TEST(Dispatch, TileKnob) {

@@ -169,6 +169,10 @@ const Variant kNarrowOneCluster{"fused, GATEDMLP_SM90_TILE=88, one cluster", tru
 // item follows another and the two warpgroups take turns through them.
 const Variant kPingPong{"fused, GATEDMLP_SM90_TILE=pp", true, nullptr, true, nullptr, nullptr, "pp"};
 const Variant kPingPongOneCta{"fused, GATEDMLP_SM90_TILE=pp, one CTA", true, nullptr, true, nullptr, "1", "pp"};
+// Their 96-column tile (the library's pick only for blocks of 16 and 32
+// rows) wherever it can run, stacked and separate weights included, on one
+// CTA.
+const Variant kPingPong96OneCta{"fused, GATEDMLP_SM90_TILE=pp96, one CTA", true, nullptr, true, nullptr, "1", "pp96"};
 // Clusters of two CTAs (weight multicast, column pairs for an odd row-block
 // count), which the library picks only above K = 8192, larger than the test
 // shapes: both tiles, split tail forced.
@@ -568,16 +572,16 @@ bool fast_path_eligible(const Problem& p) {
   return true;
 }
 
-// Whether the fast path's narrow tile (88 output columns) can take a case the
-// fast path takes: no pre-activation, Y stored by TMA (16-bit, U, ldy and
-// the batch stride multiples of 8; y is its own cudaMalloc), and weight
-// blocks that a box of 88 rows can gather (stacked, separate, G dividing 88
-// or a multiple of it).
-bool narrow_eligible(const Problem& p) {
+// Whether the fast path's narrow tile (n = 88 output columns; or the
+// 96-column ping-pong tile's, n = 96) can take a case the fast path takes:
+// no pre-activation, Y stored by TMA (16-bit, U, ldy and the batch stride
+// multiples of 8; y is its own cudaMalloc), and weight blocks that a box of
+// n rows can gather (stacked, separate, G dividing n or a multiple of it).
+bool narrow_eligible(const Problem& p, int64_t n = 88) {
   const Problem r = p.resolved();
   const int64_t g = r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
   return fast_path_eligible(p) && !r.has_preact && r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 &&
-         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % 88 == 0 || 88 % g == 0);
+         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % n == 0 || n % g == 0);
 }
 
 // The tile a kNarrow variant ran with on a 9.0 device: 88 columns where the
@@ -603,13 +607,28 @@ bool pingpong_eligible(const Problem& p) {
   return narrow_eligible(q) && pre_ok && r.m >= 128 && r.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
 }
 
-// The kernels a kPingPong variant ran with on a 9.0 device.
+// Whether the 96-column ping-pong kernels can take a case: as the 88-column
+// ones, for blocks that a box of 96 rows can gather, and no pre-activation.
+bool pingpong96_eligible(const Problem& p) {
+  return narrow_eligible(p, 96) && p.m >= 128 && p.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
+}
+
+// The kernels a kPingPong variant ran with on a 9.0 device: 88 columns
+// where they can run, else 96 where those can.
 void check_pingpong_plan(const Problem& p, const Config& c, bool sm90) {
   if (!sm90) return;
-  EXPECT_EQ(c.pingpong, pingpong_eligible(p)) << "GATEDMLP_SM90_TILE=pp: " << to_string(c);
+  EXPECT_EQ(c.pingpong, pingpong_eligible(p) || pingpong96_eligible(p)) << "GATEDMLP_SM90_TILE=pp: " << to_string(c);
   if (c.pingpong) {
-    EXPECT_EQ(c.tile_n, 88) << to_string(c);
+    EXPECT_EQ(c.tile_n, pingpong_eligible(p) ? 88 : 96) << to_string(c);
   }
+}
+
+// The kernels a kPingPong96OneCta variant ran with on a 9.0 device: 96
+// columns wherever they can run (else the wave model's pick, never them).
+void check_pingpong96_plan(const Problem& p, const Config& c, bool sm90) {
+  if (!sm90) return;
+  const bool pp96 = pingpong96_eligible(p);
+  EXPECT_EQ(c.pingpong && c.tile_n == 96, pp96) << "GATEDMLP_SM90_TILE=pp96: " << to_string(c);
 }
 
 // The path a case took with GATEDMLP_FORCE_PATH unset (plans[0]) and with it
@@ -720,7 +739,7 @@ void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, b
   CaseOptions opt;
   if (log_must_contain) opt.log_must_contain = log_must_contain;
   opt.variants = {kAutoPath, kPortablePath, kOneCluster, kNarrow, kNarrowOneCluster, kPairs, kNarrowPairs,
-                  kPingPong, kPingPongOneCta};
+                  kPingPong, kPingPongOneCta, kPingPong96OneCta};
   if (also_without_workspace) opt.variants.push_back(kAutoNoWorkspace);
   opt.plans = &plans;
   run_case(p, rng, st, opt);
@@ -730,6 +749,7 @@ void run_fast_path_case(const Problem& p, std::mt19937_64& rng, CaseStats* st, b
   check_narrow_plan(p, plans[4], sm90);
   check_pingpong_plan(p, plans[7], sm90);
   check_pingpong_plan(p, plans[8], sm90);
+  check_pingpong96_plan(p, plans[9], sm90);
   if (::testing::Test::HasFailure()) return;
   *taken = plans[0];
 }
@@ -997,8 +1017,9 @@ TEST(GpuFused, FastPathLargeShapes) {
       // narrow tile (4.94 waves of it on 132 SMs against 3.39 of 128 columns).
       {512, 264, 14336, 0, Half::gate, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
       {512, 1032, 14336, -1, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 1},
-      // Blocks of 32 and 64 rows (the 128-column tile: an 88-row box cannot
-      // gather them), U not a whole number of tiles.
+      // Blocks of 32 and 64 rows (an 88-row box cannot gather them: the
+      // 96-column ping-pong tile or the 128-column one), U not a whole
+      // number of tiles.
       {1100, 1024, 2848, 32, Half::up, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
       {700, 520, 1216, 64, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 2},
   };
@@ -1030,7 +1051,7 @@ TEST(GpuFused, FastPathLargeShapes) {
     std::vector<Config> plans;
     CaseOptions opt;
     opt.variants = {kAutoPath, kPortablePath, kAutoNoWorkspace, kOneCluster, kNarrow, kNarrowOneCluster, kPairs,
-                    kNarrowPairs, kPingPong, kPingPongOneCta};
+                    kNarrowPairs, kPingPong, kPingPongOneCta, kPingPong96OneCta};
     opt.plans = &plans;
     opt.ref_rows = sample_rows(p.m, rng);
     run_case(p, rng, &st, opt);
@@ -1040,6 +1061,7 @@ TEST(GpuFused, FastPathLargeShapes) {
     check_narrow_plan(p, plans[5], sm90);
     check_pingpong_plan(p, plans[8], sm90);
     check_pingpong_plan(p, plans[9], sm90);
+    check_pingpong96_plan(p, plans[10], sm90);
     // On an H100 / H200 (132 SMs) the dispatcher's own pick for the 8B-like
     // M = 512 shapes is the narrow tile's ping-pong kernel (the others go by
     // the wave model).

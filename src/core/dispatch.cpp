@@ -66,9 +66,15 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 // in turn) hide the per-item epilogue under the other warpgroup's main loop,
 // so their per-item cost is smaller (kPingPongOverheadColumns), but they
 // have no split tail: their waves are always whole.
-// GATEDMLP_SM90_TILE=88|128|pp forces one (tests; 88 and pp only where they
-// can run); GATEDMLP_SM90_PINGPONG=0 leaves the ping-pong kernels out of the
-// pick (timing knob).
+// Their 96-column tile is a candidate only where the 88-column one cannot
+// run: weights in blocks of 16 or 32 rows (an 88-row box would start inside
+// a block), which otherwise take the 128-column tile. Where both can run,
+// a probe measured the two within 0.5 % of each other (NOTES.md, h55), and
+// the 88-column kernels are the ones the bars were measured with.
+// GATEDMLP_SM90_TILE=88|128|pp|pp96 forces one (tests; 88, pp and pp96
+// only where they can run; pp: 88 columns, else 96);
+// GATEDMLP_SM90_PINGPONG=0 leaves the ping-pong kernels out of the pick
+// (timing knob).
 constexpr int kItemOverheadColumns = 4;  // per-item fixed cost, in columns' worth of main loop
 constexpr int kPingPongOverheadColumns = 1;
 constexpr double kSplitCostItems = 0.3;  // a split tail's fixed cost, in items
@@ -79,9 +85,12 @@ struct TileEstimate {
   bool split = false;
 };
 
-// t: kTile, kTileNarrow or kTilePingPong (one-CTA clusters, never split).
+bool is_pingpong(const sm90::Tile& t) { return &t == &sm90::kTilePingPong || &t == &sm90::kTilePingPong96; }
+
+// t: kTile, kTileNarrow, kTilePingPong or kTilePingPong96 (the last two:
+// one-CTA clusters, never split).
 TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
-  const bool pingpong = &t == &sm90::kTilePingPong;
+  const bool pingpong = is_pingpong(t);
   const int cm = pingpong ? 1 : sm90::cluster_size(r);
   sm90::Params p{};
   p.m_tiles = static_cast<int>((r.m + t.tile_m - 1) / t.tile_m);
@@ -102,37 +111,53 @@ TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
 
 const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const DeviceInfo& dev, std::string* why) {
   std::ostringstream os;
-  const std::string no = sm90::narrow_blocker(r, a), pp_no = sm90::pingpong_blocker(r, a);
+  const std::string no = sm90::narrow_blocker(r, a);
+  const std::string pp_no = sm90::pingpong_blocker(r, a, sm90::kTilePingPong.tile_n);
+  const std::string pp96_no = sm90::pingpong_blocker(r, a, sm90::kTilePingPong96.tile_n);
   const char* force = std::getenv("GATEDMLP_SM90_TILE");
   const std::string f = force ? force : "";
   const char* pp_knob = std::getenv("GATEDMLP_SM90_PINGPONG");
-  const bool narrow_ok = no.empty() && size_t(sm90::kTileNarrow.smem_bytes) <= dev.smem_optin;
-  const bool pp_ok = pp_no.empty() && size_t(sm90::kTilePingPong.smem_bytes) <= dev.smem_optin &&
-                     !(pp_knob && std::string(pp_knob) == "0");
+  const bool pp_off = pp_knob && std::string(pp_knob) == "0";
+  const auto fits = [&](const sm90::Tile& t) { return size_t(t.smem_bytes) <= dev.smem_optin; };
+  const bool narrow_ok = no.empty() && fits(sm90::kTileNarrow);
+  const bool pp88_ok = pp_no.empty() && fits(sm90::kTilePingPong) && !pp_off;
+  const bool pp96_ok = pp96_no.empty() && fits(sm90::kTilePingPong96) && !pp_off;
+  // The ping-pong candidate: 88 columns where they run, else 96 (see above);
+  // GATEDMLP_SM90_TILE=pp96 makes it 96 wherever those run.
+  const sm90::Tile* pp_tile = pp88_ok ? &sm90::kTilePingPong : pp96_ok ? &sm90::kTilePingPong96 : nullptr;
+  if (f == "pp96" && pp96_ok) pp_tile = &sm90::kTilePingPong96;
+  const bool pp_ok = pp_tile != nullptr;
+  // Why there is no ping-pong candidate.
+  auto no_pingpong = [&]() -> std::string {
+    if (pp_no.empty() || pp96_no.empty()) return "GATEDMLP_SM90_PINGPONG=0 or too little shared memory";
+    return pp_no == pp96_no ? pp_no : pp_no + " (96 columns: " + pp96_no + ")";
+  };
   if ((!narrow_ok && !pp_ok) || f == "128") {
     os << sm90::kTile.tile_n << "-column tiles";
     if (f == "128") os << " (GATEDMLP_SM90_TILE=128)";
     else if (!no.empty())
       os << " (the " << sm90::kTileNarrow.tile_n << "-column tile cannot take " << no
-         << (pp_no.empty() ? "" : "; the ping-pong kernels: " + pp_no) << ")";
+         << (pp_no.empty() && pp96_no.empty() ? "" : "; the ping-pong kernels: " + no_pingpong()) << ")";
     *why = os.str();
     return sm90::kTile;
   }
   const TileEstimate wide = estimate(r, sm90::kTile, dev.sms), narrow = estimate(r, sm90::kTileNarrow, dev.sms);
-  const TileEstimate pp = estimate(r, sm90::kTilePingPong, dev.sms);
+  const TileEstimate pp = pp_ok ? estimate(r, *pp_tile, dev.sms) : TileEstimate{};
   const sm90::Tile* pick = narrow_ok && narrow.cost < wide.cost ? &sm90::kTileNarrow : &sm90::kTile;
-  if (pp_ok && pp.cost < (narrow_ok ? std::min(narrow.cost, wide.cost) : wide.cost)) pick = &sm90::kTilePingPong;
+  if (pp_ok && pp.cost < (narrow_ok ? std::min(narrow.cost, wide.cost) : wide.cost)) pick = pp_tile;
   if (f == "88") pick = narrow_ok ? &sm90::kTileNarrow : &sm90::kTile;
-  if (f == "pp" && pp_ok) pick = &sm90::kTilePingPong;
+  if (f == "pp" && pp_ok) pick = pp_tile;
+  if (f == "pp96" && pp96_ok) pick = &sm90::kTilePingPong96;
   auto show = [&](const TileEstimate& e, const char* name) {
     os << name << " " << e.items << " items, " << e.waves << " waves (run as " << e.waves_run
        << (e.split ? ", split tail" : "") << ")";
   };
-  os << pick->tile_n << "-column tiles" << (pick == &sm90::kTilePingPong ? ", ping-pong" : "")
-     << (f == "88" || f == "pp" ? " (GATEDMLP_SM90_TILE=" + f + ")" : "") << " on " << wide.clusters << " clusters: ";
+  os << pick->tile_n << "-column tiles" << (is_pingpong(*pick) ? ", ping-pong" : "")
+     << (f == "88" || f == "pp" || f == "pp96" ? " (GATEDMLP_SM90_TILE=" + f + ")" : "") << " on " << wide.clusters
+     << " clusters: ";
   os.precision(3);
   if (pp_ok) {
-    show(pp, "ping-pong 88 columns");
+    show(pp, pp_tile == &sm90::kTilePingPong ? "ping-pong 88 columns" : "ping-pong 96 columns");
     os << " against ";
   }
   if (narrow_ok) {
@@ -140,7 +165,7 @@ const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const D
     os << " against ";
   }
   show(wide, "128 columns");
-  if (!pp_ok) os << "; no ping-pong: " << (pp_no.empty() ? "GATEDMLP_SM90_PINGPONG=0 or too little shared memory" : pp_no);
+  if (!pp_ok) os << "; no ping-pong: " << no_pingpong();
   if (!narrow_ok) os << "; no cooperative 88-column tile: " << no;
   *why = os.str();
   return *pick;
@@ -163,7 +188,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     c.tile_k = t.tile_k;
     c.stages = t.stages;
     c.threads = t.threads;
-    c.pingpong = &t == &sm90::kTilePingPong;
+    c.pingpong = is_pingpong(t);
     c.vector_loads = true;
     c.reason = "Hopper TMA + wgmma path; persistent, one CTA per SM; " + tile_why;
     *cfg = c;

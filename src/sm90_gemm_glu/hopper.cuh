@@ -254,8 +254,9 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // memory; scale_d = 0 overwrites D. C: "+f", or "=f" for write-only D.
 // Thread t of the warpgroup holds D(row, col) in d[i], i < N, for
 //   row = 16*(t/32) + (t%32)/4 + 8*((i/2)%2),  col = 8*(i/4) + 2*(t%4) + i%2.
-// N = 128 (m64n256k16) or 88 (m64n176k16, the narrow tile's gate 88 + up 88
-// rows): the 128 accumulators' lists are the 88's and 40 more.
+// N = 128 (m64n256k16), 96 (m64n192k16, the 96-column ping-pong tile) or 88
+// (m64n176k16, the narrow tile's gate 88 + up 88 rows): each list is the
+// one before it and more.
 #define GATEDMLP_WGMMA_D88 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -263,11 +264,13 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
   "%80, %81, %82, %83, %84, %85, %86, %87"
-#define GATEDMLP_WGMMA_D128 \
+#define GATEDMLP_WGMMA_D96 \
   GATEDMLP_WGMMA_D88 ", " \
-  "%88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, " \
-  "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
-  "%120, %121, %122, %123, %124, %125, %126, %127"
+  "%88, %89, %90, %91, %92, %93, %94, %95"
+#define GATEDMLP_WGMMA_D128 \
+  GATEDMLP_WGMMA_D96 ", " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define GATEDMLP_WGMMA_OPS88(C) \
   C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
   C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
@@ -280,57 +283,73 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), \
   C(d[72]), C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), \
   C(d[80]), C(d[81]), C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87])
-
-#define GATEDMLP_WGMMA_OPS128(C) \
+#define GATEDMLP_WGMMA_OPS96(C) \
   GATEDMLP_WGMMA_OPS88(C), \
-  C(d[88]), C(d[89]), C(d[90]), C(d[91]), C(d[92]), C(d[93]), C(d[94]), C(d[95]), \
+  C(d[88]), C(d[89]), C(d[90]), C(d[91]), C(d[92]), C(d[93]), C(d[94]), C(d[95])
+#define GATEDMLP_WGMMA_OPS128(C) \
+  GATEDMLP_WGMMA_OPS96(C), \
   C(d[96]), C(d[97]), C(d[98]), C(d[99]), C(d[100]), C(d[101]), C(d[102]), C(d[103]), \
   C(d[104]), C(d[105]), C(d[106]), C(d[107]), C(d[108]), C(d[109]), C(d[110]), C(d[111]), \
   C(d[112]), C(d[113]), C(d[114]), C(d[115]), C(d[116]), C(d[117]), C(d[118]), C(d[119]), \
   C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127])
 
-// SHAPE: "m64n256k16" or "m64n176k16"; DREGS, OPS: the matching lists; A, B,
-// SCALE: the operand numbers after the accumulators.
+// SHAPE: "m64n256k16", "m64n192k16" or "m64n176k16"; DREGS, OPS: the
+// matching lists; A, B, SCALE: the operand numbers after the accumulators.
 #define GATEDMLP_WGMMA(SHAPE, TYPES, DREGS, OPS, A, B, SCALE, C) \
   asm volatile( \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n" \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPES " {" DREGS "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n" \
   : OPS(C) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
-#define GATEDMLP_WGMMA_M64N256K16(TYPES, C) \
-  GATEDMLP_WGMMA("m64n256k16", TYPES, GATEDMLP_WGMMA_D128, GATEDMLP_WGMMA_OPS128, "128", "129", "130", C)
-#define GATEDMLP_WGMMA_M64N176K16(TYPES, C) \
-  GATEDMLP_WGMMA("m64n176k16", TYPES, GATEDMLP_WGMMA_D88, GATEDMLP_WGMMA_OPS88, "88", "89", "90", C)
+// One wgmma of N accumulators per thread (2N weight rows).
+#define GATEDMLP_WGMMA_N(N, SHAPE, TYPES, C) \
+  GATEDMLP_WGMMA(SHAPE, TYPES, GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, #N, GATEDMLP_WGMMA_B##N, GATEDMLP_WGMMA_S##N, C)
+#define GATEDMLP_WGMMA_B88 "89"
+#define GATEDMLP_WGMMA_S88 "90"
+#define GATEDMLP_WGMMA_B96 "97"
+#define GATEDMLP_WGMMA_S96 "98"
+#define GATEDMLP_WGMMA_B128 "129"
+#define GATEDMLP_WGMMA_S128 "130"
 
 // One wgmma of a consumer warpgroup's tile: N accumulators per thread, 2N
-// weight rows (m64n256k16 for N = 128, m64n176k16 for N = 88), T's type.
+// weight rows (m64n256k16 for N = 128, m64n192k16 for 96, m64n176k16 for
+// 88), T's type.
 // FIRST: D = A * B^T (scale_d 0), and the compiler told that D's old values
 // are not read ("=f"): once the previous tile's epilogue has read them, their
 // registers are free (NOTES.md, h22). Otherwise D += A * B^T.
 template <typename T, int N, bool FIRST>
 __device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint64_t b_desc) {
-  static_assert(N == 128 || N == 88, "m64n256k16 and m64n176k16 only");
+  static_assert(N == 128 || N == 96 || N == 88, "m64n256k16, m64n192k16 and m64n176k16 only");
   const int scale_d = FIRST ? 0 : 1;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+#define GATEDMLP_WGMMA_ANY(NN, SHAPE)                                   \
+  if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_N(NN, SHAPE, "bf16.bf16", "=f"); \
+  else if constexpr (kBf16) GATEDMLP_WGMMA_N(NN, SHAPE, "bf16.bf16", "+f");     \
+  else if constexpr (FIRST) GATEDMLP_WGMMA_N(NN, SHAPE, "f16.f16", "=f");       \
+  else GATEDMLP_WGMMA_N(NN, SHAPE, "f16.f16", "+f");
   if constexpr (N == 128) {
-    if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "=f");
-    else if constexpr (kBf16) GATEDMLP_WGMMA_M64N256K16("bf16.bf16", "+f");
-    else if constexpr (FIRST) GATEDMLP_WGMMA_M64N256K16("f16.f16", "=f");
-    else GATEDMLP_WGMMA_M64N256K16("f16.f16", "+f");
+    GATEDMLP_WGMMA_ANY(128, "m64n256k16")
+  } else if constexpr (N == 96) {
+    GATEDMLP_WGMMA_ANY(96, "m64n192k16")
   } else {
-    if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_M64N176K16("bf16.bf16", "=f");
-    else if constexpr (kBf16) GATEDMLP_WGMMA_M64N176K16("bf16.bf16", "+f");
-    else if constexpr (FIRST) GATEDMLP_WGMMA_M64N176K16("f16.f16", "=f");
-    else GATEDMLP_WGMMA_M64N176K16("f16.f16", "+f");
+    GATEDMLP_WGMMA_ANY(88, "m64n176k16")
   }
+#undef GATEDMLP_WGMMA_ANY
 }
 
-#undef GATEDMLP_WGMMA_M64N256K16
-#undef GATEDMLP_WGMMA_M64N176K16
+#undef GATEDMLP_WGMMA_N
+#undef GATEDMLP_WGMMA_B88
+#undef GATEDMLP_WGMMA_S88
+#undef GATEDMLP_WGMMA_B96
+#undef GATEDMLP_WGMMA_S96
+#undef GATEDMLP_WGMMA_B128
+#undef GATEDMLP_WGMMA_S128
 #undef GATEDMLP_WGMMA
 #undef GATEDMLP_WGMMA_OPS128
+#undef GATEDMLP_WGMMA_OPS96
 #undef GATEDMLP_WGMMA_OPS88
 #undef GATEDMLP_WGMMA_D128
+#undef GATEDMLP_WGMMA_D96
 #undef GATEDMLP_WGMMA_D88
 
 }  // namespace gatedmlp::sm90

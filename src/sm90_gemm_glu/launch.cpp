@@ -73,15 +73,15 @@ int cluster_size(const Problem& r) {
 
 namespace {
 
-// What keeps any kernel of the 88-column tile from a call, but the
-// pre-activation (which the ping-pong kernels take in part), or "".
-std::string narrow_tile_blocker(const Problem& r, const Arguments* a) {
+// What keeps any kernel of the n-column tile (88 or 96) from a call, but
+// the pre-activation (which the ping-pong kernels take in part), or "".
+std::string narrow_tile_blocker(const Problem& r, const Arguments* a, int64_t n) {
   std::ostringstream os;
-  const int64_t g = map_group(r), n = kTileNarrow.tile_n;
+  const int64_t g = map_group(r);
   if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
   else if (!(g == r.u || g % n == 0 || n % g == 0))
     os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile";
-  else if (cluster_size(r) > 2) os << "clusters of " << cluster_size(r) << " (each CTA would load 44 weight rows)";
+  else if (cluster_size(r) > 2) os << "clusters of " << cluster_size(r) << " (each CTA would load " << n / 2 << " weight rows)";
   else if ((r.m + kTileNarrow.tile_m - 1) / kTileNarrow.tile_m * ((r.u + n - 1) / n) > kMaxCoord / r.batch)
     os << "batch x m x u make 2^31 or more " << n << "-column tiles";
   return os.str();
@@ -91,16 +91,20 @@ std::string narrow_tile_blocker(const Problem& r, const Arguments* a) {
 
 std::string narrow_blocker(const Problem& r, const Arguments* a) {
   if (r.has_preact) return "a pre-activation output (its stores are written for 128-column tiles)";
-  return narrow_tile_blocker(r, a);
+  return narrow_tile_blocker(r, a, kTileNarrow.tile_n);
 }
 
-std::string pingpong_blocker(const Problem& r, const Arguments* a) {
+std::string pingpong_blocker(const Problem& r, const Arguments* a, int tile_n) {
   std::ostringstream os;
-  if (const std::string no = narrow_tile_blocker(r, a); !no.empty()) return no;
+  if (tile_n != kTilePingPong.tile_n && tile_n != kTilePingPong96.tile_n)
+    return "no ping-pong kernels with " + std::to_string(tile_n) + "-column tiles";
+  if (const std::string no = narrow_tile_blocker(r, a, tile_n); !no.empty()) return no;
   if (cluster_size(r) > 1) {
     os << "clusters of " << cluster_size(r) << " (the ping-pong kernels run one CTA per cluster)";
   } else if (r.m < kTilePingPong.tile_m) {
     os << "m=" << r.m << " is less than one " << kTilePingPong.tile_m << "-row tile";
+  } else if (r.has_preact && tile_n == kTilePingPong96.tile_n) {
+    os << "a pre-activation (the " << tile_n << "-column ping-pong kernels store none)";
   } else if (r.has_preact) {
     // The pre-activation as Y is stored: two runs of U columns (stacked or
     // separate weights) or one of 2U (G = 1), the input's 16-bit dtype,
@@ -163,7 +167,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
 }
 
 // A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent
-// is 64 elements (or, unswizzled, any multiple of 8). dims[0] is the
+// is 64 elements (64-byte swizzle: 32; unswizzled: any multiple of 8). dims[0] is the
 // contiguous one; strides in bytes, for dims 1...
 Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
               const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what,
@@ -210,13 +214,18 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
   Status s;
   auto fn = encode_fn(&s);
   if (!fn) return s;
-  const bool narrow = tile_n == kTileNarrow.tile_n;
+  // narrow: 88 or 96 columns, Y's columns from 64 on in a box of their own.
+  const bool narrow = tile_n == kTileNarrow.tile_n || tile_n == kTilePingPong96.tile_n;
   if (tile_n != kTile.tile_n && !narrow)
     return err(StatusCode::not_supported, "sm90::launch: no kernel with ", tile_n, "-column tiles");
   if (pingpong) {
-    if (!narrow) return err(StatusCode::not_supported, "sm90::launch: the ping-pong kernels have 88-column tiles");
-    if (const std::string no = pingpong_blocker(r, &a); !no.empty())
+    if (!narrow)
+      return err(StatusCode::not_supported, "sm90::launch: the ping-pong kernels have 88- or 96-column tiles, not ",
+                 tile_n);
+    if (const std::string no = pingpong_blocker(r, &a, tile_n); !no.empty())
       return err(StatusCode::not_supported, "sm90::launch: the ping-pong kernels cannot take this call: ", no);
+  } else if (tile_n == kTilePingPong96.tile_n) {
+    return err(StatusCode::not_supported, "sm90::launch: only the ping-pong kernels have 96-column tiles");
   } else if (narrow) {
     if (const std::string no = narrow_blocker(r, &a); !no.empty())
       return err(StatusCode::not_supported, "sm90::launch: the narrow tile cannot take this call: ", no);
@@ -340,10 +349,13 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
     const cuuint32_t box[3] = {64, 64, 1};
     if (Status e = encode(fn, &p.tma_y, r.output_dtype, a.y, 3, dims, strides, box, "y"); !e) return e;
     if (narrow) {
-      // The tile's columns 64 ... 87: 48-byte rows, no swizzle.
+      // The tile's columns 64 ... 87: 48-byte rows, no swizzle; 64 ... 95:
+      // 64-byte rows with the 64-byte swizzle (park_y_swizzled).
       const cuuint32_t tail[3] = {cuuint32_t(BN - 64), 64, 1};
-      if (Status e = encode(fn, &p.tma_y_tail, r.output_dtype, a.y, 3, dims, strides, tail, "y (last 24 columns)",
-                            CU_TENSOR_MAP_SWIZZLE_NONE);
+      const bool w96 = BN == kTilePingPong96.tile_n;
+      if (Status e = encode(fn, &p.tma_y_tail, r.output_dtype, a.y, 3, dims, strides, tail,
+                            w96 ? "y (last 32 columns)" : "y (last 24 columns)",
+                            w96 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE);
           !e)
         return e;
     }

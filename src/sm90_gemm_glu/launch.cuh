@@ -28,10 +28,14 @@ constexpr bool tile_matches(const Tile& t) {
 }
 static_assert(tile_matches<128>(kTile), "kTile does not describe the 128-column kernels");
 static_assert(tile_matches<88>(kTileNarrow), "kTileNarrow does not describe the narrow kernels");
-static_assert(PingPongTraits::kSmemBytes == kTilePingPong.smem_bytes && PingPongTraits::Tr::BM == kTilePingPong.tile_m &&
-                  PingPongTraits::N == kTilePingPong.tile_n && PingPongTraits::Tr::BK == kTilePingPong.tile_k &&
-                  PingPongTraits::kStages == kTilePingPong.stages && PingPongTraits::Tr::kThreads == kTilePingPong.threads,
-              "kTilePingPong does not describe the ping-pong kernels");
+template <int N>
+constexpr bool pingpong_tile_matches(const Tile& t) {
+  using PT = PingPongTraits<N>;
+  return PT::kSmemBytes == t.smem_bytes && PT::Tr::BM == t.tile_m && PT::N == t.tile_n && PT::Tr::BK == t.tile_k &&
+         PT::kStages == t.stages && PT::Tr::kThreads == t.threads;
+}
+static_assert(pingpong_tile_matches<88>(kTilePingPong), "kTilePingPong does not describe the ping-pong kernels");
+static_assert(pingpong_tile_matches<96>(kTilePingPong96), "kTilePingPong96 does not describe the 96-column ones");
 
 // Launches one persistent CTA (CM == 1) or cluster of CM CTAs per work
 // item, at most as many as can be resident at once; all of them when the tail
@@ -121,11 +125,13 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 }
 
 // The ping-pong kernels: one CTA per SM (at most one per item), every item
-// whole (no split tail), no cluster attribute.
-template <typename T, int ACT>
+// whole (no split tail), no cluster attribute. 96 columns: no
+// pre-activation (pingpong_blocker).
+template <typename T, int ACT, int N>
 cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
-  auto kernel = p.has_pre ? sm90_gemm_glu_pingpong_kernel<T, ACT, 1> : sm90_gemm_glu_pingpong_kernel<T, ACT, 0>;
-  constexpr int kSmem = PingPongTraits::kSmemBytes;
+  auto kernel = N == 96 || !p.has_pre ? sm90_gemm_glu_pingpong_kernel<T, ACT, 0, N>
+                                      : sm90_gemm_glu_pingpong_kernel<T, ACT, N == 96 ? 0 : 1, N>;
+  constexpr int kSmem = PingPongTraits<N>::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem); e != cudaSuccess)
     return e;
   int ctas = sms;
@@ -137,7 +143,7 @@ cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
                  p.has_pre ? "; pre-activation by TMA stores" : "");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(PingPongTraits::Tr::kThreads);
+  cfg.blockDim = dim3(PingPongTraits<N>::Tr::kThreads);
   cfg.dynamicSmemBytes = kSmem;
   cfg.stream = stream;
   return cudaLaunchKernelEx(&cfg, kernel, p);
@@ -145,7 +151,9 @@ cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
 
 template <typename T, int ACT>
 cudaError_t launch_cm(const Params& p, int cluster_m, int sms, cudaStream_t stream) {
-  if (p.pingpong) return launch_pingpong<T, ACT>(p, sms, stream);
+  if (p.pingpong)
+    return p.tile_n == kTilePingPong96.tile_n ? launch_pingpong<T, ACT, 96>(p, sms, stream)
+                                              : launch_pingpong<T, ACT, 88>(p, sms, stream);
   // The narrow kernels (p.tile_n 88) come in clusters of one and two, without
   // the pre-activation: launch.cpp picks them only then.
   if (p.tile_n == kTileNarrow.tile_n)

@@ -29,7 +29,8 @@ struct Params {
   CUtensorMap tma_wu;
   // Y as (U, M, L), 16-bit output only; box 64 x 64 x 1. Used when y_tma.
   CUtensorMap tma_y;
-  // The narrow tile's last 24 columns: Y with box 24 x 64 x 1, no swizzle.
+  // The narrow tile's last 24 columns: Y with box 24 x 64 x 1, no swizzle;
+  // the 96-column tile's last 32: box 32 x 64 x 1, 64-byte swizzle.
   CUtensorMap tma_y_tail;
   // The pre-activation as (2U, M, L), 16-bit only; box 64 x 64 x 1. Used
   // when pre_tma (U is then a multiple of the 128-column tile). The
@@ -42,8 +43,8 @@ struct Params {
 
   int64_t m, k, u;
   int batch;
-  int tile_n;           // output columns per tile: 128, or 88 (the narrow kernels)
-  int pingpong;         // tile_n 88 only: the ping-pong kernels (pingpong.cuh), else the cooperative ones
+  int tile_n;           // output columns per tile: 128, 88 (the narrow kernels) or 96 (ping-pong only)
+  int pingpong;         // tile_n 88 or 96: the ping-pong kernels (pingpong.cuh), else the cooperative ones
   int m_tiles, n_tiles, k_blocks;
   int group_m;          // row units per raster group (tile order, see tile_coord)
   int m_units;          // row units of CM row-blocks: m_tiles / CM, rounded up, or down when odd_items

@@ -45,20 +45,41 @@
 // What these kernels take (pingpong_blocker in launch.cpp): the narrow
 // tile's calls (Y by TMA) in one-CTA clusters, M >= 128, and the
 // pre-activation as above.
+//
+// 96 columns (N = 96: 192 weight rows, one m64n192k16 per 64 rows and
+// k-slice, 192 accumulators per consumer thread, five 40 KB stages, 416
+// bytes of shared memory to spare): for weights interleaved in blocks of 16
+// or 32 rows. An 88-row box of those would start inside a block, which one
+// TMA box cannot gather (and eleven 8-row boxes per half ran 2x slower: the
+// copy engine pays per box, NOTES.md h52), so they ran the cooperative
+// 128-column kernels, 2-3 % behind stacked weights. A probe of this tile
+// (scripts/probes/wide_tile.cu, n96pp-s4) matched the 88-column ping-pong
+// tile where its waves fill (h55). Y's columns 64-95 go as a 64 x 32 box
+// with the 64-byte swizzle. No pre-activation (which G > 1 never takes here).
 #pragma once
 
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
 
 namespace gatedmlp::sm90 {
 
+// N: 88 output columns, or 96 (blocks of 16 and 32 weight rows, which an
+// 88-column tile would start inside of; see the note at the top).
+template <int N_>
 struct PingPongTraits {
-  using Tr = TileTraits<88>;
-  static constexpr int N = Tr::BNO;  // 88 output columns: 88 accumulators per 64 rows
+  using Tr = TileTraits<N_>;
+  static constexpr int N = Tr::BNO;  // output columns: N accumulators per 64 rows
   static constexpr int kStages = Tr::kStages;
-  // Per warpgroup: one 64 x 88 Y tile (both halves in turn) and the tile's
-  // 2 x 88 bias values.
+  // Per warpgroup: one 64 x N Y tile (both halves in turn) and the tile's
+  // 2 x N bias values.
   static constexpr int kEpiBytes = Tr::kEpiBytes;
   static constexpr int kBiasBytes = Tr::kBiasBytes;
+  // Registers per thread: the producer warpgroup's and each consumer's
+  // (128 x P + 256 x C <= 64 K). At the 88-column kernels' 40 / 232 the
+  // 96-column consumers (192 accumulators) spilled 36 bytes in the
+  // epilogue; at 32 / 240 nothing spills.
+  static constexpr int kProducerRegs = N_ == 96 ? 32 : 40;
+  static constexpr int kConsumerRegs = N_ == 96 ? 240 : 232;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "more registers than an SM has");
   // full and empty per stage, and the two turn barriers.
   static constexpr int kBarBytes = (2 * kStages + 2) * 8;
   static constexpr int kSmemBytes = kStages * Tr::kStageBytes + 2 * kEpiBytes + 2 * kBiasBytes + kBarBytes + 1024;
@@ -139,27 +160,27 @@ __device__ __forceinline__ void store_pre_pingpong(const Params& p, const float 
 // FIRST: the first slice's wgmmas overwrite the accumulators (write-only),
 // for an item's first k-step, which must be straight-line code (behind a
 // run-time branch ptxas serialises every wgmma: NOTES.md h22).
-template <typename T, bool FIRST>
-__device__ __forceinline__ void kstep_pingpong(float (&d0)[88], float (&d1)[88], uint64_t da0, uint64_t da1,
+template <typename T, bool FIRST, int N>
+__device__ __forceinline__ void kstep_pingpong(float (&d0)[N], float (&d1)[N], uint64_t da0, uint64_t da1,
                                                uint64_t db) {
-  using Tr = PingPongTraits::Tr;
-  wgmma_tile<T, 88, FIRST>(d0, da0, db);
-  wgmma_tile<T, 88, FIRST>(d1, da1, db);
+  using Tr = typename PingPongTraits<N>::Tr;
+  wgmma_tile<T, N, FIRST>(d0, da0, db);
+  wgmma_tile<T, N, FIRST>(d1, da1, db);
 #pragma unroll
   for (int kk = 1; kk < Tr::BK / 16; ++kk) {
-    wgmma_tile<T, 88, false>(d0, da0 + 2 * kk, db + 2 * kk);
-    wgmma_tile<T, 88, false>(d1, da1 + 2 * kk, db + 2 * kk);
+    wgmma_tile<T, N, false>(d0, da0 + 2 * kk, db + 2 * kk);
+    wgmma_tile<T, N, false>(d1, da1 + 2 * kk, db + 2 * kk);
   }
 }
 
 // One warpgroup's epilogue of a whole item (see the note at the top).
-template <typename T, int ACT, int PRE>
-__device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[88], float (&d1)[88],
+template <typename T, int ACT, int PRE, int N>
+__device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[N], float (&d1)[N],
                                                   unsigned char* tile, float* sbias, int cw, int tid,
                                                   const TileCoord& tc) {
-  constexpr int N = PingPongTraits::N;
+  static_assert(PRE == 0 || N == 88, "the 96-column kernels take no pre-activation");
   const int bar = 1 + cw, lane = tid % 32;
-  const int64_t row0 = int64_t(tc.mb) * PingPongTraits::Tr::BM, col0 = int64_t(tc.nb) * N;
+  const int64_t row0 = int64_t(tc.mb) * PingPongTraits<N>::Tr::BM, col0 = int64_t(tc.nb) * N;
   // The previous item's stores have read the tile (and every thread is past
   // its reads of sbias, which come before its last barrier).
   if (tid == 0) bulk_wait_read();
@@ -181,14 +202,14 @@ __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[8
 
 }  // namespace detail_
 
-// PRE: 1 with the pre-activation output (store_pre_pingpong), 0 without.
-template <typename T, int ACT, int PRE>
-__global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
+// PRE: 1 with the pre-activation output (store_pre_pingpong; N = 88 only),
+// 0 without. N: output columns per item, 88 or 96.
+template <typename T, int ACT, int PRE, int N>
+__global__ void __launch_bounds__(PingPongTraits<N>::Tr::kThreads, 1)
     sm90_gemm_glu_pingpong_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using PT = PingPongTraits;
-  using Tr = PT::Tr;
-  constexpr int N = PT::N;
+  using PT = PingPongTraits<N>;
+  using Tr = typename PT::Tr;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
@@ -217,7 +238,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
 
   if (wg == 0) {
     // ---------------------------------------------------------- producer
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<PT::kProducerRegs>();
     if (tid == 0) {
       const Schedule sched(p, cta, ctas);
       detail_::RingPos<PT::kStages> pos;
@@ -229,7 +250,10 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
         const uint32_t wgrp = static_cast<uint32_t>(p.w_group);
         const int c3 = static_cast<int>(n0 / wgrp), c1 = static_cast<int>(n0 - uint32_t(c3) * wgrp);
         const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
-        for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
+        // Every item whole (p.sk_iters is 0): k-blocks 0 ... k_blocks - 1, as
+        // the consumers take them. (Reading wk.kb0 and kb1 instead cost the
+        // 96-column producer, at 32 registers, 108 bytes of spills.)
+        for (int kb = 0; kb < p.k_blocks; ++kb, pos.next()) {
           const int s = pos.stage;
           mbar_wait(&empty[s], pos.phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
@@ -242,8 +266,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
     }
   } else {
     // ---------------------------------------------------------- consumers
-    setmaxnreg_inc<232>();
-    const Schedule sched(p, cta, ctas);
+    setmaxnreg_inc<PT::kConsumerRegs>();
     const int cw = wg - 1;  // takes the CTA's items cw, cw + 2, ...
     const int lane = tid % 32;
     unsigned char* tile = epi + cw * PT::kEpiBytes;
@@ -264,6 +287,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
       if (lane == 0) mbar_arrive(&empty[s]);
     };
     uint32_t turn_phase = 0;
+    const Schedule sched(p, cta, ctas);
     Work wk;
     for (int w = cw; sched.at(p, w, &wk); w += 2) {
       const TileCoord tc = tile_coord<1>(p, wk.item, 0);
@@ -310,7 +334,7 @@ __global__ void __launch_bounds__(PingPongTraits::Tr::kThreads, 1)
       fence_regs(d0);
       fence_regs(d1);
       release(prev);
-      detail_::epilogue_pingpong<T, ACT, PRE>(p, d0, d1, tile, bias, cw, tid, tc);
+      detail_::epilogue_pingpong<T, ACT, PRE, N>(p, d0, d1, tile, bias, cw, tid, tc);
       pos.advance(kbs);  // the other warpgroup's item
     }
     if (tid == 0) bulk_wait_all();  // the shared tile must outlive the last TMA store

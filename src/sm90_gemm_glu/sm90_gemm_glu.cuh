@@ -94,18 +94,19 @@
 namespace gatedmlp::sm90 {
 
 // The tile of the kernels with BNO_ output columns per tile: 128 (the
-// default), or 88 (the narrow kernels; see the note at the top).
+// default), 88 (the narrow kernels; see the note at the top), or 96 (the
+// ping-pong kernels for blocks of 16 and 32 rows: pingpong.cuh).
 template <int BNO_>
 struct TileTraits {
-  static_assert(BNO_ == 128 || BNO_ == 88, "tiles of 128 or 88 output columns");
+  static_assert(BNO_ == 128 || BNO_ == 88 || BNO_ == 96, "tiles of 128, 88 or 96 output columns");
   static constexpr int BM = 128;    // rows per tile (two consumer warpgroups x 64)
   static constexpr int BNO = BNO_;  // output columns per tile
   static constexpr int BK = 64;     // one 128-byte swizzled row of 16-bit elements
-  // 88 columns: 38 KB stages, five fit.
+  // 88 or 96 columns: 38 or 40 KB stages, five fit.
   static constexpr int kStages = BNO_ == 128 ? 4 : 5;
   static constexpr int kThreads = 384;
   static constexpr int kABytes = BM * BK * 2;          // 16 KB
-  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB (22 KB): gate rows, then up rows
+  static constexpr int kBBytes = 2 * BNO * BK * 2;     // 32 KB (22, 24 KB): gate rows, then up rows
   // The up rows start on a swizzle atom (8 rows of 128 bytes), as the
   // descriptor of the whole [gate | up] tile assumes.
   static_assert(BNO * BK * 2 % 1024 == 0, "the up rows must start on a 1024-byte boundary");
@@ -114,7 +115,8 @@ struct TileTraits {
   static constexpr int kStageLd = kChunk + 8;          // padded: conflict-free float2 writes
   // Per consumer warpgroup: its 64 x BNO Y tile in 16-bit, as 64 x 64 boxes
   // with the 128-byte swizzle (what the TMA store reads; BNO = 88: one, then
-  // a 64 x 24 box without swizzle, 48-byte rows). The generic epilogue (BNO
+  // a 64 x 24 box without swizzle, 48-byte rows; BNO = 96: one, then a 64 x
+  // 32 box with the 64-byte swizzle, 64-byte rows). The generic epilogue (BNO
   // = 128 only) reuses the same bytes for a 64 x 32 fp32 chunk.
   static constexpr int kEpiBytes = 64 * BNO * 2;
   static_assert(64 * kStageLd * 4 <= kEpiBytes, "the fp32 chunk must fit the Y tile's bytes");
@@ -625,21 +627,24 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the 128-byte
 // swizzle (swizzled_off); the 24 columns after them (N = 88) a 64 x 24 box
 // without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
-// of those by stmatrix.x2. OFF (with DONE only): the values parked are
+// of those by stmatrix.x2; the 32 after them (N = 96) a 64 x 32 box with
+// the 64-byte swizzle (16-byte chunk q of row r at q ^ (r / 2) % 4: 8 rows
+// of 64 bytes, unswizzled, would hit each bank four times). OFF (with DONE only): the values parked are
 // d[OFF + i] instead of d[i] (the ping-pong kernels park the up half of the
 // pre-activation so).
 template <int ACT, bool DONE, typename OUT, int N, int OFF = 0>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
-  static_assert(N == 128 || N == 88, "Y tiles of 128 or 88 columns");
+  static_assert(N == 128 || N == 88 || N == 96, "Y tiles of 128, 88 or 96 columns");
   static_assert(OFF == 0 || DONE, "an offset only for values already computed");
-  constexpr int kPlainLd = 2 * (N - 64);  // N = 88: bytes per row of the unswizzled box
+  constexpr int kPlainLd = 2 * (N - 64);  // N = 88, 96: bytes per row of the second box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
   const uint32_t base = smem_addr(tile);
   // The address of the 8-column block at column c (a multiple of 8) of row
   // r; `swz`, known at compile time: whether c lies in a swizzled box.
   auto addr = [&](bool swz, int c) -> uint32_t {
     if (swz) return base + (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16);
+    if (N == 96) return base + 8192 + r * kPlainLd + ((((c - 64) / 8) ^ ((r / 2) % 4)) * 16);
     return base + 8192 + r * kPlainLd + (c - 64) * 2;
   };
 #pragma unroll
@@ -712,7 +717,8 @@ __device__ __forceinline__ void store_y_tma(const Params& p, const float (&d)[N]
   fence_proxy_async();
   named_barrier(bar, 128);
   if (tid == 0 && row0 < p.m) {
-    // Columns 64 on: the second 64-column box, or (N = 88) the 24-column one.
+    // Columns 64 on: the second 64-column box, or (N = 88, 96) the 24- or
+    // 32-column one.
     const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
     tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), l);
     if (col0 + 64 < p.u) tma_store_3d(second, tile + 8192, static_cast<int>(col0 + 64), static_cast<int>(row0), l);

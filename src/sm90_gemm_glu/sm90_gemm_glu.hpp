@@ -28,6 +28,11 @@ inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 7
 // warpgroup running whole items in turn. 5 x 38 KB stages, per warpgroup an
 // 11 KB Y tile and 704 B of bias, 12 mbarriers, 1 KB slack.
 inline constexpr Tile kTilePingPong{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 2 * 704 + 96 + 1024};
+// The 96-column ping-pong kernels, for weights in blocks of 16 or 32 rows
+// (which 88-column tiles would start inside of): 5 x 40 KB stages, per
+// warpgroup a 12 KB Y tile and 768 B of bias, 12 mbarriers, 1 KB slack:
+// 232032 of the 232448 bytes a block may have.
+inline constexpr Tile kTilePingPong96{128, 96, 64, 5, 384, 5 * 40960 + 2 * 12288 + 2 * 768 + 96 + 1024};
 
 // CTAs per cluster (along M) for this problem: 2 for K > 8192, else 1 (and
 // 1 with a single row-block); GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
@@ -37,9 +42,10 @@ int cluster_size(const Problem& resolved);
 // path takes (blocker() is ""), or "" if it can. `args` may be null.
 std::string narrow_blocker(const Problem& resolved, const Arguments* args);
 
-// Why the ping-pong kernels cannot take this (resolved) problem, which the
-// fast path takes (blocker() is ""), or "" if they can. `args` may be null.
-std::string pingpong_blocker(const Problem& resolved, const Arguments* args);
+// Why the ping-pong kernels of tile_n columns (kTilePingPong's 88 or
+// kTilePingPong96's 96) cannot take this (resolved) problem, which the fast
+// path takes (blocker() is ""), or "" if they can. `args` may be null.
+std::string pingpong_blocker(const Problem& resolved, const Arguments* args, int tile_n);
 
 // True when this build contains the sm_90a kernel.
 bool compiled();
@@ -58,8 +64,9 @@ size_t workspace_bytes(int ctas);
 // With at least workspace_bytes(sms) of workspace the last waves are split
 // (see the kernel's Schedule); with less, or none, every item runs whole.
 // tile_n: kTile's or kTileNarrow's (which must then take the problem);
-// pingpong: kTilePingPong's kernels (tile_n must be its, and
-// pingpong_blocker() ""), which never split the tail.
+// pingpong: the ping-pong kernels of kTilePingPong or kTilePingPong96
+// (tile_n must be one of theirs, and pingpong_blocker() ""), which never
+// split the tail.
 Status launch(const Problem& resolved, const Arguments& args, int tile_n, bool pingpong, int sms, void* workspace,
               size_t workspace_bytes, cudaStream_t stream);
 
