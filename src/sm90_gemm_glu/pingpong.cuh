@@ -73,13 +73,16 @@ struct PingPongTraits {
   // 2 x N bias values.
   static constexpr int kEpiBytes = Tr::kEpiBytes;
   static constexpr int kBiasBytes = Tr::kBiasBytes;
-  // Registers per thread: the producer warpgroup's and each consumer's
-  // (128 x P + 256 x C <= 64 K). At the 88-column kernels' 40 / 232 the
-  // 96-column consumers (192 accumulators) spilled 36 bytes in the
-  // epilogue; at 32 / 240 nothing spills.
-  static constexpr int kProducerRegs = N_ == 96 ? 32 : 40;
+  // Registers per thread: the producer warpgroup's and each consumer's.
+  // setmaxnreg moves registers only within the CTA's own, 384 x 168 (the
+  // 168 its launch bounds give each thread): a consumer's setmaxnreg.inc
+  // waits until the producer's dec has freed enough, forever if it never
+  // does (32 / 240, 256 registers short, hung). At the 88-column kernels'
+  // 40 / 232 the 96-column consumers (192 accumulators) spilled 36 bytes in
+  // the epilogue; at 24 / 240 nothing spills, the producer thread included.
+  static constexpr int kProducerRegs = N_ == 96 ? 24 : 40;
   static constexpr int kConsumerRegs = N_ == 96 ? 240 : 232;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "more registers than an SM has");
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "more registers than the CTA holds");
   // full and empty per stage, and the two turn barriers.
   static constexpr int kBarBytes = (2 * kStages + 2) * 8;
   static constexpr int kSmemBytes = kStages * Tr::kStageBytes + 2 * kEpiBytes + 2 * kBiasBytes + kBarBytes + 1024;
