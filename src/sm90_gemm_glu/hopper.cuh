@@ -302,8 +302,9 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   : OPS(C) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 // One wgmma of N accumulators per thread (2N weight rows).
-#define GATEDMLP_WGMMA_N(N, SHAPE, TYPES, C) \
-  GATEDMLP_WGMMA(SHAPE, TYPES, GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, #N, GATEDMLP_WGMMA_B##N, GATEDMLP_WGMMA_S##N, C)
+#define GATEDMLP_WGMMA_N(N, SHAPE, TYPES, C)                                           \
+  GATEDMLP_WGMMA(SHAPE, TYPES, GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, #N, GATEDMLP_WGMMA_B##N, \
+                 GATEDMLP_WGMMA_S##N, C)
 #define GATEDMLP_WGMMA_B88 "89"
 #define GATEDMLP_WGMMA_S88 "90"
 #define GATEDMLP_WGMMA_B96 "97"

@@ -81,7 +81,8 @@ std::string narrow_tile_blocker(const Problem& r, const Arguments* a, int64_t n)
   if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
   else if (!(g == r.u || g % n == 0 || n % g == 0))
     os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile";
-  else if (cluster_size(r) > 2) os << "clusters of " << cluster_size(r) << " (each CTA would load " << n / 2 << " weight rows)";
+  else if (cluster_size(r) > 2)
+    os << "clusters of " << cluster_size(r) << " (each CTA would load " << n / 2 << " weight rows)";
   else if ((r.m + kTileNarrow.tile_m - 1) / kTileNarrow.tile_m * ((r.u + n - 1) / n) > kMaxCoord / r.batch)
     os << "batch x m x u make 2^31 or more " << n << "-column tiles";
   return os.str();
@@ -167,8 +168,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
 }
 
 // A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent
-// is 64 elements (64-byte swizzle: 32; unswizzled: any multiple of 8). dims[0] is the
-// contiguous one; strides in bytes, for dims 1...
+// is 64 elements (64-byte swizzle: 32; unswizzled: any multiple of 8).
+// dims[0] is the contiguous one; strides in bytes, for dims 1...
 Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
               const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what,
               CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {

@@ -129,8 +129,10 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 // pre-activation (pingpong_blocker).
 template <typename T, int ACT, int N>
 cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
-  auto kernel = N == 96 || !p.has_pre ? sm90_gemm_glu_pingpong_kernel<T, ACT, 0, N>
-                                      : sm90_gemm_glu_pingpong_kernel<T, ACT, N == 96 ? 0 : 1, N>;
+  auto kernel = sm90_gemm_glu_pingpong_kernel<T, ACT, 0, N>;
+  if constexpr (N == 88) {
+    if (p.has_pre) kernel = sm90_gemm_glu_pingpong_kernel<T, ACT, 1, N>;
+  }
   constexpr int kSmem = PingPongTraits<N>::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem); e != cudaSuccess)
     return e;

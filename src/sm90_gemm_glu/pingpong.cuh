@@ -52,10 +52,13 @@
 // or 32 rows. An 88-row box of those would start inside a block, which one
 // TMA box cannot gather (and eleven 8-row boxes per half ran 2x slower: the
 // copy engine pays per box, NOTES.md h52), so they ran the cooperative
-// 128-column kernels, 2-3 % behind stacked weights. A probe of this tile
-// (scripts/probes/wide_tile.cu, n96pp-s4) matched the 88-column ping-pong
-// tile where its waves fill (h55). Y's columns 64-95 go as a 64 x 32 box
-// with the 64-byte swizzle. No pre-activation (which G > 1 never takes here).
+// 128-column kernels, 2-3 % behind stacked weights; with these they run at
+// stacked's pace where the waves fill (8B M = 4096 and 16384: 1.034-1.042
+// of cuBLAS against stacked's 1.038-1.043, h56). Y's columns 64-95 go as a
+// 64 x 32 box with the 64-byte swizzle. No pre-activation: these kernels'
+// pre-activation stores are for stacked, separate and G = 1 weights, which
+// the 88-column tile takes. Registers: producer 24, consumers 240 (see
+// PingPongTraits).
 #pragma once
 
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
@@ -270,6 +273,7 @@ __global__ void __launch_bounds__(PingPongTraits<N>::Tr::kThreads, 1)
   } else {
     // ---------------------------------------------------------- consumers
     setmaxnreg_inc<PT::kConsumerRegs>();
+    const Schedule sched(p, cta, ctas);
     const int cw = wg - 1;  // takes the CTA's items cw, cw + 2, ...
     const int lane = tid % 32;
     unsigned char* tile = epi + cw * PT::kEpiBytes;
@@ -290,7 +294,6 @@ __global__ void __launch_bounds__(PingPongTraits<N>::Tr::kThreads, 1)
       if (lane == 0) mbar_arrive(&empty[s]);
     };
     uint32_t turn_phase = 0;
-    const Schedule sched(p, cta, ctas);
     Work wk;
     for (int w = cw; sched.at(p, w, &wk); w += 2) {
       const TileCoord tc = tile_coord<1>(p, wk.item, 0);

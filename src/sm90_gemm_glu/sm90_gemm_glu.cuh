@@ -23,9 +23,10 @@
 // under the other's main loop, loads the weight tile per 64 rows and was 6 %
 // slower (NOTES.md, h10). Ping-pong with whole 128 x 88 tiles per warpgroup
 // moves the narrow tile's bytes per FLOP and is 2.5-3 % faster: those
-// kernels are in pingpong.cuh (h49), and take every call they can; these
-// take the rest (K > 8192: clusters of two; M < 128; G = 16, 32, 128, ...;
-// fp32 Y; a pre-activation of G = 2 ... 128 blocks).
+// kernels are in pingpong.cuh (h49; with 96-column tiles for G = 16 and
+// 32, h56), and take every call they can; these take the rest (K > 8192:
+// clusters of two; M < 128; G = 64, 128, ...; fp32 Y; a pre-activation of
+// G = 2 ... 128 blocks).
 //
 // Warpgroups. 384 threads:
 //   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
@@ -629,9 +630,9 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // without swizzle, 48-byte rows (8 of them hit distinct banks), the last 8
 // of those by stmatrix.x2; the 32 after them (N = 96) a 64 x 32 box with
 // the 64-byte swizzle (16-byte chunk q of row r at q ^ (r / 2) % 4: 8 rows
-// of 64 bytes, unswizzled, would hit each bank four times). OFF (with DONE only): the values parked are
-// d[OFF + i] instead of d[i] (the ping-pong kernels park the up half of the
-// pre-activation so).
+// of 64 bytes, unswizzled, would hit each bank four times). OFF (with DONE
+// only): the values parked are d[OFF + i] instead of d[i] (the ping-pong
+// kernels park the up half of the pre-activation so).
 template <int ACT, bool DONE, typename OUT, int N, int OFF = 0>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
