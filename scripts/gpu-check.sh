@@ -105,19 +105,21 @@ for step in "${steps[@]}"; do
     } 2>"$out/bars.err" | grep -E "^(model|8b|70b|405b|custom) " | cut -c1-170 | tee "$out/bars.txt"
     note "bars: table in bars.txt" ;;
   layouts)
-    # Every interleave block against stacked on the 8B shape (M in
-    # LAYOUT_MS, default 4096), as the library picks and with each
-    # GATEDMLP_SM90_TILE in LAYOUT_TILES forced (default: 128), ROUNDS times.
+    # Every interleave block against stacked on a model's shape
+    # (LAYOUT_MODEL, default 8b; M in LAYOUT_MS, default 4096), as the
+    # library picks and with each GATEDMLP_SM90_TILE in LAYOUT_TILES forced
+    # (default: 128), ROUNDS times.
     g="$build/tools/gatedmlp"
+    lm=${LAYOUT_MODEL:-8b}
     for r in $(seq "${ROUNDS:-2}"); do
       for l in ${LAYOUTS:-stacked g16 g32 g64 g128 g256}; do
         for t in - ${LAYOUT_TILES:-128}; do
-          if [ "$t" = - ]; then "$g" bench --m "${LAYOUT_MS:-4096}" --layout "$l"
-          else GATEDMLP_SM90_TILE=$t "$g" bench --m "${LAYOUT_MS:-4096}" --layout "$l"; fi |
-            sed "s/^8b /8b-$l-$([ "$t" = - ] && echo pick || echo t$t) /"
+          if [ "$t" = - ]; then "$g" bench --model "$lm" --m "${LAYOUT_MS:-4096}" --layout "$l"
+          else GATEDMLP_SM90_TILE=$t "$g" bench --model "$lm" --m "${LAYOUT_MS:-4096}" --layout "$l"; fi |
+            sed "s/^$lm /$lm-$l-$([ "$t" = - ] && echo pick || echo t$t) /"
         done
       done
-    done 2>"$out/layouts.err" | grep -E "^8b-" | cut -c1-170 | tee "$out/layouts.txt"
+    done 2>"$out/layouts.err" | grep -E "^$lm-" | cut -c1-170 | tee "$out/layouts.txt"
     note "layouts: table in layouts.txt" ;;
   preact)
     # The pre-activation output's cost per layout (8B, M = 4096; the bench
