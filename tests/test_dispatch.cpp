@@ -194,9 +194,11 @@ TEST(Dispatch, PingPong96ForBlocksOf16And32) {
 TEST(Dispatch, TileKnob) {
   SKIP_WITHOUT_SM90_BUILD();
   Config c;
+  // 88 forces the cooperative narrow kernels (not the ping-pong ones).
   setenv("GATEDMLP_SM90_TILE", "88", 1);
   ASSERT_TRUE(detail::select_config(llama8b(4096).resolved(), nullptr, h200(), &c).ok());
   EXPECT_EQ(c.tile_n, 88) << to_string(c);
+  EXPECT_FALSE(c.pingpong) << to_string(c);
   Problem pre = llama8b(4096);
   pre.has_preact = true;
   ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
@@ -211,11 +213,7 @@ TEST(Dispatch, TileKnob) {
 TEST(Dispatch, PingPongKnobsAndLimits) {
   SKIP_WITHOUT_SM90_BUILD();
   Config c;
-  // 88 forces the cooperative narrow kernels, pp the ping-pong ones.
-  setenv("GATEDMLP_SM90_TILE", "88", 1);
-  ASSERT_TRUE(detail::select_config(llama8b(4096).resolved(), nullptr, h200(), &c).ok());
-  EXPECT_EQ(c.tile_n, 88) << to_string(c);
-  EXPECT_FALSE(c.pingpong) << to_string(c);
+  // pp forces the ping-pong kernels (TileKnob: 88 the cooperative ones).
   setenv("GATEDMLP_SM90_TILE", "pp", 1);
   ASSERT_TRUE(detail::select_config(llama8b(256).resolved(), nullptr, h200(), &c).ok());
   EXPECT_TRUE(c.pingpong) << to_string(c);
