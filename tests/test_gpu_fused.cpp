@@ -581,7 +581,8 @@ bool narrow_eligible(const Problem& p, int64_t n = 88) {
   const Problem r = p.resolved();
   const int64_t g = r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
   return fast_path_eligible(p) && !r.has_preact && r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 &&
-         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (g == r.u || g % n == 0 || n % g == 0);
+         (r.batch == 1 || r.batch_stride_y % 8 == 0) &&
+         (g == r.u || g % n == 0 || n % g == 0 || (n == 96 && g % 32 == 0));
 }
 
 // The tile a kNarrow variant ran with on a 9.0 device: 88 columns where the
@@ -608,7 +609,8 @@ bool pingpong_eligible(const Problem& p) {
 }
 
 // Whether the 96-column ping-pong kernels can take a case: as the 88-column
-// ones, for blocks that a box of 96 rows can gather, and no pre-activation.
+// ones, for blocks that a box of 96 rows, or three of 32, can gather, and no
+// pre-activation.
 bool pingpong96_eligible(const Problem& p) {
   return narrow_eligible(p, 96) && p.m >= 128 && p.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
 }
@@ -1022,6 +1024,9 @@ TEST(GpuFused, FastPathLargeShapes) {
       // number of tiles.
       {1100, 1024, 2848, 32, Half::up, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
       {700, 520, 1216, 64, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 2},
+      // Blocks of 128 (the 96-column tile as three 32-row boxes per half,
+      // wrapping into the next block), U not a whole number of 96 columns.
+      {2048, 264, 12160, 128, Half::up, DType::bf16, DType::bf16, Activation::relu, true, false, 1},
       // Llama-3 8B's U at M = 4096 in blocks of 16 (short K): the
       // dispatcher's own pick is the 96-column ping-pong tile (37 whole
       // waves of it against 27.45 of 128 columns with the split tail).

@@ -79,8 +79,9 @@ std::string narrow_tile_blocker(const Problem& r, const Arguments* a, int64_t n)
   std::ostringstream os;
   const int64_t g = map_group(r);
   if (!y_by_tma(r, a)) os << "y cannot be stored by TMA (fp32, or u, ldy, its batch stride or y not 16-byte aligned)";
-  else if (!(g == r.u || g % n == 0 || n % g == 0))
-    os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile";
+  else if (!(g == r.u || g % n == 0 || n % g == 0 || (n == kTilePingPong96.tile_n && g % kSubBoxRows == 0)))
+    os << "weights.group=" << g << " neither divides nor is a multiple of the " << n << "-column tile"
+       << (n == kTilePingPong96.tile_n ? " nor of 32" : "");
   else if (cluster_size(r) > 2)
     os << "clusters of " << cluster_size(r) << " (each CTA would load " << n / 2 << " weight rows)";
   else if ((r.m + kTileNarrow.tile_m - 1) / kTileNarrow.tile_m * ((r.u + n - 1) / n) > kMaxCoord / r.batch)
@@ -283,16 +284,23 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
     // Blocks of at least a tile: the box is `rows` consecutive rows of one
     // block. Smaller blocks: the box takes rows/G blocks of G rows. `rows` is
     // a whole half of the tile (128), or the part one CTA of a cluster loads.
+    // 96 columns of G = 64, 128, ... (neither): three boxes of 32 rows of
+    // one block each (w_sub_boxes; narrow_tile_blocker has G % 32 == 0).
     const bool big = g == r.u || g % BN == 0;
+    const bool sub = !big && BN % g != 0;
     const int64_t rows = BN / std::max(1, cluster_m / 2);
     p.w_part_c1 = big ? static_cast<int>(rows) : 0;
     p.w_part_c3 = big ? 0 : static_cast<int>(rows / g);
+    p.w_sub_boxes = sub ? BN / kSubBoxRows : 0;
+    if (sub && (!pingpong || g % kSubBoxRows != 0))
+      return err(StatusCode::not_supported, "sm90::launch: ", BN, "-column tiles cannot gather weights in blocks of G=", g);
     const cuuint64_t dims[5] = {cuuint64_t(r.k), cuuint64_t(g), cuuint64_t(halves), cuuint64_t(blocks),
                                 cuuint64_t(p.w_batched ? r.batch : 1)};
     const cuuint64_t strides[4] = {cuuint64_t(row_bytes), cuuint64_t(g * row_bytes),
                                    cuuint64_t(halves * g * row_bytes),
                                    cuuint64_t(p.w_batched ? r.batch_stride_w * 2 : blocks * halves * g * row_bytes)};
-    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(big ? rows : g), 1, cuuint32_t(big ? 1 : rows / g), 1};
+    const cuuint32_t box[5] = {cuuint32_t(BK), cuuint32_t(sub ? kSubBoxRows : big ? rows : g), 1,
+                               cuuint32_t(big || sub ? 1 : rows / g), 1};
     if (Status e = encode(fn, &p.tma_wg, r.input_dtype, a.w, 5, dims, strides, box, sep ? "w (gate)" : "w"); !e)
       return e;
     if (sep) {

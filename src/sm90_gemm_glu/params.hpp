@@ -7,6 +7,10 @@
 
 namespace gatedmlp::sm90 {
 
+// Rows per weight box where a 96-column tile gathers each weight half from
+// several blocks of G rows (w_sub_boxes below).
+inline constexpr int kSubBoxRows = 32;
+
 // n / d for 0 <= n < 2^31 as (umulhi(n, mul) + n) >> shift (Granlund and
 // Montgomery's round-up method; schedule.hpp): tile_coord divides by these
 // at the start of every work item, where a 32-bit division is some 25
@@ -62,6 +66,13 @@ struct Params {
   // (c1 + q * w_part_c1, ..., c3 + q * w_part_c3): rows within a block, or
   // whole blocks of G rows when G is smaller than the part.
   int w_part_c1, w_part_c3;
+  // 96-column ping-pong tiles of weights in blocks of G = 64, 128, 160, ...
+  // (multiples of kSubBoxRows that neither divide 96 nor are multiples of
+  // it): each weight half as w_sub_boxes boxes of kSubBoxRows rows, each
+  // inside one block (a tile starts on a multiple of 32 rows), the first at
+  // (c1, c3), each next one kSubBoxRows rows on, into the next block at its
+  // end. 0: one box per half.
+  int w_sub_boxes;
   int x_batched, w_batched;  // 0: every batch reads coordinate 0 (stride 0)
   int x_rows;                // rows per X box: BM, or M rounded up to 8 when M < BM (the rest of the ring's A rows are zeroed once)
 

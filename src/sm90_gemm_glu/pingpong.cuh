@@ -54,7 +54,10 @@
 // copy engine pays per box, NOTES.md h52), so they ran the cooperative
 // 128-column kernels, 2-3 % behind stacked weights; with these they run at
 // stacked's pace where the waves fill (8B M = 4096 and 16384: 1.034-1.042
-// of cuBLAS against stacked's 1.038-1.043, h56). Y's columns 64-95 go as a
+// of cuBLAS against stacked's 1.038-1.043, h56). Blocks of 64, 128, ...
+// rows: a 96-row tile starts on a multiple of 32 rows, so each weight half
+// is three 32-row boxes of one block each (w_sub_boxes; h57), 7 boxes per
+// stage where the others have 3. Y's columns 64-95 go as a
 // 64 x 32 box with the 64-byte swizzle. No pre-activation: these kernels'
 // pre-activation stores are for stacked, separate and G = 1 weights, which
 // the 88-column tile takes. Registers: producer 24, consumers 240 (see
@@ -246,11 +249,13 @@ __global__ void __launch_bounds__(PingPongTraits<N>::Tr::kThreads, 1)
     // ---------------------------------------------------------- producer
     setmaxnreg_dec<PT::kProducerRegs>();
     if (tid == 0) {
-      const Schedule sched(p, cta, ctas);
       detail_::RingPos<PT::kStages> pos;
-      Work wk;
-      for (int w = 0; sched.at(p, w, &wk); ++w) {
-        const TileCoord tc = tile_coord<1>(p, wk.item, 0);
+      // The CTA's items cta, cta + ctas, ..., each whole (p.sk_iters is 0),
+      // as the consumers' Schedule gives them: a loop of its own, which
+      // leaves the 96-column producer the registers its sub-boxes need.
+      const uint32_t tiles = static_cast<uint32_t>(p.tiles);
+      for (uint32_t item = cta; item < tiles; item += ctas) {
+        const TileCoord tc = tile_coord<1>(p, item, 0);
         // 32-bit: n0 < U < 2^31 (the blocker checks 2U), and so is G.
         const uint32_t n0 = uint32_t(tc.nb) * N;
         const uint32_t wgrp = static_cast<uint32_t>(p.w_group);
@@ -265,8 +270,23 @@ __global__ void __launch_bounds__(PingPongTraits<N>::Tr::kThreads, 1)
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
           tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
-          tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
-          tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+          if (N == 96 && p.w_sub_boxes) {
+            // G = 64, 128, ...: each half as kSubBoxRows-row boxes of one
+            // block each, laid one after another as one box of 96 rows
+            // would be (whole 1 KB swizzle atoms).
+            int b1 = c1, b3 = c3;
+#pragma unroll
+            for (int j = 0; j < N / kSubBoxRows; ++j) {
+              unsigned char* sb = st + Tr::kABytes + j * (kSubBoxRows * Tr::BK * 2);
+              tma_load_5d(sb, &p.tma_wg, &full[s], kb * Tr::BK, b1, p.gate_half, b3, wl);
+              tma_load_5d(sb + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, b1, p.up_half, b3, wl);
+              b1 += kSubBoxRows;
+              if (static_cast<uint32_t>(b1) == wgrp) b1 = 0, ++b3;
+            }
+          } else {
+            tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
+            tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+          }
         }
       }
     }

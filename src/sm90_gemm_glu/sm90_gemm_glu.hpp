@@ -28,8 +28,9 @@ inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 7
 // warpgroup running whole items in turn. 5 x 38 KB stages, per warpgroup an
 // 11 KB Y tile and 704 B of bias, 12 mbarriers, 1 KB slack.
 inline constexpr Tile kTilePingPong{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 2 * 704 + 96 + 1024};
-// The 96-column ping-pong kernels, for weights in blocks of 16 or 32 rows
-// (which 88-column tiles would start inside of): 5 x 40 KB stages, per
+// The 96-column ping-pong kernels, for weights in blocks of G = 16, 32, 64,
+// 128, ... rows (which 88-column tiles would start inside of; G = 64 and
+// more as three 32-row boxes per weight half): 5 x 40 KB stages, per
 // warpgroup a 12 KB Y tile and 768 B of bias, 12 mbarriers, 1 KB slack:
 // 232032 of the 232448 bytes a block may have.
 inline constexpr Tile kTilePingPong96{128, 96, 64, 5, 384, 5 * 40960 + 2 * 12288 + 2 * 768 + 96 + 1024};
