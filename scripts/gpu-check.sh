@@ -126,9 +126,10 @@ for step in "${steps[@]}"; do
     # times the fused call with and without it in the same run and prints
     # the difference first in the last column: "preact +x.x%"), through TMA
     # stores, then with GATEDMLP_SM90_PRE_TMA=0 (stored from registers), and
-    # memcheck on the fast path's pre-activation tests.
+    # memcheck on the fast path's pre-activation tests. PREACT_LAYOUTS:
+    # which layouts (default: stacked separate g1 g8 g16 g32 g128).
     g="$build/tools/gatedmlp"
-    { for l in stacked separate g1 g32 g128; do
+    { for l in ${PREACT_LAYOUTS:-stacked separate g1 g8 g16 g32 g128}; do
         "$g" bench --m 4096 --layout "$l" --preact | sed "s/^8b /8b-$l /"
         GATEDMLP_SM90_PRE_TMA=0 "$g" bench --m 4096 --layout "$l" --preact | sed "s/^8b /8b-$l-reg /"; done
     } 2>"$out/preact.err" | grep -E "^(model|8b-[a-z0-9-]*|custom) " | cut -c1-170 | tee "$out/preact.txt"

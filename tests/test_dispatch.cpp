@@ -96,17 +96,23 @@ TEST(Dispatch, NarrowTileOnlyWhereItCanRun) {
     EXPECT_EQ(c.tile_n, 128) << what << ": " << to_string(c);
     EXPECT_NE(c.reason.find("cannot take"), std::string::npos) << what << ": " << c.reason;
   };
-  // A pre-activation: the ping-pong kernels take it for stacked, separate
-  // and G = 1 weights; the cooperative narrow kernels never do.
+  // A pre-activation: the 88-column ping-pong kernels take it for stacked,
+  // separate, G = 1 and G = 8 weights; the cooperative narrow kernels never
+  // do.
   Problem p = llama8b(512);
   p.has_preact = true;
   EXPECT_TRUE(pick(p).pingpong) << to_string(pick(p));
   EXPECT_NE(pick(p).reason.find("no cooperative 88-column tile"), std::string::npos) << pick(p).reason;
-  p.weights.group = 1;
-  EXPECT_TRUE(pick(p).pingpong) << to_string(pick(p));
-  p.weights.group = 8;
-  expect_128(p, "a pre-activation of interleaved weights");
-  EXPECT_NE(pick(p).reason.find("interleaved"), std::string::npos) << pick(p).reason;
+  for (int64_t g : {1, 8}) {
+    p.weights.group = g;
+    EXPECT_TRUE(pick(p).pingpong && pick(p).tile_n == 88) << "G = " << g << ": " << to_string(pick(p));
+  }
+  for (int64_t g : {2, 4}) {
+    p.weights.group = g;
+    expect_128(p, "a pre-activation of weights in blocks of 2 or 4");
+    EXPECT_NE(pick(p).reason.find("interleaved in blocks of G=" + std::to_string(g)), std::string::npos)
+        << pick(p).reason;
+  }
   p = llama8b(512);
   p.has_preact = true;
   p.preact_dtype = DType::fp32;
@@ -145,12 +151,20 @@ TEST(Dispatch, PingPong96ForInterleavedBlocks) {
     Problem p = llama8b(256);
     p.weights.group = g;
     EXPECT_EQ(pick(p).tile_n, 128) << "G = " << g << ": " << to_string(pick(p));
-    // Nor a pre-activation (the 96-column kernels store none).
+    // A pre-activation: for blocks of 16 and 32 (whole blocks per tile),
+    // not for 64 and more.
     p = llama8b(4096);
     p.weights.group = g;
     p.has_preact = true;
-    EXPECT_EQ(pick(p).tile_n, 128) << "G = " << g << ", a pre-activation: " << to_string(pick(p));
-    EXPECT_NE(pick(p).reason.find("96 columns: a pre-activation"), std::string::npos) << pick(p).reason;
+    if (g <= 32) {
+      EXPECT_TRUE(pick(p).pingpong && pick(p).tile_n == 96) << "G = " << g << ", a pre-activation: " << to_string(pick(p));
+    } else {
+      EXPECT_EQ(pick(p).tile_n, 128) << "G = " << g << ", a pre-activation: " << to_string(pick(p));
+      EXPECT_NE(pick(p).reason.find("96 columns: a pre-activation with weights interleaved in blocks of G=" +
+                                    std::to_string(g)),
+                std::string::npos)
+          << pick(p).reason;
+    }
   }
   // Where the 88-column ping-pong kernels run, they are the candidate.
   for (int64_t g : {0, 1, 8}) {
@@ -158,7 +172,7 @@ TEST(Dispatch, PingPong96ForInterleavedBlocks) {
     p.weights.group = g;
     EXPECT_EQ(pick(p).tile_n, 88) << "G = " << g << ": " << to_string(pick(p));
   }
-  // Forced: stacked weights too; never with a pre-activation or M < 128.
+  // Forced: stacked weights too; never with their pre-activation, or M < 128.
   Config c;
   setenv("GATEDMLP_SM90_TILE", "pp96", 1);
   ASSERT_TRUE(detail::select_config(llama8b(4096).resolved(), nullptr, h200(), &c).ok());
@@ -214,14 +228,15 @@ TEST(Dispatch, PingPongKnobsAndLimits) {
   EXPECT_TRUE(c.pingpong) << to_string(c);
   EXPECT_NE(c.reason.find("GATEDMLP_SM90_TILE=pp"), std::string::npos) << c.reason;
   // Forced, but M < 128 (no whole row-block) and a pre-activation of
-  // interleaved weights are not theirs; one of stacked weights is.
+  // weights in blocks of 64 (parts of blocks per tile) are not theirs; one
+  // of stacked weights is.
   ASSERT_TRUE(detail::select_config(llama8b(64).resolved(), nullptr, h200(), &c).ok());
   EXPECT_FALSE(c.pingpong) << to_string(c);
   Problem pre = llama8b(4096);
   pre.has_preact = true;
   ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
   EXPECT_TRUE(c.pingpong) << to_string(c);
-  pre.weights.group = 8;
+  pre.weights.group = 64;
   ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
   EXPECT_FALSE(c.pingpong) << to_string(c);
   EXPECT_EQ(c.tile_n, 128) << to_string(c);

@@ -593,27 +593,31 @@ void check_narrow_plan(const Problem& p, const Config& c, bool sm90) {
   EXPECT_FALSE(c.pingpong) << "GATEDMLP_SM90_TILE=88: " << to_string(c);
 }
 
-// Whether the ping-pong kernels can take a case: the narrow tile's but for
-// the pre-activation, in one-CTA clusters (K <= 8192 unless
-// GATEDMLP_SM90_CLUSTER says otherwise), with at least one whole 128-row
-// tile; a pre-activation too, of stacked, separate or G = 1 weights, in
-// the input's dtype, with rows and batches on 16-byte boundaries.
-bool pingpong_eligible(const Problem& p) {
-  Problem q = p;
-  q.has_preact = false;
-  const Problem r = p.resolved();
-  const bool runs = r.weights.format == WeightFormat::separate || r.weights.group == r.u || r.weights.group == 1;
-  const bool pre_ok = !r.has_preact || (runs && r.preact_dtype == r.input_dtype && r.ldpre % 8 == 0 &&
-                                        (r.batch == 1 || r.batch_stride_preact % 8 == 0));
-  return narrow_eligible(q) && pre_ok && r.m >= 128 && r.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
+// Whether the ping-pong kernels of n columns store a case's pre-activation
+// (or it has none): stacked or separate weights (88 columns only), G = 1,
+// or blocks of 8 or more rows that divide n; in the input's dtype, with rows
+// and batches on 16-byte boundaries.
+bool pingpong_preact_ok(const Problem& r, int64_t n) {
+  if (!r.has_preact) return true;
+  const int64_t g = r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
+  const bool layout_ok = g == r.u ? n == 88 : (g == 1 || (g >= 8 && n % g == 0));
+  return layout_ok && r.preact_dtype == r.input_dtype && r.ldpre % 8 == 0 &&
+         (r.batch == 1 || r.batch_stride_preact % 8 == 0);
 }
 
-// Whether the 96-column ping-pong kernels can take a case: as the 88-column
-// ones, for blocks that a box of 96 rows, or three of 32, can gather, and no
-// pre-activation.
-bool pingpong96_eligible(const Problem& p) {
-  return narrow_eligible(p, 96) && p.m >= 128 && p.k <= 8192 && !std::getenv("GATEDMLP_SM90_CLUSTER");
+// Whether the ping-pong kernels of n columns (88, or 96: blocks that a box
+// of 96 rows, or three of 32, can gather) can take a case: the narrow
+// tile's but for the pre-activation, in one-CTA clusters (K <= 8192 unless
+// GATEDMLP_SM90_CLUSTER says otherwise), with at least one whole 128-row
+// tile, and a pre-activation as pingpong_preact_ok says.
+bool pingpong_eligible(const Problem& p, int64_t n = 88) {
+  Problem q = p;
+  q.has_preact = false;
+  return narrow_eligible(q, n) && pingpong_preact_ok(p.resolved(), n) && p.m >= 128 && p.k <= 8192 &&
+         !std::getenv("GATEDMLP_SM90_CLUSTER");
 }
+
+bool pingpong96_eligible(const Problem& p) { return pingpong_eligible(p, 96); }
 
 // The kernels a kPingPong variant ran with on a 9.0 device: 88 columns
 // where they can run, else 96 where those can.
@@ -1024,6 +1028,10 @@ TEST(GpuFused, FastPathLargeShapes) {
       // number of tiles.
       {1100, 1024, 2848, 32, Half::up, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
       {700, 520, 1216, 64, Half::gate, DType::fp16, DType::fp16, Activation::gelu_tanh, false, false, 2},
+      // The pre-activation of interleaved weights on the ping-pong kernels:
+      // blocks of 32 (96 columns), of 8 (88 columns).
+      {2048, 1024, 3072, 32, Half::gate, DType::bf16, DType::bf16, Activation::silu, true, true, 1},
+      {1100, 520, 2048, 8, Half::up, DType::fp16, DType::fp16, Activation::gelu_erf, true, true, 1},
       // Blocks of 128 (the 96-column tile as three 32-row boxes per half,
       // wrapping into the next block), U not a whole number of 96 columns.
       {2048, 264, 12160, 128, Half::up, DType::bf16, DType::bf16, Activation::relu, true, false, 1},

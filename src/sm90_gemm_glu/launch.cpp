@@ -105,14 +105,18 @@ std::string pingpong_blocker(const Problem& r, const Arguments* a, int tile_n) {
     os << "clusters of " << cluster_size(r) << " (the ping-pong kernels run one CTA per cluster)";
   } else if (r.m < kTilePingPong.tile_m) {
     os << "m=" << r.m << " is less than one " << kTilePingPong.tile_m << "-row tile";
-  } else if (r.has_preact && tile_n == kTilePingPong96.tile_n) {
-    os << "a pre-activation (the " << tile_n << "-column ping-pong kernels store none)";
   } else if (r.has_preact) {
     // The pre-activation as Y is stored: two runs of U columns (stacked or
-    // separate weights) or one of 2U (G = 1), the input's 16-bit dtype,
-    // 16-byte rows.
-    if (map_group(r) != r.u && r.weights.group != 1)
-      os << "a pre-activation with weights interleaved in blocks of G=" << r.weights.group << " > 1";
+    // separate weights; the 88-column kernels), or one run of 2U whose
+    // tile-sized pieces are whole blocks of G = 1, or of G >= 8 dividing the
+    // tile (store_pre_pingpong); the input's 16-bit dtype, 16-byte rows.
+    const int64_t g = map_group(r);
+    if (g == r.u && tile_n != kTilePingPong.tile_n)
+      os << "a pre-activation of stacked or separate weights (the " << tile_n
+         << "-column ping-pong kernels store it only for interleaved blocks)";
+    else if (g != r.u && g != 1 && (g < 8 || tile_n % g != 0))
+      os << "a pre-activation with weights interleaved in blocks of G=" << g << " (the " << tile_n
+         << "-column ping-pong kernels store it for G = 1 and for blocks of 8 or more rows that divide the tile)";
     else if (r.preact_dtype != r.input_dtype) os << "a pre-activation of another dtype than the input's";
     else if (r.ldpre % 8 || (r.batch > 1 && r.batch_stride_preact % 8))
       os << "a pre-activation whose ldpre or batch stride is not a multiple of 8";
@@ -386,20 +390,21 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
               r.m * r.ldpre * 2 < kMaxStrideBytes && r.batch_stride_preact * 2 < kMaxStrideBytes;
   // The pre-activation's tensor maps. As (2U, M, L): for the PRE = 1
   // cooperative kernels (64 x 64 swizzled boxes), and for the ping-pong
-  // kernels with G = 1 weights (one unswizzled box of 88 columns per round).
+  // kernels with interleaved weights (G = 1, or blocks of 8 or more rows
+  // dividing the tile: one unswizzled box of BN columns per round).
   // As (U, 2 runs, M, L): for the ping-pong kernels with stacked or separate
   // weights (pingpong_blocker takes no others), so that a box stops at the
   // end of its run; tma_pre_tail is the tile's last 24 columns, as for Y.
   const bool pp_pre = pingpong && r.has_preact;
   const cuuint64_t pre_batch_stride =
       cuuint64_t(r.batch > 1 ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2);
-  if (p.pre_tma || (pp_pre && p.pre_mode == 2)) {
-    const bool g1 = pp_pre;
+  if (p.pre_tma || (pp_pre && p.pre_mode != 0)) {
+    const bool g1 = pp_pre;  // interleaved blocks the tile holds whole (store_pre_pingpong)
     const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
     const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2), pre_batch_stride};
     const cuuint32_t box[3] = {cuuint32_t(g1 ? BN : 64), 64, 1};
     if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box,
-                          g1 ? "preact (G = 1)" : "preact", g1 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
+                          g1 ? "preact (interleaved)" : "preact", g1 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
         !e)
       return e;
   } else if (pp_pre) {

@@ -125,14 +125,10 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
 }
 
 // The ping-pong kernels: one CTA per SM (at most one per item), every item
-// whole (no split tail), no cluster attribute. 96 columns: no
-// pre-activation (pingpong_blocker).
+// whole (no split tail), no cluster attribute.
 template <typename T, int ACT, int N>
 cudaError_t launch_pingpong(const Params& p, int sms, cudaStream_t stream) {
-  auto kernel = sm90_gemm_glu_pingpong_kernel<T, ACT, 0, N>;
-  if constexpr (N == 88) {
-    if (p.has_pre) kernel = sm90_gemm_glu_pingpong_kernel<T, ACT, 1, N>;
-  }
+  const auto kernel = p.has_pre ? sm90_gemm_glu_pingpong_kernel<T, ACT, 1, N> : sm90_gemm_glu_pingpong_kernel<T, ACT, 0, N>;
   constexpr int kSmem = PingPongTraits<N>::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem); e != cudaSuccess)
     return e;

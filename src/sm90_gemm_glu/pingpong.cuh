@@ -36,11 +36,13 @@
 // tile: the epilogue is hidden under the other warpgroup's main loop, so its
 // length matters less than its shared memory (the ring keeps 5 stages).
 //
-// Pre-activation (PRE = 1; stacked, separate or G = 1 weights, 16-bit, the
+// Pre-activation (PRE = 1; stacked, separate, G = 1 or G = 8 weights in the
+// 88-column kernels, G = 1, 8, 16 or 32 in the 96-column ones; 16-bit, the
 // input's dtype): per 64-row half, two rounds of it (the gate and the up
-// values; or, for G = 1, the two halves of the tile's 176 interleaved
-// columns) go through the same Y tile and TMA stores before Y does
-// (store_pre_pingpong), all of it under the other warpgroup's main loop.
+// values; or, for interleaved weights, the two halves of the tile's 2N
+// interleaved columns) go through the same Y tile and TMA stores before Y
+// does (store_pre_pingpong), all of it under the other warpgroup's main
+// loop.
 //
 // What these kernels take (pingpong_blocker in launch.cpp): the narrow
 // tile's calls (Y by TMA) in one-CTA clusters, M >= 128, and the
@@ -58,10 +60,9 @@
 // rows: a 96-row tile starts on a multiple of 32 rows, so each weight half
 // is three 32-row boxes of one block each (w_sub_boxes; h57), 7 boxes per
 // stage where the others have 3. Y's columns 64-95 go as a
-// 64 x 32 box with the 64-byte swizzle. No pre-activation: these kernels'
-// pre-activation stores are for stacked, separate and G = 1 weights, which
-// the 88-column tile takes. Registers: producer 24, consumers 240 (see
-// PingPongTraits).
+// 64 x 32 box with the 64-byte swizzle. Their pre-activation: blocks of 16
+// and 32 (h58); not G = 64 and more, whose tile holds parts of blocks.
+// Registers: producer 24, consumers 240 (see PingPongTraits).
 #pragma once
 
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
@@ -104,38 +105,58 @@ namespace detail_ {
 // its stores to have read it: there is time for that, under the other
 // warpgroup's main loop).
 //
-// G = 1 weights (p.pre_mode 2): gate and up of column j sit side by side at
-// pre-activation columns 2j, 2j + 1, so the tile's 88 columns are one run of
-// 176 from 2 col0; it goes in two rounds of 88 (tile columns 0-43, 44-87),
-// each parked unswizzled (176-byte rows, four columns per 8-byte store) and
-// stored as one box (tma_pre: (2U, M, L), box 88 x 64 x 1).
-template <typename T>
-__device__ __forceinline__ void store_pre_pingpong(const Params& p, const float (&d)[88], unsigned char* tile,
+// Interleaved weights whose blocks the tile holds whole (p.pre_mode 2: G =
+// 1; p.pre_mode 1: G = 8 in the 88-column kernels, 16 and 32 in the
+// 96-column ones): the tile's N columns are one run of 2N pre-activation
+// columns from 2 col0, in which gate and up of column j sit at
+// (j / G) 2G + j % G and G further on (G = 1: side by side), the half that
+// comes first at the lower. The run goes in two rounds of N columns, each
+// parked unswizzled (2N-byte rows) and stored as one box (tma_pre: (2U, M,
+// L), box N x 64 x 1). A thread's columns c and c + 1 (c even) stay in one
+// block: G = 1 packs gate and up of both into one 8-byte store, larger G
+// packs the pair of each half into a 4-byte store.
+template <typename T, int N>
+__device__ __forceinline__ void store_pre_pingpong(const Params& p, const float (&d)[N], unsigned char* tile,
                                                    int bar, int tid, int l, int64_t row0, int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
-  if (p.pre_mode == 2) {
+  constexpr int H = N / 2;  // d[i] gate, d[i + H] up
+  if (p.pre_mode != 0) {
     const bool gate_first = p.first == 0;
+    // Blocks of G >= 8: column c = 8 jj + 2 (lane % 4) sits in the block of
+    // 8 jj, so the first half's value goes to 8 jj + (8 jj & -G) + cb.
+    const int g = 1 << p.pre_log2g;
+    const int cb = 2 * (lane % 4) + (gate_first ? 0 : g), du = gate_first ? g : -g;
 #pragma unroll
     for (int round = 0; round < 2; ++round) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = 16 * warp + lane / 4 + 8 * h;
+        unsigned char* row = tile + r * (2 * N);
 #pragma unroll
-        for (int jj = 0; jj < 11; ++jj) {
-          const int c = 8 * jj + 2 * (lane % 4);  // tile column (even: c and c + 1 fall in one round)
-          if ((c < 44) != (round == 0)) continue;
-          const int i = 4 * jj + 2 * h;  // gate d[i], d[i + 1]; up d[i + 44], d[i + 45]
-          const uint32_t lo = gate_first ? gatedmlp::detail::pack2<T>(d[i], d[i + 44])
-                                         : gatedmlp::detail::pack2<T>(d[i + 44], d[i]);
-          const uint32_t hi = gate_first ? gatedmlp::detail::pack2<T>(d[i + 1], d[i + 45])
-                                         : gatedmlp::detail::pack2<T>(d[i + 45], d[i + 1]);
-          *reinterpret_cast<uint2*>(tile + r * 176 + (2 * c - 88 * round) * 2) = make_uint2(lo, hi);
+        for (int jj = 0; jj < N / 8; ++jj) {
+          const int c = 8 * jj + 2 * (lane % 4);  // tile column (even)
+          const int i = 4 * jj + 2 * h;
+          if (p.pre_mode == 2) {
+            if ((c < H) != (round == 0)) continue;
+            const uint32_t lo = gate_first ? gatedmlp::detail::pack2<T>(d[i], d[i + H])
+                                           : gatedmlp::detail::pack2<T>(d[i + H], d[i]);
+            const uint32_t hi = gate_first ? gatedmlp::detail::pack2<T>(d[i + 1], d[i + H + 1])
+                                           : gatedmlp::detail::pack2<T>(d[i + H + 1], d[i + 1]);
+            *reinterpret_cast<uint2*>(row + (2 * c - N * round) * 2) = make_uint2(lo, hi);
+          } else {
+            const int og = 8 * jj + ((8 * jj) & -g) + cb, ou = og + du;
+            if ((og < N) == (round == 0))
+              *reinterpret_cast<uint32_t*>(row + (og - N * round) * 2) = gatedmlp::detail::pack2<T>(d[i], d[i + 1]);
+            if ((ou < N) == (round == 0))
+              *reinterpret_cast<uint32_t*>(row + (ou - N * round) * 2) =
+                  gatedmlp::detail::pack2<T>(d[i + H], d[i + H + 1]);
+          }
         }
       }
       fence_proxy_async();
       named_barrier(bar, 128);
       if (tid == 0) {
-        const int64_t c0 = 2 * col0 + 88 * round;
+        const int64_t c0 = 2 * col0 + N * round;
         if (c0 < 2 * p.u) tma_store_3d(&p.tma_pre, tile, static_cast<int>(c0), static_cast<int>(row0), l);
         bulk_commit();
         bulk_wait_read();
@@ -144,22 +165,25 @@ __device__ __forceinline__ void store_pre_pingpong(const Params& p, const float 
     }
     return;
   }
-  const int gate_run = p.separate ? 0 : p.gate_half;
+  // Stacked or separate weights (the 88-column kernels only: pingpong_blocker).
+  if constexpr (N == 88) {
+    const int gate_run = p.separate ? 0 : p.gate_half;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (half == 0) park_y_swizzled<0, true, T, 88, 0>(d, tile, warp, lane, 0.f, 0.f);
-    else park_y_swizzled<0, true, T, 88, 44>(d, tile, warp, lane, 0.f, 0.f);
-    fence_proxy_async();
-    named_barrier(bar, 128);
-    if (tid == 0) {
-      const int run = half == 0 ? gate_run : 1 - gate_run;
-      tma_store_4d(&p.tma_pre, tile, static_cast<int>(col0), run, static_cast<int>(row0), l);
-      if (col0 + 64 < p.u)
-        tma_store_4d(&p.tma_pre_tail, tile + 8192, static_cast<int>(col0 + 64), run, static_cast<int>(row0), l);
-      bulk_commit();
-      bulk_wait_read();
+    for (int half = 0; half < 2; ++half) {
+      if (half == 0) park_y_swizzled<0, true, T, 88, 0>(d, tile, warp, lane, 0.f, 0.f);
+      else park_y_swizzled<0, true, T, 88, 44>(d, tile, warp, lane, 0.f, 0.f);
+      fence_proxy_async();
+      named_barrier(bar, 128);
+      if (tid == 0) {
+        const int run = half == 0 ? gate_run : 1 - gate_run;
+        tma_store_4d(&p.tma_pre, tile, static_cast<int>(col0), run, static_cast<int>(row0), l);
+        if (col0 + 64 < p.u)
+          tma_store_4d(&p.tma_pre_tail, tile + 8192, static_cast<int>(col0 + 64), run, static_cast<int>(row0), l);
+        bulk_commit();
+        bulk_wait_read();
+      }
+      named_barrier(bar, 128);
     }
-    named_barrier(bar, 128);
   }
 }
 
@@ -187,7 +211,6 @@ template <typename T, int ACT, int PRE, int N>
 __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[N], float (&d1)[N],
                                                   unsigned char* tile, float* sbias, int cw, int tid,
                                                   const TileCoord& tc) {
-  static_assert(PRE == 0 || N == 88, "the 96-column kernels take no pre-activation");
   const int bar = 1 + cw, lane = tid % 32;
   const int64_t row0 = int64_t(tc.mb) * PingPongTraits<N>::Tr::BM, col0 = int64_t(tc.nb) * N;
   // The previous item's stores have read the tile (and every thread is past
@@ -199,20 +222,19 @@ __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[N
     named_barrier(bar, 128);
   }
   apply_alpha_bias(p, d0, sbias, lane);
-  if constexpr (PRE == 1) store_pre_pingpong<T>(p, d0, tile, bar, tid, tc.l, row0, col0);
+  if constexpr (PRE == 1) store_pre_pingpong<T, N>(p, d0, tile, bar, tid, tc.l, row0, col0);
   store_y_tma<ACT, false>(p, d0, tile, bar, tid, tc.l, row0, col0);
   if (row0 + 64 >= p.m) return;  // rows 64-127 all past M: computed, never stored
   if (tid == 0) bulk_wait_read();
   named_barrier(bar, 128);
   apply_alpha_bias(p, d1, sbias, lane);
-  if constexpr (PRE == 1) store_pre_pingpong<T>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
+  if constexpr (PRE == 1) store_pre_pingpong<T, N>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
   store_y_tma<ACT, false>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
 }
 
 }  // namespace detail_
 
-// PRE: 1 with the pre-activation output (store_pre_pingpong; N = 88 only),
-// 0 without. N: output columns per item, 88 or 96.
+// PRE: 1 with the pre-activation output (store_pre_pingpong), 0 without. N: output columns per item, 88 or 96.
 template <typename T, int ACT, int PRE, int N>
 __global__ void __launch_bounds__(PingPongTraits<N>::Tr::kThreads, 1)
     sm90_gemm_glu_pingpong_kernel(const __grid_constant__ Params p) {
