@@ -151,20 +151,12 @@ TEST(Dispatch, PingPong96ForInterleavedBlocks) {
     Problem p = llama8b(256);
     p.weights.group = g;
     EXPECT_EQ(pick(p).tile_n, 128) << "G = " << g << ": " << to_string(pick(p));
-    // A pre-activation: for blocks of 16 and 32 (whole blocks per tile),
-    // not for 64 and more.
+    // A pre-activation too (whole blocks per tile for 16 and 32, 32-column
+    // pieces for 64 and more).
     p = llama8b(4096);
     p.weights.group = g;
     p.has_preact = true;
-    if (g <= 32) {
-      EXPECT_TRUE(pick(p).pingpong && pick(p).tile_n == 96) << "G = " << g << ", a pre-activation: " << to_string(pick(p));
-    } else {
-      EXPECT_EQ(pick(p).tile_n, 128) << "G = " << g << ", a pre-activation: " << to_string(pick(p));
-      EXPECT_NE(pick(p).reason.find("96 columns: a pre-activation with weights interleaved in blocks of G=" +
-                                    std::to_string(g)),
-                std::string::npos)
-          << pick(p).reason;
-    }
+    EXPECT_TRUE(pick(p).pingpong && pick(p).tile_n == 96) << "G = " << g << ", a pre-activation: " << to_string(pick(p));
   }
   // Where the 88-column ping-pong kernels run, they are the candidate.
   for (int64_t g : {0, 1, 8}) {
@@ -228,15 +220,14 @@ TEST(Dispatch, PingPongKnobsAndLimits) {
   EXPECT_TRUE(c.pingpong) << to_string(c);
   EXPECT_NE(c.reason.find("GATEDMLP_SM90_TILE=pp"), std::string::npos) << c.reason;
   // Forced, but M < 128 (no whole row-block) and a pre-activation of
-  // weights in blocks of 64 (parts of blocks per tile) are not theirs; one
-  // of stacked weights is.
+  // weights in blocks of 4 are not theirs; one of stacked weights is.
   ASSERT_TRUE(detail::select_config(llama8b(64).resolved(), nullptr, h200(), &c).ok());
   EXPECT_FALSE(c.pingpong) << to_string(c);
   Problem pre = llama8b(4096);
   pre.has_preact = true;
   ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
   EXPECT_TRUE(c.pingpong) << to_string(c);
-  pre.weights.group = 64;
+  pre.weights.group = 4;
   ASSERT_TRUE(detail::select_config(pre.resolved(), nullptr, h200(), &c).ok());
   EXPECT_FALSE(c.pingpong) << to_string(c);
   EXPECT_EQ(c.tile_n, 128) << to_string(c);

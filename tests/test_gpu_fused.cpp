@@ -595,12 +595,13 @@ void check_narrow_plan(const Problem& p, const Config& c, bool sm90) {
 
 // Whether the ping-pong kernels of n columns store a case's pre-activation
 // (or it has none): stacked or separate weights (88 columns only), G = 1,
-// or blocks of 8 or more rows that divide n; in the input's dtype, with rows
-// and batches on 16-byte boundaries.
+// blocks of 8 or more rows that divide n, or (96 columns) blocks of a
+// multiple of 32 rows; in the input's dtype, with rows and batches on
+// 16-byte boundaries.
 bool pingpong_preact_ok(const Problem& r, int64_t n) {
   if (!r.has_preact) return true;
   const int64_t g = r.weights.format == WeightFormat::separate ? r.u : r.weights.group;
-  const bool layout_ok = g == r.u ? n == 88 : (g == 1 || (g >= 8 && n % g == 0));
+  const bool layout_ok = g == r.u ? n == 88 : (g == 1 || (g >= 8 && n % g == 0) || (n == 96 && g % 32 == 0));
   return layout_ok && r.preact_dtype == r.input_dtype && r.ldpre % 8 == 0 &&
          (r.batch == 1 || r.batch_stride_preact % 8 == 0);
 }
@@ -1033,8 +1034,9 @@ TEST(GpuFused, FastPathLargeShapes) {
       {2048, 1024, 3072, 32, Half::gate, DType::bf16, DType::bf16, Activation::silu, true, true, 1},
       {1100, 520, 2048, 8, Half::up, DType::fp16, DType::fp16, Activation::gelu_erf, true, true, 1},
       // Blocks of 128 (the 96-column tile as three 32-row boxes per half,
-      // wrapping into the next block), U not a whole number of 96 columns.
-      {2048, 264, 12160, 128, Half::up, DType::bf16, DType::bf16, Activation::relu, true, false, 1},
+      // wrapping into the next block), U not a whole number of 96 columns,
+      // and its pre-activation (32-column pieces).
+      {2048, 264, 12160, 128, Half::up, DType::bf16, DType::bf16, Activation::relu, true, true, 1},
       // Llama-3 8B's U at M = 4096 in blocks of 16 (short K): the
       // dispatcher's own pick is the 96-column ping-pong tile (37 whole
       // waves of it against 27.45 of 128 columns with the split tail).

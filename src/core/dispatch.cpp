@@ -70,7 +70,7 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 // run: weights in blocks of 16, 32, 64, 128, ... rows (an 88-row box would
 // start inside a block), which otherwise take the 128-column tile (8B M =
 // 4096: 2.8-3.0 % behind stacked weights, 0.8-0.9 % on 96 columns; NOTES.md
-// h56, h57). Where both can run,
+// h56, h57), with or without a pre-activation (h58). Where both can run,
 // a probe measured the two within 0.5 % of each other (NOTES.md, h55), and
 // the 88-column kernels are the ones the bars were measured with.
 // GATEDMLP_SM90_TILE=88|128|pp|pp96 forces one (tests; 88, pp and pp96

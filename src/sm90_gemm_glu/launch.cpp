@@ -106,17 +106,20 @@ std::string pingpong_blocker(const Problem& r, const Arguments* a, int tile_n) {
   } else if (r.m < kTilePingPong.tile_m) {
     os << "m=" << r.m << " is less than one " << kTilePingPong.tile_m << "-row tile";
   } else if (r.has_preact) {
-    // The pre-activation as Y is stored: two runs of U columns (stacked or
-    // separate weights; the 88-column kernels), or one run of 2U whose
-    // tile-sized pieces are whole blocks of G = 1, or of G >= 8 dividing the
-    // tile (store_pre_pingpong); the input's 16-bit dtype, 16-byte rows.
+    // The pre-activation as Y is stored (store_pre_pingpong): two runs of U
+    // columns (stacked or separate weights; the 88-column kernels), one run
+    // of 2N per tile (interleaved blocks the tile holds whole: G = 1, or G
+    // >= 8 dividing N), or 32-column pieces (the 96-column kernels' blocks of
+    // 64 or more); the input's 16-bit dtype, 16-byte rows.
     const int64_t g = map_group(r);
-    if (g == r.u && tile_n != kTilePingPong.tile_n)
+    const bool n96 = tile_n == kTilePingPong96.tile_n;
+    if (g == r.u && n96)
       os << "a pre-activation of stacked or separate weights (the " << tile_n
          << "-column ping-pong kernels store it only for interleaved blocks)";
-    else if (g != r.u && g != 1 && (g < 8 || tile_n % g != 0))
+    else if (g != r.u && g != 1 && (g < 8 || tile_n % g != 0) && !(n96 && g % kSubBoxRows == 0))
       os << "a pre-activation with weights interleaved in blocks of G=" << g << " (the " << tile_n
-         << "-column ping-pong kernels store it for G = 1 and for blocks of 8 or more rows that divide the tile)";
+         << "-column ping-pong kernels store it for G = 1 and for blocks of 8 or more rows that divide the tile"
+         << (n96 ? " or are a multiple of 32" : "") << ")";
     else if (r.preact_dtype != r.input_dtype) os << "a pre-activation of another dtype than the input's";
     else if (r.ldpre % 8 || (r.batch > 1 && r.batch_stride_preact % 8))
       os << "a pre-activation whose ldpre or batch stride is not a multiple of 8";
@@ -398,7 +401,18 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
   const bool pp_pre = pingpong && r.has_preact;
   const cuuint64_t pre_batch_stride =
       cuuint64_t(r.batch > 1 ? r.batch_stride_preact * 2 : r.m * r.ldpre * 2);
-  if (p.pre_tma || (pp_pre && p.pre_mode != 0)) {
+  if (pp_pre && p.w_sub_boxes) {
+    // The 96-column kernels with weights in blocks of 64 or more: a 64 x 32
+    // box per weight sub-box, with the 64-byte swizzle (park_y_swizzled's
+    // BOX32).
+    const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2), pre_batch_stride};
+    const cuuint32_t box[3] = {cuuint32_t(kSubBoxRows), 64, 1};
+    if (Status e = encode(fn, &p.tma_pre, r.preact_dtype, a.preact, 3, dims, strides, box, "preact (32-column pieces)",
+                          CU_TENSOR_MAP_SWIZZLE_64B);
+        !e)
+      return e;
+  } else if (p.pre_tma || (pp_pre && p.pre_mode != 0)) {
     const bool g1 = pp_pre;  // interleaved blocks the tile holds whole (store_pre_pingpong)
     const cuuint64_t dims[3] = {cuuint64_t(2 * r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
     const cuuint64_t strides[2] = {cuuint64_t(r.ldpre * 2), pre_batch_stride};

@@ -36,13 +36,13 @@
 // tile: the epilogue is hidden under the other warpgroup's main loop, so its
 // length matters less than its shared memory (the ring keeps 5 stages).
 //
-// Pre-activation (PRE = 1; stacked, separate, G = 1 or G = 8 weights in the
-// 88-column kernels, G = 1, 8, 16 or 32 in the 96-column ones; 16-bit, the
-// input's dtype): per 64-row half, two rounds of it (the gate and the up
-// values; or, for interleaved weights, the two halves of the tile's 2N
-// interleaved columns) go through the same Y tile and TMA stores before Y
-// does (store_pre_pingpong), all of it under the other warpgroup's main
-// loop.
+// Pre-activation (PRE = 1; 16-bit, the input's dtype; stacked, separate, G =
+// 1 or G = 8 weights in the 88-column kernels, any interleaved blocks of G =
+// 1 or of 8 rows or more in the 96-column ones): per 64-row half, two rounds
+// of it (the gate and the up values; or, for blocks the tile holds whole,
+// the two halves of the tile's 2N interleaved columns) go through the same Y
+// tile and TMA stores before Y does (store_pre_pingpong), all of it under
+// the other warpgroup's main loop.
 //
 // What these kernels take (pingpong_blocker in launch.cpp): the narrow
 // tile's calls (Y by TMA) in one-CTA clusters, M >= 128, and the
@@ -60,9 +60,10 @@
 // rows: a 96-row tile starts on a multiple of 32 rows, so each weight half
 // is three 32-row boxes of one block each (w_sub_boxes; h57), 7 boxes per
 // stage where the others have 3. Y's columns 64-95 go as a
-// 64 x 32 box with the 64-byte swizzle. Their pre-activation: blocks of 16
-// and 32 (h58); not G = 64 and more, whose tile holds parts of blocks.
-// Registers: producer 24, consumers 240 (see PingPongTraits).
+// 64 x 32 box with the 64-byte swizzle. Their pre-activation (h58): blocks
+// of 16 and 32 as one run of 192 columns per tile; blocks of 64 and more as
+// six 32-column pieces, one per weight sub-box and half. Registers: producer
+// 24, consumers 240 (see PingPongTraits).
 #pragma once
 
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
@@ -120,6 +121,35 @@ __device__ __forceinline__ void store_pre_pingpong(const Params& p, const float 
                                                    int bar, int tid, int l, int64_t row0, int64_t col0) {
   const int warp = tid / 32, lane = tid % 32;
   constexpr int H = N / 2;  // d[i] gate, d[i + H] up
+  if constexpr (N == 96) {
+    if (p.w_sub_boxes) {
+      // Blocks of 64, 128, ... rows (h58): each 32-column piece of the tile
+      // (a weight sub-box) lies inside one block b at offset o, its gate and
+      // up values at pre-activation columns 2G b + o and 2G b + G + o (the
+      // half that comes first at the lower). Per half, the three pieces are
+      // parked as three 64 x 32 boxes and stored each to its place.
+      const bool gate_first = p.first == 0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (half == 0) park_y_swizzled<0, true, T, 96, 0, true>(d, tile, warp, lane, 0.f, 0.f);
+        else park_y_swizzled<0, true, T, 96, H, true>(d, tile, warp, lane, 0.f, 0.f);
+        fence_proxy_async();
+        named_barrier(bar, 128);
+        if (tid == 0) {
+          const int64_t g = p.w_group, first = (half == 0) == gate_first ? 0 : g;
+          for (int j = 0; j < N / kSubBoxRows && col0 + kSubBoxRows * j < p.u; ++j) {
+            const int64_t n = col0 + kSubBoxRows * j, b = n / g;
+            tma_store_3d(&p.tma_pre, tile + j * (kSubBoxRows * 64 * 2), static_cast<int>(b * 2 * g + (n - b * g) + first),
+                         static_cast<int>(row0), l);
+          }
+          bulk_commit();
+          bulk_wait_read();
+        }
+        named_barrier(bar, 128);
+      }
+      return;
+    }
+  }
   if (p.pre_mode != 0) {
     const bool gate_first = p.first == 0;
     // Blocks of G >= 8: column c = 8 jj + 2 (lane % 4) sits in the block of

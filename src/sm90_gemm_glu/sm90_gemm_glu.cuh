@@ -632,18 +632,24 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 // the 64-byte swizzle (16-byte chunk q of row r at q ^ (r / 2) % 4: 8 rows
 // of 64 bytes, unswizzled, would hit each bank four times). OFF (with DONE
 // only): the values parked are d[OFF + i] instead of d[i] (the ping-pong
-// kernels park the up half of the pre-activation so).
-template <int ACT, bool DONE, typename OUT, int N, int OFF = 0>
+// kernels park the up half of the pre-activation so). BOX32 (N = 96, DONE):
+// every 32 columns a 64 x 32 box of their own, with the 64-byte swizzle, as
+// columns 64-95 are otherwise (the 96-column kernels' pre-activation of
+// weights in blocks of 64 or more rows, whose 32-column pieces go to
+// different places).
+template <int ACT, bool DONE, typename OUT, int N, int OFF = 0, bool BOX32 = false>
 __device__ __forceinline__ void park_y_swizzled(const float (&d)[N], unsigned char* tile, int warp, int lane,
                                                 float ca, float cl) {
   static_assert(N == 128 || N == 88 || N == 96, "Y tiles of 128, 88 or 96 columns");
   static_assert(OFF == 0 || DONE, "an offset only for values already computed");
+  static_assert(!BOX32 || (N == 96 && DONE), "32-column boxes: the 96-column pre-activation");
   constexpr int kPlainLd = 2 * (N - 64);  // N = 88, 96: bytes per row of the second box
   const int r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;  // the row this lane addresses
   const uint32_t base = smem_addr(tile);
   // The address of the 8-column block at column c (a multiple of 8) of row
   // r; `swz`, known at compile time: whether c lies in a swizzled box.
   auto addr = [&](bool swz, int c) -> uint32_t {
+    if (BOX32) return base + (c / 32) * 4096 + r * 64 + ((((c % 32) / 8) ^ ((r / 2) % 4)) * 16);
     if (swz) return base + (c / 64) * 8192 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16);
     if (N == 96) return base + 8192 + r * kPlainLd + ((((c - 64) / 8) ^ ((r / 2) % 4)) * 16);
     return base + 8192 + r * kPlainLd + (c - 64) * 2;
