@@ -59,11 +59,11 @@
 // of cuBLAS against stacked's 1.038-1.043, h56). Blocks of 64, 128, ...
 // rows: a 96-row tile starts on a multiple of 32 rows, so each weight half
 // is three 32-row boxes of one block each (w_sub_boxes; h57), 7 boxes per
-// stage where the others have 3. Y's columns 64-95 go as a
-// 64 x 32 box with the 64-byte swizzle. Their pre-activation (h58): blocks
-// of 16 and 32 as one run of 192 columns per tile; blocks of 64 and more as
-// six 32-column pieces, one per weight sub-box and half. Registers: producer
-// 24, consumers 240 (see PingPongTraits).
+// stage where the others have 3. Y's columns 64-95 go as a 64 x 32 box with
+// the 64-byte swizzle. Their pre-activation (h58): blocks of 16 and 32 as
+// one run of 192 columns per tile; blocks of 64 and more as six 32-column
+// pieces, one per weight sub-box and half. Registers: producer 24,
+// consumers 240 (see PingPongTraits).
 #pragma once
 
 #include "sm90_gemm_glu/sm90_gemm_glu.cuh"
@@ -264,7 +264,8 @@ __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[N
 
 }  // namespace detail_
 
-// PRE: 1 with the pre-activation output (store_pre_pingpong), 0 without. N: output columns per item, 88 or 96.
+// PRE: 1 with the pre-activation output (store_pre_pingpong), 0 without.
+// N: output columns per item, 88 or 96.
 template <typename T, int ACT, int PRE, int N>
 __global__ void __launch_bounds__(PingPongTraits<N>::Tr::kThreads, 1)
     sm90_gemm_glu_pingpong_kernel(const __grid_constant__ Params p) {
