@@ -7,6 +7,8 @@
 # ./profile-out.
 #   [NCU=0] scripts/profile-hopper.sh [MODEL] [M,M,...]        (default: 405b 4096,16384)
 # CLUSTERS="1 2" repeats the bench (and ncu) for each GATEDMLP_SM90_CLUSTER.
+# SETTINGS="- VAR=VALUE[,VAR=VALUE...] ..." repeats them for each set of knobs
+# ("-" is the default), as in probe-waves.sh; it overrides CLUSTERS.
 # BENCH_ARGS="--preact" passes more options to every bench (and ncu) run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +24,19 @@ if [ ! -x "$b/tools/gatedmlp" ]; then
 fi
 g="$b/tools/gatedmlp"
 
-for cl in ${CLUSTERS:-default}; do
-  [ "$cl" = default ] || export GATEDMLP_SM90_CLUSTER=$cl
-  echo "=== cluster: $cl"
+settings=${SETTINGS:-}
+if [ -z "$settings" ]; then
+  for cl in ${CLUSTERS:-default}; do
+    settings+="$([ "$cl" = default ] && echo - || echo "GATEDMLP_SM90_CLUSTER=$cl") "
+  done
+fi
+n=0
+for s in $settings; do
+  n=$((n + 1))
+  cl=$n  # names this setting's output files
+  if [ "$s" = - ]; then set --; else IFS=, read -ra kv <<<"$s"; set -- "${kv[@]}"; fi
+  for kv in "$@"; do export "${kv?}"; done
+  echo "=== setting $n: $([ "$s" = - ] && echo default || echo "$s")"
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv -lms 100 >"$out/smi.csv" 2>&1 &
   smi=$!
@@ -44,4 +56,5 @@ for cl in ${CLUSTERS:-default}; do
     echo "--- ncu $model M=$m"
     grep -E "gpu__time|cycles_elapsed|dram__bytes|hit_rate|gmma|sm__throughput|lts__t_|global_st" "$out/ncu-$model-$m-c$cl.txt" | head -14
   done
+  for kv in "$@"; do unset "${kv%%=*}"; done
 done
