@@ -917,6 +917,40 @@ TEST(GpuFused, FastPathOddRowBlocks) {
       });
 }
 
+// Whole items drawn from a counter at run time (the kernel's ticket ring; the
+// library's own choice only for K >= 16384, in clusters of two): every
+// layout, activation and option, in clusters of two with the tickets
+// forced, under every variant of run_fast_path_case (one cluster draws every
+// item, the ring's slots wrapping; the split tail forced after the drawn
+// items). The launcher's log must say the items were drawn.
+TEST(GpuFused, FastPathTickets) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv pairs("GATEDMLP_SM90_CLUSTER", "2"), tickets("GATEDMLP_SM90_TICKETS", "1");
+  run_preact_suite(
+      [](Problem& p, int i, std::mt19937_64& rng) {
+        // One to three row units: on the default cluster count each cluster
+        // runs its first item and draws past the end; on one cluster
+        // (kOneCluster) it draws every item after its first.
+        p.m = pick(rng, {256, 385, 640});
+        p.k = pick(rng, {72, 136});
+        if (p.ldx) p.ldx = p.k + 8;
+        if (p.weights.ld) p.weights.ld = p.k + 16;
+        const auto macs = [&] { return p.batch * p.m * 2 * p.u * p.k; };
+        if (macs() > 80'000'000) p.m = 256;
+        if (macs() > 80'000'000) {
+          p.batch = 1;
+          p.batch_stride_w = p.batch_stride_bias = kAuto;
+        }
+        if (i % 2) {
+          ask_preact(p, i, p.input_dtype, 2 * p.u + 8, 8);
+        } else {
+          p.batch_stride_x = p.batch_stride_y = p.batch_stride_preact = kAuto;
+          p.has_preact = false;
+        }
+      },
+      true, [](const Problem&) { return "whole items drawn from a counter"; });
+}
+
 // Problems the fast path must refuse: they fall back to the portable kernel,
 // with a reason, and are still right.
 TEST(GpuFused, FastPathFallbacks) {
@@ -1041,6 +1075,9 @@ TEST(GpuFused, FastPathLargeShapes) {
       // dispatcher's own pick is the 96-column ping-pong tile (37 whole
       // waves of it against 27.45 of 128 columns with the split tail).
       {4096, 136, 14336, 16, Half::up, DType::fp16, DType::bf16, Activation::swiglu_clamped, true, false, 1},
+      // 405B's K: clusters of two drawing whole items from a counter (72
+      // items on at most 66 clusters), 18 column-blocks.
+      {1024, 16384, 2304, 0, Half::gate, DType::bf16, DType::bf16, Activation::silu, true, false, 1},
   };
   CaseStats st;
   PathCount auto_paths;

@@ -27,30 +27,89 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
   return p;
 }
 
-// Runs the schedule of every cluster and checks it; returns a failure message or "".
-::testing::AssertionResult check(const Params& p, int64_t clusters) {
+// Each cluster's schedule and the pieces it ran, in order.
+struct ClusterRun {
+  Schedule s;
+  std::vector<Work> pieces;
+};
+
+// Every cluster runs its pieces of the static order (items c, c + C, ...).
+::testing::AssertionResult run_static(const Params& p, int64_t clusters, std::vector<ClusterRun>* runs) {
+  for (int64_t c = 0; c < clusters; ++c) {
+    ClusterRun r{Schedule(p, static_cast<int>(c), static_cast<int>(clusters)), {}};
+    const int n = r.s.count();
+    for (int w = 0; w < n; ++w) {
+      Work wk;
+      if (!r.s.at(p, w, &wk)) return ::testing::AssertionFailure() << "cluster " << c << ": no piece " << w;
+      r.pieces.push_back(wk);
+    }
+    Work past;
+    if (r.s.at(p, n, &past))
+      return ::testing::AssertionFailure() << "cluster " << c << ": a piece past the " << n << " counted";
+    runs->push_back(r);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Whole items handed out at run time (at_dynamic), as the kernel's ticket
+// ring does: each cluster's first item is its own index; then, in a random
+// order of clusters coming free, each draws clusters + (a counter's next
+// value) until it draws an item past the whole ones, and then runs its tail.
+::testing::AssertionResult run_handed_out(const Params& p, int64_t clusters, std::mt19937_64& rng,
+                                          std::vector<ClusterRun>* runs) {
+  std::vector<int64_t> item(static_cast<size_t>(clusters));
+  std::vector<int> busy;  // clusters with pieces left
+  for (int64_t c = 0; c < clusters; ++c) {
+    runs->push_back(ClusterRun{Schedule(p, static_cast<int>(c), static_cast<int>(clusters)), {}});
+    runs->back().s.hand_out();
+    item[size_t(c)] = c;
+    busy.push_back(static_cast<int>(c));
+  }
+  int64_t counter = 0;
+  while (!busy.empty()) {
+    // A cluster comes free and starts its next piece; while that is a whole
+    // item drawn (or its first), it draws the item after it.
+    const size_t i = rng() % busy.size();
+    const int c = busy[i];
+    ClusterRun& r = (*runs)[size_t(c)];
+    const int w = static_cast<int>(r.pieces.size());
+    Work wk;
+    if (!r.s.at_dynamic(p, w, item[size_t(c)], &wk)) {
+      busy.erase(busy.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    r.pieces.push_back(wk);
+    if (w < r.s.whole) item[size_t(c)] = clusters + counter++;
+  }
+  // One draw per whole item, each drawn once (check_runs checks the latter).
+  const int64_t whole_items = p.sk_iters == 0 ? p.tiles : p.sk_first;
+  if (counter != whole_items)
+    return ::testing::AssertionFailure() << counter << " draws for " << whole_items << " whole items on " << clusters
+                                         << " clusters";
+  return ::testing::AssertionSuccess();
+}
+
+// Checks what the clusters ran; returns a failure message or "".
+::testing::AssertionResult check_runs(const Params& p, int64_t clusters, const std::vector<ClusterRun>& runs) {
   const int64_t T = p.tiles, KB = p.k_blocks;
-  std::vector<int> runs(size_t(T * KB), 0);
+  std::vector<int> runs_of(size_t(T * KB), 0);
   std::map<int64_t, std::set<int64_t>> written;  // item -> clusters that wrote a partial of it
   std::map<int64_t, std::set<int64_t>> added;    // item -> clusters whose partials its owner adds
   std::vector<int64_t> tail_blocks(size_t(clusters), 0);
   for (int64_t c = 0; c < clusters; ++c) {
-    const Schedule s(p, static_cast<int>(c), static_cast<int>(clusters));
+    const Schedule& s = runs[size_t(c)].s;
     if (s.begin(p, static_cast<int>(c)) != c * p.sk_iters / clusters)
       return ::testing::AssertionFailure() << "cluster " << c << ": share starts at " << s.begin(p, static_cast<int>(c))
                                            << ", not " << c * p.sk_iters / clusters;
-    const int n = s.count(), whole = s.whole;
+    const std::vector<Work>& pieces = runs[size_t(c)].pieces;
+    const int n = static_cast<int>(pieces.size()), whole = s.whole;
     int partials = 0;
-    Work past;
-    if (s.at(p, n, &past))
-      return ::testing::AssertionFailure() << "cluster " << c << ": a piece past the " << n << " counted";
     for (int w = 0; w < n; ++w) {
-      Work wk;
-      if (!s.at(p, w, &wk)) return ::testing::AssertionFailure() << "cluster " << c << ": no piece " << w;
+      const Work& wk = pieces[size_t(w)];
       if (wk.item < 0 || wk.item >= T || wk.kb0 < 0 || wk.kb0 >= wk.kb1 || wk.kb1 > KB)
         return ::testing::AssertionFailure() << "cluster " << c << " piece " << w << ": item " << wk.item << " k ["
                                              << wk.kb0 << ", " << wk.kb1 << ")";
-      for (int kb = wk.kb0; kb < wk.kb1; ++kb) runs[size_t(wk.item * KB + kb)]++;
+      for (int kb = wk.kb0; kb < wk.kb1; ++kb) runs_of[size_t(wk.item * KB + kb)]++;
       if (wk.item >= p.sk_first && p.sk_iters > 0) tail_blocks[size_t(c)] += wk.kb1 - wk.kb0;
       const bool ends = wk.kb1 == KB, starts = wk.kb0 == 0;
       if ((wk.role == kWhole) != (starts && ends) || (wk.role == kPartial) != !ends ||
@@ -75,9 +134,9 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
     }
   }
   for (int64_t i = 0; i < T * KB; ++i)
-    if (runs[size_t(i)] != 1)
-      return ::testing::AssertionFailure() << "item " << i / KB << " k-block " << i % KB << " ran " << runs[size_t(i)]
-                                           << " times";
+    if (runs_of[size_t(i)] != 1)
+      return ::testing::AssertionFailure() << "item " << i / KB << " k-block " << i % KB << " ran "
+                                           << runs_of[size_t(i)] << " times";
   if (written != added) return ::testing::AssertionFailure() << "the partials written differ from those added";
   if (p.sk_iters > 0) {
     const auto [mn, mx] = std::minmax_element(tail_blocks.begin(), tail_blocks.end());
@@ -87,9 +146,24 @@ Params params(int64_t tiles, int k_blocks, int64_t ctas) {
   return ::testing::AssertionSuccess();
 }
 
+// The static order, then (seed != 0) items handed out in a random order of draws.
+::testing::AssertionResult check(const Params& p, int64_t clusters, uint64_t seed = 0) {
+  std::vector<ClusterRun> runs;
+  if (::testing::AssertionResult r = run_static(p, clusters, &runs); !r) return r;
+  if (::testing::AssertionResult r = check_runs(p, clusters, runs); !r) return r << " (static order)";
+  if (seed == 0) return ::testing::AssertionSuccess();
+  std::mt19937_64 rng(seed);
+  runs.clear();
+  if (::testing::AssertionResult r = run_handed_out(p, clusters, rng, &runs); !r) return r;
+  if (::testing::AssertionResult r = check_runs(p, clusters, runs); !r) return r << " (handed out, seed " << seed << ")";
+  return ::testing::AssertionSuccess();
+}
+
 }  // namespace
 
 TEST(Schedule, EveryBlockOnceAndOwnersAddTheirPartials) {
+  std::mt19937_64 seeds(std::random_device{}());
+  auto seed = [&] { return seeds() | 1; };  // nonzero: items also handed out at run time
   int split = 0, whole = 0;
   for (int waves : {0, 1, 2})
     for (bool force : {false, true})
@@ -102,7 +176,7 @@ TEST(Schedule, EveryBlockOnceAndOwnersAddTheirPartials) {
             const bool worth = (clusters - tiles % clusters) * kb >= kSplitMinIdleKBlocks * clusters;
             EXPECT_EQ(s, kb >= 2 && tiles % clusters != 0 && (force || worth))
                 << tiles << " items, " << clusters << " clusters, " << kb << " k-blocks, force " << force;
-            ASSERT_TRUE(check(p, clusters)) << tiles << " items on " << clusters << " clusters, " << kb
+            ASSERT_TRUE(check(p, clusters, seed())) << tiles << " items on " << clusters << " clusters, " << kb
                                             << " k-blocks, " << (s ? "split" : "whole") << ", split_waves " << waves;
             if (s) {
               const int64_t at_most = waves ? waves : (tiles < 2 * clusters ? 2 : 1);  // 0: automatic

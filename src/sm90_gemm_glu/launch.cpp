@@ -214,9 +214,22 @@ bool env_off(const char* name) {
 size_t flag_bytes(int ctas) {
   return (size_t(ctas) * 2 * sizeof(uint64_t) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign;
 }
+size_t partial_bytes(int ctas) { return size_t(ctas) * 2 * 64 * 256 * sizeof(float); }
+constexpr size_t kTicketCounterBytes = 256;
+
+// Whole items handed out at run time (Params::tickets): where the static
+// order thrashes L2, a long K (each item streams a long run of k-blocks,
+// over which the clusters drift apart; NOTES.md, h59).
+// GATEDMLP_SM90_TICKETS=1 or =0 says so instead (timing knob, tests).
+constexpr int kTicketMinKBlocks = 256;
+bool use_tickets(int k_blocks) {
+  if (const char* v = std::getenv("GATEDMLP_SM90_TICKETS")) return std::string(v) == "1";
+  return k_blocks >= kTicketMinKBlocks;
+}
 }  // namespace
 
-size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + size_t(ctas) * 2 * 64 * 256 * sizeof(float); }
+// Flags, partials, then the ticket counter.
+size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + partial_bytes(ctas) + kTicketCounterBytes; }
 
 Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, int sms, void* workspace,
               size_t ws_bytes, cudaStream_t stream) {
@@ -255,9 +268,18 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
   // Clusters of CTAs sharing the weight tile through multicast: see
   // kClusterM.
   const int cluster_m = cluster_size(r);
-  // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default 16).
+  // Items handed out at run time need the workspace's counter. Only the
+  // cooperative kernels in clusters of two have them (the kernel says why);
+  // the ping-pong ones, whose warpgroups take a CTA's items in turn, keep
+  // the static order.
+  const bool tickets =
+      !pingpong && cluster_m == 2 && workspace && ws_bytes >= workspace_bytes(sms) && use_tickets(p.k_blocks);
+  // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default
+  // 16; 4 with tickets, where the items that share a column-block's weights
+  // start together and those that share X rows only 4 items apart: NOTES.md,
+  // h59).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
-  p.group_m = gm ? std::max(1, std::atoi(gm)) : 16;
+  p.group_m = gm ? std::max(1, std::atoi(gm)) : tickets ? 4 : 16;
   // GATEDMLP_SM90_PAIR_COLS=0: an odd row-block count rounded up to whole
   // units of two, as before the column pairs (timing knob).
   plan_items(p, cluster_m, r.batch, !env_off("GATEDMLP_SM90_PAIR_COLS"));
@@ -439,6 +461,8 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
     p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
     p.sk_ctas = sms;
   }
+  if (tickets)
+    p.tickets = reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms) + partial_bytes(sms));
 
   const int act = static_cast<int>(r.activation);
   const cudaError_t e = r.input_dtype == DType::bf16 ? launch_bf16(p, act, cluster_m, sms, stream)

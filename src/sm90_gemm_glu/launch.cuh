@@ -106,11 +106,15 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   const int64_t items = split ? resident : std::min<int64_t>(p.tiles, resident);
   if (split) p.sk_token = next_token();
   if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
-    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles; %lld items on %d clusters of %d%s; %s%s\n", BNO,
+    std::fprintf(stderr, "[gatedmlp] sm90: %d-column tiles; %lld items on %d clusters of %d%s%s; %s%s\n", BNO,
                  static_cast<long long>(p.tiles), resident, CM, p.odd_items ? "; last row-block in column pairs" : "",
+                 p.tickets ? "; whole items drawn from a counter" : "",
                  split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
                  PRE ? "; pre-activation by TMA stores" : (p.has_pre ? "; pre-activation stored from registers" : ""));
   cfg.gridDim = dim3(static_cast<unsigned>(items * CM));
+  // The ticket counter starts every launch at zero (the kernel's TicketRing).
+  if (p.tickets)
+    if (cudaError_t e = cudaMemsetAsync(p.tickets, 0, sizeof(uint32_t), stream); e != cudaSuccess) return e;
 #if defined(GATEDMLP_SM90_WATCHDOG)
   watchdog::arm(static_cast<int>(cfg.gridDim.x));
 #endif

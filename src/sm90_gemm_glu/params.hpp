@@ -110,6 +110,12 @@ struct Params {
   uint64_t* sk_flag;
   uint64_t sk_token;
   int64_t sk_ctas;     // CTAs the workspace has partials for (0: no workspace, no split)
+
+  // Whole items handed out at run time (cooperative kernels only): a counter
+  // in the workspace, zeroed before each launch; each cluster's leader draws
+  // its next item from it (the kernel's TicketRing, NOTES.md h59). nullptr:
+  // cluster c runs items c, c + clusters, ...
+  uint32_t* tickets;
 };
 
 }  // namespace gatedmlp::sm90

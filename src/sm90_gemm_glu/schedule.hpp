@@ -167,9 +167,17 @@ constexpr int kWhole = 0, kPartial = 1, kOwner = 2;
 // (the divisions here are calls that would make ptxas spill around them) and
 // keeps only 32-bit state: work items number fewer than 2^31 (the fast path's
 // blocker checks). at() and the owner's questions need no 64-bit division.
+// Whole items can also be handed out at run time (p.tickets: the kernel's
+// ticket ring, NOTES.md h59): cluster c runs item c first, then whichever
+// items it draws, until one is past the whole items; then its share of the
+// tail as before (at_dynamic). The tail needs only that every whole item has
+// run once, whichever cluster ran it.
+inline constexpr int kHandedOut = 0x7fffffff;
+
 struct Schedule {
   int c, clusters;  // this cluster, all clusters
-  int whole;        // whole items before the tail
+  int whole;        // whole items before the tail (kHandedOut: not known yet, see at_dynamic)
+  int whole_items;  // items [0, whole_items) run whole: p.sk_first, or p.tiles without a split
   int i0, i1;       // tail items i0 ... i1, counted from p.sk_first (i1 < i0: no share)
   int a0, b1;       // the share starts at k-block a0 of item i0 and ends before k-block b1 of item i1
 
@@ -178,6 +186,7 @@ struct Schedule {
     const uint32_t tiles = static_cast<uint32_t>(p.tiles), nc = static_cast<uint32_t>(clusters);
     whole = static_cast<int>(p.sk_iters == 0 ? (tiles > uint32_t(c) ? (tiles - c + nc - 1) / nc : 0u)
                                              : static_cast<uint32_t>(p.sk_first) / nc);  // a multiple of the cluster count
+    whole_items = static_cast<int>(p.sk_iters == 0 ? p.tiles : p.sk_first);
     i0 = 0, i1 = -1, a0 = b1 = 0;
     if (p.sk_iters == 0) return;
     const int64_t lo = begin(p, c), hi = begin(p, c + 1);
@@ -214,6 +223,25 @@ struct Schedule {
     wk->kb1 = i == i1 ? b1 : p.k_blocks;
     wk->role = wk->kb1 < p.k_blocks ? kPartial : (wk->kb0 > 0 ? kOwner : kWhole);
     return true;
+  }
+
+  // Items handed out at run time: piece w is whole item `item` while the
+  // items drawn are whole ones (every piece from the first past them on is
+  // the tail's, as at() numbers it from there). Call with w = 0, 1, ... in
+  // turn; a cluster's first item is c.
+  GATEDMLP_HD void hand_out() { whole = kHandedOut; }
+  GATEDMLP_HD bool at_dynamic(const Params& p, int w, int64_t item, Work* wk) {
+    if (w < whole) {
+      if (item < whole_items) {
+        wk->item = item;
+        wk->kb0 = 0;
+        wk->kb1 = p.k_blocks;
+        wk->role = kWhole;
+        return true;
+      }
+      whole = w;  // the first item past the whole ones: the tail starts here
+    }
+    return at(p, w, wk);
   }
 
   // The first cluster below c whose share does not reach into tail item

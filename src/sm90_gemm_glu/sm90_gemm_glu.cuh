@@ -127,9 +127,13 @@ struct TileTraits {
   // boundaries (the 128-byte swizzle's period).
   static constexpr int kSpareStride = 24 * 1024;
   static constexpr int kBarBytes = 2 * kStages * 8;
+  // The ticket ring (detail_::TicketRing): per slot two mbarriers and an item.
+  static constexpr int kTicketSlots = 4;
+  static constexpr int kTicketBytes = kTicketSlots * (2 * 8 + 4);
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + 1024;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + 2 * kEpiBytes + kBiasBytes + kBarBytes + kTicketBytes + 1024;
 };
 using Traits = TileTraits<128>;
 
@@ -161,6 +165,64 @@ struct RingPos {
     if (s >= STAGES) s -= STAGES, ++passes;
     stage = static_cast<int>(s);
     phase ^= passes & 1u;
+  }
+};
+
+// Whole items handed out at run time (p.tickets). In a persistent kernel
+// that gives cluster c items c, c + C, c + 2C, ..., the clusters drift apart
+// over a long K, and the CTAs that read the same X or weight rows do so at
+// k-blocks too far apart for L2 to keep them: 405B M = 4096 read 47 GB from
+// DRAM for 3.6 GB of operands. Drawn from a counter as each cluster comes
+// free, consecutive items start close together whatever the drift, and with
+// a narrow raster group the CTAs that share rows run close behind each other
+// (NOTES.md, h59).
+//
+// The cluster's leader (rank 0's producer) draws the item that follows piece
+// n when it starts loading piece n, and publishes it in slot n % kSlots of
+// every CTA of the cluster once it has issued piece n's loads: its own
+// producer reads it from its own value, every other reader (each consumer
+// warp of every CTA, the other CTAs' producers) waits on the slot's full
+// barrier and arrives on the leader's empty barrier, which the leader waits
+// on before it writes the slot again kSlots pieces on.
+template <int CM, int kSlots>
+struct TicketRing {
+  static constexpr int kReaders = 8 * CM + (CM - 1);
+  uint64_t* full;   // [kSlots], one arrival: the leader's
+  uint64_t* empty;  // [kSlots], kReaders arrivals; only the leader's CTA's are used
+  uint32_t* item;   // [kSlots]
+
+  __device__ __forceinline__ void init() {
+    for (int s = 0; s < kSlots; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kReaders);
+    }
+  }
+  // The leader: `next` follows piece n.
+  __device__ __forceinline__ void publish(int n, uint32_t next) {
+    const int s = n % kSlots;
+    mbar_wait(&empty[s], ((n / kSlots) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+    *reinterpret_cast<volatile uint32_t*>(&item[s]) = next;
+    if constexpr (CM > 1)
+#pragma unroll
+      for (uint32_t r = 1; r < CM; ++r) {
+        st_cluster_u32(&item[s], r, next);
+        mbar_arrive_cluster_release(&full[s], r);
+      }
+    mbar_arrive(&full[s]);
+  }
+  // Every other reader: the item that follows piece n.
+  __device__ __forceinline__ uint32_t read(int n) {
+    const int s = n % kSlots;
+    mbar_wait<(CM > 1)>(&full[s], (n / kSlots) & 1);
+    return *reinterpret_cast<volatile uint32_t*>(&item[s]);
+  }
+  // Once per reader (a warp after __syncwarp, or a producer thread), after read(n).
+  __device__ __forceinline__ void done(int n, uint32_t rank) {
+    const int s = n % kSlots;
+    if (CM == 1 || rank == 0)
+      mbar_arrive(&empty[s]);
+    else
+      mbar_arrive_cluster_release(&empty[s], 0);
   }
 };
 
@@ -861,6 +923,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
+  detail_::TicketRing<CM, Tr::kTicketSlots> tickets{empty + Tr::kStages, empty + Tr::kStages + Tr::kTicketSlots,
+                                                    reinterpret_cast<uint32_t*>(empty + Tr::kStages + 2 * Tr::kTicketSlots)};
+  // Tickets only in clusters of two, what long K runs in (cluster_size()):
+  // compiled into the one-CTA kernels, the ring's state made fp16 silu's
+  // PRE = 1 kernel spill 384 bytes.
+  const bool dyn = CM == 2 && p.tickets != nullptr;
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -882,6 +950,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // into this stage's slot (multicast) also fill.
       mbar_init(&empty[s], 8 * CM);
     }
+    if (dyn) tickets.init();
     fence_barrier_init();
   }
   if constexpr (CM > 1) cluster_sync();
@@ -893,10 +962,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     GATEDMLP_WD_MARK(watchdog::kStart, 0);
     if (tid == 0) {
       GATEDMLP_TL(0, timeline::kSynced);
-      const Schedule sched(p, cluster, clusters);
+      Schedule sched(p, cluster, clusters);
+      if (dyn) sched.hand_out();
+      uint32_t item = static_cast<uint32_t>(cluster);  // with tickets: the next whole item
       detail_::RingPos<Tr::kStages> pos;
       Work wk;
-      for (int w = 0; sched.at(p, w, &wk); ++w) {
+      for (int w = 0; dyn ? sched.at_dynamic(p, w, item, &wk) : sched.at(p, w, &wk); ++w) {
+        // A whole item drawn (or the cluster's first): another follows it.
+        const bool fed = dyn && w < sched.whole;
+        uint32_t ticket = 0;
+        if (fed && rank == 0) ticket = atomicAdd(p.tickets, 1u);  // needed only after this piece's loads
         const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
         // A CTA past U (the last column pair when n_tiles is odd) loads the
         // last column-block's weights and ignores them, so that no box lies
@@ -931,13 +1006,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           }
         }
         GATEDMLP_TL(0, timeline::kLoaded, w, wk.item);
+        if (fed) {
+          if (rank == 0) {
+            item = static_cast<uint32_t>(clusters) + ticket;
+            tickets.publish(w, item);
+          } else {
+            item = tickets.read(w);
+            tickets.done(w, rank);
+          }
+        }
       }
     }
   } else {
     // ---------------------------------------------------------- consumers
     setmaxnreg_inc<224>();
     GATEDMLP_WD_MARK(watchdog::kStart, wg);
-    const Schedule sched(p, cluster, clusters);
+    Schedule sched(p, cluster, clusters);
+    if (dyn) sched.hand_out();
+    uint32_t item = static_cast<uint32_t>(cluster);  // with tickets: the next whole item
     const int cw = wg - 1;  // rows 64*cw ... 64*cw + 63 of the tile
     const int lane = tid % 32;
     unsigned char* tile = epi + cw * Tr::kEpiBytes;
@@ -972,7 +1058,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     };
     detail_::RingPos<Tr::kStages> pos;  // as the producer's
     Work wk;
-    for (int w = 0; sched.at(p, w, &wk); ++w) {
+    // With tickets: after a whole item drawn, the next one from the ring.
+    auto next_piece = [&](int w) {
+      if (!dyn) return sched.at(p, w, &wk);
+      if (w > 0 && w - 1 < sched.whole) {
+        item = tickets.read(w - 1);
+        __syncwarp();
+        if (lane == 0) tickets.done(w - 1, rank);
+      }
+      return sched.at_dynamic(p, w, item, &wk);
+    };
+    for (int w = 0; next_piece(w); ++w) {
       const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
       const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
       // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
