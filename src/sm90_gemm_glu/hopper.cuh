@@ -121,9 +121,8 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank
       : "memory");
 }
 
-// The same, with cluster-scope release: what this thread stored before it,
-// into the other CTA's shared memory too (st_cluster), is visible to a
-// mbar_wait<true> there once the phase completes. Once per work item (the
+// The same, with cluster-scope release: what this thread wrote before it is
+// visible to a mbar_wait<true> in that CTA once the phase completes. Once per work item (the
 // ticket ring), not per k-step as above.
 __device__ __forceinline__ void mbar_arrive_cluster_release(uint64_t* bar, uint32_t rank) {
   asm volatile(
@@ -131,16 +130,6 @@ __device__ __forceinline__ void mbar_arrive_cluster_release(uint64_t* bar, uint3
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
       "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
       "r"(rank)
-      : "memory");
-}
-
-// Stores v at the same shared-memory offset as `local`, in CTA `rank` of the cluster.
-__device__ __forceinline__ void st_cluster_u32(const void* local, uint32_t rank, uint32_t v) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "st.shared::cluster.u32 [remote], %2;\n}" ::"r"(smem_addr(local)),
-      "r"(rank), "r"(v)
       : "memory");
 }
 

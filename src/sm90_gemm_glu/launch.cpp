@@ -215,7 +215,8 @@ size_t flag_bytes(int ctas) {
   return (size_t(ctas) * 2 * sizeof(uint64_t) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign;
 }
 size_t partial_bytes(int ctas) { return size_t(ctas) * 2 * 64 * 256 * sizeof(float); }
-constexpr size_t kTicketCounterBytes = 256;
+// The ticket counter, then kTicketRingSlots slots per CTA (enough for any cluster size).
+size_t ticket_bytes(int ctas) { return (kTicketSlotsOffset + size_t(ctas) * kTicketRingSlots) * sizeof(uint32_t); }
 
 // Whole items handed out at run time (Params::tickets): where the static
 // order thrashes L2, a long K (each item streams a long run of k-blocks,
@@ -228,8 +229,8 @@ bool use_tickets(int k_blocks) {
 }
 }  // namespace
 
-// Flags, partials, then the ticket counter.
-size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + partial_bytes(ctas) + kTicketCounterBytes; }
+// Flags, partials, then the tickets.
+size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + partial_bytes(ctas) + ticket_bytes(ctas); }
 
 Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, int sms, void* workspace,
               size_t ws_bytes, cudaStream_t stream) {

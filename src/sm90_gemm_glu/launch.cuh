@@ -95,6 +95,9 @@ cudaError_t launch_act(Params p, int sms, cudaStream_t stream) {
   // Tuning knob (any cluster size): run on fewer clusters than fit.
   if (const char* v = std::getenv("GATEDMLP_SM90_CLUSTERS")) resident = std::max(1, std::atoi(v));
   resident = std::max(resident, 1);
+  // The ticket slots are per cluster, for at most sk_ctas CTAs (more only
+  // through the knob above).
+  if (int64_t(resident) * CM > p.sk_ctas) p.tickets = nullptr;
   // Split tail (schedule.hpp): GATEDMLP_SM90_SPLIT_TAIL=0 turns it off,
   // =force splits whenever possible (tests); GATEDMLP_SM90_SPLIT_WAVES=1|2
   // splits the partial wave only, or the last whole wave too (default:

@@ -11,6 +11,11 @@ namespace gatedmlp::sm90 {
 // several blocks of G rows (w_sub_boxes below).
 inline constexpr int kSubBoxRows = 32;
 
+// The ticket ring (Params::tickets): slots per cluster, and where the slots
+// start after the counter (in uint32 words: 256 bytes on).
+inline constexpr int kTicketRingSlots = 4;
+inline constexpr int kTicketSlotsOffset = 64;
+
 // n / d for 0 <= n < 2^31 as (umulhi(n, mul) + n) >> shift (Granlund and
 // Montgomery's round-up method; schedule.hpp): tile_coord divides by these
 // at the start of every work item, where a 32-bit division is some 25
@@ -112,9 +117,10 @@ struct Params {
   int64_t sk_ctas;     // CTAs the workspace has partials for (0: no workspace, no split)
 
   // Whole items handed out at run time (cooperative kernels only): a counter
-  // in the workspace, zeroed before each launch; each cluster's leader draws
-  // its next item from it (the kernel's TicketRing, NOTES.md h59). nullptr:
-  // cluster c runs items c, c + clusters, ...
+  // in the workspace, zeroed before each launch, from which each cluster's
+  // leader draws its next item, then from kTicketSlotsOffset on
+  // kTicketRingSlots slots per cluster (the kernel's TicketRing, NOTES.md
+  // h59). nullptr: cluster c runs items c, c + clusters, ...
   uint32_t* tickets;
 };
 

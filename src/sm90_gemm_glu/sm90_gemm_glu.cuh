@@ -127,9 +127,9 @@ struct TileTraits {
   // boundaries (the 128-byte swizzle's period).
   static constexpr int kSpareStride = 24 * 1024;
   static constexpr int kBarBytes = 2 * kStages * 8;
-  // The ticket ring (detail_::TicketRing): per slot two mbarriers and an item.
-  static constexpr int kTicketSlots = 4;
-  static constexpr int kTicketBytes = kTicketSlots * (2 * 8 + 4);
+  // The ticket ring (detail_::TicketRing): per slot two mbarriers.
+  static constexpr int kTicketSlots = kTicketRingSlots;
+  static constexpr int kTicketBytes = kTicketSlots * 2 * 8;
   // +1024: the dynamic shared memory base is aligned up to 1024 bytes, which
   // the 128-byte swizzle needs.
   static constexpr int kSmemBytes =
@@ -179,17 +179,23 @@ struct RingPos {
 //
 // The cluster's leader (rank 0's producer) draws the item that follows piece
 // n when it starts loading piece n, and publishes it in slot n % kSlots of
-// every CTA of the cluster once it has issued piece n's loads: its own
-// producer reads it from its own value, every other reader (each consumer
-// warp of every CTA, the other CTAs' producers) waits on the slot's full
-// barrier and arrives on the leader's empty barrier, which the leader waits
-// on before it writes the slot again kSlots pieces on.
+// the cluster's slots in the workspace once it has issued piece n's loads,
+// arriving on that slot's full barrier in every CTA of the cluster (release,
+// cluster scope). Every other reader (each consumer warp of every CTA, the
+// other CTAs' producers) waits on the full barrier in its own CTA (acquire,
+// cluster scope), reads the slot, and arrives on the leader's empty barrier,
+// which the leader waits on before it writes the slot again kSlots pieces on.
+// Readers take the slots in order and the leader writes them in order, so no
+// reader waits on a parity two phases ahead. The slots are in global memory,
+// not in shared memory: racecheck, which does not follow this cluster-scope
+// hand-over, flagged every read of a shared-memory slot as a race against
+// its write (NOTES.md, h59).
 template <int CM, int kSlots>
 struct TicketRing {
   static constexpr int kReaders = 8 * CM + (CM - 1);
   uint64_t* full;   // [kSlots], one arrival: the leader's
   uint64_t* empty;  // [kSlots], kReaders arrivals; only the leader's CTA's are used
-  uint32_t* item;   // [kSlots]
+  uint32_t* item;   // [kSlots], this cluster's slots in the workspace
 
   __device__ __forceinline__ void init() {
     for (int s = 0; s < kSlots; ++s) {
@@ -200,21 +206,20 @@ struct TicketRing {
   // The leader: `next` follows piece n.
   __device__ __forceinline__ void publish(int n, uint32_t next) {
     const int s = n % kSlots;
-    mbar_wait(&empty[s], ((n / kSlots) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-    *reinterpret_cast<volatile uint32_t*>(&item[s]) = next;
+    mbar_wait<(CM > 1)>(&empty[s], ((n / kSlots) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+    asm volatile("st.relaxed.cluster.global.u32 [%0], %1;" ::"l"(&item[s]), "r"(next) : "memory");
     if constexpr (CM > 1)
 #pragma unroll
-      for (uint32_t r = 1; r < CM; ++r) {
-        st_cluster_u32(&item[s], r, next);
-        mbar_arrive_cluster_release(&full[s], r);
-      }
+      for (uint32_t r = 1; r < CM; ++r) mbar_arrive_cluster_release(&full[s], r);
     mbar_arrive(&full[s]);
   }
   // Every other reader: the item that follows piece n.
   __device__ __forceinline__ uint32_t read(int n) {
     const int s = n % kSlots;
     mbar_wait<(CM > 1)>(&full[s], (n / kSlots) & 1);
-    return *reinterpret_cast<volatile uint32_t*>(&item[s]);
+    uint32_t v;
+    asm volatile("ld.relaxed.cluster.global.u32 %0, [%1];" : "=r"(v) : "l"(&item[s]) : "memory");
+    return v;
   }
   // Once per reader (a warp after __syncwarp, or a producer thread), after read(n).
   __device__ __forceinline__ void done(int n, uint32_t rank) {
@@ -923,8 +928,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   float* sbias = reinterpret_cast<float*>(epi + 2 * Tr::kEpiBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(epi + 2 * Tr::kEpiBytes + Tr::kBiasBytes);
   uint64_t* empty = full + Tr::kStages;
-  detail_::TicketRing<CM, Tr::kTicketSlots> tickets{empty + Tr::kStages, empty + Tr::kStages + Tr::kTicketSlots,
-                                                    reinterpret_cast<uint32_t*>(empty + Tr::kStages + 2 * Tr::kTicketSlots)};
+  detail_::TicketRing<CM, Tr::kTicketSlots> tickets{
+      empty + Tr::kStages, empty + Tr::kStages + Tr::kTicketSlots,
+      p.tickets ? p.tickets + kTicketSlotsOffset + (blockIdx.x / CM) * Tr::kTicketSlots : nullptr};
   // Tickets only in clusters of two, what long K runs in (cluster_size()):
   // compiled into the one-CTA kernels, the ring's state made fp16 silu's
   // PRE = 1 kernel spill 384 bytes.

@@ -16,16 +16,16 @@ struct Tile {
   int smem_bytes;
 };
 // Shared memory: 4 x (16 KB of X + 32 KB of weights), two 16 KB Y tiles (one
-// per consumer warpgroup), 1 KB of bias, 8 mbarriers, the ticket ring (80
-// B), 1 KB alignment slack.
-inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 80 + 1024};
+// per consumer warpgroup), 1 KB of bias, 8 mbarriers, the ticket ring's 8,
+// 1 KB alignment slack.
+inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 + 64 + 64 + 1024};
 // The narrow tile, 88 output columns (176 weight rows): 5 x (16 KB of X + 22
 // KB of weights), two 11 KB Y tiles, 704 B of bias, 10 mbarriers, the
 // ticket ring, 1 KB slack.
 // Where the 128-column tiles leave much of a last wave idle, its tiles
 // (45 % more of them) can fill the waves better: 8B M = 512 is 3.39 waves of
 // 128 columns and 4.94 of 88 (dispatch.cpp picks; NOTES.md, h32).
-inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 80 + 1024};
+inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 64 + 1024};
 // The ping-pong kernels (pingpong.cuh): the narrow tile, each consumer
 // warpgroup running whole items in turn. 5 x 38 KB stages, per warpgroup an
 // 11 KB Y tile and 704 B of bias, 12 mbarriers, 1 KB slack.
@@ -59,7 +59,7 @@ std::string blocker(const Problem& resolved, const Arguments* args);
 
 // Workspace for the split tail of `ctas` CTAs: a flag and a 64 x 256 fp32
 // partial tile per consumer warpgroup (128 KB per CTA); and the ticket
-// counter (Params::tickets).
+// counter and slots (Params::tickets).
 size_t workspace_bytes(int ctas);
 
 // Builds the tensor maps and launches one persistent CTA per SM (at most one
