@@ -53,7 +53,10 @@
 // waves and a workspace is given, the last one to two waves are split along
 // K evenly over all clusters (stream-K): pieces that end inside a tile leave
 // fp32 partial sums in the workspace, and the piece with the tile's last
-// k-block adds them and runs the epilogue.
+// k-block adds them and runs the epilogue. At K >= 16384 (clusters of two)
+// the whole tiles are instead drawn from a counter as clusters come free,
+// in raster groups of 4, so that the clusters sharing rows stay close in k
+// whatever their drift (TicketRing; it halved 405B's DRAM reads, h59).
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
 // registers; act(g) * u (for 16-bit Y in the one-MUFU tanh form, glu_out16:
