@@ -875,6 +875,36 @@ TEST(GpuFused, FastPathPreactTma) {
       });
 }
 
+// For the clusters-of-two suites below: M drawn from `ms` and K from {72,
+// 136} (the padded row strides follow), kept under ~80M multiply-adds (the
+// float64 reference) by M down through `smaller` (each only where it is below
+// the M drawn), then one batch; odd cases get the pre-activation, even ones
+// packed strides for the new M. (A loop that only shrank M never ended for 3
+// batches of M = 257, U = 512, K = 136; the test looked like a hanging
+// kernel.)
+namespace {
+void redraw_m_k(Problem& p, int i, std::mt19937_64& rng, std::initializer_list<int64_t> ms,
+                std::initializer_list<int64_t> smaller) {
+  p.m = pick(rng, ms);
+  p.k = pick(rng, {72, 136});
+  if (p.ldx) p.ldx = p.k + 8;
+  if (p.weights.ld) p.weights.ld = p.k + 16;
+  const auto macs = [&] { return p.batch * p.m * 2 * p.u * p.k; };
+  for (int64_t m : smaller)
+    if (macs() > 80'000'000 && m < p.m) p.m = m;
+  if (macs() > 80'000'000) {
+    p.batch = 1;
+    p.batch_stride_w = p.batch_stride_bias = kAuto;
+  }
+  if (i % 2) {
+    ask_preact(p, i, p.input_dtype, 2 * p.u + 8, 8);
+  } else {
+    p.batch_stride_x = p.batch_stride_y = p.batch_stride_preact = kAuto;
+    p.has_preact = false;
+  }
+}
+}  // namespace
+
 // An odd number of 128-row blocks (3 or 5): in clusters of two, the last
 // row-block's CTAs take two column-blocks each (the second past U when the
 // column-block count is odd), each loading its own X and weight tiles.
@@ -886,28 +916,7 @@ TEST(GpuFused, FastPathOddRowBlocks) {
   const ScopedEnv pairs("GATEDMLP_SM90_CLUSTER", "2");
   run_preact_suite(
       [](Problem& p, int i, std::mt19937_64& rng) {
-        p.m = pick(rng, {257, 300, 384, 640});
-        p.k = pick(rng, {72, 136});
-        if (p.ldx) p.ldx = p.k + 8;  // the padded row strides, for the new K
-        if (p.weights.ld) p.weights.ld = p.k + 16;
-        // Under ~80M multiply-adds (the float64 reference), keeping an odd
-        // row-block count: M down to 384, then 257, then one batch. (A loop
-        // that only shrank M never ended for 3 batches of M = 257, U = 512,
-        // K = 136; the test looked like a hanging kernel.)
-        const auto macs = [&] { return p.batch * p.m * 2 * p.u * p.k; };
-        if (macs() > 80'000'000 && p.m == 640) p.m = 384;
-        if (macs() > 80'000'000) p.m = 257;
-        if (macs() > 80'000'000) {
-          p.batch = 1;
-          p.batch_stride_w = p.batch_stride_bias = kAuto;
-        }
-        if (i % 2) {
-          ask_preact(p, i, p.input_dtype, 2 * p.u + 8, 8);
-        } else {
-          // The strides drawn for the old M, back to packed.
-          p.batch_stride_x = p.batch_stride_y = p.batch_stride_preact = kAuto;
-          p.has_preact = false;
-        }
+        redraw_m_k(p, i, rng, {257, 300, 384, 640}, {384, 257});
       },
       true, [](const Problem&) {
         // With the pairs turned off (a timing knob), the same shapes on
@@ -931,22 +940,7 @@ TEST(GpuFused, FastPathTickets) {
         // One to three row units: on the default cluster count each cluster
         // runs its first item and draws past the end; on one cluster
         // (kOneCluster) it draws every item after its first.
-        p.m = pick(rng, {256, 385, 640});
-        p.k = pick(rng, {72, 136});
-        if (p.ldx) p.ldx = p.k + 8;
-        if (p.weights.ld) p.weights.ld = p.k + 16;
-        const auto macs = [&] { return p.batch * p.m * 2 * p.u * p.k; };
-        if (macs() > 80'000'000) p.m = 256;
-        if (macs() > 80'000'000) {
-          p.batch = 1;
-          p.batch_stride_w = p.batch_stride_bias = kAuto;
-        }
-        if (i % 2) {
-          ask_preact(p, i, p.input_dtype, 2 * p.u + 8, 8);
-        } else {
-          p.batch_stride_x = p.batch_stride_y = p.batch_stride_preact = kAuto;
-          p.has_preact = false;
-        }
+        redraw_m_k(p, i, rng, {256, 385, 640}, {256});
       },
       true, [](const Problem&) { return "whole items drawn from a counter"; });
 }

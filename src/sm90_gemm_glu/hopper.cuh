@@ -112,25 +112,25 @@ __device__ __forceinline__ void cluster_sync() {
 // cluster. Default (CTA-scope release) semantics: the arrival only says "my
 // wgmma has finished reading this stage", which needs no cluster-wide fence;
 // a .release.cluster arrive here halved the kernel's throughput.
+// kRelease: with cluster-scope release, so that what this thread wrote before
+// it is visible to a mbar_wait<true> in that CTA once the phase completes;
+// once per work item (the ticket ring), not per k-step.
+template <bool kRelease = false>
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
-      "r"(rank)
-      : "memory");
-}
-
-// The same, with cluster-scope release: what this thread wrote before it is
-// visible to a mbar_wait<true> in that CTA once the phase completes. Once per work item (the
-// ticket ring), not per k-step as above.
-__device__ __forceinline__ void mbar_arrive_cluster_release(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
-      "r"(rank)
-      : "memory");
+  if constexpr (kRelease)
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
+        "r"(rank)
+        : "memory");
+  else
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
+        "r"(rank)
+        : "memory");
 }
 
 // ------------------------------------------------------------------ TMA

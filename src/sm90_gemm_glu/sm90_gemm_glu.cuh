@@ -213,7 +213,7 @@ struct TicketRing {
     asm volatile("st.relaxed.cluster.global.u32 [%0], %1;" ::"l"(&item[s]), "r"(next) : "memory");
     if constexpr (CM > 1)
 #pragma unroll
-      for (uint32_t r = 1; r < CM; ++r) mbar_arrive_cluster_release(&full[s], r);
+      for (uint32_t r = 1; r < CM; ++r) mbar_arrive_cluster<true>(&full[s], r);
     mbar_arrive(&full[s]);
   }
   // Every other reader: the item that follows piece n.
@@ -230,7 +230,7 @@ struct TicketRing {
     if (CM == 1 || rank == 0)
       mbar_arrive(&empty[s]);
     else
-      mbar_arrive_cluster_release(&empty[s], 0);
+      mbar_arrive_cluster<true>(&empty[s], 0);
   }
 };
 
