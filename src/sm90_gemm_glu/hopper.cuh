@@ -45,8 +45,8 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 
 // Spins until the barrier's phase with the given parity has completed.
 // kCluster: with cluster-scope acquire, for what another CTA of the cluster
-// stored into this CTA's shared memory before its release.cluster arrival
-// (the ticket ring); the default is CTA scope.
+// wrote before its release.cluster arrival here (the ticket ring); the
+// default is CTA scope.
 template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(GATEDMLP_SM90_WATCHDOG)
