@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|host|small|dropin] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 # ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
@@ -162,6 +162,33 @@ for step in "${steps[@]}"; do
     note "pytest: rc=$rc; $(tail -1 "$out/pytest.log")"
     python3 scripts/bench_python.py 2>&1 | tee "$out/bench_python.txt" | tail -20
     note "bench_python: rc=${PIPESTATUS[0]} (table in bench_python.txt)" ;;
+  pyext)
+    # The Python extension in the same build tree (no second build of the
+    # library, as pip install would make), then the Python tests against it.
+    if cmake -S . -B "$build" -DGATEDMLP_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" >>"$out/build.log" 2>&1 &&
+       cmake --build "$build" --target _gatedmlp -j"$(nproc)" >>"$out/build.log" 2>&1; then
+      (cd /tmp && PYTHONPATH="$OLDPWD/$build/python" python3 -m pytest "$OLDPWD/tests/python" -q -p no:cacheprovider) >"$out/pytest.log" 2>&1
+      rc=$?
+      grep -E "FAILED|Error" "$out/pytest.log" | head -20
+      note "pytest (build tree): rc=$rc; $(tail -1 "$out/pytest.log")"
+    else
+      tail -20 "$out/build.log"; note "pyext: build FAILED"
+    fi ;;
+  host)
+    # Host time per call of run() against an empty kernel launch (the drop-in issue's C++ bar).
+    "$build/tools/gatedmlp" bench --host 2>&1 | tee "$out/host.txt" | tail -25
+    note "host: rc=${PIPESTATUS[0]} (table in host.txt)" ;;
+  small)
+    # Decode shapes (M = 1 ... 16) in CUDA-graph replay, and 8B at small M.
+    g="$build/tools/gatedmlp"
+    { "$g" bench --model small; "$g" bench --graph --m 1,4,16; } 2>"$out/small.err" | tee "$out/small.txt" | tail -40
+    note "small: table in small.txt" ;;
+  dropin)
+    # The drop-in's bars from Python (needs the pyext step first): host cost
+    # per entry point, patched models against unpatched, small shapes.
+    PYTHONPATH="$PWD/$build/python" python3 scripts/bench_dropin.py ${DROPIN_ARGS:-} --json "$out/dropin.json" 2>&1 |
+      tee "$out/dropin.txt" | tail -80
+    note "dropin: rc=${PIPESTATUS[0]} (tables in dropin.txt)" ;;
   *) echo "unknown step $step"; exit 2 ;;
   esac
 done

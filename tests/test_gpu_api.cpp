@@ -131,7 +131,8 @@ TEST(GpuApi, PlanNamesThePathAndWhy) {
   CUDA_OK(cudaGetDevice(&dev));
   CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  // sm_90 (H100/H200) takes the Hopper kernel; everything else the portable one.
+  // sm_90 (H100/H200) takes the Hopper kernel; everything else the portable
+  // one (40 rows: more than the decode kernel takes).
   EXPECT_EQ(c.path, major == 9 && minor == 0 ? KernelPath::sm90_wgmma : KernelPath::sm80_mma) << c.reason;
   EXPECT_TRUE(c.vector_loads);
   EXPECT_FALSE(c.reason.empty());
@@ -173,6 +174,109 @@ TEST(GpuApi, MisalignedPointersStillCorrect) {
   std::vector<double> want;
   ref::cpu_reference(p, h, &want, nullptr);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << i;
+}
+
+// run() plans a call once and reuses the plan (on Hopper: the tensor maps,
+// with the new addresses put in) for calls of the same problem. Each call
+// here has new buffers, and alternates between pointer sets of different
+// alignment (16-byte and 2-byte: another plan) and a workspace and none;
+// every output must match the float64 reference. Shapes: the Hopper split
+// tail (K = 1024), the ping-pong kernels, separate weights with a bias and
+// the pre-activation, and few rows (the decode kernel).
+TEST(GpuApi, RepeatedCallsFollowNewPointers) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  struct Shape {
+    int64_t m, k, u;
+    bool separate;
+  };
+  for (const Shape sh : {Shape{300, 1024, 1300, false}, Shape{256, 512, 704, false}, Shape{97, 256, 80, true},
+                         Shape{3, 512, 136, false}}) {
+    Problem p;
+    p.m = sh.m;
+    p.k = sh.k;
+    p.u = sh.u;
+    p.output_dtype = DType::fp32;
+    if (sh.separate) {
+      p.weights.format = WeightFormat::separate;
+      p.has_bias = true;
+      p.has_preact = true;
+      p.preact_dtype = DType::fp32;
+    }
+    const size_t ws_bytes = workspace_size(p);
+    DeviceBuffer ws(ws_bytes ? ws_bytes : 1);
+    for (int call = 0; call < 6; ++call) {
+      const int64_t shift = call % 3 == 2 ? 1 : 0;  // 2-byte aligned x and w on every third call
+      const int64_t nx = p.m * p.k, nw = (sh.separate ? 1 : 2) * p.u * p.k;
+      auto hx = random_bf16(nx, rng, 1.f), hw = random_bf16(nw, rng, 0.1f), hwu = random_bf16(nw, rng, 0.1f);
+      std::vector<float> hb(2 * p.u);
+      for (float& b : hb) b = std::uniform_real_distribution<float>(-1, 1)(rng);
+      DeviceBuffer x((nx + shift) * 2), w((nw + shift) * 2), wu((nw + shift) * 2), b(hb.size() * 4),
+          y(p.m * p.u * 4), pre(p.m * 2 * p.u * 4);
+      uint16_t* dx = static_cast<uint16_t*>(x.p) + shift;
+      uint16_t* dw = static_cast<uint16_t*>(w.p) + shift;
+      uint16_t* dwu = static_cast<uint16_t*>(wu.p) + shift;
+      CUDA_OK(cudaMemcpy(dx, hx.data(), nx * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(dw, hw.data(), nw * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(dwu, hwu.data(), nw * 2, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(b.p, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(y.p, 0xFF, y.bytes));  // NaN
+      CUDA_OK(cudaMemset(pre.p, 0xFF, pre.bytes));
+      Arguments a;
+      a.x = dx;
+      a.w = dw;
+      a.y = y.p;
+      if (sh.separate) {
+        a.w_up = dwu;
+        a.bias = b.p;
+        a.bias_up = static_cast<float*>(b.p) + p.u;
+        a.preact = pre.p;
+      }
+      const bool with_ws = call % 2 == 0 && ws_bytes > 0;
+      const Status s = run(p, a, with_ws ? ws.p : nullptr, with_ws ? ws_bytes : 0, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      CUDA_OK(sync_within("RepeatedCallsFollowNewPointers"));
+      std::vector<float> out(p.m * p.u), out_pre(p.m * 2 * p.u);
+      CUDA_OK(cudaMemcpy(out.data(), y.p, out.size() * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(out_pre.data(), pre.p, out_pre.size() * 4, cudaMemcpyDeviceToHost));
+      Arguments h;
+      h.x = hx.data();
+      h.w = hw.data();
+      if (sh.separate) {
+        h.w_up = hwu.data();
+        h.bias = hb.data();
+        h.bias_up = hb.data() + p.u;
+      }
+      std::vector<double> want, want_pre;
+      ref::cpu_reference(p, h, &want, sh.separate ? &want_pre : nullptr);
+      for (size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out[i], want[i], 2e-3 * (1 + std::fabs(want[i])))
+            << "m=" << p.m << " k=" << p.k << " u=" << p.u << " call " << call << " element " << i;
+      if (sh.separate)
+        for (size_t i = 0; i < out_pre.size(); ++i)
+          ASSERT_NEAR(out_pre[i], want_pre[i], 2e-3 * (1 + std::fabs(want_pre[i]))) << "preact, call " << call;
+    }
+  }
+}
+
+// Empty work on a device: nothing launched, nothing written, any pointers.
+TEST(GpuApi, EmptyWorkLaunchesNothing) {
+  SKIP_WITHOUT_GPU();
+  Problem p = small();
+  DeviceBuffer y(p.m * p.u * 2);
+  CUDA_OK(cudaMemset(y.p, 0x5A, y.bytes));
+  for (int which = 0; which < 2; ++which) {
+    Problem q = p;
+    (which ? q.batch : q.m) = 0;
+    Arguments a;
+    a.y = y.p;  // x and w null
+    const Status s = run(q, a, nullptr, 0, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<unsigned char> out(y.bytes);
+  CUDA_OK(cudaMemcpy(out.data(), y.p, y.bytes, cudaMemcpyDeviceToHost));
+  for (unsigned char c : out) ASSERT_EQ(c, 0x5A);
 }
 
 TEST(GpuApi, DeviceConverterMatchesHost) {

@@ -49,14 +49,44 @@ TEST(Validation, AcceptsTheBaseProblem) { EXPECT_TRUE(check_support(base()).ok()
 
 TEST(Validation, NonPositiveSizes) {
   for (int64_t v : {0, -5}) {
-    Problem p = base(); p.m = v;
-    expect_error(check_support(p), StatusCode::invalid_argument, {"m must be >= 1", "got " + std::to_string(v)});
-    p = base(); p.k = v;
+    Problem p = base(); p.k = v;
     expect_error(check_support(p), StatusCode::invalid_argument, {"k must be >= 1", "got " + std::to_string(v)});
     p = base(); p.u = v;
     expect_error(check_support(p), StatusCode::invalid_argument, {"u must be >= 1", "got " + std::to_string(v)});
-    p = base(); p.batch = v;
-    expect_error(check_support(p), StatusCode::invalid_argument, {"batch must be >= 1"});
+  }
+  Problem p = base(); p.m = -5;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"m must be >= 0", "got -5"});
+  p = base(); p.batch = -2;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"batch must be >= 0", "got -2"});
+}
+
+// m = 0 or batch = 0 is empty work (an empty batch, an expert that no token
+// chose): accepted, and run() launches nothing and touches no pointer, so
+// null ones (an empty tensor's) are fine. The rest of the problem is still
+// checked.
+TEST(Validation, EmptyWorkIsNotAnError) {
+  for (int which = 0; which < 2; ++which) {
+    Problem p = base();
+    (which ? p.batch : p.m) = 0;
+    EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+    EXPECT_TRUE(validate(p, Arguments{}).ok()) << validate(p, Arguments{}).message();
+    // No device is asked: this passes on a machine without a GPU.
+    EXPECT_TRUE(run(p, Arguments{}, nullptr, 0, nullptr).ok()) << run(p, Arguments{}, nullptr, 0, nullptr).message();
+    EXPECT_TRUE(run(p, args_for(p), nullptr, 0, nullptr).ok());
+    EXPECT_EQ(workspace_size(p), 0u);
+    Config c;
+    c.path = KernelPath::sm80_mma;
+    ASSERT_TRUE(plan(p, &c).ok());
+    EXPECT_EQ(c.path, KernelPath::none);
+    EXPECT_NE(c.reason.find("empty"), std::string::npos) << c.reason;
+    // Still a problem: its other fields are checked.
+    p.k = 0;
+    expect_error(check_support(p), StatusCode::invalid_argument, {"k must be >= 1"});
+    expect_error(run(p, Arguments{}, nullptr, 0, nullptr), StatusCode::invalid_argument, {"k must be >= 1"});
+    p = base();
+    (which ? p.batch : p.m) = 0;
+    p.weights.group = 7;
+    expect_error(check_support(p), StatusCode::invalid_argument, {"weights.group=7", "must divide u=96"});
   }
 }
 

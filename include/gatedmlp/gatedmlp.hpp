@@ -153,6 +153,7 @@ enum class KernelPath : int {
   none = 0,
   sm80_mma = 1,    // portable: mma.sync tensor cores, sm_80 and newer
   sm90_wgmma = 2,  // Hopper fast path: TMA + wgmma, sm_90 (H100/H200) only
+  decode = 3,      // few rows (M <= 16): weight streaming, mma.sync with the tokens as the narrow side; sm_80+
 };
 
 struct Config {

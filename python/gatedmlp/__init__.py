@@ -152,7 +152,8 @@ def _workspace_alloc(like):
     fw = _framework(like)
     if fw == "torch":
         torch = _sys.modules["torch"]
-        return lambda n: _export(torch.empty(n, dtype=torch.uint8, device=like.device))
+        device = like.device
+        return lambda n: _export(torch.empty(n, dtype=torch.uint8, device=device))
     if fw == "cupy":
         cupy = _sys.modules["cupy"]
 
@@ -202,9 +203,13 @@ def gate_up(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
 
     Returns `out`. No copy of any tensor is made.
     """
-    activation = _enum(Activation, activation, "activation")
-    first = _enum(Half, first, "first")
-    storage = _enum(WeightStorage, storage, "storage")
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    first = first if type(first) is Half else _enum(Half, first, "first")
+    storage = storage if type(storage) is WeightStorage else _enum(WeightStorage, storage, "storage")
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, act_params, group, first,
+                              storage, alpha, stream, workspace)
     _check_no_grad((x, w, w_up, bias, bias_up, out, preact))
     if out is None:
         p = _make_problem(_export(x), _export(w), None, _export(w_up), None, None, None,
@@ -218,6 +223,38 @@ def gate_up(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
                _export(preact), activation=activation, act_params=act_params, group=group, first=first,
                storage=storage, alpha=alpha, stream=_stream_handle(stream), workspace=_export(workspace),
                workspace_alloc=_workspace_alloc(x))
+    return out
+
+
+# Per device, the allocator of held scratch (see _gatedmlp.gate_up).
+_TORCH_WS_ALLOC = {}
+
+
+def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, act_params, group, first, storage,
+                   alpha, stream, workspace):
+    # gate_up for PyTorch tensors, kept short: every line here is host time
+    # on each call (the library checks the shapes; this only sizes `out`).
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, w, w_up, bias, bias_up, out, preact)):
+        raise RuntimeError(_NO_BACKWARD)
+    if out is None:
+        rows = w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2]
+        out = x.new_empty((*x.shape[:-1], rows if w_up is not None else rows // 2))
+    if stream is None:
+        stream = torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
+    else:
+        stream = _stream_handle(stream)
+    alloc = None
+    if workspace is None:
+        alloc = _TORCH_WS_ALLOC.get(x.device)
+        if alloc is None:
+            alloc = _TORCH_WS_ALLOC[x.device] = _workspace_alloc(x)
+    to = torch.utils.dlpack.to_dlpack
+    _C.gate_up(to(x), to(w), to(out), None if w_up is None else to(w_up), None if bias is None else to(bias),
+               None if bias_up is None else to(bias_up), None if preact is None else to(preact),
+               activation=activation, act_params=act_params, group=group, first=first, storage=storage,
+               alpha=alpha, stream=stream, workspace=None if workspace is None else _export(workspace),
+               workspace_alloc=alloc)
     return out
 
 

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -407,14 +408,69 @@ GateUpOptions make_options(Activation activation, std::optional<ActivationParams
 
 const void* ptr(const std::optional<TensorView>& t) { return t ? t->data : nullptr; }
 
+// ---------------------------------------------------------------- workspace
+// The scratch a call on the Hopper path uses (workspace_size()), allocated
+// through the caller's framework (workspace_alloc) the first time a stream
+// needs it and kept for that device and stream: calls on one stream run in
+// order, so they can share it, and a call then costs no allocation. A call
+// being captured into a CUDA graph gets scratch of its own instead, which
+// the framework's graph pool keeps for the graph's lifetime: a graph may be
+// replayed on another stream, alongside eager calls on this one.
+struct HeldWorkspace {
+  int device;
+  uintptr_t stream;
+  PyObject* owner;  // the framework's tensor, one reference held (never released: it lives as long as the process)
+  void* ptr;
+  size_t bytes;
+};
+std::vector<HeldWorkspace> g_workspaces;  // guarded by the GIL
+
+// Imports a workspace object: its pointer and size in bytes.
+std::pair<void*, size_t> workspace_view(nb::handle obj) {
+  const TensorView v = import_tensor(obj, "workspace", true);
+  size_t n = 1;
+  for (int i = 0; i < v.ndim; ++i) n *= static_cast<size_t>(v.shape[static_cast<size_t>(i)]);
+  return {v.data, n * (v.bits / 8u)};
+}
+
+std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_t stream, nb::handle alloc,
+                                       nb::object* keep) {
+  const size_t n = workspace_size(p);
+  if (n == 0) return {nullptr, 0};
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    capture = cudaStreamCaptureStatusActive;  // unknown: take fresh scratch, which is always safe
+  }
+  const uintptr_t s = reinterpret_cast<uintptr_t>(stream);
+  if (capture == cudaStreamCaptureStatusNone)
+    for (const HeldWorkspace& w : g_workspaces)
+      if (w.device == device && w.stream == s && w.bytes >= n) return {w.ptr, w.bytes};
+  *keep = alloc(n);
+  const auto [ptr, bytes] = workspace_view(*keep);
+  if (capture == cudaStreamCaptureStatusNone) {
+    for (auto it = g_workspaces.begin(); it != g_workspaces.end(); ++it)
+      if (it->device == device && it->stream == s) {  // too small: replaced (its memory stays with the old owner)
+        g_workspaces.erase(it);
+        break;
+      }
+    g_workspaces.push_back({device, s, keep->inc_ref().ptr(), ptr, bytes});
+  }
+  return {ptr, bytes};
+}
+
 // ---------------------------------------------------------------- the functional entry point
 void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
-             nb::handle preact, Activation activation, std::optional<ActivationParams> act_params, int64_t group,
-             Half first, WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
+             nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
+             std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
+             WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
              nb::handle workspace_alloc) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.gate_up allocates it)");
   GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact);
-  const Problem p = describe(t, make_options(activation, act_params, group, first, storage, alpha));
+  GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha);
+  if (clamp_alpha) o.act_params.clamp_alpha = *clamp_alpha;
+  if (clamp_limit) o.act_params.clamp_limit = *clamp_limit;
+  const Problem p = describe(t, o);
 
   Arguments a;
   a.x = t.x.data;
@@ -426,23 +482,18 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   a.preact = t.preact ? t.preact->data : nullptr;
 
   const cudaStream_t stream = as_stream(stream_handle);
-  DeviceGuard guard(t.x.device_type == kDeviceCUDA ? t.x.device_id : -1);
+  const int device = t.x.device_type == kDeviceCUDA ? t.x.device_id : -1;
+  DeviceGuard guard(device);
 
-  // Workspace: the caller's, or workspace_alloc(workspace_size()) when the
-  // call uses one (the Python wrappers pass their framework's allocator);
-  // without one the call runs, unsplit.
+  // Workspace: the caller's, or scratch held for this device and stream
+  // (workspace_alloc allocates it); without either, the call runs unsplit.
   void* ws = nullptr;
   size_t ws_bytes = 0;
   nb::object allocated;
-  if (workspace.is_none() && !workspace_alloc.is_none())
-    if (const size_t n = workspace_size(p); n > 0) allocated = workspace_alloc(n);
-  std::optional<TensorView> wsv = import_optional(allocated.is_valid() ? nb::handle(allocated) : workspace,
-                                                  "workspace", true);
-  if (wsv) {
-    size_t n = 1;
-    for (int i = 0; i < wsv->ndim; ++i) n *= static_cast<size_t>(wsv->shape[static_cast<size_t>(i)]);
-    ws = wsv->data;
-    ws_bytes = n * (wsv->bits / 8u);
+  if (!workspace.is_none()) {
+    std::tie(ws, ws_bytes) = workspace_view(workspace);
+  } else if (!workspace_alloc.is_none() && p.m > 0 && p.batch > 0) {
+    std::tie(ws, ws_bytes) = workspace_for(p, device, stream, workspace_alloc, &allocated);
   }
 
   wait_for_producers({&t.x, &t.w, t.w_up ? &*t.w_up : nullptr, t.bias ? &*t.bias : nullptr,
@@ -666,7 +717,8 @@ NB_MODULE(_gatedmlp, m) {
   nb::enum_<KernelPath>(m, "KernelPath")
       .value("none", KernelPath::none)
       .value("sm80_mma", KernelPath::sm80_mma)
-      .value("sm90_wgmma", KernelPath::sm90_wgmma);
+      .value("sm90_wgmma", KernelPath::sm90_wgmma)
+      .value("decode", KernelPath::decode);
 
   // ---- Status
   nb::class_<Status>(m, "Status")
@@ -814,11 +866,15 @@ NB_MODULE(_gatedmlp, m) {
   // ---- tensor entry points (the descriptor comes from the tensors)
   m.def("gate_up", &gate_up, "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(),
         "bias_up"_a = nb::none(), "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu,
-        "act_params"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate, "storage"_a = WeightStorage::out_in,
-        "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(), "workspace_alloc"_a = nb::none(),
+        "act_params"_a = nb::none(),
+        "clamp_alpha"_a = nb::none(), "clamp_limit"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate,
+        "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(),
+        "workspace_alloc"_a = nb::none(),
         "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
-        "allocates `out` and picks the stream. Without `workspace`, workspace_alloc(n) (if given) returns "
-        "n bytes of device scratch when the call uses some.");
+        "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
+        "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
+        "time a stream needs some; it is kept for that device and stream (fresh scratch while a CUDA "
+        "graph is being captured).");
   m.def("make_problem", &make_problem, "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(),
         "bias"_a = nb::none(), "bias_up"_a = nb::none(), "preact"_a = nb::none(), nb::kw_only(),
         "activation"_a = Activation::silu, "act_params"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate,

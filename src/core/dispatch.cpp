@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/internal.hpp"
+#include "decode_glu/decode_glu.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
 #include "sm90_gemm_glu/schedule.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
@@ -37,6 +38,17 @@ std::string vector_blocker(const Problem& r, const Arguments* a) {
 bool portable_forced() {
   const char* v = std::getenv("GATEDMLP_FORCE_PATH");
   return v && std::string(v) == "portable";
+}
+
+// Why the decode kernel does not take this call, or "" if it does. It takes
+// every call it can run (M <= decode::kMaxM): at so few rows a call streams
+// the weights once and the GEMM kernels' 128-row tiles are mostly empty.
+// GATEDMLP_DECODE=0 leaves it out (tests of the other kernels at small M,
+// timing); GATEDMLP_FORCE_PATH=portable does too.
+std::string decode_blocker(const Problem& r, const Arguments* a) {
+  if (portable_forced()) return "GATEDMLP_FORCE_PATH=portable";
+  if (const char* v = std::getenv("GATEDMLP_DECODE"); v && std::string(v) == "0") return "GATEDMLP_DECODE=0";
+  return decode::blocker(r, a);
 }
 
 // Why the Hopper kernel does not take this call, or "" if it does.
@@ -179,6 +191,17 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (dev.major < 8)
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
+  const std::string decode_no = decode_blocker(r, a);
+  if (decode_no.empty()) {
+    Config c;
+    c.path = KernelPath::decode;
+    c.tile_m = static_cast<int>(r.m);
+    c.vector_loads = true;
+    c.reason = "decode kernel: m=" + std::to_string(r.m) + " <= " + std::to_string(decode::kMaxM) +
+               " rows stream the weights once";
+    *cfg = c;
+    return Status::Ok();
+  }
   const std::string hopper_no = hopper_blocker(r, a, dev);
   if (hopper_no.empty()) {
     std::string tile_why;
@@ -193,6 +216,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     c.pingpong = is_pingpong(t);
     c.vector_loads = true;
     c.reason = "Hopper TMA + wgmma path; persistent, one CTA per SM; " + tile_why;
+    if (r.m <= decode::kMaxM) c.reason += "; decode kernel not taken: " + decode_no;
     *cfg = c;
     return Status::Ok();
   }
@@ -249,6 +273,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
 
   std::ostringstream why;
   why << "portable mma.sync path (Hopper path not taken: " << hopper_no << "); "
+      << (r.m <= decode::kMaxM ? "decode kernel not taken: " + decode_no + "; " : std::string())
       << tile_why << "; "
       << (c.vector_loads ? "16-byte loads" : "element loads: " + blocker);
   c.reason = why.str();

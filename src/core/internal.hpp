@@ -47,10 +47,21 @@ inline int64_t weight_rows(const Problem& p) {
 
 bool log_enabled();
 
+// No rows to compute (m = 0 or batch = 0): run() launches nothing.
+inline bool empty(const Problem& p) { return p.m == 0 || p.batch == 0; }
+
+// validate()'s pointer checks for a resolved problem that passed
+// check_support and is not empty.
+Status validate_pointers(const Problem& resolved, const Arguments& args);
+
 // run()'s workspace: with workspace_bytes > 0 it must be 16-byte aligned
 // device memory of the current device that shares no byte with a tensor of
-// `args`. (nullptr, 0) is always accepted. Call after validate(problem, args).
-Status validate_workspace(const Problem& problem, const Arguments& args, const void* workspace,
+// `args`. (nullptr, 0) is always accepted. Call after validate(problem, args),
+// with the resolved problem.
+Status validate_workspace(const Problem& resolved, const Arguments& args, const void* workspace,
                           size_t workspace_bytes);
+
+// Whether two problems are the same call (every field, floats bit for bit).
+bool same_problem(const Problem& a, const Problem& b);
 
 }  // namespace gatedmlp::detail

@@ -1,6 +1,8 @@
 // The problem descriptor: printing, stride resolution and the shape rules
 // (check_support). Nothing here touches a device.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -59,6 +61,7 @@ const char* to_string(KernelPath k) {
     case KernelPath::none: return "none";
     case KernelPath::sm80_mma: return "sm80_mma";
     case KernelPath::sm90_wgmma: return "sm90_wgmma";
+    case KernelPath::decode: return "decode";
   }
   return "invalid";
 }
@@ -131,6 +134,25 @@ Problem Problem::resolved() const {
 
 namespace detail {
 
+bool same_problem(const Problem& a, const Problem& b) {
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  const WeightLayout &wa = a.weights, &wb = b.weights;
+  return a.m == b.m && a.k == b.k && a.u == b.u && a.batch == b.batch && a.input_dtype == b.input_dtype &&
+         a.output_dtype == b.output_dtype && a.activation == b.activation &&
+         bits(a.act_params.clamp_alpha) == bits(b.act_params.clamp_alpha) &&
+         bits(a.act_params.clamp_limit) == bits(b.act_params.clamp_limit) && wa.format == wb.format &&
+         wa.group == wb.group && wa.first == wb.first && wa.storage == wb.storage && wa.ld == wb.ld &&
+         bits(a.alpha) == bits(b.alpha) && a.has_bias == b.has_bias && a.bias_dtype == b.bias_dtype &&
+         a.has_preact == b.has_preact && a.preact_dtype == b.preact_dtype && a.ldx == b.ldx && a.ldy == b.ldy &&
+         a.ldpre == b.ldpre && a.batch_stride_x == b.batch_stride_x && a.batch_stride_w == b.batch_stride_w &&
+         a.batch_stride_bias == b.batch_stride_bias && a.batch_stride_y == b.batch_stride_y &&
+         a.batch_stride_preact == b.batch_stride_preact;
+}
+
 Status extents(const Problem& p, Extents* e) {
   // Computed in 128 bits: strides are caller-supplied and may be absurd.
   using I = __int128;
@@ -171,10 +193,12 @@ Status check_ld(const char* name, int64_t ld, int64_t min) {
 
 Status check_support(const Problem& p) {
   const StatusCode inv = StatusCode::invalid_argument;
-  if (p.m < 1) return err(inv, "m must be >= 1, got ", p.m);
+  // m = 0 or batch = 0 is empty work (an empty batch, an expert no token
+  // chose): valid, and run() launches nothing.
+  if (p.m < 0) return err(inv, "m must be >= 0, got ", p.m);
   if (p.k < 1) return err(inv, "k must be >= 1, got ", p.k);
   if (p.u < 1) return err(inv, "u must be >= 1, got ", p.u);
-  if (p.batch < 1) return err(inv, "batch must be >= 1, got ", p.batch);
+  if (p.batch < 0) return err(inv, "batch must be >= 0, got ", p.batch);
 
   if (!valid_dtype(p.input_dtype)) return err(inv, "input_dtype has invalid value ", int(p.input_dtype));
   if (p.input_dtype == DType::fp32)
@@ -230,6 +254,8 @@ Status check_support(const Problem& p) {
                             {"batch_stride_preact", p.batch_stride_preact}};
   for (const Stride& s : strides)
     if (s.v < 0 && s.v != kAuto) return err(inv, s.name, " must be kAuto (-1) or >= 0, got ", s.v);
+
+  if (detail::empty(p)) return Status::Ok();  // no element is addressed: strides cannot overflow or overlap
 
   const Problem r = p.resolved();
   detail::Extents e;

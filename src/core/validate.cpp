@@ -2,7 +2,6 @@
 // overlapping anything else, and (last, since it needs a device) that each
 // pointer is device memory of the current device.
 #include <cstdint>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -61,13 +60,27 @@ Status check_device_pointer(const Tensor& t, int device) {
   }
 }
 
+// At most 7 tensors, in place: run() checks them on every call, and a heap
+// allocation per check is host time for nothing.
+struct TensorList {
+  Tensor items[7];
+  size_t n = 0;
+  void push_back(const Tensor& t) { items[n++] = t; }
+  size_t size() const { return n; }
+  const Tensor& operator[](size_t i) const { return items[i]; }
+  const Tensor* begin() const { return items; }
+  const Tensor* end() const { return items + n; }
+};
+
 // The tensors of a call and the bytes each spans (resolved problem).
-Status tensors(const Problem& r, const Arguments& a, std::vector<Tensor>* out) {
+Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   detail::Extents e;
   if (Status s = detail::extents(r, &e); !s) return s;
   const bool sep = r.weights.format == WeightFormat::separate;
-  std::vector<Tensor>& ts = *out;
-  ts = {{"x", a.x, e.x, r.input_dtype, false}, {"w", a.w, e.w, r.input_dtype, false}};
+  TensorList& ts = *out;
+  ts.n = 0;
+  ts.push_back({"x", a.x, e.x, r.input_dtype, false});
+  ts.push_back({"w", a.w, e.w, r.input_dtype, false});
   if (sep) ts.push_back({"w_up", a.w_up, e.w, r.input_dtype, false});
   if (r.has_bias) ts.push_back({"bias", a.bias, e.bias, r.bias_dtype, false});
   if (r.has_bias && sep) ts.push_back({"bias_up", a.bias_up, e.bias, r.bias_dtype, false});
@@ -89,7 +102,15 @@ Status current_device(int* device) {
 
 Status validate(const Problem& p, const Arguments& a) {
   if (Status s = check_support(p); !s) return s;
-  const Problem r = p.resolved();
+  // Empty work reads and writes nothing: its pointers may be anything (an
+  // empty tensor's often is null).
+  if (detail::empty(p)) return Status::Ok();
+  return detail::validate_pointers(p.resolved(), a);
+}
+
+namespace detail {
+
+Status validate_pointers(const Problem& r, const Arguments& a) {
   const bool sep = r.weights.format == WeightFormat::separate;
 
   if (Status s = check_presence("x", a.x, true, "x [M, K] is required", ""); !s) return s;
@@ -113,7 +134,7 @@ Status validate(const Problem& p, const Arguments& a) {
       !s)
     return s;
 
-  std::vector<Tensor> ts;
+  TensorList ts;
   if (Status s = tensors(r, a, &ts); !s) return s;
 
   for (const Tensor& t : ts) {
@@ -144,9 +165,7 @@ Status validate(const Problem& p, const Arguments& a) {
   return Status::Ok();
 }
 
-namespace detail {
-
-Status validate_workspace(const Problem& p, const Arguments& a, const void* ws, size_t bytes) {
+Status validate_workspace(const Problem& r, const Arguments& a, const void* ws, size_t bytes) {
   if (ws == nullptr && bytes == 0) return Status::Ok();
   if (ws == nullptr)
     return err(StatusCode::invalid_argument, "argument 'workspace' is null but workspace_bytes=", bytes,
@@ -156,8 +175,8 @@ Status validate_workspace(const Problem& p, const Arguments& a, const void* ws, 
                ") but workspace_bytes=0; pass its size, or nullptr with 0");
   if (reinterpret_cast<uintptr_t>(ws) % 16 != 0)
     return err(StatusCode::invalid_argument, "argument 'workspace' (", hex(ws), ") must be 16-byte aligned");
-  std::vector<Tensor> ts;
-  if (Status s = tensors(p.resolved(), a, &ts); !s) return s;
+  TensorList ts;
+  if (Status s = tensors(r, a, &ts); !s) return s;
   const uintptr_t w0 = reinterpret_cast<uintptr_t>(ws), w1 = w0 + bytes;
   for (const Tensor& t : ts) {
     const uintptr_t b0 = reinterpret_cast<uintptr_t>(t.ptr);

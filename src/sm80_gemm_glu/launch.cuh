@@ -2,6 +2,7 @@
 // dtype translation unit so the two dtypes compile in parallel.
 #pragma once
 
+#include "common/allow_smem.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.cuh"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
 
@@ -11,9 +12,7 @@ template <typename T, int BM, int BNO, int WARPS_M, int WARPS_N, int STAGES, boo
 cudaError_t launch_tile(Params p, cudaStream_t stream) {
   using K = Sm80GemmGlu<T, BM, BNO, WARPS_M, WARPS_N, STAGES, VEC>;
   auto kernel = sm80_gemm_glu_kernel<T, BM, BNO, WARPS_M, WARPS_N, STAGES, VEC>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
-      e != cudaSuccess)
-    return e;
+  if (cudaError_t e = detail::allow_smem(kernel, K::kSmemBytes); e != cudaSuccess) return e;
   p.m_tiles = static_cast<int>((p.m + BM - 1) / BM);
   p.n_tiles = static_cast<int>((p.u + BNO - 1) / BNO);
   const dim3 grid(static_cast<unsigned>(int64_t(p.m_tiles) * p.n_tiles), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));

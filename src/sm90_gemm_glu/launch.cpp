@@ -2,9 +2,11 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -175,6 +177,25 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
   return fn;
 }
 
+// cuTensorMapReplaceAddress: a prepared call's tensor maps take the next
+// call's addresses without being encoded again.
+PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s) {
+  static PFN_cuTensorMapReplaceAddress_v12000 fn = nullptr;
+  static cudaError_t e = cudaSuccess;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaDriverEntryPointQueryResult q{};
+    void* f = nullptr;
+    e = cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &f, 12000, cudaEnableDefault, &q);
+    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapReplaceAddress_v12000>(f);
+  });
+  if (!fn)
+    *s = err(StatusCode::cuda_error, "the driver has no cuTensorMapReplaceAddress (", cudaGetErrorString(e),
+             "); the Hopper path needs a CUDA 12 driver");
+  return fn;
+}
+
 // A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent
 // is 64 elements (64-byte swizzle: 32; unswizzled: any multiple of 8).
 // dims[0] is the contiguous one; strides in bytes, for dims 1...
@@ -204,6 +225,17 @@ Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, 
 }  // namespace
 
 namespace {
+// A fresh, nonzero 64-bit token per launch (splitmix64 of a counter seeded
+// per process): the split tail's flags compare against it.
+uint64_t next_token() {
+  static std::atomic<uint64_t> counter{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
+  uint64_t z = counter.fetch_add(0x9e3779b97f4a7c15ull) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
 constexpr size_t kFlagBytesAlign = 256;
 
 // A timing knob set to "0": the default behaviour turned off.
@@ -232,11 +264,12 @@ bool use_tickets(int k_blocks) {
 // Flags, partials, then the tickets.
 size_t workspace_bytes(int ctas) { return flag_bytes(ctas) + partial_bytes(ctas) + ticket_bytes(ctas); }
 
-Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, int sms, void* workspace,
-              size_t ws_bytes, cudaStream_t stream) {
+Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, int sms, void* workspace,
+               size_t ws_bytes, Prepared* out) {
   Status s;
   auto fn = encode_fn(&s);
   if (!fn) return s;
+  if (!replace_fn(&s)) return s;
   // narrow: 88 or 96 columns, Y's columns from 64 on in a box of their own.
   const bool narrow = tile_n == kTileNarrow.tile_n || tile_n == kTilePingPong96.tile_n;
   if (tile_n != kTile.tile_n && !narrow)
@@ -254,7 +287,8 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
       return err(StatusCode::not_supported, "sm90::launch: the narrow tile cannot take this call: ", no);
   }
 
-  Params p{};
+  Params& p = out->p;
+  p = Params{};
   constexpr int BM = kTile.tile_m, BK = kTile.tile_k;
   const int BN = tile_n;
   p.tile_n = tile_n;
@@ -456,8 +490,10 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
   }
 
   // Split-tail workspace: flags first, then the partial tiles. (The
-  // ping-pong kernels run every item whole.)
-  if (!pingpong && workspace && ws_bytes >= workspace_bytes(sms)) {
+  // ping-pong kernels run every item whole.) launch_prepared points them at
+  // each call's workspace.
+  const bool ws_ok = !pingpong && workspace && ws_bytes >= workspace_bytes(sms);
+  if (ws_ok) {
     p.sk_flag = static_cast<uint64_t*>(workspace);
     p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
     p.sk_ctas = sms;
@@ -466,10 +502,82 @@ Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, i
     p.tickets = reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms) + partial_bytes(sms));
 
   const int act = static_cast<int>(r.activation);
-  const cudaError_t e = r.input_dtype == DType::bf16 ? launch_bf16(p, act, cluster_m, sms, stream)
-                                                     : launch_fp16(p, act, cluster_m, sms, stream);
+  const cudaError_t e = r.input_dtype == DType::bf16 ? setup_bf16(p, act, cluster_m, sms, &out->k)
+                                                     : setup_fp16(p, act, cluster_m, sms, &out->k);
+  if (e != cudaSuccess) return err(StatusCode::cuda_error, "Hopper kernel set-up failed: ", cudaGetErrorString(e));
+  out->uses_workspace = out->k.split || p.tickets != nullptr;
+  out->sms = sms;
+  out->x = a.x;
+  out->w = a.w;
+  out->w_up = a.w_up;
+  out->y = p.y_tma ? a.y : nullptr;
+  out->pre = a.preact;
+  return Status::Ok();
+}
+
+Status launch_prepared(Prepared& pr, const Arguments& a, void* workspace, size_t ws_bytes, cudaStream_t stream) {
+  Params& p = pr.p;
+  // New addresses into the tensor maps that hold the old ones.
+  if (a.x != pr.x || a.w != pr.w || a.w_up != pr.w_up || (p.y_tma && a.y != pr.y) || a.preact != pr.pre) {
+    Status s;
+    auto replace = replace_fn(&s);
+    if (!replace) return s;
+    auto set = [&](CUtensorMap* map, const void* addr, const char* what) -> Status {
+      if (const CUresult res = replace(map, const_cast<void*>(addr)); res != CUDA_SUCCESS)
+        return err(StatusCode::cuda_error, "cuTensorMapReplaceAddress failed for ", what, " (error ", int(res), ")");
+      return Status::Ok();
+    };
+    if (a.x != pr.x)
+      if (Status e = set(&p.tma_x, a.x, "x"); !e) return e;
+    if (a.w != pr.w)
+      if (Status e = set(&p.tma_wg, a.w, "w"); !e) return e;
+    if (p.separate ? a.w_up != pr.w_up : a.w != pr.w)
+      if (Status e = set(&p.tma_wu, p.separate ? a.w_up : a.w, "w_up"); !e) return e;
+    if (p.y_tma && a.y != pr.y) {
+      if (Status e = set(&p.tma_y, a.y, "y"); !e) return e;
+      if (p.tile_n != kTile.tile_n)
+        if (Status e = set(&p.tma_y_tail, a.y, "y"); !e) return e;
+    }
+    if (a.preact != pr.pre) {
+      // Only the maps encoded for it (prepare): a zeroed map has no address to replace.
+      const bool pp = p.pingpong && p.has_pre;
+      if (p.pre_tma || pp)
+        if (Status e = set(&p.tma_pre, a.preact, "preact"); !e) return e;
+      if (pp && !p.w_sub_boxes && p.pre_mode == 0)
+        if (Status e = set(&p.tma_pre_tail, a.preact, "preact"); !e) return e;
+    }
+    pr.x = a.x;
+    pr.w = a.w;
+    pr.w_up = a.w_up;
+    if (p.y_tma) pr.y = a.y;
+    pr.pre = a.preact;
+  }
+  p.bias = a.bias;
+  p.bias_up = a.bias_up;
+  p.y = a.y;
+  p.pre = a.preact;
+  if (pr.uses_workspace) {
+    if (!workspace || ws_bytes < workspace_bytes(pr.sms))
+      return err(StatusCode::invalid_argument, "sm90: this call was prepared with a workspace of ",
+                 workspace_bytes(pr.sms), " bytes, got ", ws_bytes);
+    unsigned char* w = static_cast<unsigned char*>(workspace);
+    if (p.sk_ctas) {
+      p.sk_flag = reinterpret_cast<uint64_t*>(w);
+      p.sk_part = reinterpret_cast<float*>(w + flag_bytes(pr.sms));
+    }
+    if (p.tickets) p.tickets = reinterpret_cast<uint32_t*>(w + flag_bytes(pr.sms) + partial_bytes(pr.sms));
+  }
+  if (pr.k.split) p.sk_token = next_token();
+  const cudaError_t e = pr.k.launch(pr.k, p, stream);
   if (e != cudaSuccess) return err(StatusCode::cuda_error, "Hopper kernel launch failed: ", cudaGetErrorString(e));
   return Status::Ok();
+}
+
+Status launch(const Problem& r, const Arguments& a, int tile_n, bool pingpong, int sms, void* workspace,
+              size_t ws_bytes, cudaStream_t stream) {
+  Prepared pr;
+  if (Status s = prepare(r, a, tile_n, pingpong, sms, workspace, ws_bytes, &pr); !s) return s;
+  return launch_prepared(pr, a, workspace, ws_bytes, stream);
 }
 
 }  // namespace gatedmlp::sm90

@@ -62,21 +62,58 @@ std::string blocker(const Problem& resolved, const Arguments* args);
 // counter and slots (Params::tickets).
 size_t workspace_bytes(int ctas);
 
-// Builds the tensor maps and launches one persistent CTA per SM (at most one
-// per tile), in clusters of 1, 2 or 4 CTAs along M (cluster_size()). The
-// problem must have passed blocker().
+// How a prepared kernel is launched: grid, block, shared memory, whether
+// with a cluster attribute, whether its tail is split (a fresh token per
+// launch), and the typed launcher of its kernel.
+struct KernelLaunch {
+  dim3 grid, block;
+  size_t smem = 0;
+  bool cluster_attr = false;
+  bool split = false;
+  cudaError_t (*launch)(const KernelLaunch&, const Params&, cudaStream_t) = nullptr;
+};
+
+// A Hopper call prepared once: the parameter block with its tensor maps and
+// the kernel's launch. launch_prepared() points it at each call's tensors:
+// the tensor maps get the call's addresses (cuTensorMapReplaceAddress, no
+// re-encoding), the workspace its pointers, a split tail a new token.
+struct Prepared {
+  Params p{};
+  KernelLaunch k;
+  bool uses_workspace = false;  // the split tail or the tickets: the call's workspace must be given
+  int sms = 0;
+  // The addresses the tensor maps hold now.
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* w_up = nullptr;
+  const void* y = nullptr;
+  const void* pre = nullptr;
+};
+
+// Builds the tensor maps and prepares one persistent CTA per SM (at most
+// one per tile), in clusters of 1, 2 or 4 CTAs along M (cluster_size()).
+// The problem must have passed blocker().
 // With at least workspace_bytes(sms) of workspace the last waves are split
 // (see the kernel's Schedule); with less, or none, every item runs whole.
 // tile_n: kTile's or kTileNarrow's (which must then take the problem);
 // pingpong: the ping-pong kernels of kTilePingPong or kTilePingPong96
 // (tile_n must be one of theirs, and pingpong_blocker() ""), which never
-// split the tail.
+// split the tail. A prepared call may be launched again with other
+// pointers of the same alignment (16 bytes for x, w, w_up, y, preact; the
+// alignment of y and preact to 4 and 2 elements) and workspace as large.
+Status prepare(const Problem& resolved, const Arguments& args, int tile_n, bool pingpong, int sms, void* workspace,
+               size_t workspace_bytes, Prepared* out);
+Status launch_prepared(Prepared& prepared, const Arguments& args, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream);
+
+// prepare() then launch_prepared().
 Status launch(const Problem& resolved, const Arguments& args, int tile_n, bool pingpong, int sms, void* workspace,
               size_t workspace_bytes, cudaStream_t stream);
 
-// Per-dtype kernel launchers (sm90_gemm_glu_launch.cu); cluster_m is 1,
-// 2 or 4 CTAs per cluster, and p.m_units / p.tiles must count units of it.
-cudaError_t launch_bf16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);
-cudaError_t launch_fp16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream);
+// Per-dtype kernel set-up (sm90_gemm_glu_launch.cu): picks the kernel for
+// p and cluster_m (1, 2 or 4 CTAs per cluster; p.m_units / p.tiles must
+// count units of it), reads its launch knobs and plans the split tail into p.
+cudaError_t setup_bf16(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k);
+cudaError_t setup_fp16(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k);
 
 }  // namespace gatedmlp::sm90

@@ -13,23 +13,23 @@ GATEDMLP_SM90_LAUNCHERS(extern, 4)
 namespace {
 
 template <typename T>
-cudaError_t launch_any(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream) {
+cudaError_t setup_any(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k) {
   switch (activation) {
-    case 0: return launch_cm<T, 0>(p, cluster_m, sms, stream);
-    case 1: return launch_cm<T, 1>(p, cluster_m, sms, stream);
-    case 2: return launch_cm<T, 2>(p, cluster_m, sms, stream);
-    case 3: return launch_cm<T, 3>(p, cluster_m, sms, stream);
-    default: return launch_cm<T, 4>(p, cluster_m, sms, stream);
+    case 0: return setup_cm<T, 0>(p, cluster_m, sms, k);
+    case 1: return setup_cm<T, 1>(p, cluster_m, sms, k);
+    case 2: return setup_cm<T, 2>(p, cluster_m, sms, k);
+    case 3: return setup_cm<T, 3>(p, cluster_m, sms, k);
+    default: return setup_cm<T, 4>(p, cluster_m, sms, k);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_bf16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream) {
-  return launch_any<__nv_bfloat16>(p, activation, cluster_m, sms, stream);
+cudaError_t setup_bf16(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k) {
+  return setup_any<__nv_bfloat16>(p, activation, cluster_m, sms, k);
 }
-cudaError_t launch_fp16(const Params& p, int activation, int cluster_m, int sms, cudaStream_t stream) {
-  return launch_any<__half>(p, activation, cluster_m, sms, stream);
+cudaError_t setup_fp16(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k) {
+  return setup_any<__half>(p, activation, cluster_m, sms, k);
 }
 
 }  // namespace gatedmlp::sm90

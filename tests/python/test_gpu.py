@@ -405,3 +405,94 @@ def test_other_frameworks_zero_copy():
     ref, unfused = references(xt, wt[:u], wt[u:], None, None, "silu", 1.0, torch.float16)
     torch.cuda.synchronize()
     assert_within_rule(torch.from_dlpack(y), unfused, ref, "cupy")
+
+
+# ---------------------------------------------------------------- the lean call path
+def test_direct_path_matches_the_op():
+    # Eager calls of gatedmlp.torch launch directly (no dispatcher); the op is
+    # what torch.compile records. Same kernel, so the same bits.
+    x = torch.randn(37, 256, device=DEV, dtype=torch.bfloat16)
+    wg, wu = logical_weights(96, 256, torch.bfloat16)
+    b = torch.randn(192, device=DEV)
+    w = fuse_rows(wg, wu, 8, "up")
+    with torch.no_grad():
+        direct = gt.gate_up(x, w, bias=b, activation="gelu_tanh", group=8, first="up")
+        op = torch.ops.gatedmlp.gate_up(x, w, None, b, None, "gelu_tanh", 1.702, 7.0, 8, "up", "out_in", 1.0, None)
+        plain = gatedmlp.gate_up(x, w, bias=b, activation="gelu_tanh", group=8, first="up")
+    assert torch.equal(direct, op) and torch.equal(direct, plain)
+    # The bias is in weight-row order: blocks of 8 rows, up first.
+    bg, bu = b.view(12, 2, 8)[:, 1].reshape(-1), b.view(12, 2, 8)[:, 0].reshape(-1)
+    ref, unfused = references(x, wg, wu, bg, bu, "gelu_tanh", 1.0, torch.bfloat16)
+    assert_within_rule(direct, unfused, ref, "direct")
+
+
+@pytest.mark.parametrize("shape", [(300, 1024, 1300), (512, 512, 1408), (5, 512, 640), (40, 192, 72)],
+                         ids=lambda s: "m{}k{}u{}".format(*s))
+def test_repeated_calls_follow_new_pointers(shape):
+    # A repeated call reuses its plan (and on Hopper its tensor maps, with the
+    # new addresses put in): every call here has new x, y, weights and
+    # pre-activation, and each must be right. Shapes: the split tail, the
+    # ping-pong kernels, the decode kernel, the portable kernel's K.
+    m, k, u = shape
+    for i in range(6):
+        sep = i % 2 == 1
+        wg, wu = logical_weights(u, k, torch.bfloat16)
+        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+        y = torch.full((m, u), float("nan"), device=DEV, dtype=torch.bfloat16)
+        pre = torch.full((m, 2 * u), float("nan"), device=DEV, dtype=torch.bfloat16) if i >= 4 else None
+        with torch.no_grad():
+            if sep:
+                gatedmlp.gate_up(x, wg, wu, out=y, preact=pre)
+            else:
+                gatedmlp.gate_up(x, torch.cat([wg, wu]), out=y, preact=pre)
+        ref, unfused = references(x, wg, wu, None, None, "silu", 1.0, torch.bfloat16)
+        assert_within_rule(y, unfused, ref, f"call {i}")
+        if pre is not None:
+            g = (x.double() @ wg.double().T)
+            assert torch.allclose(pre[:, :u].double(), g, rtol=2e-2, atol=2e-2)
+
+
+def test_split_tail_in_a_cuda_graph_and_on_two_streams():
+    # The Hopper path's scratch: held per stream for eager calls, fresh for a
+    # call captured into a graph (replayed here while the eager stream runs).
+    m, k, u = 300, 1024, 1300
+    wg, wu = logical_weights(u, k, torch.bfloat16)
+    w = torch.cat([wg, wu])
+    xs = [torch.randn(m, k, device=DEV, dtype=torch.bfloat16) for _ in range(3)]
+    ys = [torch.empty(m, u, device=DEV, dtype=torch.bfloat16) for _ in range(3)]
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.no_grad():
+        gt.gate_up(xs[0], w, out=ys[0])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gt.gate_up(xs[0], w, out=ys[0])
+        torch.cuda.synchronize()
+        for _ in range(3):
+            for y in ys:
+                y.fill_(float("nan"))
+            torch.cuda.synchronize()
+            graph.replay()
+            with torch.cuda.stream(s1):
+                gt.gate_up(xs[1], w, out=ys[1])
+            with torch.cuda.stream(s2):
+                gatedmlp.gate_up(xs[2], w, out=ys[2])
+            torch.cuda.synchronize()
+            for x, y in zip(xs, ys):
+                ref, unfused = references(x, wg, wu, None, None, "silu", 1.0, torch.bfloat16)
+                assert_within_rule(y, unfused, ref, "graph / streams")
+
+
+def test_empty_inputs_launch_nothing():
+    w = torch.randn(96, 64, device=DEV, dtype=torch.bfloat16)
+    mlp = gt.GatedMLP(64, 48, device=DEV, dtype=torch.bfloat16).requires_grad_(False)
+    for x in (torch.empty(0, 64, device=DEV, dtype=torch.bfloat16),
+              torch.empty(2, 0, 64, device=DEV, dtype=torch.bfloat16),
+              torch.empty(0, 5, 64, device=DEV, dtype=torch.bfloat16)):
+        with torch.no_grad():
+            assert gt.gate_up(x, w).shape == (*x.shape[:-1], 48)
+            assert mlp(x).shape == x.shape
+        assert gatedmlp.gate_up(x, w).shape == (*x.shape[:-1], 48)
+    torch.cuda.synchronize()
+    # Still checked: an empty batch with the wrong K is an error.
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="K = 32"):
+        gt.gate_up(torch.empty(0, 32, device=DEV, dtype=torch.bfloat16), w)
