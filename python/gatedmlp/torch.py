@@ -25,22 +25,11 @@ from torch import Tensor, nn
 import gatedmlp as _g
 from gatedmlp import _gatedmlp as _C
 
-__all__ = ["gate_up", "GatedMLP", "activation_name"]
+__all__ = ["gate_up", "GatedMLP", "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
 _HALVES = dict(_C.Half.__members__)
 _STORAGES = dict(_C.WeightStorage.__members__)
-
-# Hugging Face `hidden_act` names and the gatedmlp activation each one is.
-_HF_ACTIVATIONS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu": "gelu_erf",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "relu": "relu",
-}
 
 
 def activation_name(activation) -> str:
@@ -79,22 +68,61 @@ def _flatten(x: Tensor, w: Tensor) -> Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
 def _capsule(t: Optional[Tensor]):
-    return None if t is None else torch.utils.dlpack.to_dlpack(t)
+    return None if t is None else _to_dlpack(t)
+
+
+def _stream(x: Tensor) -> int:
+    # The raw handle, without building a torch.cuda.Stream object per call.
+    return torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
+
+
+# One allocator per device, made once: the binding calls it only when a call
+# needs scratch it does not already hold (see _gatedmlp.gate_up).
+_WS_ALLOC = {}
+
+
+def _workspace_alloc(device: torch.device):
+    fn = _WS_ALLOC.get(device)
+    if fn is None:
+        fn = _WS_ALLOC[device] = lambda n: _to_dlpack(torch.empty(n, dtype=torch.uint8, device=device))
+    return fn
 
 
 def _launch(x, w, w_up, bias, bias_up, out, preact, activation, clamp_alpha, clamp_limit, group, first, storage,
             alpha) -> None:
-    if x.numel() == 0:
-        return  # nothing to compute: an empty batch, as nn.Linear allows
-    stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    # An empty batch (M = 0) goes through too: the library checks the shapes
+    # and launches nothing.
     _C.gate_up(
-        _capsule(x), _capsule(w), _capsule(out), _capsule(w_up), _capsule(bias), _capsule(bias_up),
-        _capsule(preact),
-        activation=_ACTIVATIONS[activation],
-        act_params=_C.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit),
-        group=group, first=_HALVES[first], storage=_STORAGES[storage], alpha=alpha, stream=stream,
-        workspace_alloc=lambda n: _capsule(torch.empty(n, dtype=torch.uint8, device=x.device)))
+        _to_dlpack(x), _to_dlpack(w), _to_dlpack(out), _capsule(w_up), _capsule(bias), _capsule(bias_up),
+        _capsule(preact), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha, clamp_limit=clamp_limit,
+        group=group, first=_HALVES[first], storage=_STORAGES[storage], alpha=alpha, stream=_stream(x),
+        workspace_alloc=_workspace_alloc(x.device))
+
+
+def _traced() -> bool:
+    """True when something records the call instead of running it: dynamo
+    (torch.compile, export) or a dispatch mode (FakeTensor, make_fx, the
+    flop counter). Then the custom op must be called; otherwise the wrappers
+    below launch directly, since the dispatcher's trip through a Python op
+    costs more host time than the kernel launch itself at decode sizes."""
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
+def _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage, alpha,
+                    out_dtype):
+    # What the gatedmlp::gate_up op computes, for real tensors only. The
+    # wrappers call it directly for plain CUDA tensors (meta, CPU and fake
+    # tensors go through the op).
+    x2 = _flatten(x, w)
+    u = _out_features(w, w_up, storage)
+    out = x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype)
+    _launch(x2, w, w_up, bias, bias_up, out if x2 is x else out.view(*x2.shape[:-1], u), None, activation,
+            clamp_alpha, clamp_limit, group, first, storage, alpha)
+    return out
 
 
 # ---------------------------------------------------------------- operators
@@ -102,12 +130,8 @@ def _launch(x, w, w_up, bias, bias_up, out, preact, activation, clamp_alpha, cla
 def _gate_up_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor],
                 activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str, storage: str,
                 alpha: float, out_dtype: Optional[torch.dtype]) -> Tensor:
-    x2 = _flatten(x, w)
-    u = _out_features(w, w_up, storage)
-    out = torch.empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype, device=x.device)
-    _launch(x2, w, w_up, bias, bias_up, out.view(*x2.shape[:-1], u), None, activation, clamp_alpha, clamp_limit,
-            group, first, storage, alpha)
-    return out
+    return _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage,
+                           alpha, out_dtype)
 
 
 @_gate_up_op.register_fake
@@ -143,6 +167,12 @@ def _gate_up_preact_fake(x, w, w_up, bias, bias_up, activation, clamp_alpha, cla
 def _gate_up_out_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor],
                     bias_up: Optional[Tensor], out: Tensor, activation: str, clamp_alpha: float,
                     clamp_limit: float, group: int, first: str, storage: str, alpha: float) -> None:
+    _gate_up_out_impl(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, clamp_limit, group, first, storage,
+                      alpha)
+
+
+def _gate_up_out_impl(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, clamp_limit, group, first, storage,
+                      alpha) -> None:
     x2 = _flatten(x, w)
     # A view, never a copy: the kernel must write into `out` itself.
     out2 = out if x2 is x else out.view(-1, out.shape[-1])
@@ -169,10 +199,8 @@ torch.library.register_autograd("gatedmlp::gate_up_preact", _no_backward, setup_
 
 
 def _check_no_grad(*tensors) -> None:
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t is not None and t.requires_grad:
-                raise RuntimeError(_g._NO_BACKWARD)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(_g._NO_BACKWARD)
 
 
 def gate_up(x: Tensor, w: Tensor, w_up: Optional[Tensor] = None, bias: Optional[Tensor] = None,
@@ -191,12 +219,19 @@ def gate_up(x: Tensor, w: Tensor, w_up: Optional[Tensor] = None, bias: Optional[
     out= it writes into out and returns it.
     """
     _check_no_grad(x, w, w_up, bias, bias_up)
-    act = activation_name(activation)
-    first = _name(first, _HALVES, "first")
-    storage = _name(storage, _STORAGES, "storage")
+    act = activation if activation in _ACTIVATIONS else activation_name(activation)
+    first = first if first in _HALVES else _name(first, _HALVES, "first")
+    storage = storage if storage in _STORAGES else _name(storage, _STORAGES, "storage")
     clamp_alpha = float(clamp_alpha)
     clamp_limit = float(clamp_limit)
     alpha = float(alpha)
+    if not return_preact and x.is_cuda and type(x) is Tensor and not _traced():
+        if out is None:
+            return _gate_up_direct(x, w, w_up, bias, bias_up, act, clamp_alpha, clamp_limit, group, first, storage,
+                                   alpha, out_dtype)
+        _gate_up_out_impl(x, w, w_up, bias, bias_up, out, act, clamp_alpha, clamp_limit, group, first, storage,
+                          alpha)
+        return out
     if out is not None:
         if return_preact:
             raise TypeError("gatedmlp: return_preact is not available with out=")
@@ -212,19 +247,10 @@ def gate_up(x: Tensor, w: Tensor, w_up: Optional[Tensor] = None, bias: Optional[
 
 # ---------------------------------------------------------------- the module
 def _activation_of_module(act: nn.Module) -> str:
-    if isinstance(act, nn.SiLU):
-        return "silu"
-    if isinstance(act, nn.ReLU):
-        return "relu"
-    if isinstance(act, nn.GELU):
-        return "gelu_tanh" if act.approximate == "tanh" else "gelu_erf"
-    name = type(act).__name__
-    if name in ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation"):
-        return "gelu_tanh"
-    if name == "GELUActivation":
-        return "gelu_erf"
-    raise _g.InvalidArgumentError(
-        f"gatedmlp: cannot tell which activation {name} is; pass activation= to GatedMLP.from_module")
+    # Imported here: gatedmlp.hf imports this module.
+    from gatedmlp.hf import activation_of_module
+
+    return activation_of_module(act)
 
 
 class GatedMLP(nn.Module):
@@ -293,8 +319,12 @@ class GatedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         w, b = self.gate_up_proj.weight, self.gate_up_proj.bias
         _check_no_grad(x, w, b)
-        h = torch.ops.gatedmlp.gate_up(x, w, None, b, None, self.activation, self.clamp_alpha, self.clamp_limit, 0,
-                                       "gate", "out_in", 1.0, None)
+        if not x.is_cuda or type(x) is not Tensor or _traced():
+            h = torch.ops.gatedmlp.gate_up(x, w, None, b, None, self.activation, self.clamp_alpha, self.clamp_limit,
+                                           0, "gate", "out_in", 1.0, None)
+        else:
+            h = _gate_up_direct(x, w, None, b, None, self.activation, self.clamp_alpha, self.clamp_limit, 0, "gate",
+                                "out_in", 1.0, None)
         return self.down_proj(h)
 
     def extra_repr(self) -> str:
@@ -302,3 +332,8 @@ class GatedMLP(nn.Module):
         if self.activation == "swiglu_clamped":
             s += f", clamp_alpha={self.clamp_alpha}, clamp_limit={self.clamp_limit}"
         return s
+
+
+# Last: gatedmlp.hf imports this module. Its table of Hugging Face
+# `hidden_act` names is activation_name's too.
+from gatedmlp.hf import HF_ACTIVATIONS as _HF_ACTIVATIONS, patch_model  # noqa: E402
