@@ -6,8 +6,10 @@
 //
 //   gatedmlp bench                                  # Llama-3 8B, M = 1 ... 65536
 //   gatedmlp bench --model all --json bench.json
+//   gatedmlp bench --model small                    # small models, M = 1 ... 16, CUDA-graph timing
 //   gatedmlp bench --m 1,4096 --k 8192 --u 28672 --layout g32 --first up
 //   gatedmlp bench --path portable --schedule block  # the sm80 kernel on a Hopper GPU
+//   gatedmlp bench --host                           # host cost of run() (host_bench.cpp)
 //
 // Method: each call's GPU time is taken with CUDA events after a warm-up, and
 // the reported time is the median. Two schedules (--schedule):
@@ -22,6 +24,19 @@
 // than twice the L2 size, so no call finds its operands already cached by the
 // previous one. --path sets GATEDMLP_FORCE_PATH before anything runs, to time
 // the portable kernel on a GPU that has the Hopper one.
+//
+// Graph timing (--graph; the default for the small models): a call of a few
+// microseconds timed by eager launches measures how fast the host launches,
+// not the GPU. So each path's R calls (call j on operand copy j mod copies, R
+// a multiple of the copies) are captured in one CUDA graph, the graphs are
+// replayed under the same schedules as single calls above, and a path's time
+// is its median replay over R.
+//
+// The cuBLAS baseline (--cublas): by default Unfused::create autotunes the
+// GEMM on this shape's rotated operands (the cuBLASLt heuristic's first 8
+// algorithms and cublasGemmEx, the call torch.mm makes; the fastest is kept
+// for the shape), so that every ratio stands on the strongest cuBLAS, not on
+// the heuristic's first guess. The choice is printed per shape.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,10 +57,16 @@ namespace {
 struct Model {
   const char* name;
   int64_t k, u;
+  bool small;  // the small set: its own default M, graph timing by default
 };
-// Llama-3 hidden size and intermediate size.
-constexpr Model kModels[] = {{"8b", 4096, 14336}, {"70b", 8192, 28672}, {"405b", 16384, 53248}};
+// Llama-3 hidden size and intermediate size; then the small set: Qwen2.5-0.5B,
+// a 1024 x 2816 layer (Qwen1.5-0.5B's shape), Llama-3.2-1B and -3B.
+constexpr Model kModels[] = {{"8b", 4096, 14336, false},     {"70b", 8192, 28672, false},
+                             {"405b", 16384, 53248, false},  {"qwen-0.5b", 896, 4864, true},
+                             {"1024x2816", 1024, 2816, true}, {"llama-1b", 2048, 8192, true},
+                             {"llama-3b", 3072, 8192, true}};
 const std::vector<int64_t> kDefaultM = {1, 16, 64, 256, 1024, 4096, 16384, 65536};
+const std::vector<int64_t> kSmallM = {1, 2, 4, 8, 16};
 
 constexpr double kTargetSeconds = 0.4;  // timed reps of all the paths together, per shape
 constexpr int64_t kMinReps = 3;         // the 405B shapes at large M take ~0.3 s a call
@@ -53,6 +74,19 @@ constexpr int64_t kMaxReps = 3000;
 constexpr int64_t kMaxCopies = 64;
 constexpr int64_t kBlockRounds = 3;          // --schedule block: rotations of the per-path blocks
 constexpr int64_t kMaxBlockWarmup = 20;      // --schedule block: untimed calls before each block, at most
+// Graph timing: calls per graph such that the fastest path's replay lasts
+// about kGraphReplayMs, at least kMinGraphCalls, at most kMaxGraphCalls
+// (before rounding up to a multiple of the copies). At least 2: the Hopper
+// kernel's split tail draws its flags' token on the host in run()
+// (sm90_gemm_glu/launch.cuh, next_token), so a graph replays the tokens it
+// captured, and a call replayed onto flags still holding its own token from
+// the last replay would not wait for its partials. With two or more captured
+// calls of the same problem sharing the workspace, the next call rewrites
+// those flags with another token first. run_shape checks the replayed fused
+// graph's output against the unfused one.
+constexpr double kGraphReplayMs = 1.0;
+constexpr int64_t kMinGraphCalls = 2;
+constexpr int64_t kMaxGraphCalls = 64;
 constexpr const char* kForcePathEnv = "GATEDMLP_FORCE_PATH";
 
 enum class Schedule { call, block };
@@ -83,32 +117,93 @@ struct Row {
   // tiles), reused across calls and layers, so not activation memory; the
   // unfused baseline's cuBLASLt workspace is 32 MB.
   double workspace_fused_bytes = 0;
+  // How the paths were timed: "events" (one event between calls) or "graph"
+  // (CUDA-graph replays of graph_calls calls each; times are per call).
+  std::string timing = "events";
+  int64_t graph_calls = 0;
+  double weight_bytes = 0;   // W read by one call (both halves)
+  double rotated_bytes = 0;  // copies x (X + W + Y [+ preact]): what one rotation walks through
+  // The unfused baseline's GEMM algorithm (Unfused::gemm_choice).
+  ref::Unfused::GemmChoice cublas;
 };
+
+class GraphExecs;
 
 double flops(int64_t m, int64_t k, int64_t u) { return 2.0 * double(m) * double(k) * double(2 * u); }
 
 class Bench {
  public:
-  Bench(const DeviceInfo& dev, Problem base, int64_t fixed_reps, Schedule schedule)
-      : dev_(dev), base_(base), fixed_reps_(fixed_reps), schedule_(schedule) {
+  Bench(const DeviceInfo& dev, Problem base, int64_t fixed_reps, Schedule schedule, bool autotune)
+      : dev_(dev), base_(base), fixed_reps_(fixed_reps), schedule_(schedule), autotune_(autotune) {
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   }
   ~Bench() { (void)cudaStreamDestroy(stream_); }
   Bench(const Bench&) = delete;
   Bench& operator=(const Bench&) = delete;
 
-  Row run_shape(const std::string& model, int64_t m, int64_t k, int64_t u);
+  Row run_shape(const std::string& model, int64_t m, int64_t k, int64_t u, bool graph);
 
  private:
   using Call = std::function<Status(int64_t copy)>;
   void time_paths(const std::vector<Call>& calls, int64_t copies, std::vector<double>* ms, int64_t* reps);
+  // Graph timing: captures each path's calls in a graph, times the replays
+  // with time_paths, and returns per-call medians.
+  // `after`, if set, runs once the timing is done, with the graphs still alive.
+  void time_paths_graph(const std::vector<Call>& calls, const std::vector<std::string>& names, int64_t copies,
+                        std::vector<double>* ms, int64_t* reps, int64_t* graph_calls, std::string* note,
+                        const std::function<void(const GraphExecs&)>& after);
 
   DeviceInfo dev_;
   Problem base_;
   int64_t fixed_reps_;
   Schedule schedule_;
+  bool autotune_;
   cudaStream_t stream_ = nullptr;
 };
+
+// Owns the executable graphs of time_paths_graph.
+class GraphExecs {
+ public:
+  GraphExecs() = default;
+  GraphExecs(const GraphExecs&) = delete;
+  GraphExecs& operator=(const GraphExecs&) = delete;
+  ~GraphExecs() {
+    for (cudaGraphExec_t e : execs_) (void)cudaGraphExecDestroy(e);
+  }
+  void add(cudaGraphExec_t e) { execs_.push_back(e); }
+  cudaGraphExec_t operator[](size_t i) const { return execs_[i]; }
+
+ private:
+  std::vector<cudaGraphExec_t> execs_;
+};
+
+// Captures `calls` calls of `call` on `stream` (call j on copy j % copies)
+// and instantiates the graph. The capture is always ended, so a failing call
+// leaves the stream usable; the failure is thrown as ToolError.
+cudaGraphExec_t capture_calls(const std::function<Status(int64_t)>& call, int64_t calls, int64_t copies,
+                              cudaStream_t stream, const std::string& what, cudaStreamCaptureMode mode) {
+  cuda_check(cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture (" + what + ")");
+  Status failed;
+  for (int64_t j = 0; j < calls && failed.ok(); ++j) failed = call(j % copies);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!failed.ok()) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw ToolError("capturing " + what + " in a CUDA graph: the call failed (" + to_string(failed.code()) +
+                    "): " + failed.message());
+  }
+  if (end != cudaSuccess) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    cuda_check(end, "cudaStreamEndCapture (" + what + ")");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  cuda_check(inst, "cudaGraphInstantiate (" + what + ")");
+  return exec;
+}
 
 void Bench::time_paths(const std::vector<Call>& calls, int64_t copies, std::vector<double>* ms, int64_t* reps) {
   const size_t n = calls.size();
@@ -190,8 +285,65 @@ void Bench::time_paths(const std::vector<Call>& calls, int64_t copies, std::vect
   for (size_t i = 0; i < n; ++i) (*ms)[i] = median(times[i]);
 }
 
-Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) {
+void Bench::time_paths_graph(const std::vector<Call>& calls, const std::vector<std::string>& names, int64_t copies,
+                             std::vector<double>* ms, int64_t* reps, int64_t* graph_calls, std::string* note,
+                             const std::function<void(const GraphExecs&)>& after) {
+  const size_t n = calls.size();
+  // Eager warm-up of every path (module loads, first-call set-up stay out of
+  // the capture), then one call each timed: the estimate that sizes R.
+  for (size_t i = 0; i < n; ++i) status_check(calls[i](static_cast<int64_t>(i) % copies), "warm-up call");
+  cuda_check(cudaStreamSynchronize(stream_), "warm-up");
+  double est_min = INFINITY;
+  {
+    EventList ev(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      cuda_check(cudaEventRecord(ev[2 * i], stream_), "cudaEventRecord");
+      status_check(calls[i]((static_cast<int64_t>(i) + 1) % copies), "estimate call");
+      cuda_check(cudaEventRecord(ev[2 * i + 1], stream_), "cudaEventRecord");
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "estimate");
+    for (size_t i = 0; i < n; ++i) {
+      float t = 0;
+      cuda_check(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
+      est_min = std::min(est_min, double(t));
+    }
+  }
+  int64_t r = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(kGraphReplayMs / std::max(est_min, 1e-4))),
+                                  kMinGraphCalls, kMaxGraphCalls);
+  r = (r + copies - 1) / copies * copies;  // every replay walks the whole rotation
+  *graph_calls = r;
+
+  // Global capture mode, as torch.cuda.graph captures by default: the
+  // library and cuBLAS must work under it for users who capture them. If a
+  // path does not, it is captured in relaxed mode and the row says so.
+  GraphExecs graphs;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string what = names[i] + fmt(" (%lld calls)", (long long)r);
+    try {
+      graphs.add(capture_calls(calls[i], r, copies, stream_, what, cudaStreamCaptureModeGlobal));
+    } catch (const ToolError& e) {
+      graphs.add(capture_calls(calls[i], r, copies, stream_, what, cudaStreamCaptureModeRelaxed));
+      *note += (note->empty() ? "" : "; ") + std::string("captured in relaxed mode, global mode failed: ") + e.what();
+    }
+  }
+  std::vector<Call> replays;
+  for (size_t i = 0; i < n; ++i) {
+    const cudaGraphExec_t e = graphs[i];
+    replays.push_back([this, e](int64_t) -> Status {
+      const cudaError_t err = cudaGraphLaunch(e, stream_);
+      if (err == cudaSuccess) return Status::Ok();
+      return {StatusCode::cuda_error, std::string("cudaGraphLaunch: ") + cudaGetErrorString(err)};
+    });
+  }
+  time_paths(replays, 1, ms, reps);
+  for (double& v : *ms) v /= static_cast<double>(r);
+  if (after) after(graphs);
+  // Every launch has been waited for (time_paths and `after` synchronise); the graphs can go.
+}
+
+Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u, bool graph) {
   Row row;
+  row.timing = graph ? "graph" : "events";
   row.model = model;
   row.m = m;
   row.k = k;
@@ -210,6 +362,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   row.act_fused_bytes = double(y_bytes + pre_bytes);
   row.act_unfused_bytes = double(inter_bytes + y_bytes);
   row.glu_bytes = double(inter_bytes + y_bytes + pre_bytes);
+  row.weight_bytes = double(w_bytes);
 
   if (const Status s = check_support(p); !s.ok()) {
     row.skipped = true;
@@ -232,6 +385,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
   const int64_t copies =
       std::clamp<int64_t>(static_cast<int64_t>(2 * l2 / std::max<size_t>(per_copy, 1)) + 1, 1, kMaxCopies);
   row.copies = copies;
+  row.rotated_bytes = double(copies) * double(per_copy);
   // --preact: the call without it is timed too (Row::fused_nopre_ms).
   Problem nopre = p;
   nopre.has_preact = false;
@@ -272,8 +426,23 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
       }
     }
     DeviceBuffer fused_workspace(fused_ws, "fused workspace");
+    // The baseline's GEMM: autotuned on the rotated copies the timed calls use.
     std::unique_ptr<ref::Unfused> unfused;
-    status_check(ref::Unfused::create(p, &unfused), "Unfused::create");
+    ref::Unfused::Options uopt;
+    uopt.autotune = autotune_;
+    if (autotune_) uopt.tune_args = args;
+    if (const Status s = ref::Unfused::create(p, uopt, &unfused); !s.ok()) {
+      if (!autotune_) status_check(s, "Unfused::create");
+      // A failed autotune should not lose the shape: the heuristic's choice
+      // is timed instead, and the line says so.
+      (void)cudaDeviceSynchronize();
+      (void)cudaGetLastError();
+      status_check(ref::Unfused::create(p, &unfused), "Unfused::create (heuristic, after the autotune failed)");
+      row.cublas = unfused->gemm_choice();
+      row.cublas.summary = "AUTOTUNE FAILED (" + s.message() + "); timed: " + row.cublas.summary;
+    } else {
+      row.cublas = unfused->gemm_choice();
+    }
 
     auto fused_call = [&](int64_t c) { return run(p, args[c], fused_workspace.get(), fused_ws, stream_); };
     auto nopre_call = [&](int64_t c) {
@@ -290,6 +459,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
     std::vector<int64_t> rows = {0, m / 3, m / 2, (2 * m) / 3, m - 1};
     std::sort(rows.begin(), rows.end());
     rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    std::vector<double> uy;  // the unfused rows of copy 0: the graph check below compares with them too
     if (row.fused_ok) {
       const Status s = fused_call(0);
       if (!s.ok()) {
@@ -301,7 +471,7 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
     if (row.fused_ok) {
       const std::vector<double> fy = copy_rows(args[0].y, p.output_dtype, u, u, rows, stream_);
       status_check(unfused_call(0), "unfused run");
-      const std::vector<double> uy = copy_rows(args[0].y, p.output_dtype, u, u, rows, stream_);
+      uy = copy_rows(args[0].y, p.output_dtype, u, u, rows, stream_);
       double num = 0, den = 0;
       for (size_t i = 0; i < fy.size(); ++i) {
         num += (fy[i] - uy[i]) * (fy[i] - uy[i]);
@@ -315,13 +485,44 @@ Row Bench::run_shape(const std::string& model, int64_t m, int64_t k, int64_t u) 
     }
 
     std::vector<Call> calls;
-    if (row.fused_ok) calls.push_back(fused_call);
-    if (time_nopre) calls.push_back(nopre_call);
-    calls.push_back(gemm_call);
-    calls.push_back(unfused_call);
-    calls.push_back(glu_call);
+    std::vector<std::string> names;
+    auto add_path = [&](const char* name, Call call) {
+      names.push_back(name);
+      calls.push_back(std::move(call));
+    };
+    if (row.fused_ok) add_path("fused run()", fused_call);
+    if (time_nopre) add_path("fused run() without preact", nopre_call);
+    add_path("cuBLAS GEMM", gemm_call);
+    add_path("cuBLAS GEMM + GLU", unfused_call);
+    add_path("GLU kernel", glu_call);
     std::vector<double> ms;
-    time_paths(calls, copies, &ms, &row.reps);
+    if (graph) {
+      std::string note;
+      // The replayed fused graph must still compute Y: a replay reuses what
+      // run() decided when it was captured (pointers, and the Hopper split
+      // tail's flag tokens), so copy 0's Y is poisoned, the graph replayed
+      // once more, and its rows compared with the unfused ones as above.
+      auto check_replay = [&](const GraphExecs& g) {
+        if (!row.fused_ok || uy.empty()) return;
+        status_check(ref::fill_nan(args[0].y, p.output_dtype, m * u, stream_), "fill_nan(Y)");
+        cuda_check(cudaGraphLaunch(g[0], stream_), "cudaGraphLaunch (replay check)");
+        const std::vector<double> gy = copy_rows(args[0].y, p.output_dtype, u, u, rows, stream_);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < gy.size(); ++i) {
+          num += (gy[i] - uy[i]) * (gy[i] - uy[i]);
+          den += uy[i] * uy[i];
+        }
+        const double rel = den > 0 ? std::sqrt(num / den) : (num == 0 ? 0.0 : INFINITY);
+        if (!(rel <= 0.03)) {
+          row.bad = true;
+          note += fmt("WARNING: the replayed fused graph differs from unfused by %.3g (relative)", rel);
+        }
+      };
+      time_paths_graph(calls, names, copies, &ms, &row.reps, &row.graph_calls, &note, check_replay);
+      if (!note.empty()) row.note += (row.note.empty() ? "" : "; ") + note;
+    } else {
+      time_paths(calls, copies, &ms, &row.reps);
+    }
     size_t i = 0;
     if (row.fused_ok) row.fused_ms = ms[i++];
     if (time_nopre) row.fused_nopre_ms = ms[i++];
@@ -349,6 +550,7 @@ void print_table(const std::vector<Row>& rows) {
               "U", "fused ms", "TFLOP/s", "gemm ms", "unfsd ms", "gemm/fsd", "unf/fsd", "act fused", "act unfsd",
               "glu TB/s", "path", "config / note");
   for (const Row& r : rows) {
+    if (r.timing != "events") continue;
     if (r.skipped) {
       std::printf("%-6s %6lld %6lld %6lld | skipped: %s\n", r.model.c_str(), (long long)r.m, (long long)r.k,
                   (long long)r.u, r.note.c_str());
@@ -370,8 +572,59 @@ void print_table(const std::vector<Row>& rows) {
   }
 }
 
+// The graph-timed rows, in microseconds per call. "W TB/s" is the fused
+// call's weight bytes over its time: at these M the call streams W once, so
+// this is how close it runs to the DRAM bandwidth.
+void print_graph_table(const std::vector<Row>& rows, double l2_bytes) {
+  std::printf(
+      "CUDA-graph timing: each path's R calls (R = \"calls\") captured in one graph, call j on copy j mod C of X, W "
+      "and Y;\nthe C copies (\"copies\", \"rotated\" = C x (X + W + Y)) rotate past twice the L2 (2 x %.0f MiB), so "
+      "every call reads its weights from DRAM.\nTimes are medians of the replays over R, in microseconds per call.\n",
+      l2_bytes / 1048576.0);
+  std::printf("%-9s %6s %6s %6s | %9s %9s %9s %9s | %8s %8s | %7s | %6s %8s %5s | %-10s %s\n", "model", "M", "K",
+              "U", "fused us", "gemm us", "unfsd us", "glu us", "gemm/fsd", "unf/fsd", "W TB/s", "copies", "rotated",
+              "calls", "path", "config / note");
+  for (const Row& r : rows) {
+    if (r.timing != "graph") continue;
+    if (r.skipped) {
+      std::printf("%-9s %6lld %6lld %6lld | skipped: %s\n", r.model.c_str(), (long long)r.m, (long long)r.k,
+                  (long long)r.u, r.note.c_str());
+      continue;
+    }
+    std::string tail = r.config;
+    if (!r.note.empty()) tail += (tail.empty() ? "" : "  ") + std::string("[") + r.note + "]";
+    if (std::isfinite(r.fused_nopre_ms))
+      tail = fmt("preact %+.1f%% (%.2f us without)  ", 100.0 * (r.fused_ms / r.fused_nopre_ms - 1.0),
+                 r.fused_nopre_ms * 1e3) + tail;
+    std::printf("%-9s %6lld %6lld %6lld | %9s %9s %9s %9s | %8s %8s | %7s | %6lld %6.0fMB %5lld | %-10s %s\n",
+                r.model.c_str(), (long long)r.m, (long long)r.k, (long long)r.u,
+                cell(r.fused_ms * 1e3, "%.2f").c_str(), cell(r.gemm_ms * 1e3, "%.2f").c_str(),
+                cell(r.unfused_ms * 1e3, "%.2f").c_str(), cell(r.glu_ms * 1e3, "%.2f").c_str(),
+                cell(r.gemm_ms / r.fused_ms, "%.3f").c_str(), cell(r.unfused_ms / r.fused_ms, "%.3f").c_str(),
+                cell(r.weight_bytes / (r.fused_ms * 1e-3) / 1e12, "%.2f").c_str(), (long long)r.copies,
+                r.rotated_bytes / 1e6, (long long)r.graph_calls, r.path.c_str(), tail.c_str());
+  }
+}
+
+// One line per shape: the cuBLAS algorithm the baseline ran ("gemm" and
+// "unfsd" columns) and, when autotuned, the runner-ups' times from the
+// autotune (its own timing: graph replays on the same rotated operands).
+void print_cublas_choices(const std::vector<Row>& rows, bool autotune) {
+  std::printf("cuBLAS GEMM per shape (%s):\n",
+              autotune ? "autotuned when the shape's Unfused was created: the fastest of the cuBLASLt heuristic's "
+                         "first 8 algorithms and cublasGemmEx, timed in CUDA-graph replays on the rotated operands "
+                         "(back to back, so a little slower than in the table); a later candidate displaces an "
+                         "earlier one only if > 0.5 % faster; tile and cluster are cublasLt.h enum values"
+                       : "--cublas heuristic: the cuBLASLt heuristic's first choice, not timed");
+  for (const Row& r : rows) {
+    if (r.skipped && r.cublas.summary.empty()) continue;
+    std::printf("  %-9s M=%-6lld K=%-6lld U=%-6lld %s\n", r.model.c_str(), (long long)r.m, (long long)r.k,
+                (long long)r.u, r.cublas.summary.empty() ? "-" : r.cublas.summary.c_str());
+  }
+}
+
 void write_json(const std::string& file, const DeviceInfo& d, const Problem& base, Schedule schedule,
-                const std::string& force_path, const std::vector<Row>& rows) {
+                const std::string& force_path, bool autotune, const std::vector<Row>& rows) {
   std::ofstream out(file);
   if (!out) throw ToolError("cannot open --json file '" + file + "' for writing");
   out << "{\n";
@@ -391,6 +644,7 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
   out << "  \"preact\": " << (base.has_preact ? json_str(to_string(base.preact_dtype)) : "null") << ",\n";
   out << "  \"schedule\": " << json_str(schedule_name(schedule)) << ",\n";
   out << "  \"force_path\": " << json_str(force_path) << ",\n";
+  out << "  \"cublas_mode\": " << json_str(autotune ? "autotune" : "heuristic") << ",\n";
   out << "  \"rows\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -410,6 +664,22 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
     out << ", \"check_rel_vs_unfused\": " << json_num(r.check_rel);
     out << ", \"path\": " << json_str(r.path) << ", \"config\": " << json_str(r.config);
     out << ", \"reps\": " << r.reps << ", \"copies\": " << r.copies;
+    out << ", \"timing\": " << json_str(r.timing) << ", \"graph_calls\": " << r.graph_calls;
+    out << ", \"weight_bytes\": " << json_num(r.weight_bytes) << ", \"rotated_bytes\": " << json_num(r.rotated_bytes);
+    out << ", \"fused_weight_tbps\": " << json_num(r.weight_bytes / (r.fused_ms * 1e-3) / 1e12);
+    out << ", \"cublas_choice\": " << json_str(r.cublas.summary);
+    out << ", \"cublas_autotuned\": " << (r.cublas.autotuned ? "true" : "false");
+    out << ", \"cublas_method\": " << json_str(r.cublas.method);
+    out << ", \"cublas_alignment\": " << r.cublas.alignment;
+    out << ", \"cublas_candidates\": [";
+    for (size_t c = 0; c < r.cublas.candidates.size(); ++c) {
+      const auto& cd = r.cublas.candidates[c];
+      out << (c ? ", " : "") << "{\"name\": " << json_str(cd.name) << ", \"heuristic_rank\": " << cd.heuristic_rank
+          << ", \"workspace_bytes\": " << cd.workspace << ", \"ms\": " << json_num(cd.ms >= 0 ? cd.ms : NAN)
+          << ", \"winner\": " << (static_cast<int>(c) == r.cublas.winner ? "true" : "false")
+          << ", \"note\": " << json_str(cd.note) << "}";
+    }
+    out << "]";
     out << ", \"note\": " << json_str(r.note) << "}";
   }
   out << "\n  ]\n}\n";
@@ -421,8 +691,12 @@ void write_json(const std::string& file, const DeviceInfo& d, const Problem& bas
 int bench_main(int argc, char** argv) {
   std::vector<FlagSpec> specs = {
       {"model", "NAME",
-       "Llama-3 gate/up shape: 8b (default; K=4096 U=14336), 70b (8192, 28672), 405b (16384, 53248), all"},
-      {"m", "LIST", "comma-separated rows of X (default 1,16,64,256,1024,4096,16384,65536)"},
+       "Llama-3 gate/up shape: 8b (default; K=4096 U=14336), 70b (8192, 28672), 405b (16384, 53248); "
+       "small: qwen-0.5b (896, 4864), 1024x2816, llama-1b (Llama-3.2-1B: 2048, 8192), llama-3b (3072, 8192), "
+       "each by name or all four as 'small' (default M 1,2,4,8,16, graph timing); all: every one"},
+      {"m", "LIST",
+       "comma-separated rows of X, for every model (default 1,16,64,256,1024,4096,16384,65536; small models "
+       "1,2,4,8,16)"},
       {"k", "K", "custom shape: input features (with --u; replaces --model)"},
       {"u", "U", "custom shape: output features per half (with --k)"},
   };
@@ -435,28 +709,53 @@ int bench_main(int argc, char** argv) {
     if (s.name == "preact" || s.name == "preact-dtype") specs.push_back(s);
   specs.push_back({"reps", "N",
                    "timed calls per path (default: adaptive, about 0.4 s per shape); with --schedule block, "
-                   "split over the 3 rounds, rounded up"});
+                   "split over the 3 rounds, rounded up; with graph timing, replays of the path's graph"});
   specs.push_back({"schedule", "S",
                    "call (default): the paths interleaved call by call; block: each path timed in its own "
                    "block of consecutive calls after its own warm-up, the blocks rotated 3 times (A B C A B C ...)"});
+  specs.push_back({"graph", "",
+                   "time every model in CUDA-graph replay: each path's R calls (rotating the copies) captured in "
+                   "one graph, the graphs replayed under --schedule, times per call in microseconds (default for "
+                   "the small models only)"});
+  specs.push_back({"no-graph", "", "time the small models by eager launches with events too"});
+  specs.push_back({"cublas", "MODE",
+                   "the baseline's GEMM algorithm: autotune (default: the fastest of the cuBLASLt heuristic's "
+                   "first 8 and cublasGemmEx, timed per shape on the rotated operands when the shape starts) or "
+                   "heuristic (the heuristic's first choice, untimed, as before)"});
   specs.push_back({"path", "P",
                    "fused kernel path, by setting GATEDMLP_FORCE_PATH: auto (unset it: the dispatcher's choice), "
                    "portable (the sm80 mma.sync kernel everywhere), hopper (the sm90 wgmma kernel where the problem "
                    "and device allow it); default: the environment as it is"});
   specs.push_back({"json", "FILE", "also write every row, the device, driver and git commit as JSON"});
+  for (auto& s : host_bench_flag_specs()) specs.push_back(s);
   Flags f("bench",
           "Time the fused kernel, cuBLAS GEMM alone (into [M, 2U]) and the unfused GEMM + GLU in the same run.\n"
           "Times are medians of CUDA-event timings after warm-up, inputs rotated past twice the L2;\n"
           "--schedule says how the paths' calls are ordered, --path which fused kernel runs. The unfused\n"
           "path's GLU kernel is timed alone too; \"glu TB/s\" is its bytes (the intermediate read; Y and any\n"
           "pre-activation written) over its time.\n"
+          "The cuBLAS GEMM is autotuned per shape (--cublas); the algorithm each shape ran is printed\n"
+          "after the tables. The small models (and all with --graph) are timed in CUDA-graph replay and\n"
+          "reported in microseconds per call, with the fused call's weight-read rate (\"W TB/s\").\n"
           "With --preact, the fused call without the pre-activation is timed too, as another path,\n"
-          "and its cost printed first in the last column (\"preact +x.x%\").",
+          "and its cost printed first in the last column (\"preact +x.x%\").\n"
+          "--host: a separate mode, the host time per call of run() and of its parts against an empty\n"
+          "kernel launch (see host_bench.cpp); only --host-batches, --host-calls and --json go with it.",
           specs);
   f.parse(argc, argv);
   if (f.help()) {
     std::fputs(f.usage().c_str(), stdout);
     return 0;
+  }
+  if (f.has("host")) {
+    for (const FlagSpec& s : specs) {
+      if (f.has(s.name) && s.name != "host" && s.name != "json" && s.name.rfind("host-", 0) != 0)
+        throw UsageError("--" + s.name + " does not apply to --host (only --host-batches, --host-calls, --json)");
+    }
+    return host_bench(f);
+  }
+  for (const FlagSpec& s : host_bench_flag_specs()) {
+    if (s.name != "host" && f.has(s.name)) throw UsageError("--" + s.name + " goes with --host");
   }
 
   std::vector<std::pair<std::string, Model>> shapes;
@@ -465,22 +764,32 @@ int bench_main(int argc, char** argv) {
     if (f.has("model")) throw UsageError("--model and --k/--u are exclusive");
     const int64_t k = f.i64("k", 0), u = f.i64("u", 0);
     if (k < 1 || u < 1) throw UsageError("--k and --u must be >= 1");
-    shapes.push_back({"custom", Model{"custom", k, u}});
+    shapes.push_back({"custom", Model{"custom", k, u, false}});
   } else {
     const std::string name = f.str("model", "8b");
     bool found = false;
     for (const Model& mdl : kModels) {
-      if (name == mdl.name || name == "all") {
+      if (name == mdl.name || name == "all" || (name == "small" && mdl.small)) {
         shapes.push_back({mdl.name, mdl});
         found = true;
       }
     }
-    if (!found) throw UsageError("--model: expected 8b, 70b, 405b or all, got '" + name + "'");
+    if (!found) {
+      std::string names;
+      for (const Model& mdl : kModels) names += std::string(mdl.name) + ", ";
+      throw UsageError("--model: expected " + names + "small or all, got '" + name + "'");
+    }
   }
-  const std::vector<int64_t> ms = f.i64_list("m", kDefaultM);
-  for (int64_t m : ms) {
+  const bool m_given = f.has("m");
+  const std::vector<int64_t> m_flag = f.i64_list("m", kDefaultM);
+  for (int64_t m : m_flag) {
     if (m < 1) throw UsageError("--m: every M must be >= 1, got " + std::to_string(m));
   }
+  if (f.has("graph") && f.has("no-graph")) throw UsageError("--graph and --no-graph are exclusive");
+  const std::string cublas_mode = f.str("cublas", "autotune");
+  if (cublas_mode != "autotune" && cublas_mode != "heuristic")
+    throw UsageError("--cublas: expected autotune or heuristic, got '" + cublas_mode + "'");
+  const bool autotune = cublas_mode == "autotune";
   const int64_t reps = f.i64("reps", 0);
   if (f.has("reps") && reps < 1) throw UsageError("--reps must be >= 1");
   const Problem base = problem_from_flags(f, 1, 1, 1);
@@ -503,46 +812,77 @@ int bench_main(int argc, char** argv) {
   const char* force_env = std::getenv(kForcePathEnv);
   const std::string force_path = force_env && *force_env ? force_env : "auto";
 
+  // Each model's M list and timing.
+  struct Job {
+    std::string name;
+    Model mdl;
+    int64_t m;
+    bool graph;
+  };
+  std::vector<Job> jobs;
+  for (const auto& [name, mdl] : shapes) {
+    const bool graph = f.has("graph") || (mdl.small && !f.has("no-graph"));
+    for (int64_t m : m_given ? m_flag : (mdl.small ? kSmallM : kDefaultM)) jobs.push_back({name, mdl, m, graph});
+  }
+
   const DeviceInfo dev = require_device();
   std::fprintf(stderr, "gatedmlp bench: %s (sm_%d%d, %d SMs, L2 %.0f MiB), driver %s, runtime %s, commit %s\n",
                dev.prop.name, dev.prop.major, dev.prop.minor, dev.prop.multiProcessorCount,
                dev.prop.l2CacheSize / 1048576.0, cuda_version_string(dev.driver_version).c_str(),
                cuda_version_string(dev.runtime_version).c_str(), git_commit().c_str());
-  std::fprintf(stderr, "layout %s, activation %s, %s -> %s, schedule %s, path %s\n", layout_name(base.weights).c_str(),
-               to_string(base.activation), to_string(base.input_dtype), to_string(base.output_dtype),
-               schedule_name(schedule), force_path.c_str());
+  std::fprintf(stderr, "layout %s, activation %s, %s -> %s, schedule %s, path %s, cuBLAS %s\n",
+               layout_name(base.weights).c_str(), to_string(base.activation), to_string(base.input_dtype),
+               to_string(base.output_dtype), schedule_name(schedule), force_path.c_str(), cublas_mode.c_str());
 
-  Bench bench(dev, base, reps, schedule);
+  Bench bench(dev, base, reps, schedule, autotune);
   std::vector<Row> rows;
-  const size_t total = shapes.size() * ms.size();
-  for (const auto& [name, mdl] : shapes) {
-    for (int64_t m : ms) {
-      const auto t0 = std::chrono::steady_clock::now();
-      Row r = bench.run_shape(name, m, mdl.k, mdl.u);
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r.skipped) {
-        std::fprintf(stderr, "[%zu/%zu] %s M=%lld K=%lld U=%lld: skipped: %s\n", rows.size() + 1, total, name.c_str(),
-                     (long long)m, (long long)mdl.k, (long long)mdl.u, r.note.c_str());
-      } else {
-        std::fprintf(stderr,
-                     "[%zu/%zu] %s M=%lld K=%lld U=%lld: fused %s ms, gemm %.4f ms, unfused %.4f ms, glu %.4f ms "
-                     "(%lld reps, %lld copies, %.1f s)%s%s\n",
-                     rows.size() + 1, total, name.c_str(), (long long)m, (long long)mdl.k, (long long)mdl.u,
-                     cell(r.fused_ms, "%.4f").c_str(), r.gemm_ms, r.unfused_ms, r.glu_ms, (long long)r.reps,
-                     (long long)r.copies, secs, r.note.empty() ? "" : ": ", r.note.c_str());
-      }
-      rows.push_back(std::move(r));
+  const size_t total = jobs.size();
+  for (const Job& job : jobs) {
+    const int64_t m = job.m;
+    const Model& mdl = job.mdl;
+    const auto t0 = std::chrono::steady_clock::now();
+    Row r = bench.run_shape(job.name, m, mdl.k, mdl.u, job.graph);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r.skipped) {
+      std::fprintf(stderr, "[%zu/%zu] %s M=%lld K=%lld U=%lld: skipped: %s\n", rows.size() + 1, total,
+                   job.name.c_str(), (long long)m, (long long)mdl.k, (long long)mdl.u, r.note.c_str());
+    } else if (job.graph) {
+      std::fprintf(stderr,
+                   "[%zu/%zu] %s M=%lld K=%lld U=%lld: graph, per call: fused %s us, gemm %.2f us, unfused %.2f us, "
+                   "glu %.2f us (%lld replays of %lld calls, %lld copies, %.1f s)%s%s\n",
+                   rows.size() + 1, total, job.name.c_str(), (long long)m, (long long)mdl.k, (long long)mdl.u,
+                   cell(r.fused_ms * 1e3, "%.2f").c_str(), r.gemm_ms * 1e3, r.unfused_ms * 1e3, r.glu_ms * 1e3,
+                   (long long)r.reps, (long long)r.graph_calls, (long long)r.copies, secs,
+                   r.note.empty() ? "" : ": ", r.note.c_str());
+    } else {
+      std::fprintf(stderr,
+                   "[%zu/%zu] %s M=%lld K=%lld U=%lld: fused %s ms, gemm %.4f ms, unfused %.4f ms, glu %.4f ms "
+                   "(%lld reps, %lld copies, %.1f s)%s%s\n",
+                   rows.size() + 1, total, job.name.c_str(), (long long)m, (long long)mdl.k, (long long)mdl.u,
+                   cell(r.fused_ms, "%.4f").c_str(), r.gemm_ms, r.unfused_ms, r.glu_ms, (long long)r.reps,
+                   (long long)r.copies, secs, r.note.empty() ? "" : ": ", r.note.c_str());
     }
+    if (!r.cublas.summary.empty()) {
+      std::fprintf(stderr, "    cuBLAS: %s%s%s\n", r.cublas.summary.c_str(), r.cublas.autotuned ? "; autotune: " : "",
+                   r.cublas.autotuned ? r.cublas.method.c_str() : "");
+    }
+    rows.push_back(std::move(r));
   }
 
-  std::printf("device: %s, driver %s, runtime %s, commit %s; layout %s, %s, %s%s; schedule %s, path %s\n",
+  bool any_events = false, any_graph = false;
+  for (const Job& job : jobs) (job.graph ? any_graph : any_events) = true;
+  std::printf("device: %s, driver %s, runtime %s, commit %s; layout %s, %s, %s%s; schedule %s, path %s, cuBLAS %s\n",
               dev.prop.name, cuda_version_string(dev.driver_version).c_str(),
               cuda_version_string(dev.runtime_version).c_str(), git_commit().c_str(),
               layout_name(base.weights).c_str(), to_string(base.activation), to_string(base.input_dtype),
-              base.has_preact ? ", +preact" : "", schedule_name(schedule), force_path.c_str());
-  print_table(rows);
+              base.has_preact ? ", +preact" : "", schedule_name(schedule), force_path.c_str(), cublas_mode.c_str());
+  if (any_events) print_table(rows);
+  if (any_events && any_graph) std::printf("\n");
+  if (any_graph) print_graph_table(rows, double(std::max(dev.prop.l2CacheSize, 0)));
+  std::printf("\n");
+  print_cublas_choices(rows, autotune);
   if (!json.empty()) {
-    write_json(json, dev, base, schedule, force_path, rows);
+    write_json(json, dev, base, schedule, force_path, autotune, rows);
     std::fprintf(stderr, "wrote %s\n", json.c_str());
   }
   bool any_bad = false;

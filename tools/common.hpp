@@ -158,6 +158,19 @@ bool fits_in_memory(size_t need, std::string* note);
 
 // ---------------------------------------------------------------- subcommands
 int bench_main(int argc, char** argv);
+// `gatedmlp bench --host` (host_bench.cpp): its flags (--host and the
+// --host-* ones), and the mode itself on flags bench_main parsed.
+std::vector<FlagSpec> host_bench_flag_specs();
+int host_bench(const Flags& f);
+
+// An empty kernel <<<1, 32>>> on `stream` (empty_kernel.cu): the floor a
+// launch costs the host. The first form is the triple-chevron launch (its
+// error, if any, is left for cudaGetLastError); the second launches it by
+// cudaLaunchKernelEx, with a cluster-dimension attribute of 1 x 1 x 1 when
+// `cluster_attr` (as the Hopper launcher does; needs sm_90) or with no
+// attribute, and returns the launch's error.
+void launch_empty_kernel(cudaStream_t stream);
+cudaError_t launch_empty_kernel_ex(cudaStream_t stream, bool cluster_attr);
 int accuracy_main(int argc, char** argv);
 int info_main(int argc, char** argv);
 

@@ -2,6 +2,7 @@
 // what they share (flag parsing, problem flags, device helpers).
 //
 //   gatedmlp bench    [flags]   fused vs cuBLAS GEMM vs unfused GEMM+GLU timings
+//   gatedmlp bench --host       host time per call of run() against an empty launch
 //   gatedmlp accuracy [flags]   error against an fp64 reference, fused and unfused
 //   gatedmlp info     [flags]   the device, and the kernel path a problem takes
 //   gatedmlp <command> --help
@@ -444,6 +445,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  bench      time the fused kernel against cuBLAS GEMM alone and the unfused GEMM + GLU\n"
+    "             (bench --host: the host time per call of run() against an empty kernel launch)\n"
     "  accuracy   error of fused and unfused against a float64 reference (the blog's table)\n"
     "  info       the device, and which kernel path and config a problem gets\n"
     "\n"

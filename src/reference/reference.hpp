@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gatedmlp/gatedmlp.hpp"
@@ -38,9 +39,50 @@ void cpu_reference(const Problem& p, const Arguments& host, std::vector<double>*
 // the input dtype) into an [M, 2U] intermediate, then a GLU kernel that adds
 // the bias and applies the activation. Supports every Problem that
 // check_support accepts.
+//
+// The GEMM's algorithm: by default the cuBLASLt heuristic's first choice for
+// each alignment class of the operands (cheap to create: the tests' yardstick).
+// With Options::autotune, create() also times, on the caller's operands, the
+// heuristic's first `candidates` algorithms and cublasGemmEx (the call
+// torch.mm / F.linear make for bf16/fp16), and keeps the fastest for the
+// object's lifetime: the benchmark's baseline must be at least as fast as what
+// a framework calls, and the heuristic's first pick is not always the fastest
+// (8B M = 4096 on an H100: its #6 ran 4 % faster than its #1). A later
+// candidate displaces an earlier one only if faster by more than 0.5 %, so
+// candidates equal within the noise give the same choice every run.
 class Unfused {
  public:
+  struct Options {
+    bool autotune = false;
+    int candidates = 8;  // heuristic algorithms asked for (cublasGemmEx comes on top)
+    // The operand sets to time on (x, w, w_up are read; nothing is written
+    // to them), rotated call by call: pass copies enough to rotate past the
+    // L2, as the benchmark's timed calls do. Required with autotune. They
+    // must stay valid only during create().
+    std::vector<Arguments> tune_args;
+    double budget_seconds = 0.3;  // timed replays of all candidates together, roughly
+  };
+
+  // One algorithm the autotune timed.
+  struct GemmCandidate {
+    std::string name;       // "cublasLt heuristic #2 (algo 66, tile 20, ...)" or "cublasGemmEx"
+    int heuristic_rank = 0; // 1-based rank in the heuristic's answer; 0 for cublasGemmEx
+    size_t workspace = 0;   // bytes the algorithm asked for (cublasGemmEx: the handle's workspace)
+    double ms = -1;         // median per GEMM call (all batches and halves); < 0: not timed (note says why)
+    std::string note;
+  };
+  // What create() picked for the GEMM of the operands' alignment class.
+  struct GemmChoice {
+    bool autotuned = false;
+    uint32_t alignment = 0;      // the alignment class (bytes) the choice is for; other classes keep the heuristic's
+    std::vector<GemmCandidate> candidates;
+    int winner = -1;             // index into candidates; -1 when nothing was timed
+    std::string method;          // how the candidates were timed
+    std::string summary;         // one line for a report
+  };
+
   static Status create(const Problem& p, std::unique_ptr<Unfused>* out);
+  static Status create(const Problem& p, const Options& options, std::unique_ptr<Unfused>* out);
   virtual ~Unfused() = default;
   // Bytes of the [L][M, 2U] intermediate this path allocates.
   virtual size_t intermediate_bytes() const = 0;
@@ -51,6 +93,8 @@ class Unfused {
   // The GLU kernel alone, on whatever the intermediate holds: the bench's
   // yardstick of how close the elementwise half runs to memory bandwidth.
   virtual Status run_glu_only(const Arguments& args, cudaStream_t stream) = 0;
+  // The GEMM algorithm in use, and how it was chosen.
+  virtual const GemmChoice& gemm_choice() const = 0;
 };
 
 // float64 reference on the device for batch 0 and the given rows:
