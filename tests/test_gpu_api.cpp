@@ -259,6 +259,59 @@ TEST(GpuApi, RepeatedCallsFollowNewPointers) {
   }
 }
 
+// A Hopper call with a split tail captured into a CUDA graph and replayed:
+// each replay must wait for its own partial sums, not take the flags the
+// previous replay left (the token is the captured one). On other devices
+// the same capture runs the portable kernel.
+TEST(GpuApi, SplitTailInCudaGraphReplays) {
+  SKIP_WITHOUT_GPU();
+  setenv("GATEDMLP_SM90_SPLIT_TAIL", "force", 1);
+  std::mt19937_64 rng(std::random_device{}());
+  Problem p;
+  p.m = 300;
+  p.k = 1024;
+  p.u = 1300;
+  p.output_dtype = DType::fp32;  // the 128-column cooperative kernels: the ones with a split tail
+  const size_t ws_bytes = workspace_size(p);
+  DeviceBuffer x(p.m * p.k * 2), w(2 * p.u * p.k * 2), y(p.m * p.u * 4), ws(ws_bytes ? ws_bytes : 1);
+  auto hw = random_bf16(2 * p.u * p.k, rng, 0.05f);
+  CUDA_OK(cudaMemcpy(w.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+  Arguments a;
+  a.x = x.p;
+  a.w = w.p;
+  a.y = y.p;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ASSERT_TRUE(run(p, a, ws.p, ws_bytes, stream).ok());  // planned outside the capture
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status s = run(p, a, ws.p, ws_bytes, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(s.ok()) << s.message();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 4; ++replay) {
+    auto hx = random_bf16(p.m * p.k, rng, 1.f);
+    CUDA_OK(cudaMemcpy(x.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(y.p, 0xFF, y.bytes));  // NaN
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<float> out(p.m * p.u);
+    CUDA_OK(cudaMemcpy(out.data(), y.p, out.size() * 4, cudaMemcpyDeviceToHost));
+    Arguments h;
+    h.x = hx.data();
+    h.w = hw.data();
+    std::vector<double> want;
+    ref::cpu_reference(p, h, &want, nullptr);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], want[i], 2e-3 * (1 + std::fabs(want[i]))) << "replay " << replay << " element " << i;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  unsetenv("GATEDMLP_SM90_SPLIT_TAIL");
+}
+
 // Empty work on a device: nothing launched, nothing written, any pointers.
 TEST(GpuApi, EmptyWorkLaunchesNothing) {
   SKIP_WITHOUT_GPU();

@@ -567,7 +567,21 @@ Status launch_prepared(Prepared& pr, const Arguments& a, void* workspace, size_t
     }
     if (p.tickets) p.tickets = reinterpret_cast<uint32_t*>(w + flag_bytes(pr.sms) + partial_bytes(pr.sms));
   }
-  if (pr.k.split) p.sk_token = next_token();
+  if (pr.k.split) {
+    p.sk_token = next_token();
+    // A CUDA graph replays the token it captured, and the flags keep the
+    // last replay's: an owner would take them as raised and add partials
+    // not yet written. Captured calls therefore zero the flags first (a
+    // memset node in the graph); no token is zero.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+      (void)cudaGetLastError();
+      capture = cudaStreamCaptureStatusActive;  // unknown: zeroing is always correct
+    }
+    if (capture != cudaStreamCaptureStatusNone)
+      if (const cudaError_t e = cudaMemsetAsync(p.sk_flag, 0, flag_bytes(pr.sms), stream); e != cudaSuccess)
+        return err(StatusCode::cuda_error, "zeroing the split tail's flags failed: ", cudaGetErrorString(e));
+  }
   const cudaError_t e = pr.k.launch(pr.k, p, stream);
   if (e != cudaSuccess) return err(StatusCode::cuda_error, "Hopper kernel launch failed: ", cudaGetErrorString(e));
   return Status::Ok();

@@ -108,10 +108,11 @@ struct Params {
   int sk_r;            // sk_iters % clusters
   float* sk_part;      // per CTA and consumer warpgroup: one 64 x 256 fp32 partial tile
   // Per partial: a flag raised (set to sk_token) once it is written. The
-  // token is new for every launch, so the flags need no zeroing: what a
-  // previous launch, or anything else, left there does not equal it (a
+  // token is new for every eager launch, so the flags need no zeroing: what
+  // a previous launch, or anything else, left there does not equal it (a
   // 64-bit value drawn per launch: a stale or garbage flag matches with
-  // probability 2^-64).
+  // probability 2^-64). A launch captured into a CUDA graph replays one
+  // token, so it zeroes the flags before the kernel (launch_prepared).
   uint64_t* sk_flag;
   uint64_t sk_token;
   int64_t sk_ctas;     // CTAs the workspace has partials for (0: no workspace, no split)

@@ -452,9 +452,13 @@ def test_repeated_calls_follow_new_pointers(shape):
             assert torch.allclose(pre[:, :u].double(), g, rtol=2e-2, atol=2e-2)
 
 
-def test_split_tail_in_a_cuda_graph_and_on_two_streams():
+def test_split_tail_in_a_cuda_graph_and_on_two_streams(monkeypatch):
     # The Hopper path's scratch: held per stream for eager calls, fresh for a
-    # call captured into a graph (replayed here while the eager stream runs).
+    # call captured into a graph (replayed here while the eager stream runs),
+    # whose split tail must not take the flags of the previous replay. The
+    # cooperative kernels (the ones with a split tail), split wherever they can.
+    monkeypatch.setenv("GATEDMLP_SM90_PINGPONG", "0")
+    monkeypatch.setenv("GATEDMLP_SM90_SPLIT_TAIL", "force")
     m, k, u = 300, 1024, 1300
     wg, wu = logical_weights(u, k, torch.bfloat16)
     w = torch.cat([wg, wu])
