@@ -3,13 +3,18 @@
 // block): the narrow 88-column tile where its waves fill the SMs better and
 // it can run, as the ping-pong kernels where those can run and their whole
 // waves cost less, the 128-column tile everywhere else.
+// And the decode kernel (src/decode_glu/): every call of M <= 16 it can
+// read, on any device, before the Hopper or portable kernel; the others
+// with the reason why.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/internal.hpp"
+#include "decode_glu/decode_glu.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
@@ -38,14 +43,42 @@ Problem llama8b(int64_t m) {
   return p;
 }
 
-// The tile the dispatcher picks, with the knobs it reads unset.
+// The tile the dispatcher picks, with the knobs it reads unset, and the
+// decode kernel left out (GATEDMLP_DECODE=0): M <= 16 would take it, and
+// these tests are about the Hopper kernel's own choice there too.
 Config pick(const Problem& p) {
   for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH", "GATEDMLP_SM90_PINGPONG"})
     unsetenv(v);
+  setenv("GATEDMLP_DECODE", "0", 1);
   Config c;
   const Status s = detail::select_config(p.resolved(), nullptr, h200(), &c);
+  unsetenv("GATEDMLP_DECODE");
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(c.path, KernelPath::sm90_wgmma) << to_string(c);
+  return c;
+}
+
+// An A100: no Hopper kernel, the portable one or the decode kernel.
+detail::DeviceInfo a100() {
+  detail::DeviceInfo d;
+  d.device = 0;
+  d.major = 8;
+  d.minor = 0;
+  d.sms = 108;
+  d.smem_optin = 166912;
+  d.l2_bytes = 40u << 20;
+  d.name = "simulated A100";
+  return d;
+}
+
+// The path and reason the dispatcher gives, with its knobs unset.
+Config route(const Problem& p, const detail::DeviceInfo& dev, const Arguments* a = nullptr) {
+  for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH", "GATEDMLP_SM90_PINGPONG",
+                        "GATEDMLP_DECODE"})
+    unsetenv(v);
+  Config c;
+  const Status s = detail::select_config(p.resolved(), a, dev, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
   return c;
 }
 
@@ -245,4 +278,149 @@ TEST(Dispatch, PingPongKnobsAndLimits) {
   c = pick(big);
   EXPECT_FALSE(c.pingpong) << to_string(c);
   EXPECT_NE(c.reason.find("clusters of 2"), std::string::npos) << c.reason;
+}
+
+// ---------------------------------------------------------------- the decode kernel
+
+TEST(Dispatch, DecodeTakesEveryReadableCallOfFewRows) {
+  for (const detail::DeviceInfo& dev : {h200(), a100()}) {
+    SCOPED_TRACE(dev.name);
+    for (int64_t m : {1, 2, 7, 8, 9, 15, 16}) {
+      const Config c = route(llama8b(m), dev);
+      EXPECT_EQ(c.path, KernelPath::decode) << "M = " << m << ": " << to_string(c);
+      EXPECT_EQ(c.tile_m, m) << to_string(c);
+      EXPECT_NE(c.reason.find("decode kernel"), std::string::npos) << c.reason;
+    }
+    // M = 17: the GEMM kernels, which do not mention the decode kernel.
+    const Config c17 = route(llama8b(17), dev);
+    EXPECT_EQ(c17.path, dev.major == 9 && sm90::compiled() ? KernelPath::sm90_wgmma : KernelPath::sm80_mma)
+        << to_string(c17);
+    EXPECT_EQ(c17.reason.find("decode"), std::string::npos) << c17.reason;
+    // Every layout it can read: separate, stacked, interleaved by any G,
+    // up first, padded rows, batches (shared weights), any output, bias and
+    // pre-activation.
+    std::vector<Problem> ok;
+    for (int64_t g : {int64_t(1), int64_t(2), int64_t(7), int64_t(16), int64_t(28), int64_t(448), int64_t(14336)}) {
+      Problem p = llama8b(4);
+      p.weights.group = g;
+      p.weights.first = g % 2 ? Half::up : Half::gate;
+      ok.push_back(p);
+    }
+    Problem p = llama8b(16);
+    p.weights.format = WeightFormat::separate;
+    p.weights.ld = p.k + 8;
+    p.ldx = p.k + 24;
+    p.ldy = p.u + 3;
+    p.output_dtype = DType::fp32;
+    p.has_bias = true;
+    p.bias_dtype = DType::fp16;
+    p.has_preact = true;
+    p.preact_dtype = DType::fp32;
+    p.ldpre = 2 * p.u + 1;
+    ok.push_back(p);
+    p = llama8b(3);
+    p.k = 8;
+    p.batch = 3;
+    p.batch_stride_w = 0;
+    p.batch_stride_x = 3 * 8 + 8;
+    p.batch_stride_y = 3 * p.u + 1;
+    ok.push_back(p);
+    for (const Problem& q : ok) {
+      const Config c = route(q, dev);
+      EXPECT_EQ(c.path, KernelPath::decode) << to_string(q) << ": " << to_string(c);
+    }
+  }
+}
+
+TEST(Dispatch, DecodeRefusesWhatItCannotReadAndSaysWhy) {
+  for (const detail::DeviceInfo& dev : {h200(), a100()}) {
+    SCOPED_TRACE(dev.name);
+    struct Case {
+      const char* why;
+      Problem p;
+    };
+    std::vector<Case> cases;
+    Problem p = llama8b(4);
+    p.k = 4100;
+    cases.push_back({"k=4100 is not a multiple of 8", p});
+    p = llama8b(4);
+    p.weights.storage = WeightStorage::in_out;
+    cases.push_back({"weights stored in_out", p});
+    p = llama8b(4);
+    p.ldx = p.k + 4;
+    cases.push_back({"ldx=4100 is not a multiple of 8", p});
+    p = llama8b(4);
+    p.weights.ld = p.k + 2;
+    cases.push_back({"weights.ld=4098 is not a multiple of 8", p});
+    p = llama8b(4);
+    p.batch = 2;
+    p.batch_stride_x = 4 * 4096 + 2;
+    cases.push_back({"batch_stride_x=16386 is not a multiple of 8", p});
+    p = llama8b(4);
+    p.batch = 2;
+    p.batch_stride_w = 2 * int64_t(14336) * 4096 + 4;
+    cases.push_back({"batch_stride_w=117440516 is not a multiple of 8", p});
+    for (const Case& c : cases) {
+      const Config cfg = route(c.p, dev);
+      EXPECT_NE(cfg.path, KernelPath::decode) << c.why << ": " << to_string(cfg);
+      EXPECT_NE(cfg.reason.find(std::string("decode kernel not taken: ") + c.why), std::string::npos)
+          << c.why << ": " << cfg.reason;
+      // The decode kernel's own word, without the dispatcher.
+      EXPECT_NE(decode::blocker(c.p.resolved(), nullptr).find(c.why), std::string::npos)
+          << decode::blocker(c.p.resolved(), nullptr);
+    }
+    // Pointers the kernel cannot load 16 bytes at a time from.
+    alignas(16) static unsigned char buf[64];
+    for (int which = 0; which < 3; ++which) {
+      Problem q = llama8b(2);
+      Arguments a;
+      a.x = buf;
+      a.w = buf;
+      a.y = buf;
+      if (which == 2) {
+        q.weights.format = WeightFormat::separate;
+        a.w_up = buf + 8;
+      } else if (which == 1) {
+        a.w = buf + 2;
+      } else {
+        a.x = buf + 6;
+      }
+      const char* name = which == 0 ? "x (" : which == 1 ? "w (" : "w_up (";
+      const Config cfg = route(q, dev, &a);
+      EXPECT_NE(cfg.path, KernelPath::decode) << name << ": " << to_string(cfg);
+      EXPECT_NE(cfg.reason.find(std::string("decode kernel not taken: ") + name), std::string::npos) << cfg.reason;
+      EXPECT_NE(cfg.reason.find("is not 16-byte aligned"), std::string::npos) << cfg.reason;
+      // The same problem with aligned pointers (and plan() with none) takes it.
+      a.x = a.w = buf;
+      if (which == 2) a.w_up = buf + 16;
+      EXPECT_EQ(route(q, dev, &a).path, KernelPath::decode);
+      EXPECT_EQ(route(q, dev).path, KernelPath::decode);
+    }
+  }
+  // Sizes past its 32-bit row index, and M past kMaxM, named by the kernel.
+  Problem big = llama8b(1);
+  big.u = int64_t(1) << 30;
+  EXPECT_NE(decode::blocker(big.resolved(), nullptr).find("u=1073741824"), std::string::npos)
+      << decode::blocker(big.resolved(), nullptr);
+  EXPECT_NE(decode::blocker(llama8b(17).resolved(), nullptr).find("m=17"), std::string::npos);
+  EXPECT_EQ(decode::blocker(llama8b(16).resolved(), nullptr), "");
+}
+
+TEST(Dispatch, DecodeKnobs) {
+  Config c;
+  setenv("GATEDMLP_DECODE", "0", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(1).resolved(), nullptr, a100(), &c).ok());
+  unsetenv("GATEDMLP_DECODE");
+  EXPECT_EQ(c.path, KernelPath::sm80_mma) << to_string(c);
+  EXPECT_NE(c.reason.find("decode kernel not taken: GATEDMLP_DECODE=0"), std::string::npos) << c.reason;
+  setenv("GATEDMLP_FORCE_PATH", "portable", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(1).resolved(), nullptr, h200(), &c).ok());
+  unsetenv("GATEDMLP_FORCE_PATH");
+  EXPECT_EQ(c.path, KernelPath::sm80_mma) << to_string(c);
+  EXPECT_NE(c.reason.find("decode kernel not taken: GATEDMLP_FORCE_PATH=portable"), std::string::npos) << c.reason;
+  // Any other value leaves it on.
+  setenv("GATEDMLP_DECODE", "1", 1);
+  ASSERT_TRUE(detail::select_config(llama8b(1).resolved(), nullptr, a100(), &c).ok());
+  unsetenv("GATEDMLP_DECODE");
+  EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
 }

@@ -252,9 +252,10 @@ TEST(GpuApi, RepeatedCallsFollowNewPointers) {
       for (size_t i = 0; i < out.size(); ++i)
         ASSERT_NEAR(out[i], want[i], 2e-3 * (1 + std::fabs(want[i])))
             << "m=" << p.m << " k=" << p.k << " u=" << p.u << " call " << call << " element " << i;
-      if (sh.separate)
+      if (sh.separate) {
         for (size_t i = 0; i < out_pre.size(); ++i)
           ASSERT_NEAR(out_pre[i], want_pre[i], 2e-3 * (1 + std::fabs(want_pre[i]))) << "preact, call " << call;
+      }
     }
   }
 }

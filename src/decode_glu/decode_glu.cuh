@@ -1,0 +1,312 @@
+// The decode kernel: gate/up GEMM + GLU for a few rows of X (M <= 16), where
+// a call is bound by streaming the 2U x K weights from memory once.
+//
+// Swap AB. The tensor-core op is mma.m16n8k16 with the WEIGHTS as the
+// 16-row A operand and the tokens as the 8-column B operand: rows 0-7 of A
+// are the gate rows of 8 output columns j0 ... j0+7, rows 8-15 the up rows of
+// the same columns, and the n = 8 columns are 8 tokens (two n-tiles for
+// M <= 16). In the C fragment lane (g, t) = (lane / 4, lane % 4) then holds
+// c0, c1 = gate of column j0+g for tokens 2t, 2t+1 and c2, c3 = up of the
+// same column and tokens: gate and up of an output meet in one thread.
+//
+// No shared memory on the way in. A dot product does not care about the
+// order of k, so each lane loads 16 bytes (8 consecutive k) of its gate row
+// and of its up row at k0 + 8t of every 32-k chunk, straight from global
+// memory into registers, and feeds elements 0-3 to the chunk's first k16
+// step and 4-7 to the second. Logical k 2t+i of step s (A's a0/a1 and B's b0)
+// is physical k0 + 8t + 4s + i, logical 2t+8+i (a2/a3, b1) is physical
+// k0 + 8t + 4s + 2 + i: a bijection of the chunk's 32 k. B (X) follows the
+// same map, so a lane loads 16 bytes of its token g at k0 + 8t too. The
+// weights bypass L1 (read once: ld.global.nc.L1::no_allocate); X, tiny and
+// read by every CTA, is loaded through L1 (ld.global.nc) and hits there or
+// in L2.
+//
+// Every layout costs the same: each lane computes once where its two rows
+// live (separate tensors, fused stacked, interleaved by any G, either half
+// first; rows K-contiguous with any ld), then walks them along K.
+//
+// Work split: a CTA owns CG groups of 8 output columns (16*CG weight rows;
+// CG = 1 in every instantiation) over the whole of K. K is cut into
+// k-blocks of UNROLL chunks (UNROLL KB of weights per group); the CTA's
+// warps (one per k-block, at most 8) take k-blocks in turn, each issuing all
+// of a k-block's loads before its mma, then the warps' partial C fragments
+// are summed through shared memory in a fixed order (deterministic: no
+// atomics) and the CTA's threads run the epilogue, one output each: bias,
+// alpha, activation, pre-activation, Y.
+//
+// Why loads into registers and no pipeline: a call moves its weights once,
+// so what counts is bytes in flight per SM (~30 KB cover the latency at
+// 3 TB/s) and, for the small shapes whose whole grid fits on the SMs at
+// once, that every CTA is resident from the start. 3 CTAs of 8 warps with
+// 4 KB each in flight give 96 KB per SM. A variant streaming the weights
+// through a 3-deep cp.async ring in shared memory per warp (fewer
+// registers, more warps) measured 2-20 % slower at every shape (H100), and
+// more weight rows per CTA (CG = 2, halving X's traffic) or 8 chunks per
+// warp slower too.
+//
+// Rows past U (the last group of an odd U) and tokens past M read a valid
+// row (U-1, M-1) instead of being predicated: their results are computed and
+// never stored. The weights' loads are predicated (zero-filled) only in a
+// k-block that crosses K; X's always (it costs a compare per chunk).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/activation_math.hpp"
+#include "common/device_dtype.cuh"
+#include "common/layout_math.hpp"
+#include "decode_glu/params.hpp"
+
+namespace gatedmlp::decode {
+
+namespace detail_ {
+
+// 16 bytes of a weight row: read once per call, so kept out of L1, with the
+// hint to fetch the rest of its 256-byte L2 block (the warp reads the
+// neighbouring chunks of the row in the same k-block; +3 % of bandwidth at
+// 8B's shapes). Volatile so that no load is moved above the K-tail test
+// that guards it; the predicated form tests its own guard inside the asm.
+__device__ __forceinline__ uint4 ld_weights(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_weights_if(const void* p, bool ok) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// 16 bytes of X (zero where !ok): read by every CTA, so cached in L1.
+__device__ __forceinline__ uint4 ld_x_if(const void* p, bool ok) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
+      " @q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Column of the pre-activation output (and index into a fused bias) that
+// holds logical (half, j): the weight row for fused weights, [gate | up]
+// for separate ones (gatedmlp.hpp).
+__device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j) {
+  if (p.separate) return half == 0 ? j : p.u + j;
+  return gatedmlp::detail::fused_row(j, half, p.group, p.first);
+}
+
+}  // namespace detail_
+
+// Dynamic shared memory: the warps' partial C fragments, [warps][CG][NT][4][32] floats.
+template <int NT, int CG>
+constexpr int red_bytes(int warps) {
+  return warps * CG * NT * 4 * 32 * 4;
+}
+
+template <typename T, int NT, int CG, int UNROLL, int MINB>
+__global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const __grid_constant__ Params p) {
+  using namespace detail_;
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t j0 = int64_t(blockIdx.x) * (8 * CG);
+  constexpr int kBlockK = 32 * UNROLL;
+  const int64_t k_blocks = (p.k + kBlockK - 1) / kBlockK;
+
+  for (int l = blockIdx.y; l < p.batch; l += gridDim.y) {
+    // This lane's rows: the gate and up rows of column j0 + 8 cg + g (U-1
+    // past U), and token nt*8 + g of X (M-1 past M), at k = 8t.
+    const T* wrow[CG][2];
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg) {
+      const int64_t j = min(j0 + cg * 8 + g, p.u - 1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const T* base = static_cast<const T*>(p.separate && h ? p.w_up : p.w);
+        // 32-bit: blocker() keeps 2U below 2^31.
+        const uint32_t row = p.separate ? uint32_t(j)
+                                        : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
+        wrow[cg][h] = base + int64_t(l) * p.sw + int64_t(row) * p.ldw + 8 * t;
+      }
+    }
+    const T* xrow[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      xrow[nt] = static_cast<const T*>(p.x) + int64_t(l) * p.sx + int64_t(min(nt * 8 + g, p.m - 1)) * p.ldx + 8 * t;
+
+    float acc[CG][NT][4];
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
+
+    for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
+      const int64_t k0 = kb * kBlockK;
+      // The weights first: the long-latency loads, all of the k-block's in
+      // flight together. In the K tail (K is a multiple of 8) pieces past K
+      // are zero-filled, in X too.
+      uint4 wa[UNROLL][CG][2];
+      if (k0 + kBlockK <= p.k) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+          for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) wa[u][cg][h] = ld_weights(wrow[cg][h] + k0 + u * 32);
+      } else {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+          for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              wa[u][cg][h] = ld_weights_if(wrow[cg][h] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
+      }
+      // X, 16 bytes per n-tile and chunk (an L1 or L2 hit), loaded after the
+      // weights so that its latency hides under theirs.
+      uint4 xb[UNROLL][NT];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) xb[u][nt] = ld_x_if(xrow[nt] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const uint4(&xu)[NT] = xb[u];
+#pragma unroll
+        for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            // Step 0: elements 0-3 of each 16-byte piece; step 1: 4-7.
+            mma_16816<T>(acc[cg][nt], wa[u][cg][0].x, wa[u][cg][1].x, wa[u][cg][0].y, wa[u][cg][1].y, xu[nt].x,
+                         xu[nt].y);
+            mma_16816<T>(acc[cg][nt], wa[u][cg][0].z, wa[u][cg][1].z, wa[u][cg][0].w, wa[u][cg][1].w, xu[nt].z,
+                         xu[nt].w);
+          }
+      }
+    }
+
+    // The warps' partial sums, [warp][cg][nt][reg][lane]: each store is 32
+    // consecutive floats.
+    float* mine = red + warp * (CG * NT * 128);
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) mine[((cg * NT + nt) * 4 + r) * 32 + lane] = acc[cg][nt][r];
+    __syncthreads();
+
+    // Epilogue: one (token, column) output per thread, columns fastest so
+    // neighbouring threads store neighbouring Y elements. Token m sits in
+    // n-tile m / 8 at C column m % 8 = 2t + parity; column c of the CTA in
+    // group c / 8, C row c % 8 (gate) and 8 + c % 8 (up).
+    const int per_token = 8 * CG;
+    for (int e = threadIdx.x; e < per_token * p.m; e += blockDim.x) {
+      const int c = e % per_token, m = e / per_token;
+      const int64_t j = j0 + c;
+      if (j >= p.u) continue;
+      const int cg = c >> 3, nt = m >> 3, parity = m & 1;
+      const int src = ((c & 7) << 2) + ((m & 7) >> 1);  // the lane (g, t) that holds it
+      const float* part = red + (cg * NT + nt) * 128 + src;
+      float gs = 0.f, us = 0.f;
+      for (int w = 0; w < p.warps; ++w) {
+        gs += part[w * (CG * NT * 128) + parity * 32];
+        us += part[w * (CG * NT * 128) + (2 + parity) * 32];
+      }
+      float gv = gs * p.alpha, uv = us * p.alpha;
+      if (p.has_bias) {
+        const int64_t boff = int64_t(l) * p.sb;
+        gv += gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j));  // separate: j
+        uv += p.separate ? gatedmlp::detail::load_float(p.bias_up, p.bias_dtype, boff + j)
+                         : gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
+      }
+      if (p.has_pre) {
+        const int64_t base = int64_t(l) * p.spre + int64_t(m) * p.ldpre;
+        gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j), gv);
+        gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j), uv);
+      }
+      // 16-bit Y: the one-MUFU tanh form of the activation, as the other
+      // kernels use for rounded outputs; fp32 Y: the exp form. GeGLU (erf)
+      // as 0.5 g erfc(-g / sqrt 2) u, the same function as glu()'s
+      // 0.5 g (1 + erf(g / sqrt 2)) u without its cancellation where g << 0:
+      // at g = -4.6, 1 + erf is ~5e-6 and erf's absolute error (~6e-8)
+      // would be ~1 % of the result, more than the unfused path's own error
+      // on a one-element output (GpuDecode.GeluErfNegativeTail).
+      float y;
+      if (p.act == gatedmlp::detail::kGeluErf)
+        y = 0.5f * gv * erfcf(-0.7071067811865476f * gv) * uv;
+      else
+        y = p.out_dtype == 2 ? gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit)
+                             : gatedmlp::detail::glu_out16<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
+      gatedmlp::detail::store_float(p.y, p.out_dtype, int64_t(l) * p.sy + int64_t(m) * p.ldy + j, y);
+    }
+    __syncthreads();  // the next batch overwrites the partial sums
+  }
+}
+
+// Launches decode_glu_kernel<...> with p.warps warps per CTA (0: one per
+// k-block, at most kMaxWarps).
+template <typename T, int NT, int CG, int UNROLL, int MINB>
+cudaError_t launch_kernel(Params p, cudaStream_t stream) {
+  if (p.warps == 0) p.warps = warps_for(p.k, UNROLL);
+  const int64_t cols = 8 * CG;
+  const dim3 grid(static_cast<unsigned>((p.u + cols - 1) / cols), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
+  decode_glu_kernel<T, NT, CG, UNROLL, MINB><<<grid, p.warps * 32, red_bytes<NT, CG>(p.warps), stream>>>(p);
+  return cudaGetLastError();
+}
+
+// The three instantiations per dtype (Shape, params.hpp), none spilling:
+//  m <= 8:  4 chunks (4 KB of weights) per warp in flight, <= 80 registers:
+//           3 CTAs of 8 warps per SM.
+//  m <= 16, grids that fit in one wave at 3 CTAs per SM: 3 chunks, <= 80
+//           registers (X of two n-tiles costs 16 registers more per chunk).
+//  m <= 16, bigger grids: 4 chunks, 2 CTAs per SM (~112 registers): fewer
+//           warps but more bytes in flight each, and whole waves matter less.
+// Measured on an H100 in CUDA-graph replay (launch.cpp has the numbers).
+template <typename T>
+cudaError_t launch_any(const Params& p, Shape s, cudaStream_t stream) {
+  if (s.nt == 1) return launch_kernel<T, 1, 1, 4, 3>(p, stream);
+  if (s.one_wave) return launch_kernel<T, 2, 1, 3, 3>(p, stream);
+  return launch_kernel<T, 2, 1, 4, 2>(p, stream);
+}
+
+}  // namespace gatedmlp::decode

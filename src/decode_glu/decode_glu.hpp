@@ -1,0 +1,24 @@
+// Host side of the decode kernel: gate/up + GLU for a few rows of X (M <= 16
+// per batch), where the call is bound by streaming the weights once.
+#pragma once
+
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "gatedmlp/gatedmlp.hpp"
+
+namespace gatedmlp::decode {
+
+// The most rows of X per batch the kernel takes.
+inline constexpr int64_t kMaxM = 16;
+
+// Why the decode kernel cannot take this resolved problem, or "" if it can.
+// `a` null: pointers assumed 16-byte aligned (plan() without arguments).
+std::string blocker(const Problem& resolved, const Arguments* a);
+
+// Launches it on `stream` for a resolved problem that blocker() accepted.
+// `sms`: the device's multiprocessor count.
+cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream);
+
+}  // namespace gatedmlp::decode

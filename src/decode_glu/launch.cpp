@@ -1,0 +1,106 @@
+// Host side of the decode kernel: which calls it takes, and its launch shape.
+//
+// Measured on an H100 (SXM, 132 SMs), bf16, stacked weights, silu, in
+// CUDA-graph replay; "cold": the weights rotate over copies totalling 3x the
+// L2, as in a model whose layers each bring their own; "hot": the same
+// weights every call (11-17 MB shapes then stay in L2). us, decode kernel
+// against cuBLAS (cublasGemmEx, the [M, 2U] GEMM alone):
+//   K x U         M=1 cold       M=1 hot       M=8 cold      M=16 cold
+//   896 x 4864    8.31 / 8.34    6.04 / 5.44   8.32 / 8.35   9.88 / 8.30
+//   1024 x 2816   6.26 / 6.19    4.62 / 4.29   6.44 / 6.18   7.10 / 6.22
+//   2048 x 8192   23.9 / 24.8    23.9 / 24.8   24.3 / 25.3   26.6 / 25.5
+//   3072 x 8192   34.9 / 36.5    34.9 / 36.6   35.7 / 37.1   38.1 / 37.3
+//   4096 x 14336  78.2 / 81.2    78.2 / 81.2   79.3 / 82.1   82.1 / 82.6
+// (8B: 235 MB of weights at 3.00 TB/s.) At M > 8 the second n-tile's X
+// costs registers: grids that fit in one wave at 3 CTAs per SM (1024 x
+// 2816) take 3 chunks per warp, larger ones 4 chunks at 2 CTAs per SM,
+// each the faster of the two there.
+#include <climits>
+#include <cstdint>
+#include <sstream>
+
+#include "decode_glu/decode_glu.hpp"
+#include "decode_glu/params.hpp"
+
+namespace gatedmlp::decode {
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+std::string blocker(const Problem& r, const Arguments* a) {
+  std::ostringstream os;
+  // The kernel reads 16-byte pieces of 8 elements of K-contiguous rows: every
+  // row and batch start must be a multiple of 8 elements from a 16-byte
+  // aligned base.
+  if (r.m > kMaxM) os << "m=" << r.m << " is more than the decode kernel's " << kMaxM << " rows";
+  else if (r.input_dtype != DType::bf16 && r.input_dtype != DType::fp16)
+    os << "input_dtype " << to_string(r.input_dtype) << " (the decode kernel takes bf16 and fp16)";
+  else if (r.weights.storage != WeightStorage::out_in)
+    os << "weights stored in_out ([K, out]): the decode kernel reads K-contiguous rows (out_in)";
+  else if (r.k % 8) os << "k=" << r.k << " is not a multiple of 8 (the decode kernel loads 8 elements at a time)";
+  else if (r.ldx % 8) os << "ldx=" << r.ldx << " is not a multiple of 8 (16-byte rows of x)";
+  else if (r.weights.ld % 8) os << "weights.ld=" << r.weights.ld << " is not a multiple of 8 (16-byte weight rows)";
+  else if (r.batch > 1 && r.batch_stride_x % 8)
+    os << "batch_stride_x=" << r.batch_stride_x << " is not a multiple of 8 (16-byte rows of x)";
+  else if (r.batch > 1 && r.batch_stride_w % 8)
+    os << "batch_stride_w=" << r.batch_stride_w << " is not a multiple of 8 (16-byte weight rows)";
+  // Index math: offsets along K, row x ld and batch x stride are int64
+  // (extents past 2^56 elements were refused by check_support); a weight row
+  // index within a fused tensor is 32-bit (2U < 2^31), the batch index an
+  // int (grid y loops over batches past 65535), and the grid has one CTA
+  // per 8 columns (u / 8 < 2^27 in x).
+  else if (r.u >= (int64_t(1) << 30))
+    os << "u=" << r.u << " is 2^30 or more (the decode kernel indexes the 2u weight rows in 32 bits)";
+  else if (r.batch > INT_MAX) os << "batch=" << r.batch << " is more than the decode kernel takes (2^31-1)";
+  else if (a && !aligned16(a->x)) os << "x (" << a->x << ") is not 16-byte aligned";
+  else if (a && !aligned16(a->w)) os << "w (" << a->w << ") is not 16-byte aligned";
+  else if (a && a->w_up && !aligned16(a->w_up)) os << "w_up (" << a->w_up << ") is not 16-byte aligned";
+  return os.str();
+}
+
+cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream) {
+  Params p{};
+  p.x = a.x;
+  p.w = a.w;
+  p.w_up = a.w_up;
+  p.bias = a.bias;
+  p.bias_up = a.bias_up;
+  p.y = a.y;
+  p.pre = a.preact;
+  p.m = static_cast<int>(r.m);
+  p.batch = static_cast<int>(r.batch);
+  p.k = r.k;
+  p.u = r.u;
+  p.ldx = r.ldx;
+  p.ldw = r.weights.ld;
+  p.ldy = r.ldy;
+  p.ldpre = r.ldpre;
+  p.sx = r.batch_stride_x;
+  p.sw = r.batch_stride_w;
+  p.sb = r.batch_stride_bias;
+  p.sy = r.batch_stride_y;
+  p.spre = r.batch_stride_preact;
+  p.separate = r.weights.format == WeightFormat::separate;
+  p.group = p.separate ? r.u : r.weights.group;
+  p.first = static_cast<int>(r.weights.first);
+  p.act = static_cast<int>(r.activation);
+  p.alpha = r.alpha;
+  p.clamp_alpha = r.act_params.clamp_alpha;
+  p.clamp_limit = r.act_params.clamp_limit;
+  p.out_dtype = static_cast<int>(r.output_dtype);
+  p.bias_dtype = static_cast<int>(r.bias_dtype);
+  p.pre_dtype = static_cast<int>(r.preact_dtype);
+  p.has_bias = r.has_bias;
+  p.has_pre = r.has_preact;
+
+  Shape s;
+  s.nt = r.m <= 8 ? 1 : 2;
+  s.one_wave = (r.u + 7) / 8 * r.batch <= 3 * int64_t(sms);
+  p.warps = 0;  // one per k-block, at most kMaxWarps
+  return r.input_dtype == DType::bf16 ? launch_bf16(p, s, stream) : launch_fp16(p, s, stream);
+}
+
+}  // namespace gatedmlp::decode

@@ -1,0 +1,65 @@
+// The plain parameter struct handed to the decode kernel, and the shape of
+// one launch (host side, no CUDA headers needed beyond the runtime API).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace gatedmlp::decode {
+
+// Everything the kernel needs, resolved on the host. Strides in elements.
+struct Params {
+  const void* x;
+  const void* w;        // fused weights, or the gate weights if separate
+  const void* w_up;     // separate only
+  const void* bias;     // fused [2U] in weight-row order, or the gate bias [U]
+  const void* bias_up;  // separate only
+  void* y;
+  void* pre;
+
+  int m;                // rows of X per batch, 1 ... kMaxM
+  int batch;
+  int64_t k, u;
+  int64_t ldx, ldw, ldy, ldpre;
+  int64_t sx, sw, sb, sy, spre;  // batch strides
+
+  int64_t group;        // interleave block (fused); unused if separate
+  int first;            // 0: gate block first, 1: up block first
+  int separate;         // 1: two weight tensors
+
+  int act;
+  float alpha, clamp_alpha, clamp_limit;
+  int out_dtype, bias_dtype, pre_dtype;  // 0 bf16, 1 fp16, 2 fp32
+  int has_bias, has_pre;
+
+  // The split of K inside a CTA: K is cut into k-blocks of kUnroll chunks
+  // of 32 elements; warp w of `warps` takes k-blocks w, w + warps, ...
+  int warps;
+};
+
+// 32-element chunks per k-block: the loads one warp has in flight at once
+// (kUnroll x 1 KB of weights per group of 8 columns).
+inline constexpr int kUnroll = 4;
+inline constexpr int kMaxWarps = 8;
+
+// Warps per CTA for K: one per k-block, at most kMaxWarps.
+inline int warps_for(int64_t k, int unroll = kUnroll) {
+  const int64_t k_blocks = (k + 32 * unroll - 1) / (32 * unroll);
+  return static_cast<int>(k_blocks < kMaxWarps ? k_blocks : kMaxWarps);
+}
+
+// Which instantiation runs a launch: NT n-tiles of 8 tokens (1: m <= 8,
+// 2: m <= 16); one_wave: the grid fits on the SMs at 3 CTAs each.
+struct Shape {
+  int nt = 1;
+  bool one_wave = false;
+};
+
+// One translation unit per input dtype (decode_glu_bf16.cu, decode_glu_fp16.cu).
+// grid: (ceil(u / 8), min(batch, 65535)); p.warps warps per CTA (0: chosen
+// from K).
+cudaError_t launch_bf16(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_fp16(const Params& p, Shape s, cudaStream_t stream);
+
+}  // namespace gatedmlp::decode
