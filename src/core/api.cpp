@@ -72,10 +72,6 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
   return k;
 }
 
-}  // namespace
-
-namespace {
-
 // A call planned once and reused: run() of the same problem, on the same
 // device, with pointers of the same alignment, a workspace as large (or as
 // absent) and the same environment (the knobs) skips check_support, the
@@ -175,9 +171,8 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
 // The Hopper path's split tail (and its tickets) is the only user of
 // workspace: a flag and an fp32 partial tile per CTA and consumer
 // warpgroup. Other paths, the ping-pong kernels (no split tail), and devices
-// without one, need none.
-// The answer is cached per thread like run()'s plans (bindings ask it on
-// every call).
+// without one, need none. The answer is cached per thread like run()'s
+// plans: bindings ask for it on every call.
 size_t workspace_size(const Problem& p) {
   struct Sized {
     bool valid = false;

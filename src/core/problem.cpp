@@ -134,6 +134,10 @@ Problem Problem::resolved() const {
 
 namespace detail {
 
+// A field added to Problem must be added to same_problem too, or run()
+// would reuse a plan made for another call (this size is the x86-64 one).
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 176, "Problem changed: update same_problem");
+
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
     uint32_t u;

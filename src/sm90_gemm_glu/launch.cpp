@@ -161,39 +161,33 @@ std::string blocker(const Problem& r, const Arguments* a) {
 
 namespace {
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+// A driver entry point, looked up once per process (no driver library is
+// linked: the runtime hands out the driver's functions).
+template <typename Fn>
+Fn driver_entry(const char* name, Status* s) {
+  static Fn fn = nullptr;
   static cudaError_t e = cudaSuccess;
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [name] {
     cudaDriverEntryPointQueryResult q{};
     void* f = nullptr;
-    e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    e = cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q);
+    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<Fn>(f);
   });
   if (!fn)
-    *s = err(StatusCode::cuda_error, "the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(e),
+    *s = err(StatusCode::cuda_error, "the driver has no ", name, " (", cudaGetErrorString(e),
              "); the Hopper path needs a CUDA 12 driver");
   return fn;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
+  return driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", s);
 }
 
 // cuTensorMapReplaceAddress: a prepared call's tensor maps take the next
 // call's addresses without being encoded again.
 PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s) {
-  static PFN_cuTensorMapReplaceAddress_v12000 fn = nullptr;
-  static cudaError_t e = cudaSuccess;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaDriverEntryPointQueryResult q{};
-    void* f = nullptr;
-    e = cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &f, 12000, cudaEnableDefault, &q);
-    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapReplaceAddress_v12000>(f);
-  });
-  if (!fn)
-    *s = err(StatusCode::cuda_error, "the driver has no cuTensorMapReplaceAddress (", cudaGetErrorString(e),
-             "); the Hopper path needs a CUDA 12 driver");
-  return fn;
+  return driver_entry<PFN_cuTensorMapReplaceAddress_v12000>("cuTensorMapReplaceAddress", s);
 }
 
 // A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent

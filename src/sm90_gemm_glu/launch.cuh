@@ -37,6 +37,16 @@ constexpr bool pingpong_tile_matches(const Tile& t) {
 static_assert(pingpong_tile_matches<88>(kTilePingPong), "kTilePingPong does not describe the ping-pong kernels");
 static_assert(pingpong_tile_matches<96>(kTilePingPong96), "kTilePingPong96 does not describe the 96-column ones");
 
+// The launch attribute of clusters of cm CTAs along x.
+inline cudaLaunchAttribute cluster_dim(int cm) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = static_cast<unsigned>(cm);
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+
 // One launch of a prepared kernel: the per-call part of a Hopper call. The
 // ticket counter starts every launch at zero (the kernel's TicketRing).
 template <typename T, int ACT, int CM, int PRE, int BNO>
@@ -46,12 +56,8 @@ cudaError_t launch_cooperative(const KernelLaunch& k, const Params& p, cudaStrea
   cfg.blockDim = k.block;
   cfg.dynamicSmemBytes = k.smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CM;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
+  cudaLaunchAttribute attr = cluster_dim(CM);
+  cfg.attrs = &attr;
   cfg.numAttrs = k.cluster_attr ? 1 : 0;
   if (p.tickets)
     if (cudaError_t e = cudaMemsetAsync(p.tickets, 0, sizeof(uint32_t), stream); e != cudaSuccess) return e;
@@ -94,12 +100,8 @@ cudaError_t setup_cooperative(Params& p, int sms, KernelLaunch* k) {
     static int clusters = -1;
     if (clusters < 0) {
       cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = CM;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
+      cudaLaunchAttribute attr = cluster_dim(CM);
+      cfg.attrs = &attr;
       cfg.numAttrs = 1;
       cfg.blockDim = k->block;
       cfg.dynamicSmemBytes = k->smem;
