@@ -8,7 +8,7 @@
 #   [NCU=0] scripts/profile-hopper.sh [MODEL] [M,M,...]        (default: 405b 4096,16384)
 # CLUSTERS="1 2" repeats the bench (and ncu) for each GATEDMLP_SM90_CLUSTER.
 # SETTINGS="- VAR=VALUE[,VAR=VALUE...] ..." repeats them for each set of knobs
-# ("-" is the default), as in probe-waves.sh; it overrides CLUSTERS.
+# ("-" is the default), as in experiments/probe-waves.sh; it overrides CLUSTERS.
 # BENCH_ARGS="--preact" passes more options to every bench (and ncu) run.
 set -uo pipefail
 cd "$(dirname "$0")/.."

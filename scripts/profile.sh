@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Profiles the portable kernel on one large shape and measures the raw
-# mma.sync ceiling (scripts/probes/mma_peak.cu). Output to $OUT or ./profile-out.
+# mma.sync ceiling (scripts/experiments/probes/mma_peak.cu). Output to $OUT or ./profile-out.
 #   scripts/profile.sh [M] [K] [U]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +8,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 out="${OUT:-$PWD/profile-out}"
 mkdir -p "$out"
 m="${1:-4096}" k="${2:-4096}" u="${3:-14336}"
-[ -n "${PROBE:-}" ] && nvcc -O3 -gencode arch=compute_90a,code=sm_90a scripts/probes/mma_peak.cu -o "$out/mma_peak" && "$out/mma_peak"
+[ -n "${PROBE:-}" ] && nvcc -O3 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/mma_peak.cu -o "$out/mma_peak" && "$out/mma_peak"
 cmake -S . -B build-prof -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DGATEDMLP_BUILD_TESTS=OFF >/dev/null && cmake --build build-prof -j"$(nproc)" >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
 ncu --kernel-name regex:sm80_gemm_glu --launch-skip 2 --launch-count 1 \

@@ -300,7 +300,7 @@ void launch_glu_kernel(int64_t items, cudaStream_t stream, const GluArgs& a) {
   // limit looping: blocks start in order, so the rows in flight stay
   // together and move through memory as a streaming copy's do. A one-wave
   // grid whose blocks step over the rows ran 7-18 % slower
-  // (scripts/probes/glu_bw.cu, h47); a block per row repeated the column
+  // (scripts/experiments/probes/glu_bw.cu, h47); a block per row repeated the column
   // arithmetic (a 64-bit division for interleaved layouts) on every row.
   const int64_t gy = std::min<int64_t>((a.rows + kGluRowsPerBlock - 1) / kGluRowsPerBlock, 65535);
   glu_kernel<T, O, kMode, kAct><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kGluThreads, 0, stream>>>(a);
@@ -312,7 +312,7 @@ template <typename T, typename O, GluMode kMode>
 void launch_glu_mode(int64_t items, cudaStream_t stream, const GluArgs& a) {
   if constexpr (std::is_same_v<T, O> && kMode != GluMode::scalar) {
     // GATEDMLP_GLU_GENERAL=1: the general kernel on every call, to compare
-    // (scripts/exp-glu.sh; NOTES.md, h47).
+    // (scripts/experiments/exp-glu.sh; NOTES.md, h47).
     static const bool general = std::getenv("GATEDMLP_GLU_GENERAL") != nullptr;
     if (!a.has_bias && !a.has_pre && !general) {
       switch (a.act) {

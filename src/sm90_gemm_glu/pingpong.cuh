@@ -14,7 +14,7 @@
 // those of the cooperative narrow kernel (13.2 KB per MFLOP): the earlier
 // ping-pong tries (h10, h18) moved 15-19 and lost on the feed. This is the
 // shape of cuBLAS's own M = 512 kernel (nvjet 176x128). A standalone probe
-// (scripts/probes/wide_tile.cu, n88pp-s5) ran 2.3-4 % faster than the
+// (scripts/experiments/probes/wide_tile.cu, n88pp-s5) ran 2.3-4 % faster than the
 // cooperative narrow kernel at 8B M = 512 ... 16384 (NOTES.md, h49).
 //
 // Pipeline. As in the cooperative kernels: one producer thread loads X (128

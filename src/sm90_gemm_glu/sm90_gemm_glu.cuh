@@ -329,7 +329,7 @@ __device__ __forceinline__ void store_vec4(void* p, int dtype, int64_t i, float4
 template <int ACT, bool DONE, int N, bool OUT16 = false>
 __device__ __forceinline__ float y_of(const float (&d)[N], int i, float ca, float cl) {
 #if defined(GATEDMLP_SM90_EXP_NO_ACT)
-  // Timing experiment only (scripts/exp-epilogue.sh): Y = g * u, no special
+  // Timing experiment only (scripts/experiments/exp-epilogue.sh): Y = g * u, no special
   // functions.
   if constexpr (!DONE) return d[i] * d[i + N / 2];
 #endif
@@ -662,7 +662,7 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
     // Keeps what is computed from d (the packs, Y) from being hoisted above
     // the barriers and held across them.
     fence_regs(d);
-#if !defined(GATEDMLP_SM90_EXP_PRE_NO_BOTHBAR)  // timing experiments only (scripts/exp-epilogue.sh)
+#if !defined(GATEDMLP_SM90_EXP_PRE_NO_BOTHBAR)  // timing experiments only (scripts/experiments/exp-epilogue.sh)
     if (round == 1) named_barrier(early ? kParkBar + cw : kBothBar, 256);
 #endif
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_PARK)
@@ -1160,7 +1160,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // the epilogue and its CTA-wide barriers together).
       if (int64_t(tc.nb) * Tr::BNO >= p.u) continue;
 #if defined(GATEDMLP_SM90_EXP_SKIP_EPILOGUE)
-      // Timing experiment only (scripts/exp-epilogue.sh): what the epilogue
+      // Timing experiment only (scripts/experiments/exp-epilogue.sh): what the epilogue
       // costs the tile loop. Y is never written.
       if (hold) release(prev);
       continue;

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
+# Experiments v11-v13, v15, h21, h40, h41 (docs/notes, the portable kernel's versions and the Hopper kernel): A/B timing of source trees; preact-ab.sh and sass-compare.sh build their trees with it.
 # A/B timing of source trees in one session: builds the tool (90a only) of
 # this tree and of the tree in $1 (e.g. `git archive <commit> | tar -x -C
 # old`), in parallel, then alternates their benchmarks ROUNDS times (each
 # with cuBLAS in the same run). Several other trees: a comma-separated list.
 # TILES: a Hopper tile setting per pass ("88 128", "-" for the model's pick;
 # default: one pass, no setting). ROUNDS=0 only builds.
-#   scripts/ab-bench.sh OTHER_TREE[,OTHER_TREE...] [bench args]      env: ROUNDS (3), TILES, GATEDMLP_* knobs pass through
+#   scripts/experiments/ab-bench.sh OTHER_TREE[,OTHER_TREE...] [bench args]      env: ROUNDS (3), TILES, GATEDMLP_* knobs pass through
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
 IFS=, read -ra trees <<<".,$1"
 shift

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
+# Experiments h24, h29, h32, h33, h42, h49, h53, h54 (docs/notes, the Hopper kernel's waves, tiles, clusters and ping-pong kernels): fused and cuBLAS per M under several knob settings.
 # Fused and cuBLAS time against the number of waves: one model's shape at
 # many M, once per setting of the kernel's knobs (default: as shipped, then
 # the split tail off), so that the ratios show where partial waves and
 # partial cluster units cost.
-#   scripts/probe-waves.sh [M list]
+#   scripts/experiments/probe-waves.sh [M list]
 #   env: BUILD (build-ab), MODEL (8b), SETTINGS (space-separated; "-" is the
 #        default, else VAR=VALUE[,VAR=VALUE...], e.g. "- GATEDMLP_SM90_CLUSTER=1")
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
 b=${BUILD:-build-ab}
 ms=${1:-256,384,512,640,768,896,1024,1536,2048,3072,4096}

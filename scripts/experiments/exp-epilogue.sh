@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Experiments h11, h44, h46 (docs/notes, the Hopper kernel: pricing the epilogue and the pre-activation's parts): builds with parts of the epilogue compiled out, timed against cuBLAS.
 # Timing experiments on the Hopper kernel's epilogue, each build against
 # cuBLAS in the same run (silu, the bench's default):
 #   base   as shipped
@@ -13,10 +14,10 @@
 #   prenowait   GATEDMLP_SM90_EXP_PRE_NO_WAIT: neither Y nor the held
 #               stage's release waits for the stores to have read shared
 #               memory (racy: timing only)
-#   scripts/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
+#   scripts/experiments/exp-epilogue.sh [bench args]     (default: 8B at M = 1024,4096,16384)
 # VARIANTS picks builds (default: base skip).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--m 1024,4096,16384)

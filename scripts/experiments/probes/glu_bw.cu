@@ -1,7 +1,8 @@
+// Experiment h47 (docs/notes, the unfused baseline's GLU kernel): the same bytes in several traversal orders; run by exp-glu.sh (PROBE=1).
 // Probe: how the GLU half of the unfused path (read an [M, 2U] bf16
 // intermediate, write Y = silu(g) * u as [M, U]) reaches memory bandwidth
 // with different traversals of the same bytes. Standalone, not library code.
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/probes/glu_bw.cu -o glu_bw && ./glu_bw
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/glu_bw.cu -o glu_bw && ./glu_bw
 // Variants (8 outputs per thread-item: one 16-byte load of g and one of u):
 //   persist2d  x over a row's items, y a one-wave grid stepping over rows (the library's kernel at 0b4397d)
 //   block2d    x over a row's items, y = the row: one block per (row, x), no loop

@@ -1,3 +1,4 @@
+// Experiments h28, h32, h33, h49, h55 (docs/notes, the wide-tile, narrow-tile and ping-pong probes): the standalone Hopper tile probe; built and run by probe-wide-tile.sh.
 // Probe: which GEMM tile width runs the Hopper main loop fastest, per M?
 //
 // cuBLAS runs Llama-3 8B's gate/up GEMM ([M, 4096] x [4096, 28672]) with a
@@ -36,7 +37,7 @@
 // (K, U, half), so the gate box never reads up rows), and the epilogues
 // clip at U.
 //
-//   scripts/probe-wide-tile.sh [M ...]     (default M = 512 1024 4096)
+//   scripts/experiments/probe-wide-tile.sh [M ...]     (default M = 512 1024 4096)
 #include <cublas_v2.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>

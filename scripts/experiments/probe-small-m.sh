@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
+# Experiment (docs/notes, the Hopper kernel's open small-M bars, what cuBLAS runs at small M and at 8B M = 4096; the portable kernel on the H200, its clock): why small M misses its bars, and the power cap at M = 65536.
 # Why the Hopper kernel misses the small-M bars (8B M = 64 and 512), and
 # which clock limit the portable kernel runs into at M = 65536. Needs a build
 # (BUILD, default build-prof: scripts/profile-hopper.sh makes one). Output to
 # $OUT or ./profile-out.
-#   scripts/probe-small-m.sh [steps...]     (default: scale narrow ncu source clock)
+#   scripts/experiments/probe-small-m.sh [steps...]     (default: scale narrow ncu source clock)
 #   scale:  bench M = 64 and 512 as shipped, with the split tail forced, and
 #           at M = 64 on fewer resident CTAs (GATEDMLP_SM90_CLUSTERS): if the
 #           time grows as 1 / CTAs, each SM's stream is the limit, if not, DRAM.
@@ -15,7 +16,7 @@
 #   clock:  SM clock, power and throttle reasons (nvidia-smi, every 100 ms)
 #           while the portable kernel's benchmark runs at M = 65536.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
 out="${OUT:-$PWD/profile-out}"
 mkdir -p "$out"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
+# Experiments h28, h32, h33, h49, h55 (docs/notes, the wide-tile, narrow-tile and ping-pong probes): builds and runs the standalone Hopper tile probe probes/wide_tile.cu.
 # Which tile width runs the Hopper main loop fastest, per M?
-# Builds scripts/probes/wide_tile.cu (a standalone probe, not library code)
+# Builds scripts/experiments/probes/wide_tile.cu (a standalone probe, not library code)
 # and times, at Llama-3 8B's gate/up (K = 4096, U = 14336), against cuBLAS's
 # [M, 4096] x [4096, 28672] GEMM in the same run, tiles of 128 tokens x
 # BN output columns (2 BN weight rows) with S stages, nBNsS-*:
@@ -31,11 +32,11 @@
 # 3.39 waves run as 4, n88 4.94 as 5), unlike the library, whose split tail
 # shares the last wave's k-blocks out.
 #
-#   scripts/probe-wide-tile.sh [M ...]      (default M = 512 1024 4096)
+#   scripts/experiments/probe-wide-tile.sh [M ...]      (default M = 512 1024 4096)
 # Binary and ptxas log go to $OUT (default /tmp). Exits 1 if ptxas spills or
 # serialises wgmma, 2 if a check fails.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 command -v nvcc >/dev/null || export PATH="${CUDA_HOME:?nvcc is not on PATH and CUDA_HOME is not set}/bin:$PATH"
 out="${OUT:-/tmp}"
 mkdir -p "$out"
@@ -46,7 +47,7 @@ log="$out/wide_tile.ptxas.txt"
 lib=()
 [ -n "${LIB:-}" ] && lib=(-DPROBE_WITH_LIBRARY "$LIB/src/libgatedmlp.a")
 nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -I src -I include -Xptxas -v \
-  scripts/probes/wide_tile.cu "${lib[@]}" -lcublas -o "$out/wide_tile" 2>"$log" || { cat "$log"; exit 1; }
+  scripts/experiments/probes/wide_tile.cu "${lib[@]}" -lcublas -o "$out/wide_tile" 2>"$log" || { cat "$log"; exit 1; }
 
 # One line per probe_kernel<BN, STAGES, EPI> instantiation. The register
 # count is the launch's (384 threads x 168); ptxas fits the consumers' code

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
+# Experiment (docs/notes, the portable kernel's versions, its tiles): each GATEDMLP_FORCE_TILE tile's random suites, then its benchmark.
 # The portable kernel's tiles side by side: for each tile, the random GPU
 # suites on the portable path with that tile forced (a tile must be correct
 # for every shape before its speed counts), then the benchmark. Output to
 # $OUT or ./sweep-out.
-#   [TILES="large small"] [MODEL=8b] [MS=1024,4096,16384] scripts/tile-sweep.sh
+#   [TILES="large small"] [MODEL=8b] [MS=1024,4096,16384] scripts/experiments/tile-sweep.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
 out="${OUT:-$PWD/sweep-out}"
 mkdir -p "$out"

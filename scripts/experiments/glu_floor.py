@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# Experiment h47 (docs/notes, the unfused baseline's GLU kernel): torch's bandwidth floor for the GLU's bytes, run by exp-glu.sh.
 """What the unfused path's elementwise half could run at: torch kernels that
 move the same bytes as the GLU kernel, timed alone on the GPU.
 
@@ -13,7 +14,7 @@ For each [M, 2U] bf16 intermediate a (the unfused GEMM's output) it times
 and prints each one's time and bytes moved per second (the intermediates are
 far larger than the L2, so no rotation is needed).
 
-  python3 scripts/glu_floor.py [--shapes 4096x14336,4096x28672]   (M x U)
+  python3 scripts/experiments/glu_floor.py [--shapes 4096x14336,4096x28672]   (M x U)
 """
 import argparse
 

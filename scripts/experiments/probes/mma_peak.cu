@@ -1,7 +1,8 @@
+// Experiment (docs/notes, ceilings measured on the H100): the mma.sync peak, the portable kernel's ceiling; run by scripts/profile.sh (PROBE=1).
 // Probe: the peak rate of mma.sync m16n8k16 (bf16 in, fp32 accumulate) on
 // this GPU, with no memory traffic: each warp keeps 16 independent
 // accumulators and issues mma back to back. The ceiling for the portable kernel.
-//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a scripts/probes/mma_peak.cu -o mma_peak && ./mma_peak
+//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/mma_peak.cu -o mma_peak && ./mma_peak
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
