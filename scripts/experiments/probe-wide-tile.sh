@@ -19,7 +19,7 @@
 # cluster attribute they do not use), with the library's tensor ranks
 # (-5d), and with the CTAs that share a weight tile spread over the grid
 # (-spr); with LIB, the library's own calls (lib-128, lib-88, and -c1: one-CTA
-# clusters, no split tail). NOTES.md h33.
+# clusters, no split tail). docs/notes/hopper-kernel.md h33.
 #
 # Reading it: per M, a table of registers / local memory (must be 0) /
 # shared memory and a correctness check of Y against silu(g) * u from the

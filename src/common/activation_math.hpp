@@ -15,7 +15,7 @@ enum ActivationId : int { kSilu = 0, kGeluTanh = 1, kGeluErf = 2, kRelu = 3, kSw
 // expf costs several times the instructions in the epilogue), in their
 // flush-to-zero forms. __expf and __fdividef (ex2.approx.f32, div.approx.f32)
 // wrap each in a range fix-up for subnormals, a few more instructions per
-// output in epilogues bound by their instruction count (NOTES.md, h40). In
+// output in epilogues bound by their instruction count (docs/notes/hopper-epilogue.md, h40). In
 // the sigmoids below no subnormal matters: exp(-x) is subnormal only where
 // 1 + exp(-x) rounds to 1 anyway, and sigmoid(x) only below 2^-126 (x <
 // -87.3), which now gives 0 (so did __fdividef for divisors of 2^126 on).
@@ -129,7 +129,7 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 //   silu(g) = h + h tanh(h), h = g / 2: a multiply, the tanh and an FMA,
 // where the exp2-and-reciprocal sigmoid takes two MUFU ops and two more
 // instructions. The epilogues are bound by their instruction count and the
-// MUFU rate (NOTES.md, h39, h41). Accuracy (GpuActivation test, against
+// MUFU rate (docs/notes, h39, h41). Accuracy (GpuActivation test, against
 // float64 over g in [-120, 120]): |error| <= 3.9e-6 |g u|, and relative
 // error ~1e-5 where g >= 0; far below the output's own rounding (2^-9
 // relative for bf16, 2^-12 for fp16) at the scale of g. Where g << 0 the
@@ -166,7 +166,7 @@ GATEDMLP_HD F glu_out16(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 
 // N GLU values at once (the portable kernel's epilogue: adjacent columns).
 // For silu and the clamped SwiGLU the N sigmoids share one reciprocal: fewer
-// special-function operations for a few more plain ones (NOTES.md, v11: it
+// special-function operations for a few more plain ones (docs/notes/portable-kernel.md, v11: it
 // helps the portable kernel; in the Hopper kernel, whose epilogue is bound
 // by instructions rather than the special-function unit, it was slower,
 // h12). With t = exp(-|x|) in [0, 1] and d = 1 + t in [1, 2], the product of

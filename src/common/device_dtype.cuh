@@ -54,7 +54,7 @@ __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
 // One 16-byte store of four words to 16-byte aligned global memory. In asm
 // because the compiler splits a uint4 assignment built from packed halves
 // into four 4-byte stores: each writes part of every sector it touches, and
-// the unfused GLU kernel ran at half the memory bandwidth with them (NOTES.md,
+// the unfused GLU kernel ran at half the memory bandwidth with them (docs/notes/unfused-baseline.md,
 // h47).
 __device__ __forceinline__ void store_global_16B(void* p, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(w1), "r"(w2), "r"(w3) : "memory");

@@ -66,9 +66,9 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 // ceil(items / clusters); with one (schedule.hpp), the exact waves plus a
 // fixed cost of the split, kSplitCostItems of an item's time (at most the
 // whole waves). Measured: the split costs ~11 us over its share of the work
-// at 8B, about 0.27 of a 128-column item (NOTES.md h29), and at 8B M = 1024
+// at 8B, about 0.27 of a 128-column item (docs/notes/split-tail-and-schedule.md h29), and at 8B M = 1024
 // (6.79 waves) it recovered nothing (h8). Fitted to both tiles forced at 8B,
-// 70B and 405B, M = 256 ... 16384 (NOTES.md h33); by it 8B M = 256 ... 1536,
+// 70B and 405B, M = 256 ... 16384 (docs/notes/hopper-kernel.md h33); by it 8B M = 256 ... 1536,
 // 70B M = 256 ... 512 and 768, and 405B M <= 128 take the narrow tile (405B
 // M = 1 / 64 / 128 measured 0.965 / 1.057 / 0.938 of cuBLAS with it against
 // 0.939 / 1.011 / 0.837 with 128 columns). The model before
@@ -81,9 +81,9 @@ std::string hopper_blocker(const Problem& r, const Arguments* a, const DeviceInf
 // Their 96-column tile is a candidate only where the 88-column one cannot
 // run: weights in blocks of 16, 32, 64, 128, ... rows (an 88-row box would
 // start inside a block), which otherwise take the 128-column tile (8B M =
-// 4096: 2.8-3.0 % behind stacked weights, 0.8-0.9 % on 96 columns; NOTES.md
+// 4096: 2.8-3.0 % behind stacked weights, 0.8-0.9 % on 96 columns; docs/notes/ping-pong-96-columns.md
 // h56, h57), with or without a pre-activation (h58). Where both can run,
-// a probe measured the two within 0.5 % of each other (NOTES.md, h55), and
+// a probe measured the two within 0.5 % of each other (docs/notes/ping-pong.md, h55), and
 // the 88-column kernels are the ones the bars were measured with.
 // GATEDMLP_SM90_TILE=88|128|pp|pp96 forces one (tests; 88, pp and pp96
 // only where they can run; pp: 88 columns, else 96);
@@ -231,7 +231,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   auto ctas = [&](const sm80::Tile& t) {
     return (r.m + t.tile_m - 1) / t.tile_m * ((r.u + t.tile_n - 1) / t.tile_n) * r.batch;
   };
-  // Measured on H100 (NOTES.md): 128x64 tiles with two CTAs per SM beat the
+  // Measured on H100 (docs/notes/portable-kernel.md): 128x64 tiles with two CTAs per SM beat the
   // 128x128 tile, because one CTA's epilogue overlaps the other's main loop.
   const sm80::Tile* pick = &sm80::kTileSmall;
   const char* tile_why = "64-row tiles: too few bigger tiles for the SMs";

@@ -253,7 +253,7 @@ __device__ __forceinline__ void glu_finish(const GluArgs& a, int64_t row, int64_
 // bandwidth: the activation fixed at compile time, no bias, no
 // pre-activation. With everything chosen at run time (kAct < 0: a switch per
 // output, bias and pre-activation branches) the same call streams at 2.8
-// TB/s instead of 3.9-4.2 on the H200 (NOTES.md, h47): a baseline that slow
+// TB/s instead of 3.9-4.2 on the H200 (docs/notes/unfused-baseline.md, h47): a baseline that slow
 // would flatter the fused kernel.
 template <typename T, typename O, GluMode kMode, int kAct>
 __global__ void __launch_bounds__(kGluThreads) glu_kernel(const GluArgs a) {
@@ -312,7 +312,7 @@ template <typename T, typename O, GluMode kMode>
 void launch_glu_mode(int64_t items, cudaStream_t stream, const GluArgs& a) {
   if constexpr (std::is_same_v<T, O> && kMode != GluMode::scalar) {
     // GATEDMLP_GLU_GENERAL=1: the general kernel on every call, to compare
-    // (scripts/experiments/exp-glu.sh; NOTES.md, h47).
+    // (scripts/experiments/exp-glu.sh; docs/notes/unfused-baseline.md, h47).
     static const bool general = std::getenv("GATEDMLP_GLU_GENERAL") != nullptr;
     if (!a.has_bias && !a.has_pre && !general) {
       switch (a.act) {

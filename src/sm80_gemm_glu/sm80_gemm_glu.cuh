@@ -28,7 +28,7 @@
 // hit 32 distinct banks. Fragments are double-buffered in registers: the
 // ldmatrix of k-step s+1 is issued before the mma of step s.
 //
-// Why these tiles (measured on H100, NOTES.md): 128x64-output tiles of 4 warps
+// Why these tiles (measured on H100, docs/notes/portable-kernel.md): 128x64-output tiles of 4 warps
 // (each 64 rows x 64 GEMM columns, 128 fp32 accumulators) leave room for two
 // CTAs per SM, so one CTA's epilogue overlaps the other's main loop; a
 // 128x128 tile of 8 warps (one CTA per SM) was slower. 64-row tiles serve
@@ -140,7 +140,7 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
 // over the tile, and the activation is a template parameter chosen once
 // outside it, so the code stays small (an inlined per-register epilogue made
 // the kernel hundreds of KB of SASS and its instruction-cache misses stalled
-// the main loop; see NOTES.md).
+// the main loop; see docs/notes/portable-kernel.md).
 template <int ACT, int BM, int BNO, int THREADS>
 __device__ __forceinline__ void store_tile(const Params& p, const float* sacc, int ld_acc, int l, int64_t m0,
                                            int64_t n0) {
@@ -174,7 +174,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const float* sacc, i
       for (int e = 0; e < 8; ++e)
         out[e] = gatedmlp::detail::glu_out16<float>(ACT, gg[e], uu[e], p.clamp_alpha, p.clamp_limit);
     } else {
-      // fp32 Y: pairs of sigmoids share a reciprocal (NOTES.md, v11: 1 %
+      // fp32 Y: pairs of sigmoids share a reciprocal (docs/notes/portable-kernel.md, v11: 1 %
       // faster than one each; groups of 8 measured no faster than pairs).
 #pragma unroll
       for (int e = 0; e < 8; e += 2)

@@ -350,7 +350,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // 88), T's type.
 // FIRST: D = A * B^T (scale_d 0), and the compiler told that D's old values
 // are not read ("=f"): once the previous tile's epilogue has read them, their
-// registers are free (NOTES.md, h22). Otherwise D += A * B^T.
+// registers are free (docs/notes/hopper-epilogue.md, h22). Otherwise D += A * B^T.
 template <typename T, int N, bool FIRST>
 __device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint64_t b_desc) {
   static_assert(N == 128 || N == 96 || N == 88, "m64n256k16, m64n192k16 and m64n176k16 only");

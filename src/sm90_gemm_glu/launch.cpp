@@ -41,11 +41,11 @@ int64_t map_group(const Problem& r) {
 
 // CTAs per cluster (along M). Two share the weight tile and run in step, so
 // CTAs that read the same weight rows do so at the same time. That was what
-// long K needed (NOTES.md, h5): the persistent CTAs drifted apart, a wave's
+// long K needed (docs/notes/hopper-kernel.md, h5): the persistent CTAs drifted apart, a wave's
 // operands (128 MB at K = 16384) no longer fit L2, and DRAM reads grew to
 // 100x the operands: 0.50x cuBLAS at 405B M = 16384 single, 1.02x paired.
 // With today's kernel single CTAs measure the same or 0.2-0.5 % faster at
-// K = 4096 and 8192 (8B and 70B, M = 256 ... 16384, H200; NOTES.md, h42),
+// K = 4096 and 8192 (8B and 70B, M = 256 ... 16384, H200; docs/notes/hopper-kernel.md, h42),
 // so clusters of two are kept only above K = 8192, where h5's loss was
 // measured. Four lose the 4 SMs that a GPC cannot fill with clusters of four
 // (128 CTAs of 132) and measured 0.90x.
@@ -246,7 +246,7 @@ size_t ticket_bytes(int ctas) { return (kTicketSlotsOffset + size_t(ctas) * kTic
 
 // Whole items handed out at run time (Params::tickets): where the static
 // order thrashes L2, a long K (each item streams a long run of k-blocks,
-// over which the clusters drift apart; NOTES.md, h59).
+// over which the clusters drift apart; docs/notes/split-tail-and-schedule.md, h59).
 // GATEDMLP_SM90_TICKETS=1 or =0 says so instead (timing knob, tests).
 constexpr int kTicketMinKBlocks = 256;
 bool use_tickets(int k_blocks) {
@@ -305,7 +305,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
       !pingpong && cluster_m == 2 && workspace && ws_bytes >= workspace_bytes(sms) && use_tickets(p.k_blocks);
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default
   // 16; 4 with tickets, where the items that share a column-block's weights
-  // start together and those that share X rows only 4 items apart: NOTES.md,
+  // start together and those that share X rows only 4 items apart: docs/notes/split-tail-and-schedule.md,
   // h59).
   const char* gm = std::getenv("GATEDMLP_SM90_GROUP_M");
   p.group_m = gm ? std::max(1, std::atoi(gm)) : tickets ? 4 : 16;
@@ -321,7 +321,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
                                    cuuint64_t(p.x_batched ? r.batch_stride_x * 2 : r.m * r.ldx * 2)};
     // M < BM: boxes of only the rows there are (rounded up to 8, the
     // swizzle's period), not boxes mostly past the tensor's edge: with those,
-    // 8B M = 1 and 16 took 16 % longer than M = 128 (NOTES.md, h16).
+    // 8B M = 1 and 16 took 16 % longer than M = 128 (docs/notes/hopper-kernel.md, h16).
     // GATEDMLP_SM90_NARROW_X=0: always BM rows.
     p.x_rows = (r.m < BM && !env_off("GATEDMLP_SM90_NARROW_X")) ? static_cast<int>((r.m + 7) / 8 * 8) : BM;
     const cuuint32_t box[3] = {cuuint32_t(BK), cuuint32_t(p.x_rows), 1};
@@ -433,7 +433,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   // whole tiles (so no box reaches past a run of columns), cluster size 1 or
   // 2, any activation but gelu_erf (launch.cuh). Stored from registers
   // instead, its 4-byte stores fill half of each 32-byte sector and cost
-  // 7-13 % of the time rather than 2-5 % (NOTES.md, h13).
+  // 7-13 % of the time rather than 2-5 % (docs/notes/pre-activation.md, h13).
   // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons). Y must
   // go by TMA too: these kernels compute Y in the 16-bit output's form of
   // the activation (glu_out16), so they never feed an fp32 Y.

@@ -88,7 +88,7 @@ cudaError_t setup_cooperative(Params& p, int sms, KernelLaunch* k) {
   k->smem = Tr::kSmemBytes;
   // One-CTA kernels are launched without the cluster attribute: with it (a
   // cluster of one), the same probe kernel ran 7 % slower at 8B M = 512 and
-  // up to 1.6 % at 4096 (H200, scripts/experiments/probe-lib-gap.sh; NOTES.md, h33).
+  // up to 1.6 % at 4096 (H200, scripts/experiments/probe-lib-gap.sh; docs/notes/hopper-kernel.md, h33).
   // The kernel needs no cluster for CM = 1 (a CTA is its own cluster).
   // GATEDMLP_SM90_CLUSTER_ATTR=1 sets it anyway (timing knob).
   const char* ca = std::getenv("GATEDMLP_SM90_CLUSTER_ATTR");

@@ -120,7 +120,7 @@ struct Params {
   // Whole items handed out at run time (cooperative kernels only): a counter
   // in the workspace, zeroed before each launch, from which each cluster's
   // leader draws its next item, then from kTicketSlotsOffset on
-  // kTicketRingSlots slots per cluster (the kernel's TicketRing, NOTES.md
+  // kTicketRingSlots slots per cluster (the kernel's TicketRing, docs/notes/split-tail-and-schedule.md
   // h59). nullptr: cluster c runs items c, c + clusters, ...
   uint32_t* tickets;
 };

@@ -6,7 +6,7 @@
 // Why. In the cooperative kernels (sm90_gemm_glu.cuh) both consumer
 // warpgroups share each item, 64 rows each, and both run its epilogue at the
 // same time: the tensor cores idle ~1.7 us of each ~30 us item (the narrow
-// tile's timeline, NOTES.md). Four ways of putting epilogue work under the
+// tile's timeline, docs/notes/hopper-epilogue.md). Four ways of putting epilogue work under the
 // same warpgroup's main loop lost (h20, h34-h36). Here the two warpgroups
 // take alternate items of the CTA's sequence, each item whole: per 16-deep
 // k-slice a warpgroup issues two m64n176k16, rows 0-63 into d0 and rows
@@ -15,7 +15,7 @@
 // ping-pong tries (h10, h18) moved 15-19 and lost on the feed. This is the
 // shape of cuBLAS's own M = 512 kernel (nvjet 176x128). A standalone probe
 // (scripts/experiments/probes/wide_tile.cu, n88pp-s5) ran 2.3-4 % faster than the
-// cooperative narrow kernel at 8B M = 512 ... 16384 (NOTES.md, h49).
+// cooperative narrow kernel at 8B M = 512 ... 16384 (docs/notes/ping-pong.md, h49).
 //
 // Pipeline. As in the cooperative kernels: one producer thread loads X (128
 // rows) and the 176 weight rows of each k-block into a 5-stage ring of 38 KB
@@ -53,7 +53,7 @@
 // bytes of shared memory to spare): for weights interleaved in blocks of 16
 // or 32 rows. An 88-row box of those would start inside a block, which one
 // TMA box cannot gather (and eleven 8-row boxes per half ran 2x slower: the
-// copy engine pays per box, NOTES.md h52), so they ran the cooperative
+// copy engine pays per box, docs/notes/ping-pong.md h52), so they ran the cooperative
 // 128-column kernels, 2-3 % behind stacked weights; with these they run at
 // stacked's pace where the waves fill (8B M = 4096 and 16384: 1.034-1.042
 // of cuBLAS against stacked's 1.038-1.043, h56). Blocks of 64, 128, ...
@@ -222,7 +222,7 @@ __device__ __forceinline__ void store_pre_pingpong(const Params& p, const float 
 // 0-63 into d0 and rows 64-127 into d1 (one m64n176k16 each).
 // FIRST: the first slice's wgmmas overwrite the accumulators (write-only),
 // for an item's first k-step, which must be straight-line code (behind a
-// run-time branch ptxas serialises every wgmma: NOTES.md h22).
+// run-time branch ptxas serialises every wgmma: docs/notes/hopper-epilogue.md h22).
 template <typename T, bool FIRST, int N>
 __device__ __forceinline__ void kstep_pingpong(float (&d0)[N], float (&d1)[N], uint64_t da0, uint64_t da1,
                                                uint64_t db) {

@@ -72,14 +72,14 @@ struct TileCoord {
 // column-blocks 2i and 2i + 1 (the second past U when n_tiles is odd), so no
 // CTA computes a row-block past M. (With the row units rounded up instead,
 // 8B M = 384, 3 row-blocks, ran at 0.71 of cuBLAS where one-CTA clusters
-// ran at 0.88: NOTES.md, h24.)
+// ran at 0.88: docs/notes/hopper-kernel.md, h24.)
 template <int CM>
 GATEDMLP_HD TileCoord tile_coord(const Params& p, int64_t t64, int rank) {
   // In 32-bit unsigned arithmetic, dividing by multiplication (FastDiv):
   // items number fewer than 2^31 (the fast path's blocker checks), and this
   // runs at the start of every item, on the consumers' way from one item's
   // epilogue to the next one's first wgmma. (64-bit divisions here, calls of
-  // some hundred instructions, cost 0.5-0.9 % at 8B: NOTES.md, h26.)
+  // some hundred instructions, cost 0.5-0.9 % at 8B: docs/notes/split-tail-and-schedule.md, h26.)
   const uint32_t t = static_cast<uint32_t>(t64);
   const uint32_t units = uint32_t(p.m_units) * uint32_t(p.n_tiles);
   const uint32_t per_batch = p.div_batch.d;
@@ -111,7 +111,7 @@ GATEDMLP_HD TileCoord tile_coord(const Params& p, int64_t t64, int rank) {
 // the partial wave (split_waves = 1) or of the last whole wave too
 // (split_waves = 2) are shared out evenly over all C clusters. split_waves =
 // 0 (the default) is 2 when there is only one whole wave (all of the work is
-// shared out) and 1 otherwise. Measured on H200 (NOTES.md, h8): 8B M = 256
+// shared out) and 1 otherwise. Measured on H200 (docs/notes/split-tail-and-schedule.md, h8): 8B M = 256
 // (1.7 waves) 0.946 -> 0.982 of cuBLAS with 2; at 3.4 waves and more (M =
 // 512, 1024, 4096) 2 is no better than 1 (within noise; on H100, 1 was as
 // good or better).
@@ -168,7 +168,7 @@ constexpr int kWhole = 0, kPartial = 1, kOwner = 2;
 // keeps only 32-bit state: work items number fewer than 2^31 (the fast path's
 // blocker checks). at() and the owner's questions need no 64-bit division.
 // Whole items can also be handed out at run time (p.tickets: the kernel's
-// ticket ring, NOTES.md h59): cluster c runs item c first, then whichever
+// ticket ring, docs/notes/split-tail-and-schedule.md h59): cluster c runs item c first, then whichever
 // items it draws, until one is past the whole items; then its share of the
 // tail as before (at_dynamic). The tail needs only that every whole item has
 // run once, whichever cluster ran it.

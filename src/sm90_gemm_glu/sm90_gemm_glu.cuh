@@ -14,14 +14,14 @@
 // k-slice, 88 accumulators, five 38 KB stages) exist for wave counts: 8B M =
 // 512 is 3.39 waves of 128-column tiles on 132 SMs and 4.94 of 88-column
 // ones: 0.933 of cuBLAS against 0.889 on the H200 (a standalone probe of
-// the two tiles: 0.97 against 0.87; NOTES.md, h32); dispatch.cpp picks them
+// the two tiles: 0.97 against 0.87; docs/notes/hopper-kernel.md, h32); dispatch.cpp picks them
 // where its wave model says so. They take no
 // pre-activation and need Y stored by TMA (its last 24 columns as an
 // unswizzled box).
 // Both consumer warpgroups work on the same tile (cooperative): a ping-pong
 // schedule, each warpgroup on its own 64-row tile so that one's epilogue runs
 // under the other's main loop, loads the weight tile per 64 rows and was 6 %
-// slower (NOTES.md, h10). Ping-pong with whole 128 x 88 tiles per warpgroup
+// slower (docs/notes/hopper-kernel.md, h10). Ping-pong with whole 128 x 88 tiles per warpgroup
 // moves the narrow tile's bytes per FLOP and is 2.5-3 % faster: those
 // kernels are in pingpong.cuh (h49; with 96-column tiles for G = 16 and
 // 32, h56), and take every call they can; these take the rest (K > 8192:
@@ -60,7 +60,7 @@
 //
 // Epilogue (per consumer warpgroup, 64 rows): alpha and bias are applied in
 // registers; act(g) * u (for 16-bit Y in the one-MUFU tanh form, glu_out16:
-// the epilogue is bound by its instructions and MUFU ops, NOTES.md h41) is
+// the epilogue is bound by its instructions and MUFU ops, docs/notes/hopper-epilogue.md h41) is
 // rounded and written (stmatrix) into a
 // 128-byte-swizzled shared tile that one thread hands to two TMA stores,
 // which run while the warpgroup goes on to its next tile. (With fp32 output, or a Y the copy
@@ -78,7 +78,7 @@
 // Edges. TMA zero-fills rows past M and U and columns past K, so partial
 // tiles need no predication in the main loop; the epilogue bounds-checks.
 // When M < 128, X boxes hold only M rows (rounded up to 8): boxes mostly past
-// the edge cost the copy engine as much as real rows (NOTES.md, h16). A
+// the edge cost the copy engine as much as real rows (docs/notes/hopper-kernel.md, h16). A
 // consumer warpgroup whose 64 rows all lie past M skips its MMAs (h17).
 #pragma once
 
@@ -153,7 +153,7 @@ constexpr int kParkBar = 4;
 // producer and the consumers advance one each per k-block, in the same
 // order. Counted rather than divided out of a k-block count: with 5 stages
 // that division sat on every k-step and cost the narrow kernels ~7 %
-// (NOTES.md, h32).
+// (docs/notes/hopper-kernel.md, h32).
 template <int STAGES>
 struct RingPos {
   int stage = 0;
@@ -178,7 +178,7 @@ struct RingPos {
 // DRAM for 3.6 GB of operands. Drawn from a counter as each cluster comes
 // free, consecutive items start close together whatever the drift, and with
 // a narrow raster group the CTAs that share rows run close behind each other
-// (NOTES.md, h59).
+// (docs/notes/split-tail-and-schedule.md, h59).
 //
 // The cluster's leader (rank 0's producer) draws the item that follows piece
 // n when it starts loading piece n, and publishes it in slot n % kSlots of
@@ -192,7 +192,7 @@ struct RingPos {
 // reader waits on a parity two phases ahead. The slots are in global memory,
 // not in shared memory: racecheck, which does not follow this cluster-scope
 // hand-over, flagged every read of a shared-memory slot as a race against
-// its write (NOTES.md, h59).
+// its write (docs/notes/split-tail-and-schedule.md, h59).
 template <int CM, int kSlots>
 struct TicketRing {
   static constexpr int kReaders = 8 * CM + (CM - 1);
@@ -614,7 +614,7 @@ __device__ __forceinline__ void park_pre(const Params& p, const float (&d)[128],
 // of both halves (park_pre). Round 0 goes through the warpgroup's Y tile,
 // round 1 through `spare`, the warpgroup's 16 KB of the item's last ring
 // stage (once both warpgroups are done with its operands), which the kernel
-// holds until these stores have read it (NOTES.md,
+// holds until these stores have read it (docs/notes/pre-activation.md,
 // h43: with one tile for both rounds, two waits per tile for the copy engine
 // cost ~1 %). While the copy engine reads a round, the warpgroup computes Y
 // of the round's columns in place of their g: every value the round parked
@@ -633,7 +633,7 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
   // as soon as its epilogue starts (it waited for its wgmmas before), here;
   // this one waits for that before round 1 (kParkBar + cw), which rarely
   // waits at all, where a barrier of both warpgroups there cost ~0.5 %
-  // (NOTES.md, h45). The arrivals must not run a generation ahead: a
+  // (docs/notes/pre-activation.md, h45). The arrivals must not run a generation ahead: a
   // warpgroup could arrive for its next item before the other had waited
   // for this one. `early` (a whole item of at least kStages k-blocks; not
   // the split tail's owners) rules that out: the next early item's
@@ -692,7 +692,7 @@ __device__ __forceinline__ void store_pre_tma(const Params& p, float (&d)[128], 
 
 // act(g) * u of the thread's fragment, rounded to OUT and written into the
 // warpgroup's 64 x N Y tile by stmatrix: one instruction per 16 rows x 16
-// columns of the warp, where 4-byte stores took four (NOTES.md, h21).
+// columns of the warp, where 4-byte stores took four (docs/notes/hopper-epilogue.md, h21).
 // Matrices 0-3 of column pair jp are rows 0-7 and 8-15 of columns 16 jp ...
 // + 7, then of the next 8 columns; lane l addresses row l % 8 of matrix
 // l / 8. Columns 0-63 (N = 128: all) are 64 x 64 boxes with the 128-byte

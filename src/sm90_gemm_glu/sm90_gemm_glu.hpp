@@ -24,7 +24,7 @@ inline constexpr Tile kTile{128, 128, 64, 4, 384, 4 * 49152 + 2 * 16384 + 1024 +
 // ticket ring, 1 KB slack.
 // Where the 128-column tiles leave much of a last wave idle, its tiles
 // (45 % more of them) can fill the waves better: 8B M = 512 is 3.39 waves of
-// 128 columns and 4.94 of 88 (dispatch.cpp picks; NOTES.md, h32).
+// 128 columns and 4.94 of 88 (dispatch.cpp picks; docs/notes/hopper-kernel.md, h32).
 inline constexpr Tile kTileNarrow{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 + 704 + 80 + 64 + 1024};
 // The ping-pong kernels (pingpong.cuh): the narrow tile, each consumer
 // warpgroup running whole items in turn. 5 x 38 KB stages, per warpgroup an

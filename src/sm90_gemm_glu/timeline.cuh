@@ -2,7 +2,7 @@
 // with -DGATEDMLP_SM90_TIMELINE=ON (never in a release build).
 //
 // Why: at one clock our kernel costs ~14 thousand cycles more per call than
-// cuBLAS at every M (NOTES.md, "fixed cost per call"), and the split tail
+// cuBLAS at every M (docs/notes/split-tail-and-schedule.md, "fixed cost per call"), and the split tail
 // recovered nothing at 8B M = 1024 (h8). Whether that time is the prologue,
 // the last epilogue, or clusters finishing their whole items at different
 // times before the tail, only a per-CTA timeline says.
@@ -18,7 +18,7 @@
 //
 // Caveat: even these few stores make ptxas spill in the consumers (~75 spill
 // stores in the 8B kernel), and the instrumented kernel ran 2-3.5 % slower
-// than the release one (NOTES.md), so its per-item and tail times are upper
+// than the release one (docs/notes/split-tail-and-schedule.md), so its per-item and tail times are upper
 // bounds; scripts/timeline.sh prints both builds' benchmark side by side.
 // Each CTA records up to ~170 pieces (fixed slots, see slot_of).
 #pragma once

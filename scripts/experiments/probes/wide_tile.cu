@@ -4,7 +4,7 @@
 // cuBLAS runs Llama-3 8B's gate/up GEMM ([M, 4096] x [4096, 28672]) with a
 // 320 x 128 tile (320 weight rows x 128 tokens, 3 stages of 64-deep k) at
 // M = 4096 and a 176 x 128 tile (5 stages) at M = 512, where it runs 8 %
-// faster per FLOP than at 4096 and we do not (NOTES.md). This probe builds
+// faster per FLOP than at 4096 and we do not (docs/notes/hopper-bars-history.md). This probe builds
 // the fused kernel's skeleton at several widths and times them against
 // cuBLAS in the same run:
 //   BN = 128 output columns, 4 stages of 48 KB (the production shape),
@@ -20,7 +20,7 @@
 // groups of 16 row-blocks, no clusters and no split tail. Per 16-deep
 // k-slice a consumer issues two wgmma m64nBNk16, gate rows then up rows, so
 // gate and up of column c land in the same thread, at acc[i] and
-// acc[i + BN / 2]. (Production issues one m64n256k16 instead; NOTES.md h19
+// acc[i + BN / 2]. (Production issues one m64n256k16 instead; docs/notes/hopper-kernel.md h19
 // measured two m64n128k16 as fast.)
 //
 // EPI selects the epilogue, Y = silu(g) * u in bf16:
@@ -233,7 +233,7 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
 
 // FIRST: scale_d = 0 and D write-only ("=f"), for a tile's first k-slice:
 // the previous epilogue's values are dead once it has read them
-// (NOTES.md h22). It must be reached by straight-line code: behind a
+// (docs/notes/hopper-epilogue.md h22). It must be reached by straight-line code: behind a
 // run-time branch in the loop, ptxas serialises every wgmma (C7520).
 template <int N, int O, bool FIRST, int NA>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[NA], uint64_t a_desc, uint64_t b_desc) {
@@ -596,7 +596,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(const __grid_constan
           if (++s == STAGES) s = 0, phase ^= 1;
         }
         // Nothing may be left in flight across the tile loop's back edge, or
-        // ptxas serialises every wgmma (NOTES.md h20).
+        // ptxas serialises every wgmma (docs/notes/hopper-epilogue.md h20).
         wgmma_wait<0>();
         fence_regs(acc);
         if (lane == 0) mbar_arrive(&empty[prev]);
