@@ -419,7 +419,7 @@ const void* ptr(const std::optional<TensorView>& t) { return t ? t->data : nullp
 struct HeldWorkspace {
   int device;
   uintptr_t stream;
-  PyObject* owner;  // the framework's tensor, one reference held (never released: it lives as long as the process)
+  PyObject* owner;  // the framework's tensor, one reference held (released only when a bigger one replaces it)
   void* ptr;
   size_t bytes;
 };
@@ -450,7 +450,10 @@ std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_
   const auto [ptr, bytes] = workspace_view(*keep);
   if (capture == cudaStreamCaptureStatusNone) {
     for (auto it = g_workspaces.begin(); it != g_workspaces.end(); ++it)
-      if (it->device == device && it->stream == s) {  // too small: replaced (its memory stays with the old owner)
+      if (it->device == device && it->stream == s) {
+        // Too small: replaced. Its memory goes back to the framework, whose
+        // allocator orders any reuse after the work already queued on it.
+        Py_DECREF(it->owner);
         g_workspaces.erase(it);
         break;
       }
