@@ -1,0 +1,88 @@
+// The binding's tensor entry points (gate_up, make_problem, convert) and
+// what they share: the device and stream around a call, and reading
+// strides and dtypes from imported tensors. module.cpp registers them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <nanobind/nanobind.h>
+
+#include "gatedmlp/gatedmlp.hpp"
+#include "gatedmlp/layout.hpp"
+#include "tensor.hpp"
+
+namespace gatedmlp::py {
+
+namespace nb = nanobind;
+
+// Makes `device` current for the scope (the kernel launches on the current
+// device, which need not be the tensors' one), and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (device < 0) return;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+      cudaGetLastError();
+      return;  // no device: run() reports that
+    }
+    if (current == device) return;
+    if (cudaSetDevice(device) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    previous_ = current;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+inline cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// __cuda_array_interface__ v3 names the stream its data is ready on: orders
+// `stream` after each view's producer stream.
+void wait_for_producers(const std::vector<const TensorView*>& views, cudaStream_t stream);
+
+inline std::string str(int64_t v) { return std::to_string(v); }
+
+// Row stride of a matrix whose last axis must be contiguous; 0 (dense) when
+// there is only one row and the stride means nothing.
+int64_t row_stride(const TensorView& t, const char* hint = "");
+
+// Batch stride of a tensor whose unbatched form has `base` dimensions. One
+// with no batch axis is shared by every batch (stride 0) when `shareable`.
+int64_t batch_stride(const TensorView& t, int base, int64_t batch, bool shareable, const char* form);
+
+void require_same_dtype(const TensorView& t, const TensorView& ref);
+
+inline const void* ptr(const std::optional<TensorView>& t) { return t ? t->data : nullptr; }
+
+// gatedmlp.gate_up's C++ half (gate_up.cpp): fills a Problem from the
+// tensors and calls run().
+void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
+             nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
+             std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
+             WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
+             nb::handle workspace_alloc);
+
+// The Problem gate_up() would run for these tensors (gate_up.cpp).
+Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
+                     nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
+                     int64_t group, Half first, WeightStorage storage, float alpha);
+
+// convert_weights / convert_weights_device (convert.cpp).
+void convert(nb::handle from_w, nb::handle to_w, WeightLayout from, WeightLayout to, nb::handle from_w_up,
+             nb::handle to_w_up, uintptr_t stream_handle, bool device_only);
+
+}  // namespace gatedmlp::py
