@@ -417,4 +417,21 @@ inline int cases(int n) {
   return v ? std::atoi(v) : n;
 }
 
+// The fp32 Y of a problem whose x and weights are on the host at hx, hw
+// (laid out as the device call's) against the float64 CPU reference:
+// |y - want| <= rel (1 + |want|) for every element. y_dev: [M, U] on the
+// device, dense.
+inline void expect_y_matches_cpu(const Problem& p, const void* hx, const void* hw, const void* y_dev, double rel,
+                                 const std::string& what) {
+  std::vector<float> out(size_t(p.m * p.u));
+  ASSERT_EQ(cudaMemcpy(out.data(), y_dev, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess) << what;
+  Arguments h;
+  h.x = hx;
+  h.w = hw;
+  std::vector<double> want;
+  ref::cpu_reference(p, h, &want, nullptr);
+  for (size_t i = 0; i < out.size(); ++i)
+    ASSERT_NEAR(out[i], want[i], rel * (1 + std::fabs(want[i]))) << what << ", element " << i;
+}
+
 }  // namespace gatedmlp::test

@@ -166,14 +166,7 @@ TEST(GpuApi, MisalignedPointersStillCorrect) {
   CUDA_OK(cudaMemset(y.p, 0xFF, y.bytes));  // NaN
   const Status s = run(p, a, nullptr, 0, nullptr);
   ASSERT_TRUE(s.ok()) << s.message();
-  std::vector<float> out(p.m * p.u);
-  CUDA_OK(cudaMemcpy(out.data(), y.p, out.size() * 4, cudaMemcpyDeviceToHost));
-  Arguments h;
-  h.x = hx.data();
-  h.w = hw.data();
-  std::vector<double> want;
-  ref::cpu_reference(p, h, &want, nullptr);
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << i;
+  expect_y_matches_cpu(p, hx.data(), hw.data(), y.p, 1e-4, "misaligned x and w");
 }
 
 // run() plans a call once and reuses the plan (on Hopper: the tensor maps,
@@ -297,15 +290,8 @@ TEST(GpuApi, SplitTailInCudaGraphReplays) {
     CUDA_OK(cudaMemset(y.p, 0xFF, y.bytes));  // NaN
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    std::vector<float> out(p.m * p.u);
-    CUDA_OK(cudaMemcpy(out.data(), y.p, out.size() * 4, cudaMemcpyDeviceToHost));
-    Arguments h;
-    h.x = hx.data();
-    h.w = hw.data();
-    std::vector<double> want;
-    ref::cpu_reference(p, h, &want, nullptr);
-    for (size_t i = 0; i < out.size(); ++i)
-      ASSERT_NEAR(out[i], want[i], 2e-3 * (1 + std::fabs(want[i]))) << "replay " << replay << " element " << i;
+    expect_y_matches_cpu(p, hx.data(), hw.data(), y.p, 2e-3, "replay " + std::to_string(replay));
+    if (::testing::Test::HasFatalFailure()) break;
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
