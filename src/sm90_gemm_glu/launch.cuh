@@ -47,15 +47,21 @@ inline cudaLaunchAttribute cluster_dim(int cm) {
   return a;
 }
 
-// One launch of a prepared kernel: the per-call part of a Hopper call. The
-// ticket counter starts every launch at zero (the kernel's TicketRing).
-template <typename T, int ACT, int CM, int PRE, int BNO>
-cudaError_t launch_cooperative(const KernelLaunch& k, const Params& p, cudaStream_t stream) {
+// A prepared kernel's grid, block and shared memory on `stream`, no attributes.
+inline cudaLaunchConfig_t launch_config(const KernelLaunch& k, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = k.grid;
   cfg.blockDim = k.block;
   cfg.dynamicSmemBytes = k.smem;
   cfg.stream = stream;
+  return cfg;
+}
+
+// One launch of a prepared kernel: the per-call part of a Hopper call. The
+// ticket counter starts every launch at zero (the kernel's TicketRing).
+template <typename T, int ACT, int CM, int PRE, int BNO>
+cudaError_t launch_cooperative(const KernelLaunch& k, const Params& p, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = launch_config(k, stream);
   cudaLaunchAttribute attr = cluster_dim(CM);
   cfg.attrs = &attr;
   cfg.numAttrs = k.cluster_attr ? 1 : 0;
@@ -144,11 +150,7 @@ cudaError_t setup_cooperative(Params& p, int sms, KernelLaunch* k) {
 
 template <typename T, int ACT, int PRE, int N>
 cudaError_t launch_pingpong(const KernelLaunch& k, const Params& p, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = k.grid;
-  cfg.blockDim = k.block;
-  cfg.dynamicSmemBytes = k.smem;
-  cfg.stream = stream;
+  const cudaLaunchConfig_t cfg = launch_config(k, stream);
   return cudaLaunchKernelEx(&cfg, sm90_gemm_glu_pingpong_kernel<T, ACT, PRE, N>, p);
 }
 
