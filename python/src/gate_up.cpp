@@ -162,22 +162,25 @@ GateUpOptions make_options(Activation activation, std::optional<ActivationParams
 struct HeldWorkspace {
   int device;
   uintptr_t stream;
-  PyObject* owner;  // the framework's tensor, one reference held (released only when a bigger one replaces it)
-  void* ptr;
+  // The imported scratch: its view owns the framework's memory (a consumed
+  // DLPack capsule gives the memory to the importer, so holding the capsule
+  // would not keep it). Deleted only when a bigger one replaces it, and
+  // never at exit, when the framework may be gone.
+  TensorView* owner;
   size_t bytes;
 };
 std::vector<HeldWorkspace> g_workspaces;  // guarded by the GIL
 
-// Imports a workspace object: its pointer and size in bytes.
-std::pair<void*, size_t> workspace_view(nb::handle obj) {
-  const TensorView v = import_tensor(obj, "workspace", true);
+size_t bytes_of(const TensorView& v) {
   size_t n = 1;
   for (int i = 0; i < v.ndim; ++i) n *= static_cast<size_t>(v.shape[static_cast<size_t>(i)]);
-  return {v.data, n * (v.bits / 8u)};
+  return n * (v.bits / 8u);
 }
 
+// Scratch for a call: a held one, or a new one from `alloc`, which `fresh`
+// owns until the call has been queued when it is not held (during capture).
 std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_t stream, nb::handle alloc,
-                                       nb::object* keep) {
+                                       TensorView* fresh) {
   const size_t n = workspace_size(p);
   if (n == 0) return {nullptr, 0};
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -188,21 +191,23 @@ std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_
   const uintptr_t s = reinterpret_cast<uintptr_t>(stream);
   if (capture == cudaStreamCaptureStatusNone)
     for (const HeldWorkspace& w : g_workspaces)
-      if (w.device == device && w.stream == s && w.bytes >= n) return {w.ptr, w.bytes};
-  *keep = alloc(n);
-  const auto [ptr, bytes] = workspace_view(*keep);
-  if (capture == cudaStreamCaptureStatusNone) {
-    for (auto it = g_workspaces.begin(); it != g_workspaces.end(); ++it)
-      if (it->device == device && it->stream == s) {
-        // Too small: replaced. Its memory goes back to the framework, whose
-        // allocator orders any reuse after the work already queued on it.
-        Py_DECREF(it->owner);
-        g_workspaces.erase(it);
-        break;
-      }
-    g_workspaces.push_back({device, s, keep->inc_ref().ptr(), ptr, bytes});
+      if (w.device == device && w.stream == s && w.bytes >= n) return {w.owner->data, w.bytes};
+  TensorView v = import_tensor(alloc(n), "workspace", true);
+  const size_t bytes = bytes_of(v);
+  if (capture != cudaStreamCaptureStatusNone) {
+    *fresh = std::move(v);
+    return {fresh->data, bytes};
   }
-  return {ptr, bytes};
+  for (auto it = g_workspaces.begin(); it != g_workspaces.end(); ++it)
+    if (it->device == device && it->stream == s) {
+      // Too small: replaced. Its memory goes back to the framework, whose
+      // allocator orders any reuse after the work already queued on it.
+      delete it->owner;
+      g_workspaces.erase(it);
+      break;
+    }
+  g_workspaces.push_back({device, s, new TensorView(std::move(v)), bytes});
+  return {g_workspaces.back().owner->data, bytes};
 }
 
 }  // namespace
@@ -236,11 +241,13 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   // (workspace_alloc allocates it); without either, the call runs unsplit.
   void* ws = nullptr;
   size_t ws_bytes = 0;
-  nb::object allocated;
+  TensorView ws_view;  // owns the caller's workspace, or fresh scratch, until the call is queued
   if (!workspace.is_none()) {
-    std::tie(ws, ws_bytes) = workspace_view(workspace);
+    ws_view = import_tensor(workspace, "workspace", true);
+    ws = ws_view.data;
+    ws_bytes = bytes_of(ws_view);
   } else if (!workspace_alloc.is_none() && p.m > 0 && p.batch > 0) {
-    std::tie(ws, ws_bytes) = workspace_for(p, device, stream, workspace_alloc, &allocated);
+    std::tie(ws, ws_bytes) = workspace_for(p, device, stream, workspace_alloc, &ws_view);
   }
 
   wait_for_producers({&t.x, &t.w, t.w_up ? &*t.w_up : nullptr, t.bias ? &*t.bias : nullptr,

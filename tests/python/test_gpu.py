@@ -486,6 +486,34 @@ def test_split_tail_in_a_cuda_graph_and_on_two_streams(monkeypatch):
                 assert_within_rule(y, unfused, ref, "graph / streams")
 
 
+def test_held_scratch_stays_allocated():
+    # The scratch held for a stream must stay the framework's allocation for
+    # as long as it is held: were it freed, the next tensor could take its
+    # memory and the next split call would write over that tensor.
+    m, k, u = 300, 1024, 1300
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    wg, wu = logical_weights(u, k, torch.bfloat16)
+    w = torch.cat([wg, wu])
+    y = torch.empty(m, u, device=DEV, dtype=torch.bfloat16)
+    n = gatedmlp.workspace_size(gatedmlp.make_problem(x, w, out=y))
+    if n == 0:
+        pytest.skip("this GPU's path takes no scratch for the shape")
+    s = torch.cuda.Stream()  # a stream of its own: no scratch held for it yet
+    with torch.cuda.stream(s), torch.no_grad():
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        gatedmlp.gate_up(x, w, out=y)
+        held = torch.cuda.memory_allocated() - before
+        assert held >= n, f"held scratch: {held} bytes allocated after the call, expected >= {n}"
+        ref, unfused = references(x, wg, wu, None, None, "silu", 1.0, torch.bfloat16)
+        for _ in range(3):  # new tensors next to the held scratch: the calls stay right
+            y2 = torch.full((m, u), float("nan"), device=DEV, dtype=torch.bfloat16)
+            gt.gate_up(x, w, out=y2)
+            s.synchronize()
+            assert_within_rule(y2, unfused, ref, "after held scratch")
+            assert torch.equal(y2, y)
+
+
 def test_empty_inputs_launch_nothing():
     w = torch.randn(96, 64, device=DEV, dtype=torch.bfloat16)
     mlp = gt.GatedMLP(64, 48, device=DEV, dtype=torch.bfloat16).requires_grad_(False)
