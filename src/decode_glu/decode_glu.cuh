@@ -137,7 +137,7 @@ constexpr int red_bytes(int warps) {
   return warps * CG * NT * 4 * 32 * 4;
 }
 
-template <typename T, int NT, int CG, int UNROLL, int MINB, bool XJIT>
+template <typename T, int NT, int CG, int UNROLL, int MINB>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const __grid_constant__ Params p) {
   using namespace detail_;
   extern __shared__ float4 smem_f4[];
@@ -201,25 +201,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const 
             for (int h = 0; h < 2; ++h)
               wa[u][cg][h] = ld_weights_if(wrow[cg][h] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
       }
-      // X, 16 bytes per n-tile and chunk (an L1 or L2 hit). XJIT = false:
-      // all of the k-block's, loaded after the weights so that its latency
-      // hides under theirs. XJIT = true: each chunk's just before its mma,
-      // which costs an L1 round trip per chunk but no registers for the
-      // whole k-block's X (two n-tiles' worth is 8 registers per chunk).
-      uint4 xb[XJIT ? 1 : UNROLL][NT];
-      if constexpr (!XJIT) {
+      // X, 16 bytes per n-tile and chunk (an L1 or L2 hit), loaded after the
+      // weights so that its latency hides under theirs.
+      uint4 xb[UNROLL][NT];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+      for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) xb[u][nt] = ld_x_if(xrow[nt] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
-      }
+        for (int nt = 0; nt < NT; ++nt) xb[u][nt] = ld_x_if(xrow[nt] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        if constexpr (XJIT) {
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) xb[0][nt] = ld_x_if(xrow[nt] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
-        }
-        const uint4(&xu)[NT] = xb[XJIT ? 0 : u];
+        const uint4(&xu)[NT] = xb[u];
 #pragma unroll
         for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
@@ -294,12 +285,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const 
 
 // Launches decode_glu_kernel<...> with p.warps warps per CTA (0: one per
 // k-block, at most kMaxWarps).
-template <typename T, int NT, int CG, int UNROLL, int MINB, bool XJIT = false>
+template <typename T, int NT, int CG, int UNROLL, int MINB>
 cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   if (p.warps == 0) p.warps = warps_for(p.k, UNROLL);
   const int64_t cols = 8 * CG;
   const dim3 grid(static_cast<unsigned>((p.u + cols - 1) / cols), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
-  decode_glu_kernel<T, NT, CG, UNROLL, MINB, XJIT><<<grid, p.warps * 32, red_bytes<NT, CG>(p.warps), stream>>>(p);
+  decode_glu_kernel<T, NT, CG, UNROLL, MINB><<<grid, p.warps * 32, red_bytes<NT, CG>(p.warps), stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -314,13 +305,6 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch_any(const Params& p, Shape s, cudaStream_t stream) {
   if (s.nt == 1) return launch_kernel<T, 1, 1, 4, 3>(p, stream);
-  switch (s.variant) {  // EXPERIMENT (GATEDMLP_DECODE_M16)
-    case 1: return launch_kernel<T, 2, 1, 4, 3, true>(p, stream);
-    case 2: return launch_kernel<T, 2, 1, 2, 4, true>(p, stream);
-    case 3: return launch_kernel<T, 2, 2, 2, 3, true>(p, stream);
-    case 4: return launch_kernel<T, 2, 1, 3, 3>(p, stream);
-    default: break;
-  }
   if (s.one_wave) return launch_kernel<T, 2, 1, 3, 3>(p, stream);
   return launch_kernel<T, 2, 1, 4, 2>(p, stream);
 }

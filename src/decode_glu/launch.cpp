@@ -16,7 +16,6 @@
 // 2816) take 3 chunks per warp, larger ones 4 chunks at 2 CTAs per SM,
 // each the faster of the two there.
 #include <climits>
-#include <cstdlib>
 #include <cstdint>
 #include <sstream>
 
@@ -101,7 +100,6 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
   s.nt = r.m <= 8 ? 1 : 2;
   s.one_wave = (r.u + 7) / 8 * r.batch <= 3 * int64_t(sms);
   p.warps = 0;  // one per k-block, at most kMaxWarps
-  if (const char* v = std::getenv("GATEDMLP_DECODE_M16")) s.variant = std::atoi(v);  // EXPERIMENT
   return r.input_dtype == DType::bf16 ? launch_bf16(p, s, stream) : launch_fp16(p, s, stream);
 }
 

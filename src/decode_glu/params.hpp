@@ -54,7 +54,6 @@ inline int warps_for(int64_t k, int unroll = kUnroll) {
 struct Shape {
   int nt = 1;
   bool one_wave = false;
-  int variant = 0;  // EXPERIMENT
 };
 
 // One translation unit per input dtype (decode_glu_bf16.cu, decode_glu_fp16.cu).
