@@ -3,7 +3,8 @@
 #   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|host|small|dropin] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
-# ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
+# SANITIZE_FILTER: the gtest filter the sanitizers run (default: the random
+# suites of every kernel). ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
 # half the time, for a quick `build fastpath` of a Hopper kernel change).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +63,7 @@ for step in "${steps[@]}"; do
   sanitize)
     for tool in memcheck racecheck synccheck; do
       GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$build/tests/test_gpu" --gtest_filter='GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*' \
+        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*}" \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)"
