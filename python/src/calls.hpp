@@ -14,6 +14,7 @@
 
 #include "gatedmlp/gatedmlp.hpp"
 #include "gatedmlp/layout.hpp"
+#include "gatedmlp/quant.hpp"
 #include "tensor.hpp"
 
 namespace gatedmlp::py {
@@ -84,5 +85,10 @@ Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up
 // convert_weights / convert_weights_device (convert.cpp).
 void convert(nb::handle from_w, nb::handle to_w, WeightLayout from, WeightLayout to, nb::handle from_w_up,
              nb::handle to_w_up, uintptr_t stream_handle, bool device_only);
+
+// quantize_host / dequantize_host on host tensors (quant.cpp): shapes and
+// dtypes read from them; the outputs are the caller's.
+void quantize(nb::handle w, nb::handle wq, nb::handle scales, nb::handle biases, const QuantFormat& format);
+void dequantize(nb::handle wq, nb::handle scales, nb::handle biases, nb::handle w, const QuantFormat& format);
 
 }  // namespace gatedmlp::py

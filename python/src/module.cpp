@@ -35,6 +35,7 @@
 
 #include "gatedmlp/gatedmlp.hpp"
 #include "gatedmlp/layout.hpp"
+#include "gatedmlp/quant.hpp"
 #include "calls.hpp"
 #include "tensor.hpp"
 
@@ -435,6 +436,29 @@ NB_MODULE(_gatedmlp, m) {
          nb::handle to_w_up, uintptr_t stream) { convert(from_w, to_w, from, to, from_w_up, to_w_up, stream, true); },
       "from_w"_a, "to_w"_a, nb::kw_only(), "from_layout"_a, "to_layout"_a, "from_w_up"_a = nb::none(),
       "to_w_up"_a = nb::none(), "stream"_a = 0, "convert_weights for CUDA tensors, asynchronously on `stream`.");
+
+  // ---- quantized weights (gatedmlp/quant.hpp)
+  nb::enum_<QuantMode>(m, "QuantMode").value("affine", QuantMode::affine, "MLX: w = q * scale + bias per group along K");
+  nb::class_<QuantFormat>(m, "QuantFormat")
+      .def(
+          "__init__",
+          [](QuantFormat* self, QuantMode mode, int bits, int group_size) {
+            new (self) QuantFormat{mode, bits, group_size};
+          },
+          "mode"_a = QuantMode::affine, "bits"_a = 4, "group_size"_a = 64)
+      .def_rw("mode", &QuantFormat::mode)
+      .def_rw("bits", &QuantFormat::bits)
+      .def_rw("group_size", &QuantFormat::group_size)
+      .def("__repr__", [](const QuantFormat& f) { return to_string(f); });
+  m.def("check_quant_format", &check_quant_format, "format"_a, "k"_a,
+        "The format's rules (bits, group size) and K against them.");
+  m.def("quant_words_per_row", &quant_words_per_row, "format"_a, "k"_a);
+  m.def("quant_groups_per_row", &quant_groups_per_row, "format"_a, "k"_a);
+  m.def("quantize_into", &quantize, "w"_a, "wq"_a, "scales"_a, "biases"_a, "format"_a,
+        "quantize_host on host arrays: w [..., K] into wq [..., K * bits / 32] (uint32), scales and biases "
+        "[..., K / group_size] (w's dtype). gatedmlp.quantize allocates them.");
+  m.def("dequantize_into", &dequantize, "wq"_a, "scales"_a, "biases"_a, "w"_a, "format"_a,
+        "dequantize_host on host arrays into w [..., K] (its dtype). gatedmlp.dequantize allocates it.");
 
   // ---- printing
   m.def("to_string", [](DType v) { return std::string(to_string(v)); }, "value"_a);

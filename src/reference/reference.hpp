@@ -12,15 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "common/host_float16.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 
 namespace gatedmlp::ref {
 
-// Host conversions for 16-bit floats (round to nearest even).
-float bf16_to_float(uint16_t bits);
-uint16_t float_to_bf16(float f);
-float fp16_to_float(uint16_t bits);
-uint16_t float_to_fp16(float f);
+// Host conversions for 16-bit floats (round to nearest even): the library's.
+using detail::bf16_to_float;
+using detail::float_to_bf16;
+using detail::fp16_to_float;
+using detail::float_to_fp16;
 // Read element i of a host array of `dtype` as double.
 double load_as_double(const void* base, DType dtype, int64_t i);
 // Round v to `dtype` and store it as element i.

@@ -1,0 +1,89 @@
+// quantize_host / dequantize_host from tensors: host arrays of any framework,
+// the outputs allocated by the Python wrapper (gatedmlp.quantize).
+#include "calls.hpp"
+#include "gatedmlp/quant.hpp"
+
+namespace gatedmlp::py {
+
+namespace {
+
+// A C-contiguous host array: its rows (every axis but the last, flattened)
+// and its last axis.
+struct Rows {
+  int64_t rows = 1, cols = 0;
+};
+
+Rows host_rows(const TensorView& t) {
+  if (!t.on_host())
+    raise_invalid("'" + t.name + "' is " + t.device_name() + " memory; the quantizer runs on the host " +
+                  "(gatedmlp.quantize copies device tensors for it)");
+  if (t.ndim < 1) raise_invalid("'" + t.name + "' must have at least one axis, got a scalar");
+  int64_t expect = 1, elements = 1;
+  for (int i = 0; i < t.ndim; ++i) elements *= t.size(i);
+  for (int i = t.ndim - 1; i >= 0 && elements > 0; --i) {
+    if (t.size(i) > 1 && t.stride(i) != expect)
+      raise_invalid("'" + t.name + "' must be C-contiguous, got shape " + t.shape_str() + " and strides " +
+                    t.strides_str());
+    expect *= t.size(i);
+  }
+  Rows r;
+  for (int i = 0; i < t.ndim - 1; ++i) r.rows *= t.size(i);
+  r.cols = t.size(-1);
+  return r;
+}
+
+void require_uint32(const TensorView& t) {
+  if (t.code != 1 || t.bits != 32 || t.lanes != 1)  // DLPack kDLUInt
+    raise_invalid("'" + t.name + "' must be uint32 (packed words), got " + t.dtype_name());
+}
+
+void require_shape(const TensorView& t, const TensorView& w, const Rows& wr, int64_t cols, const char* what) {
+  const Rows r = host_rows(t);
+  if (t.ndim != w.ndim || r.rows != wr.rows || r.cols != cols) {
+    std::string want = "(";
+    for (int i = 0; i < w.ndim - 1; ++i) want += str(w.size(i)) + ", ";
+    want += str(cols) + ")";
+    raise_invalid("'" + t.name + "' must have shape " + want + " (" + what + "), got " + t.shape_str());
+  }
+}
+
+}  // namespace
+
+void quantize(nb::handle w, nb::handle wq, nb::handle scales, nb::handle biases, const QuantFormat& f) {
+  const TensorView tw = import_tensor(w, "w", false);
+  const TensorView tq = import_tensor(wq, "wq", true);
+  const TensorView ts = import_tensor(scales, "scales", true);
+  const TensorView tb = import_tensor(biases, "biases", true);
+  const DType dtype = dtype_of(tw, "weight");
+  const Rows wr = host_rows(tw);
+  check(check_quant_format(f, wr.cols));
+  require_uint32(tq);
+  require_same_dtype(ts, tw);
+  require_same_dtype(tb, tw);
+  require_shape(tq, tw, wr, quant_words_per_row(f, wr.cols), "K * bits / 32 words per row");
+  require_shape(ts, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
+  require_shape(tb, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
+  nb::gil_scoped_release release;
+  check(quantize_host(f, dtype, wr.rows, wr.cols, tw.data, static_cast<uint32_t*>(tq.data), ts.data, tb.data));
+}
+
+void dequantize(nb::handle wq, nb::handle scales, nb::handle biases, nb::handle w, const QuantFormat& f) {
+  const TensorView tq = import_tensor(wq, "wq", false);
+  const TensorView ts = import_tensor(scales, "scales", false);
+  const TensorView tb = import_tensor(biases, "biases", false);
+  const TensorView tw = import_tensor(w, "w", true);
+  const DType dtype = dtype_of(ts, "scale");
+  const DType out_dtype = dtype_of(tw, "weight");
+  const Rows wr = host_rows(tw);
+  check(check_quant_format(f, wr.cols));
+  require_uint32(tq);
+  require_same_dtype(tb, ts);
+  require_shape(tq, tw, wr, quant_words_per_row(f, wr.cols), "K * bits / 32 words per row");
+  require_shape(ts, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
+  require_shape(tb, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
+  nb::gil_scoped_release release;
+  check(dequantize_host(f, dtype, out_dtype, wr.rows, wr.cols, static_cast<const uint32_t*>(tq.data), ts.data,
+                        tb.data, tw.data));
+}
+
+}  // namespace gatedmlp::py

@@ -1,0 +1,146 @@
+// The quantized formats' host side: format checks, and the quantizer and
+// dequantizer of MLX's affine format (quant.hpp says what they compute).
+//
+// The quantizer must give MLX's bits, so its arithmetic is MLX's CPU
+// backend's, step by step in fp32: the same operations in the same order,
+// rint (round to nearest even) where MLX rounds, and no contraction of a
+// multiply and an add into one rounding (the file is built with
+// -ffp-contract=off). The tests compare against the mlx package itself.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "common/host_float16.hpp"
+#include "core/internal.hpp"
+#include "gatedmlp/quant.hpp"
+
+namespace gatedmlp {
+
+namespace {
+
+using detail::err;
+
+bool float_dtype(DType t) { return t == DType::bf16 || t == DType::fp16 || t == DType::fp32; }
+
+float load(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::bf16: return detail::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::fp16: return detail::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+void store(void* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::bf16: static_cast<uint16_t*>(base)[i] = detail::float_to_bf16(v); break;
+    case DType::fp16: static_cast<uint16_t*>(base)[i] = detail::float_to_fp16(v); break;
+    default: static_cast<float*>(base)[i] = v; break;
+  }
+}
+
+Status check_arrays(const char* op, DType dtype, int64_t rows, const void* a, const char* a_name, const void* b,
+                    const char* b_name, const void* c, const char* c_name, const void* d, const char* d_name) {
+  if (!float_dtype(dtype)) return err(StatusCode::invalid_argument, op, ": dtype ", to_string(dtype), " is not a float type");
+  if (rows < 0) return err(StatusCode::invalid_argument, op, ": rows must be >= 0, got ", rows);
+  if (rows == 0) return Status::Ok();
+  for (auto [p, name] : {std::pair{a, a_name}, std::pair{b, b_name}, std::pair{c, c_name}, std::pair{d, d_name}})
+    if (p == nullptr) return err(StatusCode::invalid_argument, op, ": argument '", name, "' is null");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_quant_format(const QuantFormat& f, int64_t k) {
+  if (f.mode != QuantMode::affine)
+    return err(StatusCode::invalid_argument, "quant format: mode ", static_cast<int>(f.mode), " is not a QuantMode");
+  if (f.bits != 4 && f.bits != 8)
+    return err(StatusCode::not_supported, "quant format: bits=", f.bits, " (affine takes 4 or 8)");
+  if (f.group_size != 32 && f.group_size != 64 && f.group_size != 128)
+    return err(StatusCode::not_supported, "quant format: group_size=", f.group_size, " (affine takes 32, 64 or 128)");
+  if (k <= 0 || k % f.group_size)
+    return err(StatusCode::invalid_argument, "quant format: k=", k, " is not a positive multiple of group_size=",
+               f.group_size);
+  return Status::Ok();
+}
+
+int64_t quant_words_per_row(const QuantFormat& f, int64_t k) { return k * f.bits / 32; }
+int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) { return k / f.group_size; }
+
+Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
+                     void* scales, void* biases) {
+  if (Status s = check_quant_format(f, k); !s.ok()) return s;
+  if (Status s = check_arrays("quantize_host", dtype, rows, w, "w", wq, "wq", scales, "scales", biases, "biases");
+      !s.ok())
+    return s;
+  const float n_bins = float((1 << f.bits) - 1);
+  const float eps = 1e-7f;
+  const int per_word = 32 / f.bits;
+  const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t i0 = r * k + g * f.group_size;
+      float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+      for (int j = 0; j < f.group_size; ++j) {
+        const float v = load(w, dtype, i0 + j);
+        hi = std::max(hi, v);
+        lo = std::min(lo, v);
+      }
+      // The edge of larger magnitude is represented exactly: the scale is
+      // negative when it is the max, so that q = 0 lands on it either way.
+      const bool min_edge = std::fabs(lo) > std::fabs(hi);
+      float scale = std::max((hi - lo) / n_bins, eps);
+      scale = min_edge ? scale : -scale;
+      const float edge = min_edge ? lo : hi;
+      const float q0 = std::rint(edge / scale);
+      float bias = 0;
+      if (q0 != 0) {
+        scale = edge / q0;
+        bias = edge;
+      }
+      uint32_t* out = wq + r * words + g * (f.group_size / per_word);
+      for (int wd = 0; wd < f.group_size / per_word; ++wd) {
+        uint32_t word = 0;
+        for (int e = 0; e < per_word; ++e) {
+          float q = std::rint((load(w, dtype, i0 + wd * per_word + e) - bias) / scale);
+          q = std::min(std::max(q, 0.0f), n_bins);
+          word |= uint32_t(q) << (e * f.bits);
+        }
+        out[wd] = word;
+      }
+      store(scales, dtype, r * groups + g, scale);
+      store(biases, dtype, r * groups + g, bias);
+    }
+  return Status::Ok();
+}
+
+Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64_t rows, int64_t k,
+                       const uint32_t* wq, const void* scales, const void* biases, void* w) {
+  if (Status s = check_quant_format(f, k); !s.ok()) return s;
+  if (!float_dtype(out_dtype))
+    return err(StatusCode::invalid_argument, "dequantize_host: out_dtype ", to_string(out_dtype), " is not a float type");
+  if (Status s = check_arrays("dequantize_host", dtype, rows, wq, "wq", scales, "scales", biases, "biases", w, "w");
+      !s.ok())
+    return s;
+  const uint32_t mask = (1u << f.bits) - 1u;
+  const int per_word = 32 / f.bits;
+  const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      const uint32_t q = (wq[r * words + i / per_word] >> ((i % per_word) * f.bits)) & mask;
+      const int64_t g = r * groups + i / f.group_size;
+      store(w, out_dtype, r * k + i, float(q) * load(scales, dtype, g) + load(biases, dtype, g));
+    }
+  return Status::Ok();
+}
+
+const char* to_string(QuantMode m) { return m == QuantMode::affine ? "affine" : "?"; }
+
+std::string to_string(const QuantFormat& f) {
+  std::ostringstream os;
+  os << "QuantFormat{mode=" << to_string(f.mode) << " bits=" << f.bits << " group_size=" << f.group_size << "}";
+  return os.str();
+}
+
+}  // namespace gatedmlp

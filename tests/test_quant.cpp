@@ -1,0 +1,161 @@
+// The quantized formats' host side (gatedmlp/quant.hpp): format rules, the
+// affine quantizer on hand-computed groups and its round trip on random ones.
+// Bit-for-bit agreement with MLX itself is tested from Python against the
+// mlx package (tests/python/test_quant.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gatedmlp/quant.hpp"
+#include "reference/reference.hpp"
+
+namespace gatedmlp {
+namespace {
+
+QuantFormat fmt(int bits, int group) { return QuantFormat{QuantMode::affine, bits, group}; }
+
+TEST(Quant, FormatRulesNameTheValues) {
+  EXPECT_TRUE(check_quant_format(fmt(4, 64), 128).ok());
+  EXPECT_TRUE(check_quant_format(fmt(8, 32), 32).ok());
+  Status s = check_quant_format(fmt(3, 64), 128);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("bits=3"), std::string::npos) << s.message();
+  s = check_quant_format(fmt(4, 48), 96);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("group_size=48"), std::string::npos) << s.message();
+  s = check_quant_format(fmt(4, 64), 100);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("k=100"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("group_size=64"), std::string::npos) << s.message();
+  EXPECT_FALSE(check_quant_format(fmt(4, 64), 0).ok());
+  EXPECT_EQ(quant_words_per_row(fmt(4, 64), 256), 32);
+  EXPECT_EQ(quant_words_per_row(fmt(8, 64), 256), 64);
+  EXPECT_EQ(quant_groups_per_row(fmt(4, 32), 256), 8);
+}
+
+TEST(Quant, HandComputedGroups) {
+  // Row 0: 0, 1, ..., 31. The max has the larger magnitude, so the scale is
+  // negative and q = 0 is the max: scale = 31 / -15, bias = 31, q_j = 31 - j
+  // scaled, i.e. q = round((31 - j) * 15 / 31).
+  // Row 1: constant 0.5 (scale at its 1e-7 floor; the bias takes the value).
+  // Row 2: zeros (the edge rounds to q0 = 0: bias 0).
+  // Row 3: -8 ... 7 repeated: the min has the larger magnitude, scale > 0.
+  const int64_t k = 32;
+  std::vector<float> w(4 * k);
+  for (int j = 0; j < k; ++j) {
+    w[j] = float(j);
+    w[k + j] = 0.5f;
+    w[2 * k + j] = 0.0f;
+    w[3 * k + j] = float(j % 16) - 8.0f;
+  }
+  std::vector<uint32_t> wq(4 * 4);
+  std::vector<float> scales(4), biases(4);
+  ASSERT_TRUE(quantize_host(fmt(4, 32), DType::fp32, 4, k, w.data(), wq.data(), scales.data(), biases.data()).ok());
+
+  EXPECT_FLOAT_EQ(scales[0], 31.0f / -15.0f);
+  EXPECT_EQ(biases[0], 31.0f);
+  auto q_of = [&](int row, int j) { return (wq[size_t(row * 4 + j / 8)] >> (4 * (j % 8))) & 15u; };
+  for (int j = 0; j < k; ++j)
+    EXPECT_EQ(q_of(0, j), uint32_t(std::nearbyint((31.0f - float(j)) / (31.0f / 15.0f)))) << "j=" << j;
+  EXPECT_EQ(q_of(0, 31), 0u);
+  EXPECT_EQ(q_of(0, 0), 15u);
+
+  EXPECT_EQ(biases[1], 0.5f);
+  EXPECT_LT(scales[1], 0.0f);
+  EXPECT_NEAR(scales[1], -1e-7f, 1e-12f);
+  for (int j = 0; j < k; ++j) EXPECT_EQ(q_of(1, j), 0u);
+
+  EXPECT_EQ(biases[2], 0.0f);
+  EXPECT_FLOAT_EQ(scales[2], -1e-7f);
+  for (int j = 0; j < k; ++j) EXPECT_EQ(q_of(2, j), 0u);
+
+  EXPECT_GT(scales[3], 0.0f);
+  EXPECT_EQ(biases[3], -8.0f);
+  EXPECT_FLOAT_EQ(scales[3], 1.0f);
+  for (int j = 0; j < k; ++j) EXPECT_EQ(q_of(3, j), uint32_t(j % 16)) << "j=" << j;
+
+  // Dequantized: the edges exact, the constant and zero groups exact, row 3
+  // exact (its values are on the grid).
+  std::vector<float> back(4 * k, NAN);
+  ASSERT_TRUE(dequantize_host(fmt(4, 32), DType::fp32, DType::fp32, 4, k, wq.data(), scales.data(), biases.data(),
+                              back.data())
+                  .ok());
+  EXPECT_EQ(back[31], 31.0f);
+  EXPECT_NEAR(back[0], 0.0f, 1e-5f);
+  for (int j = 0; j < k; ++j) {
+    EXPECT_EQ(back[size_t(k + j)], 0.5f);
+    EXPECT_EQ(back[size_t(2 * k + j)], 0.0f);
+    EXPECT_EQ(back[size_t(3 * k + j)], w[size_t(3 * k + j)]);
+  }
+}
+
+TEST(Quant, RoundTripToTheNearestGridPoint) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (DType dt : {DType::fp32, DType::fp16, DType::bf16}) {
+        const int64_t rows = 7, k = 3 * group;
+        std::vector<uint16_t> w16(size_t(rows * k));
+        std::vector<float> w32(size_t(rows * k));
+        for (size_t i = 0; i < w32.size(); ++i) {
+          float v = n(rng) * 3.0f + (i % 5 == 0 ? 2.0f : 0.0f);
+          if (dt == DType::bf16) w16[i] = ref::float_to_bf16(v), v = ref::bf16_to_float(w16[i]);
+          if (dt == DType::fp16) w16[i] = ref::float_to_fp16(v), v = ref::fp16_to_float(w16[i]);
+          w32[i] = v;
+        }
+        const void* w = dt == DType::fp32 ? static_cast<const void*>(w32.data()) : w16.data();
+        const QuantFormat f = fmt(bits, group);
+        const int64_t words = quant_words_per_row(f, k), groups = quant_groups_per_row(f, k);
+        std::vector<uint32_t> wq(size_t(rows * words), 0xdeadbeefu);
+        std::vector<float> s32(size_t(rows * groups)), b32(size_t(rows * groups));
+        std::vector<uint16_t> s16(s32.size()), b16(b32.size());
+        void* s = dt == DType::fp32 ? static_cast<void*>(s32.data()) : s16.data();
+        void* b = dt == DType::fp32 ? static_cast<void*>(b32.data()) : b16.data();
+        ASSERT_TRUE(quantize_host(f, dt, rows, k, w, wq.data(), s, b).ok());
+        std::vector<float> back(size_t(rows * k), NAN);
+        ASSERT_TRUE(dequantize_host(f, dt, DType::fp32, rows, k, wq.data(), s, b, back.data()).ok());
+        // Each value lands on the nearest point of its group's grid, bias +
+        // q * scale for q = 0 ... 2^bits - 1, or at the grid's end when it
+        // lies beyond it (the grid starts exactly at the edge of larger
+        // magnitude, so it can stop short of the other): within half a step
+        // of the value clamped to the grid, plus the rounding of the scale and
+        // bias to dt.
+        const double n_bins = double((1 << bits) - 1);
+        const double rel = dt == DType::fp32 ? 1e-6 : dt == DType::fp16 ? 1.0 / 2048 : 1.0 / 256;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t g = 0; g < groups; ++g) {
+            const double sc = ref::load_as_double(s, dt, r * groups + g);
+            const double bi = ref::load_as_double(b, dt, r * groups + g);
+            const double lo = std::min(bi, bi + n_bins * sc), hi = std::max(bi, bi + n_bins * sc);
+            for (int64_t j = 0; j < group; ++j) {
+              const size_t i = size_t(r * k + g * group + j);
+              const double v = w32[i], clamped = std::min(std::max(v, lo), hi);
+              const double tol = std::fabs(v - clamped) + 0.5 * std::fabs(sc) +
+                                 rel * (n_bins * std::fabs(sc) + std::fabs(bi)) + 1e-6;
+              ASSERT_LE(std::fabs(double(back[i]) - v), tol)
+                  << to_string(f) << " " << to_string(dt) << " row " << r << " k " << g * group + j;
+            }
+          }
+      }
+}
+
+TEST(Quant, EmptyAndBadArguments) {
+  EXPECT_TRUE(quantize_host(fmt(4, 64), DType::fp32, 0, 64, nullptr, nullptr, nullptr, nullptr).ok());
+  float w[64] = {};
+  uint32_t wq[8];
+  float s[1], b[1];
+  Status st = quantize_host(fmt(4, 64), DType::fp32, 1, 64, w, wq, nullptr, b);
+  EXPECT_EQ(st.code(), StatusCode::invalid_argument);
+  EXPECT_NE(st.message().find("'scales'"), std::string::npos) << st.message();
+  st = quantize_host(fmt(4, 64), DType::fp32, 1, 96, w, wq, s, b);
+  EXPECT_NE(st.message().find("k=96"), std::string::npos) << st.message();
+  st = dequantize_host(fmt(4, 64), DType::fp32, DType::fp32, -1, 64, wq, s, b, w);
+  EXPECT_NE(st.message().find("rows must be >= 0"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace gatedmlp
