@@ -157,5 +157,46 @@ TEST(Quant, EmptyAndBadArguments) {
   EXPECT_NE(st.message().find("rows must be >= 0"), std::string::npos) << st.message();
 }
 
+TEST(Quant, Mxfp4HandComputed) {
+  // Row 0: the e2m1 values themselves (amax 6: scale 2^0), the second 8 negated.
+  // Row 1: the same doubled (amax 12: scale 2^1, the same codes).
+  // Row 2: zeros (scale byte 127, every code +0).
+  // Row 3: the ties 0.25, 0.75, ... go to the smaller magnitude.
+  const float values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float ties[8] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f};
+  std::vector<float> w(4 * 32);
+  for (int j = 0; j < 32; ++j) {
+    const float sign = (j / 8) % 2 ? -1.0f : 1.0f;
+    w[size_t(j)] = sign * values[j % 8];
+    w[size_t(32 + j)] = 2.0f * sign * values[j % 8];
+    w[size_t(64 + j)] = 0.0f;
+    w[size_t(96 + j)] = ties[j % 8];
+  }
+  const QuantFormat f{QuantMode::mxfp4, 4, 32};
+  std::vector<uint32_t> wq(4 * 4);
+  std::vector<uint8_t> scales(4);
+  ASSERT_TRUE(quantize_host(f, DType::fp32, 4, 32, w.data(), wq.data(), scales.data(), nullptr).ok());
+  EXPECT_EQ(scales[0], 127);
+  EXPECT_EQ(scales[1], 128);
+  EXPECT_EQ(scales[2], 127);
+  EXPECT_EQ(scales[3], 127);
+  auto code = [&](int row, int j) { return (wq[size_t(row * 4 + j / 8)] >> (4 * (j % 8))) & 15u; };
+  for (int j = 0; j < 32; ++j) {
+    const uint32_t want = uint32_t(j % 8) | ((j / 8) % 2 && j % 8 ? 8u : 0u);  // -0 is stored as +0
+    EXPECT_EQ(code(0, j), want) << "j=" << j;
+    EXPECT_EQ(code(1, j), want) << "j=" << j;
+    EXPECT_EQ(code(2, j), 0u) << "j=" << j;
+    EXPECT_EQ(code(3, j), j % 8 == 7 ? 7u : uint32_t(j % 8)) << "j=" << j;  // 0.25 -> 0, 0.75 -> 0.5, ...
+  }
+  std::vector<float> back(4 * 32, NAN);
+  ASSERT_TRUE(dequantize_host(f, DType::fp32, DType::fp32, 4, 32, wq.data(), scales.data(), nullptr, back.data()).ok());
+  for (int j = 0; j < 64; ++j) EXPECT_EQ(back[size_t(j)], w[size_t(j)]) << "j=" << j;
+  EXPECT_EQ(back[96 + 1], 0.5f);
+  Status st = quantize_host(f, DType::fp32, 4, 32, w.data(), wq.data(), scales.data(), scales.data());
+  EXPECT_NE(st.message().find("mxfp4 has no biases"), std::string::npos) << st.message();
+  st = check_quant_format(QuantFormat{QuantMode::mxfp4, 4, 64}, 64);
+  EXPECT_EQ(st.code(), StatusCode::not_supported);
+}
+
 }  // namespace
 }  // namespace gatedmlp

@@ -12,6 +12,12 @@
 // the first element of K in the lowest bits: row r's words are
 // wq[r, 0 .. K * bits / 32). scales and biases are [rows, K / group_size], in
 // the dtype of the weights they came from.
+//
+// MXFP4 (OCP microscaling, as gpt-oss ships its experts and MLX's "mxfp4"
+// mode): 4-bit e2m1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives),
+// packed as above (two per byte, the even element in the low nibble: the
+// bytes of gpt-oss's `*_blocks`), and one e8m0 scale byte per group of 32
+// along K (w = value * 2^(scale - 127); gpt-oss's `*_scales`). No biases.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +29,13 @@ namespace gatedmlp {
 
 enum class QuantMode : int {
   affine = 0,  // MLX: w = q * scale + bias per group along K
+  mxfp4 = 1,   // e2m1 values, an e8m0 scale per 32 along K
 };
 
 struct QuantFormat {
   QuantMode mode = QuantMode::affine;
-  int bits = 4;         // 4 or 8
-  int group_size = 64;  // 32, 64 or 128 elements along K
+  int bits = 4;         // affine: 4 or 8; mxfp4: 4
+  int group_size = 64;  // affine: 32, 64 or 128 elements along K; mxfp4: 32
 };
 
 // The format's own rules (bits, group size), and K against them: K must be a
@@ -42,18 +49,25 @@ int64_t quant_groups_per_row(const QuantFormat& format, int64_t k);
 
 // Quantizes a [rows, K] row-major host array `w` of `dtype` (bf16, fp16, fp32)
 // into wq [rows, quant_words_per_row] and scales, biases [rows,
-// quant_groups_per_row] of `dtype`, all host memory. Bit for bit what
-// mlx.core.quantize returns on MLX's CPU backend: the group's min and max in
+// quant_groups_per_row], all host memory: scales and biases of `dtype`
+// (affine), or scales as e8m0 bytes (uint8_t) and biases null (mxfp4).
+// Bit for bit what mlx.core.quantize returns on MLX's CPU backend.
+// Affine: the group's min and max in
 // fp32; the scale (max - min) / (2^bits - 1), at least 1e-7, negative unless
 // the min has the larger magnitude; the edge of larger magnitude kept exact
 // (scale = edge / round(edge / scale), bias = edge) unless it rounds to 0
 // (then bias = 0); q = clamp(round((w - bias) / scale), 0, 2^bits - 1), every
-// rounding to nearest even. Empty input (rows = 0) is not an error.
+// rounding to nearest even. MXFP4: the scale is the smallest power of two
+// 2^e >= amax / 6 (e clamped to [-127, 127]; 2^0 for an all-zero group), and
+// each w / 2^e goes to the e2m1 value nearest it, a tie to the one of smaller
+// magnitude (MLX's choice), a value that rounds to zero to +0. Empty input
+// (rows = 0) is not an error.
 Status quantize_host(const QuantFormat& format, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
                      void* scales, void* biases);
 
-// The inverse map: w [rows, K] of out_dtype = q * scale + bias, computed in
-// fp32 and rounded once to out_dtype. scales and biases are of `dtype`.
+// The inverse map: w [rows, K] of out_dtype = q * scale + bias (affine; scales
+// and biases of `dtype`), or value * 2^(scale - 127) (mxfp4; `dtype` unused,
+// biases null), computed in fp32 and rounded once to out_dtype.
 Status dequantize_host(const QuantFormat& format, DType dtype, DType out_dtype, int64_t rows, int64_t k,
                        const uint32_t* wq, const void* scales, const void* biases, void* w);
 

@@ -1,11 +1,14 @@
-"""Quantized weights on the host: MLX's affine format.
+"""Quantized weights on the host: MLX's affine format and MXFP4.
 
 ``quantize(w)`` gives what ``mlx.core.quantize(w)`` gives on MLX's CPU backend,
-bit for bit: ``wq`` (uint32 words, ``32 / bits`` values each, the first of K in
-the lowest bits), ``scales`` and ``biases`` (``[..., K / group_size]``, w's
-dtype), with ``w ~= q * scale + bias`` per group of ``group_size`` along the
-last axis. NumPy arrays give NumPy arrays; PyTorch tensors give tensors on
-w's device (the work is done on a host copy).
+bit for bit. Affine (the default): ``(wq, scales, biases)``; ``wq`` holds
+uint32 words of ``32 / bits`` values, the first of K in the lowest bits;
+``scales`` and ``biases`` are ``[..., K / group_size]`` in w's dtype, and
+``w ~= q * scale + bias`` per group along the last axis. ``mode="mxfp4"``:
+``(wq, scales)``, e2m1 values packed the same way (the bytes of gpt-oss's
+``*_blocks``) and one e8m0 byte per 32 values (gpt-oss's ``*_scales``).
+NumPy arrays give NumPy arrays; PyTorch tensors give tensors on w's device
+(the work is done on a host copy).
 """
 
 from __future__ import annotations
@@ -14,75 +17,76 @@ import sys as _sys
 
 from . import _gatedmlp as _C
 
-_MODES = {"affine": _C.QuantMode.affine}
-_NOT_YET = ("mxfp4", "mxfp8", "nvfp4")  # MLX's other modes: not in gatedmlp yet
+# mode -> (QuantMode, default group_size, default bits), MLX's defaults.
+_MODES = {"affine": (_C.QuantMode.affine, 64, 4), "mxfp4": (_C.QuantMode.mxfp4, 32, 4)}
+_NOT_YET = ("mxfp8", "nvfp4")  # MLX's other modes: not in gatedmlp yet
 
 
 def _format(group_size, bits, mode) -> "_C.QuantFormat":
     if mode in _NOT_YET:
-        raise _C.NotSupportedError(f"gatedmlp: quantization mode {mode!r} is not supported yet (affine is)")
+        raise _C.NotSupportedError(f"gatedmlp: quantization mode {mode!r} is not supported yet (affine, mxfp4 are)")
     if mode not in _MODES:
-        raise _C.InvalidArgumentError(f"gatedmlp: mode {mode!r} is not a quantization mode ('affine')")
-    return _C.QuantFormat(mode=_MODES[mode], bits=int(bits), group_size=int(group_size))
+        raise _C.InvalidArgumentError(f"gatedmlp: mode {mode!r} is not a quantization mode ('affine', 'mxfp4')")
+    qm, g, b = _MODES[mode]
+    return _C.QuantFormat(mode=qm, bits=int(b if bits is None else bits),
+                          group_size=int(g if group_size is None else group_size))
 
 
-def _words(fmt, k):
-    return k * fmt.bits // 32
+def _is_torch(t) -> bool:
+    return type(t).__module__.split(".", 1)[0] == "torch"
 
 
-def _groups(fmt, k):
-    return k // fmt.group_size
-
-
-def quantize(w, group_size: int = 64, bits: int = 4, mode: str = "affine"):
-    """(wq, scales, biases) of w [..., K] (bf16, fp16 or fp32; K a multiple of
-    group_size; bits 4 or 8; group_size 32, 64 or 128)."""
+def quantize(w, group_size: int | None = None, bits: int | None = None, mode: str = "affine"):
+    """(wq, scales, biases) (affine) or (wq, scales) (mxfp4) of w [..., K]
+    (bf16, fp16 or fp32). Affine: bits 4 or 8, group_size 32, 64 or 128
+    (default 64, 4); mxfp4: 32 and 4. K must be a multiple of group_size."""
     fmt = _format(group_size, bits, mode)
-    if type(w).__module__.split(".", 1)[0] == "torch":
+    mx = fmt.mode == _C.QuantMode.mxfp4
+    if _is_torch(w):
         torch = _sys.modules["torch"]
         host = w.detach().to("cpu").contiguous()
-        if host.dim() < 1:
-            raise _C.InvalidArgumentError("gatedmlp: 'w' must have at least one axis, got a scalar")
-        _C.check_quant_format(fmt, host.shape[-1]).raise_if_error()
-        lead, k = tuple(host.shape[:-1]), host.shape[-1]
-        wq = torch.empty(*lead, _words(fmt, k), dtype=torch.uint32)
-        scales = torch.empty(*lead, _groups(fmt, k), dtype=host.dtype)
-        biases = torch.empty_like(scales)
-        _C.quantize_into(host, wq, scales, biases, fmt)
-        return wq.to(w.device), scales.to(w.device), biases.to(w.device)
-    import numpy as np
+        empty, u32, u8, dt = torch.empty, torch.uint32, torch.uint8, host.dtype
+    else:
+        import numpy as np
 
-    host = np.ascontiguousarray(w)
+        host = np.ascontiguousarray(w)
+        empty = lambda *shape, dtype: np.empty(shape, dtype=dtype)  # noqa: E731
+        u32, u8, dt = np.uint32, np.uint8, host.dtype
     if host.ndim < 1:
         raise _C.InvalidArgumentError("gatedmlp: 'w' must have at least one axis, got a scalar")
-    _C.check_quant_format(fmt, host.shape[-1]).raise_if_error()
-    lead, k = host.shape[:-1], host.shape[-1]
-    wq = np.empty((*lead, _words(fmt, k)), dtype=np.uint32)
-    scales = np.empty((*lead, _groups(fmt, k)), dtype=host.dtype)
-    biases = np.empty_like(scales)
+    lead, k = tuple(host.shape[:-1]), host.shape[-1]
+    _C.check_quant_format(fmt, k).raise_if_error()
+    wq = empty(*lead, _C.quant_words_per_row(fmt, k), dtype=u32)
+    scales = empty(*lead, _C.quant_groups_per_row(fmt, k), dtype=u8 if mx else dt)
+    biases = None if mx else empty(*lead, _C.quant_groups_per_row(fmt, k), dtype=dt)
     _C.quantize_into(host, wq, scales, biases, fmt)
-    return wq, scales, biases
+    out = (wq, scales) if mx else (wq, scales, biases)
+    return tuple(t.to(w.device) for t in out) if _is_torch(w) else out
 
 
-def dequantize(wq, scales, biases, group_size: int = 64, bits: int = 4, mode: str = "affine", dtype=None):
-    """w [..., K] = q * scale + bias (computed in fp32, rounded once to dtype;
-    default: the scales' dtype)."""
+def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int | None = None,
+               mode: str = "affine", dtype=None):
+    """w [..., K] from quantize()'s arrays: q * scale + bias (affine) or
+    value * 2^(scale - 127) (mxfp4), computed in fp32 and rounded once to
+    dtype (default: the scales' dtype for affine, bfloat16 for mxfp4, as
+    MLX)."""
     fmt = _format(group_size, bits, mode)
-    if type(wq).__module__.split(".", 1)[0] == "torch":
+    mx = fmt.mode == _C.QuantMode.mxfp4
+    parts = (wq, scales) if biases is None else (wq, scales, biases)
+    if _is_torch(wq):
         torch = _sys.modules["torch"]
-        hq, hs, hb = (t.detach().to("cpu").contiguous() for t in (wq, scales, biases))
-        if hq.dim() < 1:
-            raise _C.InvalidArgumentError("gatedmlp: 'wq' must have at least one axis, got a scalar")
-        k = hq.shape[-1] * 32 // fmt.bits
-        w = torch.empty(*hq.shape[:-1], k, dtype=dtype or hs.dtype)
-        _C.dequantize_into(hq, hs, hb, w, fmt)
-        return w.to(wq.device)
-    import numpy as np
+        host = [t.detach().to("cpu").contiguous() for t in parts]
+        default = torch.bfloat16 if mx else host[1].dtype
+        make = lambda shape: torch.empty(*shape, dtype=dtype or default)  # noqa: E731
+    else:
+        import numpy as np
 
-    hq, hs, hb = (np.ascontiguousarray(t) for t in (wq, scales, biases))
-    if hq.ndim < 1:
+        host = [np.ascontiguousarray(t) for t in parts]
+        if mx and dtype is None:
+            raise _C.InvalidArgumentError("gatedmlp: NumPy has no bfloat16: give dtype= for mxfp4 (np.float32, ...)")
+        make = lambda shape: np.empty(shape, dtype=dtype or host[1].dtype)  # noqa: E731
+    if host[0].ndim < 1:
         raise _C.InvalidArgumentError("gatedmlp: 'wq' must have at least one axis, got a scalar")
-    k = hq.shape[-1] * 32 // fmt.bits
-    w = np.empty((*hq.shape[:-1], k), dtype=dtype or hs.dtype)
-    _C.dequantize_into(hq, hs, hb, w, fmt)
-    return w
+    w = make((*host[0].shape[:-1], host[0].shape[-1] * 32 // fmt.bits))
+    _C.dequantize_into(host[0], host[1], host[2] if len(host) > 2 else None, w, fmt)
+    return w.to(wq.device) if _is_torch(wq) else w

@@ -438,7 +438,9 @@ NB_MODULE(_gatedmlp, m) {
       "to_w_up"_a = nb::none(), "stream"_a = 0, "convert_weights for CUDA tensors, asynchronously on `stream`.");
 
   // ---- quantized weights (gatedmlp/quant.hpp)
-  nb::enum_<QuantMode>(m, "QuantMode").value("affine", QuantMode::affine, "MLX: w = q * scale + bias per group along K");
+  nb::enum_<QuantMode>(m, "QuantMode")
+      .value("affine", QuantMode::affine, "MLX: w = q * scale + bias per group along K")
+      .value("mxfp4", QuantMode::mxfp4, "e2m1 values, an e8m0 scale per 32 along K (gpt-oss, MLX's mxfp4)");
   nb::class_<QuantFormat>(m, "QuantFormat")
       .def(
           "__init__",
@@ -454,10 +456,10 @@ NB_MODULE(_gatedmlp, m) {
         "The format's rules (bits, group size) and K against them.");
   m.def("quant_words_per_row", &quant_words_per_row, "format"_a, "k"_a);
   m.def("quant_groups_per_row", &quant_groups_per_row, "format"_a, "k"_a);
-  m.def("quantize_into", &quantize, "w"_a, "wq"_a, "scales"_a, "biases"_a, "format"_a,
+  m.def("quantize_into", &quantize, "w"_a, "wq"_a, "scales"_a, "biases"_a.none(), "format"_a,
         "quantize_host on host arrays: w [..., K] into wq [..., K * bits / 32] (uint32), scales and biases "
-        "[..., K / group_size] (w's dtype). gatedmlp.quantize allocates them.");
-  m.def("dequantize_into", &dequantize, "wq"_a, "scales"_a, "biases"_a, "w"_a, "format"_a,
+        "[..., K / group_size] (w's dtype; mxfp4: uint8 scales, biases None). gatedmlp.quantize allocates them.");
+  m.def("dequantize_into", &dequantize, "wq"_a, "scales"_a, "biases"_a.none(), "w"_a, "format"_a,
         "dequantize_host on host arrays into w [..., K] (its dtype). gatedmlp.dequantize allocates it.");
 
   // ---- printing

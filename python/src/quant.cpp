@@ -37,6 +37,15 @@ void require_uint32(const TensorView& t) {
     raise_invalid("'" + t.name + "' must be uint32 (packed words), got " + t.dtype_name());
 }
 
+void require_uint8(const TensorView& t) {
+  if (t.code != 1 || t.bits != 8 || t.lanes != 1)  // DLPack kDLUInt
+    raise_invalid("'" + t.name + "' must be uint8 (e8m0 scale bytes), got " + t.dtype_name());
+}
+
+void require_no_biases(nb::handle biases) {
+  if (!biases.is_none()) raise_invalid("'biases' is given, but mxfp4 has no biases");
+}
+
 void require_shape(const TensorView& t, const TensorView& w, const Rows& wr, int64_t cols, const char* what) {
   const Rows r = host_rows(t);
   if (t.ndim != w.ndim || r.rows != wr.rows || r.cols != cols) {
@@ -50,40 +59,54 @@ void require_shape(const TensorView& t, const TensorView& w, const Rows& wr, int
 }  // namespace
 
 void quantize(nb::handle w, nb::handle wq, nb::handle scales, nb::handle biases, const QuantFormat& f) {
+  const bool mx = f.mode == QuantMode::mxfp4;
   const TensorView tw = import_tensor(w, "w", false);
   const TensorView tq = import_tensor(wq, "wq", true);
   const TensorView ts = import_tensor(scales, "scales", true);
-  const TensorView tb = import_tensor(biases, "biases", true);
+  if (mx) require_no_biases(biases);
+  const std::optional<TensorView> tb = mx ? std::nullopt : std::optional(import_tensor(biases, "biases", true));
   const DType dtype = dtype_of(tw, "weight");
   const Rows wr = host_rows(tw);
   check(check_quant_format(f, wr.cols));
   require_uint32(tq);
-  require_same_dtype(ts, tw);
-  require_same_dtype(tb, tw);
+  if (mx) {
+    require_uint8(ts);
+  } else {
+    require_same_dtype(ts, tw);
+    require_same_dtype(*tb, tw);
+  }
   require_shape(tq, tw, wr, quant_words_per_row(f, wr.cols), "K * bits / 32 words per row");
   require_shape(ts, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
-  require_shape(tb, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
+  if (tb) require_shape(*tb, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
   nb::gil_scoped_release release;
-  check(quantize_host(f, dtype, wr.rows, wr.cols, tw.data, static_cast<uint32_t*>(tq.data), ts.data, tb.data));
+  check(quantize_host(f, dtype, wr.rows, wr.cols, tw.data, static_cast<uint32_t*>(tq.data), ts.data,
+                      tb ? tb->data : nullptr));
 }
 
 void dequantize(nb::handle wq, nb::handle scales, nb::handle biases, nb::handle w, const QuantFormat& f) {
+  const bool mx = f.mode == QuantMode::mxfp4;
   const TensorView tq = import_tensor(wq, "wq", false);
   const TensorView ts = import_tensor(scales, "scales", false);
-  const TensorView tb = import_tensor(biases, "biases", false);
+  if (mx) require_no_biases(biases);
+  const std::optional<TensorView> tb = mx ? std::nullopt : std::optional(import_tensor(biases, "biases", false));
   const TensorView tw = import_tensor(w, "w", true);
-  const DType dtype = dtype_of(ts, "scale");
   const DType out_dtype = dtype_of(tw, "weight");
   const Rows wr = host_rows(tw);
   check(check_quant_format(f, wr.cols));
   require_uint32(tq);
-  require_same_dtype(tb, ts);
+  DType dtype = DType::fp32;  // mxfp4: the scales are bytes
+  if (mx) {
+    require_uint8(ts);
+  } else {
+    dtype = dtype_of(ts, "scale");
+    require_same_dtype(*tb, ts);
+  }
   require_shape(tq, tw, wr, quant_words_per_row(f, wr.cols), "K * bits / 32 words per row");
   require_shape(ts, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
-  require_shape(tb, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
+  if (tb) require_shape(*tb, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
   nb::gil_scoped_release release;
   check(dequantize_host(f, dtype, out_dtype, wr.rows, wr.cols, static_cast<const uint32_t*>(tq.data), ts.data,
-                        tb.data, tw.data));
+                        ptr(tb), tw.data));
 }
 
 }  // namespace gatedmlp::py

@@ -40,6 +40,35 @@ void store(void* base, DType t, int64_t i, float v) {
   }
 }
 
+// MXFP4's e2m1 magnitudes by code.
+constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// The e8m0 scale byte of a group whose largest magnitude is `amax`: the
+// smallest e with 2^e >= amax / 6 (ceil(log2), taken exactly from the
+// binary exponent rather than through log2), clamped to [-127, 127]; 0 for
+// an all-zero group; 0xFF (NaN) for a non-finite one.
+uint8_t e8m0_of(float amax) {
+  if (!std::isfinite(amax)) return 0xFF;
+  if (amax == 0.0f) return 127;
+  int e2 = 0;
+  const float m = std::frexp(amax / 6.0f, &e2);  // amax / 6 = m * 2^e2, m in [0.5, 1)
+  int e = m == 0.5f ? e2 - 1 : e2;
+  e = std::min(std::max(e, -127), 127);
+  return static_cast<uint8_t>(e + 127);
+}
+
+// The e2m1 code of x: the nearest value, a tie to the smaller magnitude, the
+// sign only on a non-zero code.
+uint32_t e2m1_of(float x) {
+  const float a = std::fabs(x);
+  uint32_t code = 0;
+  for (uint32_t c = 1; c < 8; ++c)
+    if (a > 0.5f * (kE2m1[c - 1] + kE2m1[c])) code = c;
+  return code != 0 && std::signbit(x) ? code | 8u : code;
+}
+
+float e8m0_value(uint8_t s) { return std::ldexp(1.0f, int(s) - 127); }
+
 Status check_arrays(const char* op, DType dtype, int64_t rows, const void* a, const char* a_name, const void* b,
                     const char* b_name, const void* c, const char* c_name, const void* d, const char* d_name) {
   if (!float_dtype(dtype)) return err(StatusCode::invalid_argument, op, ": dtype ", to_string(dtype), " is not a float type");
@@ -53,8 +82,11 @@ Status check_arrays(const char* op, DType dtype, int64_t rows, const void* a, co
 }  // namespace
 
 Status check_quant_format(const QuantFormat& f, int64_t k) {
-  if (f.mode != QuantMode::affine)
+  if (f.mode != QuantMode::affine && f.mode != QuantMode::mxfp4)
     return err(StatusCode::invalid_argument, "quant format: mode ", static_cast<int>(f.mode), " is not a QuantMode");
+  if (f.mode == QuantMode::mxfp4 && (f.bits != 4 || f.group_size != 32))
+    return err(StatusCode::not_supported, "quant format: mxfp4 takes bits=4 and group_size=32, got bits=", f.bits,
+               " group_size=", f.group_size);
   if (f.bits != 4 && f.bits != 8)
     return err(StatusCode::not_supported, "quant format: bits=", f.bits, " (affine takes 4 or 8)");
   if (f.group_size != 32 && f.group_size != 64 && f.group_size != 128)
@@ -71,9 +103,32 @@ int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) { return k / f.gro
 Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
                      void* scales, void* biases) {
   if (Status s = check_quant_format(f, k); !s.ok()) return s;
-  if (Status s = check_arrays("quantize_host", dtype, rows, w, "w", wq, "wq", scales, "scales", biases, "biases");
+  const bool mx = f.mode == QuantMode::mxfp4;
+  if (mx && biases != nullptr)
+    return err(StatusCode::invalid_argument, "quantize_host: argument 'biases' is set (", biases,
+               ") but mxfp4 has no biases");
+  if (Status s = check_arrays("quantize_host", dtype, rows, w, "w", wq, "wq", scales, "scales",
+                              mx ? scales : biases, "biases");
       !s.ok())
     return s;
+  if (mx) {
+    const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t i0 = r * k + g * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(load(w, dtype, i0 + j)));
+        const uint8_t sb = e8m0_of(amax);
+        const float scale = e8m0_value(sb);
+        for (int wd = 0; wd < 4; ++wd) {
+          uint32_t word = 0;
+          for (int e = 0; e < 8; ++e) word |= e2m1_of(load(w, dtype, i0 + wd * 8 + e) / scale) << (4 * e);
+          wq[r * words + g * 4 + wd] = word;
+        }
+        static_cast<uint8_t*>(scales)[r * groups + g] = sb;
+      }
+    return Status::Ok();
+  }
   const float n_bins = float((1 << f.bits) - 1);
   const float eps = 1e-7f;
   const int per_word = 32 / f.bits;
@@ -120,9 +175,24 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   if (Status s = check_quant_format(f, k); !s.ok()) return s;
   if (!float_dtype(out_dtype))
     return err(StatusCode::invalid_argument, "dequantize_host: out_dtype ", to_string(out_dtype), " is not a float type");
-  if (Status s = check_arrays("dequantize_host", dtype, rows, wq, "wq", scales, "scales", biases, "biases", w, "w");
+  const bool mx = f.mode == QuantMode::mxfp4;
+  if (mx && biases != nullptr)
+    return err(StatusCode::invalid_argument, "dequantize_host: argument 'biases' is set (", biases,
+               ") but mxfp4 has no biases");
+  if (Status s = check_arrays("dequantize_host", mx ? DType::fp32 : dtype, rows, wq, "wq", scales, "scales",
+                              mx ? scales : biases, "biases", w, "w");
       !s.ok())
     return s;
+  if (mx) {
+    const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < k; ++i) {
+        const uint32_t c = (wq[r * words + i / 8] >> ((i % 8) * 4)) & 15u;
+        const float v = (c & 8u) ? -kE2m1[c & 7u] : kE2m1[c & 7u];
+        store(w, out_dtype, r * k + i, v * e8m0_value(static_cast<const uint8_t*>(scales)[r * groups + i / 32]));
+      }
+    return Status::Ok();
+  }
   const uint32_t mask = (1u << f.bits) - 1u;
   const int per_word = 32 / f.bits;
   const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
@@ -135,7 +205,13 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   return Status::Ok();
 }
 
-const char* to_string(QuantMode m) { return m == QuantMode::affine ? "affine" : "?"; }
+const char* to_string(QuantMode m) {
+  switch (m) {
+    case QuantMode::affine: return "affine";
+    case QuantMode::mxfp4: return "mxfp4";
+  }
+  return "?";
+}
 
 std::string to_string(const QuantFormat& f) {
   std::ostringstream os;

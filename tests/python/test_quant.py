@@ -1,7 +1,8 @@
 """gatedmlp.quantize / dequantize against MLX itself (the mlx package, CPU
 backend): the packed words, scales and biases must be bit-identical to
 mlx.core.quantize for every bits x group size, fp32 and fp16 (NumPy) and bf16
-(PyTorch), odd shapes and the groups MLX treats specially."""
+(PyTorch), odd shapes and the groups MLX treats specially; MXFP4 likewise,
+and its dequantization against transformers' own for gpt-oss checkpoints."""
 import random
 
 import numpy as np
@@ -113,8 +114,10 @@ def test_errors_name_the_argument():
         gatedmlp.quantize(w, group_size=32, bits=3)
     with pytest.raises(gatedmlp.NotSupportedError, match="group_size=48"):
         gatedmlp.quantize(w, group_size=48)
-    with pytest.raises(gatedmlp.NotSupportedError, match="mxfp4"):
-        gatedmlp.quantize(w, group_size=32, mode="mxfp4")
+    with pytest.raises(gatedmlp.NotSupportedError, match="nvfp4"):
+        gatedmlp.quantize(w, mode="nvfp4")
+    with pytest.raises(gatedmlp.NotSupportedError, match="mxfp4 takes bits=4 and group_size=32"):
+        gatedmlp.quantize(w, group_size=64, mode="mxfp4")
     with pytest.raises(gatedmlp.InvalidArgumentError, match="'nf4'"):
         gatedmlp.quantize(w, group_size=32, mode="nf4")
     with pytest.raises(gatedmlp.InvalidArgumentError, match="'w' has dtype int32"):
@@ -132,3 +135,69 @@ def test_empty_rows():
     wq, s, b = gatedmlp.quantize(np.zeros((0, 64), np.float32))
     assert wq.shape == (0, 8) and s.shape == (0, 1)
     assert gatedmlp.dequantize(wq, s, b).shape == (0, 64)
+
+
+# ---------------------------------------------------------------- MXFP4
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_mxfp4_is_mlx_bit_for_bit(dtype):
+    rng = np.random.default_rng(SEED + 23)
+    for shape in [(7, 96), (3, 4, 256), (40, 32)]:
+        w = (rng.standard_normal(shape) * rng.uniform(1e-3, 1e3, (*shape[:-1], 1))).astype(dtype)
+        flat = w.reshape(-1, shape[-1])
+        flat[0, :32] = 0.0                                                # all zero: scale 2^0
+        flat[1, :32] = 6.0                                                # the largest value exactly
+        flat[2, :32] = np.tile([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], 4)  # every tie
+        flat[2, 8:16] *= -1
+        flat[3, :32] = -0.01 * np.arange(32) / 32.0                       # values that round to +0
+        ours = gatedmlp.quantize(w, mode="mxfp4")
+        theirs = mx.quantize(mx.array(w), mode="mxfp4")
+        assert len(ours) == len(theirs) == 2
+        for a, b, name in zip(ours, theirs, ("wq", "scales")):
+            _same_bits(a, np.array(b), f"mxfp4 {name} {np.dtype(dtype).name} shape={shape}")
+        back = gatedmlp.dequantize(*ours, mode="mxfp4", dtype=np.float32)
+        mlx_back = np.array(mx.dequantize(*theirs, mode="mxfp4").astype(mx.float32))
+        _same_bits(back, mlx_back, f"mxfp4 dequantize {shape}")
+
+
+def test_mxfp4_bf16_torch_is_mlx_bit_for_bit():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(SEED + 29)
+    w = torch.from_numpy((rng.standard_normal((5, 128)) * 7).astype(np.float32)).to(torch.bfloat16)
+    wq, scales = gatedmlp.quantize(w, mode="mxfp4")
+    assert wq.dtype == torch.uint32 and scales.dtype == torch.uint8
+    mq, ms = mx.quantize(mx.array(w.float().numpy()).astype(mx.bfloat16), mode="mxfp4")
+    _same_bits(wq.view(torch.int32).numpy().view(np.uint32), np.array(mq), "mxfp4 wq bf16")
+    _same_bits(scales.numpy(), np.array(ms), "mxfp4 scales bf16")
+    back = gatedmlp.dequantize(wq, scales, mode="mxfp4")
+    assert back.dtype == torch.bfloat16
+    _same_bits(back.float().numpy(), np.array(mx.dequantize(mq, ms, mode="mxfp4").astype(mx.float32)),
+               "mxfp4 dequantize bf16")
+
+
+def test_mxfp4_reads_gpt_oss_checkpoint_arrays():
+    # gpt-oss ships each expert matrix as *_blocks uint8 [E, N, K / 32, 16]
+    # (two e2m1 values a byte, the even one in the low nibble) and *_scales
+    # uint8 [E, N, K / 32]; transformers dequantizes them for its forward
+    # (and transposes to [E, K, N]). The blocks are our words' bytes.
+    torch = pytest.importorskip("torch")
+    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
+    g = torch.Generator().manual_seed(SEED)
+    E, N, G = 3, 10, 6
+    blocks = torch.randint(0, 256, (E, N, G, 16), dtype=torch.uint8, generator=g)
+    scales = torch.randint(110, 140, (E, N, G), dtype=torch.uint8, generator=g)
+    want = mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16).transpose(1, 2)  # [E, N, K]
+    wq = blocks.reshape(E, N, G * 16).view(torch.int32).view(torch.uint32)
+    ours = gatedmlp.dequantize(wq, scales, mode="mxfp4")
+    assert ours.shape == want.shape == (E, N, G * 32)
+    assert torch.equal(ours, want), f"{(ours != want).sum().item()} values differ from transformers' (seed {SEED})"
+
+
+def test_mxfp4_errors():
+    w = np.ones((2, 64), np.float32)
+    wq, scales = gatedmlp.quantize(w, mode="mxfp4")
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="mxfp4 has no biases"):
+        gatedmlp.dequantize(wq, scales, scales, mode="mxfp4", dtype=np.float32)
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="'scales' must be uint8"):
+        gatedmlp.dequantize(wq, scales.astype(np.float32), mode="mxfp4", dtype=np.float32)
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="bfloat16"):
+        gatedmlp.dequantize(wq, scales, mode="mxfp4")
