@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <limits>
 #include <sstream>
 
@@ -69,66 +71,27 @@ uint32_t e2m1_of(float x) {
 
 float e8m0_value(uint8_t s) { return std::ldexp(1.0f, int(s) - 127); }
 
-Status check_arrays(const char* op, DType dtype, int64_t rows, const void* a, const char* a_name, const void* b,
-                    const char* b_name, const void* c, const char* c_name, const void* d, const char* d_name) {
-  if (!float_dtype(dtype)) return err(StatusCode::invalid_argument, op, ": dtype ", to_string(dtype), " is not a float type");
-  if (rows < 0) return err(StatusCode::invalid_argument, op, ": rows must be >= 0, got ", rows);
-  if (rows == 0) return Status::Ok();
-  for (auto [p, name] : {std::pair{a, a_name}, std::pair{b, b_name}, std::pair{c, c_name}, std::pair{d, d_name}})
-    if (p == nullptr) return err(StatusCode::invalid_argument, op, ": argument '", name, "' is null");
-  return Status::Ok();
-}
-
-}  // namespace
-
-Status check_quant_format(const QuantFormat& f, int64_t k) {
-  if (f.mode != QuantMode::affine && f.mode != QuantMode::mxfp4)
-    return err(StatusCode::invalid_argument, "quant format: mode ", static_cast<int>(f.mode), " is not a QuantMode");
-  if (f.mode == QuantMode::mxfp4 && (f.bits != 4 || f.group_size != 32))
-    return err(StatusCode::not_supported, "quant format: mxfp4 takes bits=4 and group_size=32, got bits=", f.bits,
-               " group_size=", f.group_size);
-  if (f.bits != 4 && f.bits != 8)
-    return err(StatusCode::not_supported, "quant format: bits=", f.bits, " (affine takes 4 or 8)");
-  if (f.group_size != 32 && f.group_size != 64 && f.group_size != 128)
-    return err(StatusCode::not_supported, "quant format: group_size=", f.group_size, " (affine takes 32, 64 or 128)");
-  if (k <= 0 || k % f.group_size)
-    return err(StatusCode::invalid_argument, "quant format: k=", k, " is not a positive multiple of group_size=",
-               f.group_size);
-  return Status::Ok();
-}
-
-int64_t quant_words_per_row(const QuantFormat& f, int64_t k) { return k * f.bits / 32; }
-int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) { return k / f.group_size; }
-
-Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
-                     void* scales, void* biases) {
-  if (Status s = check_quant_format(f, k); !s.ok()) return s;
+// What both host calls check after the format: a float `dtype` where the
+// mode reads one, rows >= 0, biases exactly where the mode has them (mxfp4
+// has none), and, when there is work, every array present.
+Status check_arrays(const char* op, const QuantFormat& f, DType dtype, bool dtype_used, int64_t rows,
+                    const void* biases, std::initializer_list<std::pair<const void*, const char*>> arrays) {
   const bool mx = f.mode == QuantMode::mxfp4;
+  if (dtype_used && !float_dtype(dtype))
+    return err(StatusCode::invalid_argument, op, ": dtype ", to_string(dtype), " is not a float type");
+  if (rows < 0) return err(StatusCode::invalid_argument, op, ": rows must be >= 0, got ", rows);
   if (mx && biases != nullptr)
-    return err(StatusCode::invalid_argument, "quantize_host: argument 'biases' is set (", biases,
-               ") but mxfp4 has no biases");
-  if (Status s = check_arrays("quantize_host", dtype, rows, w, "w", wq, "wq", scales, "scales",
-                              mx ? scales : biases, "biases");
-      !s.ok())
-    return s;
-  if (mx) {
-    const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t i0 = r * k + g * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(load(w, dtype, i0 + j)));
-        const uint8_t sb = e8m0_of(amax);
-        const float scale = e8m0_value(sb);
-        for (int wd = 0; wd < 4; ++wd) {
-          uint32_t word = 0;
-          for (int e = 0; e < 8; ++e) word |= e2m1_of(load(w, dtype, i0 + wd * 8 + e) / scale) << (4 * e);
-          wq[r * words + g * 4 + wd] = word;
-        }
-        static_cast<uint8_t*>(scales)[r * groups + g] = sb;
-      }
-    return Status::Ok();
-  }
+    return err(StatusCode::invalid_argument, op, ": argument 'biases' is set (", biases, ") but mxfp4 has no biases");
+  if (rows == 0) return Status::Ok();
+  for (auto [p, name] : arrays)
+    if (p == nullptr) return err(StatusCode::invalid_argument, op, ": argument '", name, "' is null");
+  if (!mx && biases == nullptr) return err(StatusCode::invalid_argument, op, ": argument 'biases' is null");
+  return Status::Ok();
+}
+
+// quantize_host's affine half: MLX's CPU steps, in its order (quant.hpp).
+void quantize_affine(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
+                     void* scales, void* biases) {
   const float n_bins = float((1 << f.bits) - 1);
   const float eps = 1e-7f;
   const int per_word = 32 / f.bits;
@@ -167,6 +130,65 @@ Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k,
       store(scales, dtype, r * groups + g, scale);
       store(biases, dtype, r * groups + g, bias);
     }
+}
+
+// quantize_host's MXFP4 half: an e8m0 scale and 32 e2m1 codes per group.
+void quantize_mxfp4(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
+                    uint8_t* scales) {
+  const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t i0 = r * k + g * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(load(w, dtype, i0 + j)));
+      const uint8_t sb = e8m0_of(amax);
+      const float scale = e8m0_value(sb);
+      for (int wd = 0; wd < 4; ++wd) {
+        uint32_t word = 0;
+        for (int e = 0; e < 8; ++e) word |= e2m1_of(load(w, dtype, i0 + wd * 8 + e) / scale) << (4 * e);
+        wq[r * words + g * 4 + wd] = word;
+      }
+      scales[r * groups + g] = sb;
+    }
+}
+
+// Element i of a row's packed codes.
+uint32_t code_at(const uint32_t* row_words, int bits, int64_t i) {
+  const int per_word = 32 / bits;
+  return (row_words[i / per_word] >> ((i % per_word) * bits)) & ((1u << bits) - 1u);
+}
+
+}  // namespace
+
+Status check_quant_format(const QuantFormat& f, int64_t k) {
+  if (f.mode != QuantMode::affine && f.mode != QuantMode::mxfp4)
+    return err(StatusCode::invalid_argument, "quant format: mode ", static_cast<int>(f.mode), " is not a QuantMode");
+  if (f.mode == QuantMode::mxfp4 && (f.bits != 4 || f.group_size != 32))
+    return err(StatusCode::not_supported, "quant format: mxfp4 takes bits=4 and group_size=32, got bits=", f.bits,
+               " group_size=", f.group_size);
+  if (f.bits != 4 && f.bits != 8)
+    return err(StatusCode::not_supported, "quant format: bits=", f.bits, " (affine takes 4 or 8)");
+  if (f.group_size != 32 && f.group_size != 64 && f.group_size != 128)
+    return err(StatusCode::not_supported, "quant format: group_size=", f.group_size, " (affine takes 32, 64 or 128)");
+  if (k <= 0 || k % f.group_size)
+    return err(StatusCode::invalid_argument, "quant format: k=", k, " is not a positive multiple of group_size=",
+               f.group_size);
+  return Status::Ok();
+}
+
+int64_t quant_words_per_row(const QuantFormat& f, int64_t k) { return k * f.bits / 32; }
+int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) { return k / f.group_size; }
+
+Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
+                     void* scales, void* biases) {
+  if (Status s = check_quant_format(f, k); !s.ok()) return s;
+  if (Status s = check_arrays("quantize_host", f, dtype, true, rows, biases, {{w, "w"}, {wq, "wq"}, {scales, "scales"}});
+      !s.ok())
+    return s;
+  if (f.mode == QuantMode::mxfp4)
+    quantize_mxfp4(f, dtype, rows, k, w, wq, static_cast<uint8_t*>(scales));
+  else
+    quantize_affine(f, dtype, rows, k, w, wq, scales, biases);
   return Status::Ok();
 }
 
@@ -176,31 +198,20 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   if (!float_dtype(out_dtype))
     return err(StatusCode::invalid_argument, "dequantize_host: out_dtype ", to_string(out_dtype), " is not a float type");
   const bool mx = f.mode == QuantMode::mxfp4;
-  if (mx && biases != nullptr)
-    return err(StatusCode::invalid_argument, "dequantize_host: argument 'biases' is set (", biases,
-               ") but mxfp4 has no biases");
-  if (Status s = check_arrays("dequantize_host", mx ? DType::fp32 : dtype, rows, wq, "wq", scales, "scales",
-                              mx ? scales : biases, "biases", w, "w");
+  if (Status s = check_arrays("dequantize_host", f, dtype, !mx, rows, biases, {{wq, "wq"}, {scales, "scales"}, {w, "w"}});
       !s.ok())
     return s;
-  if (mx) {
-    const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < k; ++i) {
-        const uint32_t c = (wq[r * words + i / 8] >> ((i % 8) * 4)) & 15u;
-        const float v = (c & 8u) ? -kE2m1[c & 7u] : kE2m1[c & 7u];
-        store(w, out_dtype, r * k + i, v * e8m0_value(static_cast<const uint8_t*>(scales)[r * groups + i / 32]));
-      }
-    return Status::Ok();
-  }
-  const uint32_t mask = (1u << f.bits) - 1u;
-  const int per_word = 32 / f.bits;
   const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < k; ++i) {
-      const uint32_t q = (wq[r * words + i / per_word] >> ((i % per_word) * f.bits)) & mask;
+      const uint32_t q = code_at(wq + r * words, f.bits, i);
       const int64_t g = r * groups + i / f.group_size;
-      store(w, out_dtype, r * k + i, float(q) * load(scales, dtype, g) + load(biases, dtype, g));
+      float v;
+      if (mx)
+        v = ((q & 8u) ? -kE2m1[q & 7u] : kE2m1[q & 7u]) * e8m0_value(static_cast<const uint8_t*>(scales)[g]);
+      else
+        v = float(q) * load(scales, dtype, g) + load(biases, dtype, g);
+      store(w, out_dtype, r * k + i, v);
     }
   return Status::Ok();
 }
