@@ -286,3 +286,98 @@ TEST(Validation, PrintsProblemAndConfig) {
   const std::string cs = to_string(c);
   for (const char* f : {"sm80_mma", "128x64", "because"}) EXPECT_NE(cs.find(f), std::string::npos) << cs;
 }
+
+// ---------------------------------------------------------------- quantized weights
+
+namespace {
+
+Problem quant_base() {
+  Problem p = base();
+  p.m = 4;
+  p.k = 256;
+  p.quantized = true;
+  return p;
+}
+
+Arguments quant_args_for(const Problem& p) {
+  Arguments a = args_for(p);
+  a.w_scales = fake(8);
+  if (p.quant.mode == QuantMode::affine) a.w_biases = fake(9);
+  if (p.weights.format == WeightFormat::separate) {
+    a.w_up_scales = fake(10);
+    if (p.quant.mode == QuantMode::affine) a.w_up_biases = fake(11);
+  }
+  return a;
+}
+
+}  // namespace
+
+TEST(Validation, QuantizedShapesAndFormats) {
+  EXPECT_TRUE(check_support(quant_base()).ok()) << check_support(quant_base()).message();
+  Problem p = quant_base();
+  p.k = 250;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"k=250", "group_size=64"});
+  p = quant_base();
+  p.quant.bits = 3;
+  expect_error(check_support(p), StatusCode::not_supported, {"bits=3"});
+  p = quant_base();
+  p.quant.group_size = 16;
+  expect_error(check_support(p), StatusCode::not_supported, {"group_size=16"});
+  p = quant_base();
+  p.quant = QuantFormat{QuantMode::mxfp4, 4, 64};
+  expect_error(check_support(p), StatusCode::not_supported, {"mxfp4", "group_size=64"});
+  p = quant_base();
+  p.weights.storage = WeightStorage::in_out;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.storage", "out_in", "quantized"});
+  p = quant_base();
+  p.weights.ld = 16;  // 256 4-bit elements are 32 words
+  expect_error(check_support(p), StatusCode::invalid_argument, {"weights.ld", "words", ">= 32", "got 16"});
+  p = quant_base();
+  p.batch = 2;
+  expect_error(check_support(p), StatusCode::not_supported, {"quantized", "batch=2"});
+  p = quant_base();
+  p.scale_dtype = static_cast<DType>(7);
+  expect_error(check_support(p), StatusCode::invalid_argument, {"scale_dtype"});
+  // Dense ld is in words: K * bits / 32.
+  p = quant_base();
+  EXPECT_EQ(p.resolved().weights.ld, 32);
+  p.quant.bits = 8;
+  EXPECT_EQ(p.resolved().weights.ld, 64);
+  const std::string s = to_string(quant_base());
+  for (const char* f : {"quant=", "affine", "bits=4", "scales=bf16"}) EXPECT_NE(s.find(f), std::string::npos) << f << " not in " << s;
+}
+
+TEST(Validation, QuantizedPointers) {
+  Problem p = quant_base();
+  Arguments a = quant_args_for(p);
+  a.w_scales = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_scales'", "null"});
+  a = quant_args_for(p);
+  a.w_biases = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_biases'", "null"});
+  // mxfp4 has no biases: one passed is a mistake.
+  p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
+  a = quant_args_for(p);
+  a.w_biases = fake(9);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_biases'", "mxfp4"});
+  // Separate weights need the up pair.
+  p = quant_base();
+  p.weights.format = WeightFormat::separate;
+  a = quant_args_for(p);
+  a.w_up_scales = nullptr;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_up_scales'"});
+  // Scales on 16-bit weights are a mistake too.
+  p = base();
+  a = args_for(p);
+  a.w_scales = fake(8);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_scales'", "not quantized"});
+  // Words are uint32: 4-byte aligned.
+  p = quant_base();
+  a = quant_args_for(p);
+  a.w = static_cast<const char*>(a.w) + 2;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w'", "uint32", "4 bytes"});
+  // The output may not overlap the scales.
+  a = quant_args_for(p);
+  a.y = const_cast<void*>(a.w_scales);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"output 'y'", "overlaps 'w_scales'"});
+}

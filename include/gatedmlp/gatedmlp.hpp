@@ -93,6 +93,18 @@ struct WeightLayout {
   int64_t ld = 0;                 // leading dimension in elements; 0 = dense
 };
 
+// Quantized weights (gatedmlp/quant.hpp says what each format stores).
+enum class QuantMode : int {
+  affine = 0,  // MLX: w = q * scale + bias per group along K
+  mxfp4 = 1,   // e2m1 values, an e8m0 scale per 32 along K
+};
+
+struct QuantFormat {
+  QuantMode mode = QuantMode::affine;
+  int bits = 4;         // affine: 4 or 8; mxfp4: 4
+  int group_size = 64;  // affine: 32, 64 or 128 elements along K; mxfp4: 32
+};
+
 // Strides left at kAuto are packed (dense). Batch stride 0 on weights or bias
 // shares them across the batch.
 inline constexpr int64_t kAuto = -1;
@@ -128,6 +140,17 @@ struct Problem {
   int64_t batch_stride_y = kAuto;
   int64_t batch_stride_preact = kAuto;
 
+  // Quantized weights. With `quantized` set, w (and w_up) hold packed uint32
+  // words, one weight row per row of weights.ld words (0: dense, K * bits /
+  // 32), stored out_in; Arguments::w_scales / w_biases (and the _up pair for
+  // separate weights) hold each row's scales and biases, [rows, K /
+  // group_size] dense, in the same row order as the words. X stays
+  // input_dtype. Rows are grouped into gate and up exactly as 16-bit weights
+  // are (weights.format, group, first). Batch 1 only.
+  bool quantized = false;
+  QuantFormat quant;
+  DType scale_dtype = DType::bf16;  // affine scales and biases; mxfp4's are e8m0 bytes
+
   // A copy with every 0/kAuto stride and group replaced by its value. Only
   // meaningful for a problem that passed check_support.
   Problem resolved() const;
@@ -146,6 +169,12 @@ struct Arguments {
   const void* bias_up = nullptr;  // separate only: up bias [U]
   void* y = nullptr;              // [L][M, ldy]
   void* preact = nullptr;         // [L][M, ldpre], if has_preact
+  // Quantized weights only (Problem::quantized): scales and biases of w,
+  // and of w_up if separate. mxfp4 has no biases (null).
+  const void* w_scales = nullptr;
+  const void* w_biases = nullptr;
+  const void* w_up_scales = nullptr;
+  const void* w_up_biases = nullptr;
 };
 
 // ---------------------------------------------------------------- config
@@ -154,6 +183,7 @@ enum class KernelPath : int {
   sm80_mma = 1,    // portable: mma.sync tensor cores, sm_80 and newer
   sm90_wgmma = 2,  // Hopper fast path: TMA + wgmma, sm_90 (H100/H200) only
   decode = 3,      // few rows (M <= 16): weight streaming, mma.sync with the tokens as the narrow side; sm_80+
+  quant_decode = 4,  // the decode kernel's design on quantized weights, dequantized in registers; sm_80+
 };
 
 struct Config {

@@ -27,16 +27,7 @@
 
 namespace gatedmlp {
 
-enum class QuantMode : int {
-  affine = 0,  // MLX: w = q * scale + bias per group along K
-  mxfp4 = 1,   // e2m1 values, an e8m0 scale per 32 along K
-};
-
-struct QuantFormat {
-  QuantMode mode = QuantMode::affine;
-  int bits = 4;         // affine: 4 or 8; mxfp4: 4
-  int group_size = 64;  // affine: 32, 64 or 128 elements along K; mxfp4: 32
-};
+// QuantMode and QuantFormat live in gatedmlp.hpp: a Problem carries them.
 
 // The format's own rules (bits, group size), and K against them: K must be a
 // positive multiple of the group size. Names the argument and the values.

@@ -62,10 +62,10 @@ __all__ = [
     "Status", "StatusCode", "WeightFormat", "WeightLayout", "WeightStorage", "__version__", "check_support",
     "convert_weights", "convert_weights_device", "current_stream", "dtype_size", "fused_row", "fused_row_inverse",
     "gate_up", "kAuto", "make_problem", "plan", "run", "to_string", "validate", "workspace_size",
-    "QuantFormat", "QuantMode", "quantize", "dequantize",
+    "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_gate_up",
 ]
 
-from .quant import dequantize, quantize  # noqa: E402
+from .quant import dequantize, quantize, quantized_gate_up  # noqa: E402
 
 _NO_BACKWARD = (
     "gatedmlp has no backward pass yet: call it under torch.no_grad() or torch.inference_mode(), "

@@ -90,3 +90,41 @@ def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int
     w = make((*host[0].shape[:-1], host[0].shape[-1] * 32 // fmt.bits))
     _C.dequantize_into(host[0], host[1], host[2] if len(host) > 2 else None, w, fmt)
     return w.to(wq.device) if _is_torch(wq) else w
+
+
+def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None, biases_up=None, bias=None,
+                      bias_up=None, out=None, preact=None, group_size: int | None = None, bits: int | None = None,
+                      mode: str = "affine", activation="silu", act_params=None, group: int = 0, first="gate",
+                      alpha: float = 1.0, stream=None):
+    """gate_up with quantized weights: y = act(alpha * x @ Wg^T + bg) * (alpha * x @ Wu^T + bu),
+    the weights dequantized on the fly from quantize()'s arrays.
+
+    x [M, K] (bf16 or fp16, M <= 16 today); wq [2U, K * bits / 32] uint32
+    words of the fused gate/up rows (interleaved in blocks of `group` rows,
+    0: stacked, `first` half first) with scales / biases [2U, K / group_size];
+    or, with wq_up, the gate rows in wq and the up rows in wq_up, [U, ...]
+    each, with scales_up / biases_up. mxfp4 has no biases. Affine scales and
+    biases may be bf16, fp16 or fp32. Returns out [M, U] (x's dtype when
+    allocated here).
+    """
+    from . import Activation, Half, _enum, _export, _stream_handle, current_stream
+
+    fmt = _format(group_size, bits, mode)
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    first = first if type(first) is Half else _enum(Half, first, "first")
+    if out is None:
+        rows = wq.shape[0]
+        u = rows if wq_up is not None else rows // 2
+        if _is_torch(x):
+            out = x.new_empty((*x.shape[:-1], u))
+        else:
+            from . import _empty
+
+            out = _empty(x, (*x.shape[:-1], u), "out")
+    if stream is None:
+        stream = current_stream(x)
+    e = _export
+    _C.gate_up(e(x), e(wq), e(out), e(wq_up), e(bias), e(bias_up), e(preact), activation=activation,
+               act_params=act_params, group=group, first=first, alpha=alpha, stream=_stream_handle(stream),
+               scales=e(scales), biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt)
+    return out

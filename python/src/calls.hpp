@@ -69,18 +69,24 @@ void require_same_dtype(const TensorView& t, const TensorView& ref);
 
 inline const void* ptr(const std::optional<TensorView>& t) { return t ? t->data : nullptr; }
 
+// Quantized weights' extra arrays and format (all None / nullopt: 16-bit weights).
+struct QuantArrays {
+  nb::handle scales, biases, scales_up, biases_up;
+  std::optional<QuantFormat> format;
+};
+
 // gatedmlp.gate_up's C++ half (gate_up.cpp): fills a Problem from the
 // tensors and calls run().
 void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
-             nb::handle workspace_alloc);
+             nb::handle workspace_alloc, const QuantArrays& quant);
 
 // The Problem gate_up() would run for these tensors (gate_up.cpp).
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
                      nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
-                     int64_t group, Half first, WeightStorage storage, float alpha);
+                     int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& quant);
 
 // convert_weights / convert_weights_device (convert.cpp).
 void convert(nb::handle from_w, nb::handle to_w, WeightLayout from, WeightLayout to, nb::handle from_w_up,

@@ -12,6 +12,8 @@ namespace {
 struct GateUpTensors {
   TensorView x, w;
   std::optional<TensorView> w_up, bias, bias_up, out, preact;
+  // Quantized weights: the scales and biases of w and w_up.
+  std::optional<TensorView> scales, biases, scales_up, biases_up;
 };
 
 struct GateUpOptions {
@@ -21,7 +23,69 @@ struct GateUpOptions {
   Half first = Half::gate;
   WeightStorage storage = WeightStorage::out_in;
   float alpha = 1.0f;
+  std::optional<QuantFormat> quant;  // set: w (and w_up) are packed words
 };
+
+// Packed words: uint32, or int32 holding the same bits (frameworks without
+// an unsigned 32-bit type).
+void require_words(const TensorView& t) {
+  if ((t.code != 0 && t.code != 1) || t.bits != 32 || t.lanes != 1)  // DLPack kDLInt, kDLUInt
+    raise_invalid("'" + t.name + "' holds quantized weights, so must be uint32 (or int32) packed words, got " +
+                  t.dtype_name());
+}
+
+// The quantized half of describe(): w's words and the scales and biases, [rows, K / group] each.
+void describe_quantized(const GateUpTensors& t, const QuantFormat& f, Problem* p) {
+  p->quantized = true;
+  p->quant = f;
+  if (Status s = check_quant_format(f, p->k); !s.ok()) check(s);
+  const bool sep = t.w_up.has_value(), mx = f.mode == QuantMode::mxfp4;
+  const int64_t words = quant_words_per_row(f, p->k), groups = quant_groups_per_row(f, p->k);
+  const int64_t rows = sep ? p->u : 2 * p->u;
+  struct One {
+    const TensorView* w;
+    const std::optional<TensorView>* scales;
+    const std::optional<TensorView>* biases;
+    const char* sname;
+    const char* bname;
+  };
+  const One ones[2] = {{&t.w, &t.scales, &t.biases, "scales", "biases"},
+                       {sep ? &*t.w_up : nullptr, &t.scales_up, &t.biases_up, "scales_up", "biases_up"}};
+  for (const One& o : ones) {
+    if (!o.w) {
+      if (*o.scales || *o.biases)
+        raise_invalid("'scales_up' and 'biases_up' go with separate quantized weights (w_up); w holds both halves");
+      continue;
+    }
+    require_words(*o.w);
+    if (o.w->ndim != 2 || o.w->size(1) != words)
+      raise_invalid("'" + o.w->name + "' must be [rows, K * bits / 32] = (" + str(rows) + ", " + str(words) +
+                    ") uint32 words for K = " + str(p->k) + " and " + to_string(f) + ", got shape " + o.w->shape_str());
+    if (!*o.scales) raise_invalid("'" + std::string(o.sname) + "' is required with quantized weights");
+    const TensorView& sc = **o.scales;
+    if (sc.ndim != 2 || sc.size(0) != rows || sc.size(1) != groups)
+      raise_invalid("'" + sc.name + "' must be [rows, K / group_size] = (" + str(rows) + ", " + str(groups) +
+                    "), got shape " + sc.shape_str());
+    if ((groups > 1 && sc.stride(1) != 1) || (rows > 1 && sc.stride(0) != groups))
+      raise_invalid("'" + sc.name + "' must be contiguous, got strides " + sc.strides_str());
+    if (mx) {
+      if (sc.code != 1 || sc.bits != 8 || sc.lanes != 1)
+        raise_invalid("'" + sc.name + "' must be uint8 (e8m0 scale bytes) for mxfp4, got " + sc.dtype_name());
+      if (*o.biases) raise_invalid("'" + std::string(o.bname) + "' is given, but mxfp4 has no biases");
+      continue;
+    }
+    p->scale_dtype = dtype_of(sc, "scale");
+    if (!*o.biases) raise_invalid("'" + std::string(o.bname) + "' is required with affine quantized weights");
+    const TensorView& b = **o.biases;
+    if (b.ndim != 2 || b.size(0) != rows || b.size(1) != groups)
+      raise_invalid("'" + b.name + "' must have the shape of '" + sc.name + "' " + sc.shape_str() + ", got " +
+                    b.shape_str());
+    if ((groups > 1 && b.stride(1) != 1) || (rows > 1 && b.stride(0) != groups))
+      raise_invalid("'" + b.name + "' must be contiguous, got strides " + b.strides_str());
+    require_same_dtype(b, sc);
+  }
+  if (sep && !mx && t.scales_up) require_same_dtype(*t.scales_up, *t.scales);
+}
 
 Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
   Problem p;
@@ -43,6 +107,26 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
   const bool sep = t.w_up.has_value();
   const bool in_out = o.storage == WeightStorage::in_out;
   const TensorView& w = t.w;
+  if (o.quant) {
+    // Packed rows along K: the row count from w, K from x.
+    if (w.ndim != 2) raise_invalid("'w' holds quantized weights, [rows, K * bits / 32], got shape " + w.shape_str());
+    if (in_out) raise_invalid("quantized weights are stored [out, K] (storage=out_in)");
+    if (!sep && w.size(0) % 2 != 0)
+      raise_invalid("'w' holds fused gate and up weights, so needs an even number of rows; got shape " + w.shape_str());
+    p.u = sep ? w.size(0) : w.size(0) / 2;
+    p.weights.format = sep ? WeightFormat::separate : WeightFormat::fused;
+    p.weights.group = o.group;
+    p.weights.first = o.first;
+    p.weights.ld = row_stride(w);
+    if (sep) {
+      const TensorView& wu = *t.w_up;
+      if (wu.ndim != 2 || wu.size(0) != w.size(0) || wu.size(1) != w.size(1))
+        raise_invalid("'w_up' must have the shape of 'w' " + w.shape_str() + ", got " + wu.shape_str());
+      if (row_stride(wu) != p.weights.ld)
+        raise_invalid("'w_up' must have the row stride of 'w', got strides " + wu.strides_str());
+    }
+    describe_quantized(t, *o.quant, &p);
+  } else {
   const char* wform = sep ? (in_out ? "[K, U]" : "[U, K]") : (in_out ? "[K, 2U]" : "[2U, K]");
   if (w.ndim != 2 && w.ndim != 3)
     raise_invalid("'w' must be " + std::string(wform) + " (or batched), got shape " + w.shape_str());
@@ -75,6 +159,7 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
       raise_invalid("'w_up' must have the batch stride of 'w', got strides " + wu.strides_str() + " and " +
                     w.strides_str());
   }
+  }  // 16-bit weights
 
   // Bias: [2U] in weight-row order (fused), or [U] each (separate).
   if (t.bias) {
@@ -129,8 +214,12 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
 }
 
 GateUpTensors import_gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias,
-                             nb::handle bias_up, nb::handle preact) {
-  GateUpTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}};
+                             nb::handle bias_up, nb::handle preact, const QuantArrays& q) {
+  GateUpTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  t.scales = import_optional(q.scales, "scales", false);
+  t.biases = import_optional(q.biases, "biases", false);
+  t.scales_up = import_optional(q.scales_up, "scales_up", false);
+  t.biases_up = import_optional(q.biases_up, "biases_up", false);
   t.w_up = import_optional(w_up, "w_up", false);
   t.bias = import_optional(bias, "bias", false);
   t.bias_up = import_optional(bias_up, "bias_up", false);
@@ -140,8 +229,9 @@ GateUpTensors import_gate_up(nb::handle x, nb::handle w, nb::handle out, nb::han
 }
 
 GateUpOptions make_options(Activation activation, std::optional<ActivationParams> act_params, int64_t group,
-                           Half first, WeightStorage storage, float alpha) {
+                           Half first, WeightStorage storage, float alpha, const QuantArrays& q) {
   GateUpOptions o;
+  o.quant = q.format;
   o.activation = activation;
   if (act_params) o.act_params = *act_params;
   o.group = group;
@@ -216,10 +306,10 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
-             nb::handle workspace_alloc) {
+             nb::handle workspace_alloc, const QuantArrays& q) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.gate_up allocates it)");
-  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact);
-  GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha);
+  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q);
+  GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha, q);
   if (clamp_alpha) o.act_params.clamp_alpha = *clamp_alpha;
   if (clamp_limit) o.act_params.clamp_limit = *clamp_limit;
   const Problem p = describe(t, o);
@@ -232,6 +322,10 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   a.bias_up = ptr(t.bias_up);
   a.y = t.out->data;
   a.preact = t.preact ? t.preact->data : nullptr;
+  a.w_scales = ptr(t.scales);
+  a.w_biases = ptr(t.biases);
+  a.w_up_scales = ptr(t.scales_up);
+  a.w_up_biases = ptr(t.biases_up);
 
   const cudaStream_t stream = as_stream(stream_handle);
   const int device = t.x.device_type == kDeviceCUDA ? t.x.device_id : -1;
@@ -251,7 +345,9 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   }
 
   wait_for_producers({&t.x, &t.w, t.w_up ? &*t.w_up : nullptr, t.bias ? &*t.bias : nullptr,
-                      t.bias_up ? &*t.bias_up : nullptr, &*t.out, t.preact ? &*t.preact : nullptr},
+                      t.bias_up ? &*t.bias_up : nullptr, &*t.out, t.preact ? &*t.preact : nullptr,
+                      t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr,
+                      t.scales_up ? &*t.scales_up : nullptr, t.biases_up ? &*t.biases_up : nullptr},
                      stream);
   Status s;
   {
@@ -263,9 +359,9 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
 
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
                      nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
-                     int64_t group, Half first, WeightStorage storage, float alpha) {
-  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact);
-  return describe(t, make_options(activation, act_params, group, first, storage, alpha));
+                     int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& q) {
+  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q);
+  return describe(t, make_options(activation, act_params, group, first, storage, alpha, q));
 }
 
 }  // namespace gatedmlp::py

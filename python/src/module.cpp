@@ -128,7 +128,7 @@ const std::array<Field<WeightLayout>, 5> kWeightLayoutFields = {
     GATEDMLP_FIELD(WeightLayout, format), GATEDMLP_FIELD(WeightLayout, group), GATEDMLP_FIELD(WeightLayout, first),
     GATEDMLP_FIELD(WeightLayout, storage), GATEDMLP_FIELD(WeightLayout, ld)};
 
-const std::array<Field<Problem>, 22> kProblemFields = {
+const std::array<Field<Problem>, 25> kProblemFields = {
     GATEDMLP_FIELD(Problem, m),
     GATEDMLP_FIELD(Problem, k),
     GATEDMLP_FIELD(Problem, u),
@@ -151,6 +151,9 @@ const std::array<Field<Problem>, 22> kProblemFields = {
     GATEDMLP_FIELD(Problem, batch_stride_bias),
     GATEDMLP_FIELD(Problem, batch_stride_y),
     GATEDMLP_FIELD(Problem, batch_stride_preact),
+    GATEDMLP_FIELD(Problem, quantized),
+    GATEDMLP_FIELD(Problem, quant),
+    GATEDMLP_FIELD(Problem, scale_dtype),
 };
 
 #define GATEDMLP_PTR_FIELD(f)                                                                   \
@@ -160,9 +163,11 @@ const std::array<Field<Problem>, 22> kProblemFields = {
     }                                                                                           \
   }
 
-const std::array<Field<Arguments>, 7> kArgumentsFields = {
-    GATEDMLP_PTR_FIELD(x),    GATEDMLP_PTR_FIELD(w), GATEDMLP_PTR_FIELD(w_up),   GATEDMLP_PTR_FIELD(bias),
-    GATEDMLP_PTR_FIELD(bias_up), GATEDMLP_PTR_FIELD(y), GATEDMLP_PTR_FIELD(preact)};
+const std::array<Field<Arguments>, 11> kArgumentsFields = {
+    GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
+    GATEDMLP_PTR_FIELD(bias),     GATEDMLP_PTR_FIELD(bias_up),  GATEDMLP_PTR_FIELD(y),
+    GATEDMLP_PTR_FIELD(preact),   GATEDMLP_PTR_FIELD(w_scales), GATEDMLP_PTR_FIELD(w_biases),
+    GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases)};
 
 template <typename T>
 void add_copy(nb::class_<T>& c) {
@@ -189,7 +194,12 @@ std::string hex(const void* p) {
 
 std::string repr(const Arguments& a) {
   return "Arguments(x=" + hex(a.x) + ", w=" + hex(a.w) + ", w_up=" + hex(a.w_up) + ", bias=" + hex(a.bias) +
-         ", bias_up=" + hex(a.bias_up) + ", y=" + hex(a.y) + ", preact=" + hex(a.preact) + ")";
+         ", bias_up=" + hex(a.bias_up) + ", y=" + hex(a.y) + ", preact=" + hex(a.preact) +
+         (a.w_scales || a.w_biases || a.w_up_scales || a.w_up_biases
+              ? ", w_scales=" + hex(a.w_scales) + ", w_biases=" + hex(a.w_biases) + ", w_up_scales=" +
+                    hex(a.w_up_scales) + ", w_up_biases=" + hex(a.w_up_biases)
+              : std::string()) +
+         ")";
 }
 
 template <typename T>
@@ -260,7 +270,8 @@ NB_MODULE(_gatedmlp, m) {
       .value("none", KernelPath::none)
       .value("sm80_mma", KernelPath::sm80_mma)
       .value("sm90_wgmma", KernelPath::sm90_wgmma)
-      .value("decode", KernelPath::decode);
+      .value("decode", KernelPath::decode)
+      .value("quant_decode", KernelPath::quant_decode);
 
   // ---- Status
   nb::class_<Status>(m, "Status")
@@ -325,6 +336,9 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("batch_stride_bias", &Problem::batch_stride_bias)
                 .def_rw("batch_stride_y", &Problem::batch_stride_y)
                 .def_rw("batch_stride_preact", &Problem::batch_stride_preact)
+                .def_rw("quantized", &Problem::quantized)
+                .def_rw("quant", &Problem::quant)
+                .def_rw("scale_dtype", &Problem::scale_dtype)
                 .def("resolved", &Problem::resolved,
                      "A copy with every 0/kAuto stride and group replaced by its value (after check_support).")
                 .def("__repr__", [](const Problem& p) { return to_string(p); });
@@ -347,6 +361,10 @@ NB_MODULE(_gatedmlp, m) {
   GATEDMLP_PTR_PROP(bias_up);
   GATEDMLP_PTR_PROP(y);
   GATEDMLP_PTR_PROP(preact);
+  GATEDMLP_PTR_PROP(w_scales);
+  GATEDMLP_PTR_PROP(w_biases);
+  GATEDMLP_PTR_PROP(w_up_scales);
+  GATEDMLP_PTR_PROP(w_up_biases);
 #undef GATEDMLP_PTR_PROP
   ar.def("__repr__", [](const Arguments& a) { return repr(a); });
   add_copy(ar);
@@ -406,22 +424,46 @@ NB_MODULE(_gatedmlp, m) {
       "f"_a, "u"_a, "group"_a, "first"_a, "(half, j) held by physical row f: the inverse of fused_row.");
 
   // ---- tensor entry points (the descriptor comes from the tensors)
-  m.def("gate_up", &gate_up, "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(),
-        "bias_up"_a = nb::none(), "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu,
-        "act_params"_a = nb::none(),
-        "clamp_alpha"_a = nb::none(), "clamp_limit"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate,
-        "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(),
-        "workspace_alloc"_a = nb::none(),
-        "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
-        "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
-        "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
-        "time a stream needs some; it is kept for that device and stream (fresh scratch while a CUDA "
-        "graph is being captured).");
-  m.def("make_problem", &make_problem, "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(),
-        "bias"_a = nb::none(), "bias_up"_a = nb::none(), "preact"_a = nb::none(), nb::kw_only(),
-        "activation"_a = Activation::silu, "act_params"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate,
-        "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f,
-        "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None).");
+  m.def(
+      "gate_up",
+      [](nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
+         nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
+         std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
+         WeightStorage storage, float alpha, uintptr_t stream, nb::handle workspace, nb::handle workspace_alloc,
+         nb::handle scales, nb::handle biases, nb::handle scales_up, nb::handle biases_up,
+         std::optional<QuantFormat> quant) {
+        gate_up(x, w, out, w_up, bias, bias_up, preact, activation, act_params, clamp_alpha, clamp_limit, group,
+                first, storage, alpha, stream, workspace, workspace_alloc,
+                QuantArrays{scales, biases, scales_up, biases_up, quant});
+      },
+      "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
+      "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
+      "clamp_alpha"_a = nb::none(), "clamp_limit"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate,
+      "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(),
+      "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(), "biases"_a = nb::none(),
+      "scales_up"_a = nb::none(), "biases_up"_a = nb::none(), "quant"_a = nb::none(),
+      "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
+      "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
+      "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
+      "time a stream needs some; it is kept for that device and stream (fresh scratch while a CUDA "
+      "graph is being captured). With `quant` (a QuantFormat), w and w_up are packed uint32 words "
+      "[rows, K * bits / 32] and scales / biases (scales_up / biases_up) their [rows, K / group_size] "
+      "scales and biases.");
+  m.def(
+      "make_problem",
+      [](nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
+         nb::handle preact, Activation activation, std::optional<ActivationParams> act_params, int64_t group,
+         Half first, WeightStorage storage, float alpha, nb::handle scales, nb::handle biases, nb::handle scales_up,
+         nb::handle biases_up, std::optional<QuantFormat> quant) {
+        return make_problem(x, w, out, w_up, bias, bias_up, preact, activation, act_params, group, first, storage,
+                            alpha, QuantArrays{scales, biases, scales_up, biases_up, quant});
+      },
+      "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
+      "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
+      "group"_a = 0, "first"_a = Half::gate, "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f,
+      "scales"_a = nb::none(), "biases"_a = nb::none(), "scales_up"_a = nb::none(), "biases_up"_a = nb::none(),
+      "quant"_a = nb::none(),
+      "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None).");
   m.def(
       "convert_weights",
       [](nb::handle from_w, nb::handle to_w, const WeightLayout& from, const WeightLayout& to, nb::handle from_w_up,

@@ -6,6 +6,7 @@
 
 #include "core/internal.hpp"
 #include "decode_glu/decode_glu.hpp"
+#include "quant_decode/quant_decode.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
@@ -78,12 +79,20 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
 // dispatcher and the Hopper kernel's set-up (tensor maps and all), and does
 // only the pointer checks and the launch. The cache is per thread, so it
 // needs no lock, and small: a model has few distinct gate/up calls.
+// The pointers whose alignment is part of a plan's key.
+constexpr int kKeyPointers = 11;
+void key_pointers(const Arguments& a, const void* (&out)[kKeyPointers]) {
+  const void* ptrs[kKeyPointers] = {a.x,       a.w,        a.w_up,     a.bias,        a.bias_up,    a.y,
+                                    a.preact,  a.w_scales, a.w_biases, a.w_up_scales, a.w_up_biases};
+  for (int i = 0; i < kKeyPointers; ++i) out[i] = ptrs[i];
+}
+
 struct Planned {
   bool valid = false;
   // The key.
   Problem p;
   int device = -1;
-  uint8_t align[7] = {};
+  uint8_t align[kKeyPointers] = {};
   uint64_t env = 0;
   bool ws_enough = false;  // the workspace held at least ws_threshold bytes
   size_t ws_threshold = 0;
@@ -118,16 +127,18 @@ uint64_t env_fingerprint() {
 void fill_key(Planned* k, const Problem& p, int device, const Arguments& a, uint64_t env) {
   k->p = p;
   k->device = device;
-  const void* ptrs[7] = {a.x, a.w, a.w_up, a.bias, a.bias_up, a.y, a.preact};
-  for (int i = 0; i < 7; ++i) k->align[i] = align_class(ptrs[i]);
+  const void* ptrs[kKeyPointers];
+  key_pointers(a, ptrs);
+  for (int i = 0; i < kKeyPointers; ++i) k->align[i] = align_class(ptrs[i]);
   k->env = env;
 }
 
 bool matches(const Planned& e, const Problem& p, int device, const Arguments& a, uint64_t env, const void* ws,
              size_t ws_bytes) {
   if (!e.valid || e.device != device || e.env != env || !detail::same_problem(e.p, p)) return false;
-  const void* ptrs[7] = {a.x, a.w, a.w_up, a.bias, a.bias_up, a.y, a.preact};
-  for (int i = 0; i < 7; ++i)
+  const void* ptrs[kKeyPointers];
+  key_pointers(a, ptrs);
+  for (int i = 0; i < kKeyPointers; ++i)
     if (e.align[i] != align_class(ptrs[i])) return false;
   return e.ws_enough == (ws != nullptr && ws_bytes >= e.ws_threshold);
 }
@@ -231,9 +242,11 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
   if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch_prepared(e->sm90, a, workspace, workspace_bytes, stream);
-  if (cfg.path == KernelPath::decode) {
-    if (const cudaError_t err_ = decode::launch(r, a, e->sms, stream); err_ != cudaSuccess)
-      return err(StatusCode::cuda_error, "kernel launch failed (", to_string(cfg), "): ", cudaGetErrorString(err_));
+  if (cfg.path == KernelPath::decode || cfg.path == KernelPath::quant_decode) {
+    const cudaError_t ce = cfg.path == KernelPath::decode ? decode::launch(r, a, e->sms, stream)
+                                                           : quant_decode::launch(r, a, e->sms, stream);
+    if (ce != cudaSuccess)
+      return err(StatusCode::cuda_error, "kernel launch failed (", to_string(cfg), "): ", cudaGetErrorString(ce));
     return Status::Ok();
   }
   const sm80::Params k = make_params(r, a);

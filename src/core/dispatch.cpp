@@ -5,7 +5,9 @@
 #include <sstream>
 
 #include "core/internal.hpp"
+#include "gatedmlp/quant.hpp"
 #include "decode_glu/decode_glu.hpp"
+#include "quant_decode/quant_decode.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
 #include "sm90_gemm_glu/schedule.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
@@ -191,6 +193,26 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (dev.major < 8)
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
+  // Quantized weights: only the quantized decode kernel reads them.
+  if (r.quantized) {
+    const std::string no = quant_decode::blocker(r, a);
+    if (!no.empty())
+      return err(StatusCode::not_supported, "no kernel takes these quantized weights (", to_string(r.quant),
+                 "): ", no, "; dequantize them (gatedmlp::dequantize_host) for the 16-bit kernels");
+    Config c;
+    c.path = KernelPath::quant_decode;
+    c.tile_m = static_cast<int>(r.m);
+    c.tile_n = 8;
+    c.vector_loads = true;
+    c.reason = "quantized decode kernel: " + to_string(r.quant) + " weights dequantized in registers, m=" +
+               std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once; " +
+               (r.quant.mode == QuantMode::mxfp4 ? (r.input_dtype == DType::bf16 ? "bf16 pair" : "fp32")
+                : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair"
+                                                                       : "fp32") +
+               " dequantization";
+    *cfg = c;
+    return Status::Ok();
+  }
   const std::string decode_no = decode_blocker(r, a);
   if (decode_no.empty()) {
     Config c;

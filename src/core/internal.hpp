@@ -33,10 +33,11 @@ Status device_info(int device, DeviceInfo* info);
 // (plan() without pointers assumes 16-byte aligned pointers).
 Status select_config(const Problem& resolved, const Arguments* args, const DeviceInfo& dev, Config* cfg);
 
-// Element counts each tensor spans, from its first to its last element, for a
+// Element counts each tensor spans (w: uint32 words when quantized), from its first to its last element, for a
 // resolved problem. Used for the overlap check.
 struct Extents {
   int64_t x, w, bias, y, preact;
+  int64_t scales;  // quantized weights: scales (and biases) of one weight tensor, [rows, K / group_size]
 };
 Status extents(const Problem& resolved, Extents* e);
 

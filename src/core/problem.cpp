@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/internal.hpp"
+#include "gatedmlp/quant.hpp"
 
 namespace gatedmlp {
 
@@ -62,6 +63,7 @@ const char* to_string(KernelPath k) {
     case KernelPath::sm80_mma: return "sm80_mma";
     case KernelPath::sm90_wgmma: return "sm90_wgmma";
     case KernelPath::decode: return "decode";
+    case KernelPath::quant_decode: return "quant_decode";
   }
   return "invalid";
 }
@@ -94,7 +96,12 @@ std::string to_string(const Problem& p) {
      << " out=" << to_string(p.output_dtype) << " act=" << to_string(p.activation);
   if (p.activation == Activation::swiglu_clamped)
     os << "(alpha=" << p.act_params.clamp_alpha << ", limit=" << p.act_params.clamp_limit << ")";
-  os << " weights=" << to_string(p.weights) << " alpha=" << p.alpha;
+  os << " weights=" << to_string(p.weights);
+  if (p.quantized) {
+    os << " quant=" << to_string(p.quant);
+    if (p.quant.mode == QuantMode::affine) os << " scales=" << to_string(p.scale_dtype);
+  }
+  os << " alpha=" << p.alpha;
   if (p.has_bias) os << " bias=" << to_string(p.bias_dtype);
   if (p.has_preact) os << " preact=" << to_string(p.preact_dtype) << " ldpre=" << p.ldpre;
   os << " ldx=" << p.ldx << " ldy=" << p.ldy;
@@ -120,7 +127,9 @@ Problem Problem::resolved() const {
   const int64_t rows = detail::weight_rows(p);
   if (p.weights.format == WeightFormat::fused && p.weights.group == 0) p.weights.group = p.u;
   if (p.ldx == 0) p.ldx = p.k;
-  if (p.weights.ld == 0) p.weights.ld = p.weights.storage == WeightStorage::out_in ? p.k : rows;
+  if (p.weights.ld == 0)
+    p.weights.ld = p.quantized ? quant_words_per_row(p.quant, p.k)
+                               : p.weights.storage == WeightStorage::out_in ? p.k : rows;
   if (p.ldy == 0) p.ldy = p.u;
   if (p.ldpre == 0) p.ldpre = 2 * p.u;
   if (p.batch_stride_x == kAuto) p.batch_stride_x = p.m * p.ldx;
@@ -136,7 +145,7 @@ namespace detail {
 
 // A field added to Problem must be added to same_problem too, or run()
 // would reuse a plan made for another call (this size is the x86-64 one).
-static_assert(sizeof(void*) != 8 || sizeof(Problem) == 176, "Problem changed: update same_problem");
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 200, "Problem changed: update same_problem");
 
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
@@ -154,7 +163,9 @@ bool same_problem(const Problem& a, const Problem& b) {
          a.has_preact == b.has_preact && a.preact_dtype == b.preact_dtype && a.ldx == b.ldx && a.ldy == b.ldy &&
          a.ldpre == b.ldpre && a.batch_stride_x == b.batch_stride_x && a.batch_stride_w == b.batch_stride_w &&
          a.batch_stride_bias == b.batch_stride_bias && a.batch_stride_y == b.batch_stride_y &&
-         a.batch_stride_preact == b.batch_stride_preact;
+         a.batch_stride_preact == b.batch_stride_preact && a.quantized == b.quantized &&
+         (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
+                           a.quant.group_size == b.quant.group_size && a.scale_dtype == b.scale_dtype));
 }
 
 Status extents(const Problem& p, Extents* e) {
@@ -162,7 +173,9 @@ Status extents(const Problem& p, Extents* e) {
   using I = __int128;
   const I L1 = p.batch - 1;
   const I rows = weight_rows(p);
-  const I ew = p.weights.storage == WeightStorage::out_in ? (rows - 1) * p.weights.ld + p.k
+  // Quantized rows: ld and the row length in uint32 words.
+  const I row_len = p.quantized ? quant_words_per_row(p.quant, p.k) : p.k;
+  const I ew = p.weights.storage == WeightStorage::out_in ? (rows - 1) * p.weights.ld + row_len
                                                           : I(p.k - 1) * p.weights.ld + rows;
   const I vals[5] = {
       L1 * p.batch_stride_x + I(p.m - 1) * p.ldx + p.k,
@@ -177,7 +190,8 @@ Status extents(const Problem& p, Extents* e) {
     if (vals[i] > kMax)
       return err(StatusCode::invalid_argument, "tensor '", names[i], "' would span ", static_cast<double>(vals[i]),
                  " elements, more than any device can address: check the sizes and strides");
-  *e = {int64_t(vals[0]), int64_t(vals[1]), int64_t(vals[2]), int64_t(vals[3]), int64_t(vals[4])};
+  const I scales = p.quantized ? rows * quant_groups_per_row(p.quant, p.k) : 0;
+  *e = {int64_t(vals[0]), int64_t(vals[1]), int64_t(vals[2]), int64_t(vals[3]), int64_t(vals[4]), int64_t(scales)};
   return Status::Ok();
 }
 
@@ -242,11 +256,27 @@ Status check_support(const Problem& p) {
 
   const int64_t rows = detail::weight_rows(p);
   if (Status s = check_ld("ldx", p.ldx, p.k); !s) return s;
-  if (Status s = check_ld(w.storage == WeightStorage::out_in ? "weights.ld (out_in storage: >= k)"
-                                                             : "weights.ld (in_out storage: >= number of weight rows)",
-                          w.ld, w.storage == WeightStorage::out_in ? p.k : rows);
-      !s)
+  if (p.quantized) {
+    // Quantized along K, so the rows must be K-contiguous; their ld counts words.
+    if (Status s = check_quant_format(p.quant, p.k); !s) return s;
+    if (p.quant.mode == QuantMode::affine && !valid_dtype(p.scale_dtype))
+      return err(inv, "scale_dtype has invalid value ", int(p.scale_dtype));
+    if (w.storage != WeightStorage::out_in)
+      return err(inv, "weights.storage must be out_in ([out, K], quantized along K) for quantized weights, got ",
+                 to_string(w.storage));
+    if (Status s = check_ld("weights.ld (quantized: uint32 words per row, >= k * bits / 32)", w.ld,
+                            quant_words_per_row(p.quant, p.k));
+        !s)
+      return s;
+    if (p.batch > 1)
+      return err(StatusCode::not_supported, "quantized weights take batch = 1, got batch=", p.batch);
+  } else if (Status s = check_ld(w.storage == WeightStorage::out_in
+                                     ? "weights.ld (out_in storage: >= k)"
+                                     : "weights.ld (in_out storage: >= number of weight rows)",
+                                 w.ld, w.storage == WeightStorage::out_in ? p.k : rows);
+             !s) {
     return s;
+  }
   if (Status s = check_ld("ldy", p.ldy, p.u); !s) return s;
   if (p.has_preact) {
     if (Status s = check_ld("ldpre", p.ldpre, 2 * p.u); !s) return s;

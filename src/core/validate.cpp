@@ -17,9 +17,15 @@ struct Tensor {
   const char* name;
   const void* ptr;
   int64_t elems;  // span in elements
-  DType dtype;
+  size_t esize;   // bytes per element, and the alignment it needs
+  const char* type;
   bool output;
+  uintptr_t bytes() const { return uintptr_t(elems) * esize; }
 };
+
+Tensor tensor(const char* name, const void* ptr, int64_t elems, DType dtype, bool output) {
+  return {name, ptr, elems, dtype_size(dtype), to_string(dtype), output};
+}
 
 std::string hex(const void* p) {
   std::ostringstream os;
@@ -60,10 +66,10 @@ Status check_device_pointer(const Tensor& t, int device) {
   }
 }
 
-// At most 7 tensors, in place: run() checks them on every call, and a heap
+// At most 11 tensors, in place: run() checks them on every call, and a heap
 // allocation per check is host time for nothing.
 struct TensorList {
-  Tensor items[7];
+  Tensor items[11];
   size_t n = 0;
   void push_back(const Tensor& t) { items[n++] = t; }
   size_t size() const { return n; }
@@ -79,13 +85,31 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   const bool sep = r.weights.format == WeightFormat::separate;
   TensorList& ts = *out;
   ts.n = 0;
-  ts.push_back({"x", a.x, e.x, r.input_dtype, false});
-  ts.push_back({"w", a.w, e.w, r.input_dtype, false});
-  if (sep) ts.push_back({"w_up", a.w_up, e.w, r.input_dtype, false});
-  if (r.has_bias) ts.push_back({"bias", a.bias, e.bias, r.bias_dtype, false});
-  if (r.has_bias && sep) ts.push_back({"bias_up", a.bias_up, e.bias, r.bias_dtype, false});
-  ts.push_back({"y", a.y, e.y, r.output_dtype, true});
-  if (r.has_preact) ts.push_back({"preact", a.preact, e.preact, r.preact_dtype, true});
+  ts.push_back(tensor("x", a.x, e.x, r.input_dtype, false));
+  if (r.quantized) {
+    const bool mx = r.quant.mode == QuantMode::mxfp4;
+    const Tensor words{"w", a.w, e.w, 4, "uint32", false};
+    const Tensor scales = mx ? Tensor{"w_scales", a.w_scales, e.scales, 1, "e8m0", false}
+                             : tensor("w_scales", a.w_scales, e.scales, r.scale_dtype, false);
+    ts.push_back(words);
+    ts.push_back(scales);
+    if (!mx) ts.push_back(tensor("w_biases", a.w_biases, e.scales, r.scale_dtype, false));
+    if (sep) {
+      ts.push_back({"w_up", a.w_up, e.w, 4, "uint32", false});
+      Tensor up_scales = scales;
+      up_scales.name = "w_up_scales";
+      up_scales.ptr = a.w_up_scales;
+      ts.push_back(up_scales);
+      if (!mx) ts.push_back(tensor("w_up_biases", a.w_up_biases, e.scales, r.scale_dtype, false));
+    }
+  } else {
+    ts.push_back(tensor("w", a.w, e.w, r.input_dtype, false));
+    if (sep) ts.push_back(tensor("w_up", a.w_up, e.w, r.input_dtype, false));
+  }
+  if (r.has_bias) ts.push_back(tensor("bias", a.bias, e.bias, r.bias_dtype, false));
+  if (r.has_bias && sep) ts.push_back(tensor("bias_up", a.bias_up, e.bias, r.bias_dtype, false));
+  ts.push_back(tensor("y", a.y, e.y, r.output_dtype, true));
+  if (r.has_preact) ts.push_back(tensor("preact", a.preact, e.preact, r.preact_dtype, true));
   return Status::Ok();
 }
 
@@ -128,6 +152,25 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
                                 "bias_up is used only with has_bias=true and separate weights");
       !s)
     return s;
+  const bool q = r.quantized, affine = q && r.quant.mode == QuantMode::affine;
+  if (Status s = check_presence("w_scales", a.w_scales, q, "quantized weights need their scales in w_scales",
+                                "the weights are not quantized (Problem::quantized is false)");
+      !s)
+    return s;
+  if (Status s = check_presence("w_biases", a.w_biases, affine, "affine quantized weights need their biases in w_biases",
+                                q ? "mxfp4 weights have no biases" : "the weights are not quantized (Problem::quantized is false)");
+      !s)
+    return s;
+  if (Status s = check_presence("w_up_scales", a.w_up_scales, q && sep,
+                                "separate quantized weights need the up weights' scales in w_up_scales",
+                                "w_up_scales is used only with separate quantized weights");
+      !s)
+    return s;
+  if (Status s = check_presence("w_up_biases", a.w_up_biases, affine && sep,
+                                "separate affine quantized weights need the up weights' biases in w_up_biases",
+                                "w_up_biases is used only with separate affine quantized weights");
+      !s)
+    return s;
   if (Status s = check_presence("y", a.y, true, "the output y is required", ""); !s) return s;
   if (Status s = check_presence("preact", a.preact, r.has_preact, "has_preact=true needs preact",
                                 "has_preact=false; set has_preact=true to write it");
@@ -138,10 +181,9 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
   if (Status s = tensors(r, a, &ts); !s) return s;
 
   for (const Tensor& t : ts) {
-    const size_t es = dtype_size(t.dtype);
-    if (reinterpret_cast<uintptr_t>(t.ptr) % es != 0)
+    if (reinterpret_cast<uintptr_t>(t.ptr) % t.esize != 0)
       return err(StatusCode::invalid_argument, "argument '", t.name, "' (", hex(t.ptr), ") must be aligned to its ",
-                 to_string(t.dtype), " element size of ", es, " bytes");
+                 t.type, " element size of ", t.esize, " bytes");
   }
 
   // An output may not share a byte with any other tensor: the kernel reads
@@ -150,9 +192,9 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
     for (size_t j = 0; j < ts.size(); ++j) {
       if (i == j || !ts[i].output || (ts[j].output && j < i)) continue;
       const uintptr_t a0 = reinterpret_cast<uintptr_t>(ts[i].ptr);
-      const uintptr_t a1 = a0 + uintptr_t(ts[i].elems) * dtype_size(ts[i].dtype);
+      const uintptr_t a1 = a0 + ts[i].bytes();
       const uintptr_t b0 = reinterpret_cast<uintptr_t>(ts[j].ptr);
-      const uintptr_t b1 = b0 + uintptr_t(ts[j].elems) * dtype_size(ts[j].dtype);
+      const uintptr_t b1 = b0 + ts[j].bytes();
       if (a0 < b1 && b0 < a1)
         return err(StatusCode::invalid_argument, "output '", ts[i].name, "' [", hex(ts[i].ptr), ", +", a1 - a0,
                    " bytes) overlaps '", ts[j].name, "' [", hex(ts[j].ptr), ", +", b1 - b0, " bytes)");
@@ -180,14 +222,14 @@ Status validate_workspace(const Problem& r, const Arguments& a, const void* ws, 
   const uintptr_t w0 = reinterpret_cast<uintptr_t>(ws), w1 = w0 + bytes;
   for (const Tensor& t : ts) {
     const uintptr_t b0 = reinterpret_cast<uintptr_t>(t.ptr);
-    const uintptr_t b1 = b0 + uintptr_t(t.elems) * dtype_size(t.dtype);
+    const uintptr_t b1 = b0 + t.bytes();
     if (w0 < b1 && b0 < w1)
       return err(StatusCode::invalid_argument, "argument 'workspace' [", hex(ws), ", +", bytes, " bytes) overlaps '",
                  t.name, "' [", hex(t.ptr), ", +", b1 - b0, " bytes)");
   }
   int device = -1;
   if (Status s = current_device(&device); !s) return s;
-  return check_device_pointer({"workspace", ws, static_cast<int64_t>(bytes), DType::bf16, true}, device);
+  return check_device_pointer({"workspace", ws, static_cast<int64_t>(bytes), 1, "byte", true}, device);
 }
 
 }  // namespace detail

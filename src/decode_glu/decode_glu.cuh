@@ -58,84 +58,12 @@
 #include "common/activation_math.hpp"
 #include "common/device_dtype.cuh"
 #include "common/layout_math.hpp"
+#include "decode_glu/epilogue.cuh"
+#include "decode_glu/ops.cuh"
 #include "decode_glu/params.hpp"
 
 namespace gatedmlp::decode {
 
-namespace detail_ {
-
-// 16 bytes of a weight row: read once per call, so kept out of L1, with the
-// hint to fetch the rest of its 256-byte L2 block (the warp reads the
-// neighbouring chunks of the row in the same k-block; +3 % of bandwidth at
-// 8B's shapes). Volatile so that no load is moved above the K-tail test
-// that guards it; the predicated form tests its own guard inside the asm.
-__device__ __forceinline__ uint4 ld_weights(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint4 ld_weights_if(const void* p, bool ok) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
-      " @q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
-      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
-
-// 16 bytes of X (zero where !ok): read by every CTA, so cached in L1.
-__device__ __forceinline__ uint4 ld_x_if(const void* p, bool ok) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %5, 0;\n"
-      " @q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}"
-      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                  uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Column of the pre-activation output (and index into a fused bias) that
-// holds logical (half, j): the weight row for fused weights, [gate | up]
-// for separate ones (gatedmlp.hpp).
-__device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j) {
-  if (p.separate) return half == 0 ? j : p.u + j;
-  return gatedmlp::detail::fused_row(j, half, p.group, p.first);
-}
-
-}  // namespace detail_
-
-// Dynamic shared memory: the warps' partial C fragments, [warps][CG][NT][4][32] floats.
-template <int NT, int CG>
-constexpr int red_bytes(int warps) {
-  return warps * CG * NT * 4 * 32 * 4;
-}
 
 template <typename T, int NT, int CG, int UNROLL, int MINB>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const __grid_constant__ Params p) {
@@ -224,61 +152,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const 
       }
     }
 
-    // The warps' partial sums, [warp][cg][nt][reg][lane]: each store is 32
-    // consecutive floats.
-    float* mine = red + warp * (CG * NT * 128);
-#pragma unroll
-    for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) mine[((cg * NT + nt) * 4 + r) * 32 + lane] = acc[cg][nt][r];
+    store_partials<NT, CG>(red, acc);
     __syncthreads();
-
-    // Epilogue: one (token, column) output per thread, columns fastest so
-    // neighbouring threads store neighbouring Y elements. Token m sits in
-    // n-tile m / 8 at C column m % 8 = 2t + parity; column c of the CTA in
-    // group c / 8, C row c % 8 (gate) and 8 + c % 8 (up).
-    const int per_token = 8 * CG;
-    for (int e = threadIdx.x; e < per_token * p.m; e += blockDim.x) {
-      const int c = e % per_token, m = e / per_token;
-      const int64_t j = j0 + c;
-      if (j >= p.u) continue;
-      const int cg = c >> 3, nt = m >> 3, parity = m & 1;
-      const int src = ((c & 7) << 2) + ((m & 7) >> 1);  // the lane (g, t) that holds it
-      const float* part = red + (cg * NT + nt) * 128 + src;
-      float gs = 0.f, us = 0.f;
-      for (int w = 0; w < p.warps; ++w) {
-        gs += part[w * (CG * NT * 128) + parity * 32];
-        us += part[w * (CG * NT * 128) + (2 + parity) * 32];
-      }
-      float gv = gs * p.alpha, uv = us * p.alpha;
-      if (p.has_bias) {
-        const int64_t boff = int64_t(l) * p.sb;
-        gv += gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j));  // separate: j
-        uv += p.separate ? gatedmlp::detail::load_float(p.bias_up, p.bias_dtype, boff + j)
-                         : gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
-      }
-      if (p.has_pre) {
-        const int64_t base = int64_t(l) * p.spre + int64_t(m) * p.ldpre;
-        gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j), gv);
-        gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j), uv);
-      }
-      // 16-bit Y: the one-MUFU tanh form of the activation, as the other
-      // kernels use for rounded outputs; fp32 Y: the exp form. GeGLU (erf)
-      // as 0.5 g erfc(-g / sqrt 2) u, the same function as glu()'s
-      // 0.5 g (1 + erf(g / sqrt 2)) u without its cancellation where g << 0:
-      // at g = -4.6, 1 + erf is ~5e-6 and erf's absolute error (~6e-8)
-      // would be ~1 % of the result, more than the unfused path's own error
-      // on a one-element output (GpuDecode.GeluErfNegativeTail).
-      float y;
-      if (p.act == gatedmlp::detail::kGeluErf)
-        y = 0.5f * gv * erfcf(-0.7071067811865476f * gv) * uv;
-      else
-        y = p.out_dtype == 2 ? gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit)
-                             : gatedmlp::detail::glu_out16<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
-      gatedmlp::detail::store_float(p.y, p.out_dtype, int64_t(l) * p.sy + int64_t(m) * p.ldy + j, y);
-    }
+    epilogue<NT, CG>(p, red, j0, l);
     __syncthreads();  // the next batch overwrites the partial sums
   }
 }

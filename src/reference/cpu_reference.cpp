@@ -27,6 +27,21 @@ void store_from_double(void* base, DType dtype, int64_t i, double v) {
   }
 }
 
+double quantized_weight(const Problem& p, const void* words, const void* scales, const void* biases, int64_t row,
+                        int64_t k) {
+  const int per_word = 32 / p.quant.bits;
+  const uint32_t w = static_cast<const uint32_t*>(words)[row * p.weights.ld + k / per_word];
+  const uint32_t q = (w >> ((k % per_word) * p.quant.bits)) & ((1u << p.quant.bits) - 1);
+  const int64_t gi = row * (p.k / p.quant.group_size) + k / p.quant.group_size;
+  if (p.quant.mode == QuantMode::mxfp4) {
+    static const double kE2m1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+    const int e = static_cast<const uint8_t*>(scales)[gi];
+    const double v = std::ldexp(kE2m1[q & 7], e - 127);
+    return q & 8 ? -v : v;
+  }
+  return double(q) * load_as_double(scales, p.scale_dtype, gi) + load_as_double(biases, p.scale_dtype, gi);
+}
+
 void cpu_reference(const Problem& p0, const Arguments& h, std::vector<double>* y, std::vector<double>* preact,
                    const std::vector<int64_t>* rows) {
   const Problem p = p0.resolved();
@@ -53,6 +68,13 @@ void cpu_reference(const Problem& p0, const Arguments& h, std::vector<double>* y
         base[half] = sep ? (half == 0 ? h.w : h.w_up) : h.w;
         prow[half] = sep ? j : detail::fused_row(j, half, p.weights.group, first);
         std::vector<double>& dst = half == 0 ? wg : wu;
+        if (p.quantized) {
+          const bool up = sep && half == 1;
+          for (int64_t kk = 0; kk < p.k; ++kk)
+            dst[size_t(kk)] = quantized_weight(p, base[half], up ? h.w_up_scales : h.w_scales,
+                                               up ? h.w_up_biases : h.w_biases, prow[half], kk);
+          continue;
+        }
         for (int64_t kk = 0; kk < p.k; ++kk) {
           const int64_t off = l * p.batch_stride_w + (in_out ? kk * p.weights.ld + prow[half] : prow[half] * p.weights.ld + kk);
           dst[size_t(kk)] = load_as_double(base[half], p.input_dtype, off);

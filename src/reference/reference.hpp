@@ -33,8 +33,14 @@ void store_from_double(void* base, DType dtype, int64_t i, double v);
 // pre-activation column order documented in gatedmlp.hpp.
 // rows: if non-null, only these rows (of every batch) are computed; the
 // outputs are then [L][rows.size()][...].
+// Quantized weights (p.quantized) are dequantized exactly, in float64:
+// q * scale + bias, or e2m1 * 2^(scale - 127).
 void cpu_reference(const Problem& p, const Arguments& host, std::vector<double>* y,
                    std::vector<double>* preact, const std::vector<int64_t>* rows = nullptr);
+
+// Weight (row, k) of a resolved quantized problem's packed words, in float64.
+double quantized_weight(const Problem& resolved, const void* words, const void* scales, const void* biases,
+                        int64_t row, int64_t k);
 
 // cuBLASLt GEMM (X @ W^T over the stored weight rows, alpha applied, output in
 // the input dtype) into an [M, 2U] intermediate, then a GLU kernel that adds

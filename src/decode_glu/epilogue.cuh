@@ -1,0 +1,98 @@
+// The decode kernels' second half, shared by the 16-bit (decode_glu.cuh) and
+// the quantized (quant_decode/) weight streams: the warps' partial C
+// fragments summed through shared memory in a fixed order (deterministic: no
+// atomics), then one output per thread: alpha, bias, pre-activation,
+// activation, Y.
+//
+// Fragment layout (mma.m16n8k16, swap AB): C rows 0-7 are the gate rows of
+// the CTA's 8 columns of a group, rows 8-15 their up rows; C's 8 columns are
+// tokens. Lane (g, t) holds c0, c1 = gate of column g for tokens 2t, 2t+1
+// and c2, c3 = up of the same column and tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "common/activation_math.hpp"
+#include "common/device_dtype.cuh"
+#include "common/layout_math.hpp"
+#include "decode_glu/params.hpp"
+
+namespace gatedmlp::decode {
+
+// Column of the pre-activation output (and index into a fused bias) that
+// holds logical (half, j): the weight row for fused weights, [gate | up]
+// for separate ones (gatedmlp.hpp).
+__device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j) {
+  if (p.separate) return half == 0 ? j : p.u + j;
+  return gatedmlp::detail::fused_row(j, half, p.group, p.first);
+}
+
+// Dynamic shared memory: the warps' partial C fragments, [warps][CG][NT][4][32] floats.
+template <int NT, int CG>
+constexpr int red_bytes(int warps) {
+  return warps * CG * NT * 4 * 32 * 4;
+}
+
+// This warp's partial sums into `red`, [warp][cg][nt][reg][lane]: each store
+// is 32 consecutive floats. The caller synchronises before epilogue().
+template <int NT, int CG>
+__device__ __forceinline__ void store_partials(float* red, const float (&acc)[CG][NT][4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* mine = red + warp * (CG * NT * 128);
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) mine[((cg * NT + nt) * 4 + r) * 32 + lane] = acc[cg][nt][r];
+}
+
+// One (token, column) output per thread, columns fastest so neighbouring
+// threads store neighbouring Y elements. Token m sits in n-tile m / 8 at C
+// column m % 8 = 2t + parity; column c of the CTA in group c / 8, C row
+// c % 8 (gate) and 8 + c % 8 (up). j0: the CTA's first column; l: the batch.
+template <int NT, int CG>
+__device__ __forceinline__ void epilogue(const Params& p, const float* red, int64_t j0, int l) {
+  const int per_token = 8 * CG;
+  for (int e = threadIdx.x; e < per_token * p.m; e += blockDim.x) {
+    const int c = e % per_token, m = e / per_token;
+    const int64_t j = j0 + c;
+    if (j >= p.u) continue;
+    const int cg = c >> 3, nt = m >> 3, parity = m & 1;
+    const int src = ((c & 7) << 2) + ((m & 7) >> 1);  // the lane (g, t) that holds it
+    const float* part = red + (cg * NT + nt) * 128 + src;
+    float gs = 0.f, us = 0.f;
+    for (int w = 0; w < p.warps; ++w) {
+      gs += part[w * (CG * NT * 128) + parity * 32];
+      us += part[w * (CG * NT * 128) + (2 + parity) * 32];
+    }
+    float gv = gs * p.alpha, uv = us * p.alpha;
+    if (p.has_bias) {
+      const int64_t boff = int64_t(l) * p.sb;
+      gv += gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j));  // separate: j
+      uv += p.separate ? gatedmlp::detail::load_float(p.bias_up, p.bias_dtype, boff + j)
+                       : gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
+    }
+    if (p.has_pre) {
+      const int64_t base = int64_t(l) * p.spre + int64_t(m) * p.ldpre;
+      gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j), gv);
+      gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j), uv);
+    }
+    // 16-bit Y: the one-MUFU tanh form of the activation, as the other
+    // kernels use for rounded outputs; fp32 Y: the exp form. GeGLU (erf)
+    // as 0.5 g erfc(-g / sqrt 2) u, the same function as glu()'s
+    // 0.5 g (1 + erf(g / sqrt 2)) u without its cancellation where g << 0:
+    // at g = -4.6, 1 + erf is ~5e-6 and erf's absolute error (~6e-8)
+    // would be ~1 % of the result, more than the unfused path's own error
+    // on a one-element output (GpuDecode.GeluErfNegativeTail).
+    float y;
+    if (p.act == gatedmlp::detail::kGeluErf)
+      y = 0.5f * gv * erfcf(-0.7071067811865476f * gv) * uv;
+    else
+      y = p.out_dtype == 2 ? gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit)
+                           : gatedmlp::detail::glu_out16<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
+    gatedmlp::detail::store_float(p.y, p.out_dtype, int64_t(l) * p.sy + int64_t(m) * p.ldy + j, y);
+  }
+}
+
+}  // namespace gatedmlp::decode

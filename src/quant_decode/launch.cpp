@@ -1,0 +1,94 @@
+// Host side of the quantized decode kernel: which calls it takes, and its
+// launch shape.
+#include <climits>
+#include <cstdint>
+#include <sstream>
+
+#include "gatedmlp/quant.hpp"
+#include "quant_decode/params.hpp"
+#include "quant_decode/quant_decode.hpp"
+
+namespace gatedmlp::quant_decode {
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int log2_exact(int v) {
+  int s = 0;
+  while ((1 << s) < v) ++s;
+  return s;
+}
+
+}  // namespace
+
+std::string blocker(const Problem& r, const Arguments* a) {
+  std::ostringstream os;
+  // Each lane reads 16 bytes of a row's words and 16 (or 8) bytes of X: rows
+  // of words must start on 16 bytes (ld a multiple of 4 words), rows of X on
+  // 16 bytes too (8 elements).
+  if (r.m > kMaxM) os << "m=" << r.m << " is more than the quantized decode kernel's " << kMaxM << " rows";
+  else if (r.input_dtype != DType::bf16 && r.input_dtype != DType::fp16)
+    os << "input_dtype " << to_string(r.input_dtype) << " (the quantized decode kernel takes bf16 and fp16 X)";
+  else if (r.ldx % 8) os << "ldx=" << r.ldx << " is not a multiple of 8 (16-byte rows of x)";
+  else if (r.weights.ld % 4) os << "weights.ld=" << r.weights.ld << " words is not a multiple of 4 (16-byte rows)";
+  else if (r.u >= (int64_t(1) << 30))
+    os << "u=" << r.u << " is 2^30 or more (the kernel indexes the 2u weight rows in 32 bits)";
+  else if (a && !aligned16(a->x)) os << "x (" << a->x << ") is not 16-byte aligned";
+  else if (a && !aligned16(a->w)) os << "w (" << a->w << ") is not 16-byte aligned";
+  else if (a && a->w_up && !aligned16(a->w_up)) os << "w_up (" << a->w_up << ") is not 16-byte aligned";
+  return os.str();
+}
+
+cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream) {
+  Params q{};
+  decode::Params& p = q.d;
+  p.x = a.x;
+  p.w = a.w;
+  p.w_up = a.w_up;
+  p.bias = a.bias;
+  p.bias_up = a.bias_up;
+  p.y = a.y;
+  p.pre = a.preact;
+  p.m = static_cast<int>(r.m);
+  p.batch = 1;
+  p.k = r.k;
+  p.u = r.u;
+  p.ldx = r.ldx;
+  p.ldw = r.weights.ld;
+  p.ldy = r.ldy;
+  p.ldpre = r.ldpre;
+  p.separate = r.weights.format == WeightFormat::separate;
+  p.group = p.separate ? r.u : r.weights.group;
+  p.first = static_cast<int>(r.weights.first);
+  p.act = static_cast<int>(r.activation);
+  p.alpha = r.alpha;
+  p.clamp_alpha = r.act_params.clamp_alpha;
+  p.clamp_limit = r.act_params.clamp_limit;
+  p.out_dtype = static_cast<int>(r.output_dtype);
+  p.bias_dtype = static_cast<int>(r.bias_dtype);
+  p.pre_dtype = static_cast<int>(r.preact_dtype);
+  p.has_bias = r.has_bias;
+  p.has_pre = r.has_preact;
+  q.scales = a.w_scales;
+  q.biases = a.w_biases;
+  q.scales_up = a.w_up_scales;
+  q.biases_up = a.w_up_biases;
+  q.groups = quant_groups_per_row(r.quant, r.k);
+  q.group_shift = log2_exact(r.quant.group_size);
+  q.scale_dtype = static_cast<int>(r.scale_dtype);
+
+  Shape s;
+  s.nt = r.m <= 8 ? 1 : 2;
+  const bool mx = r.quant.mode == QuantMode::mxfp4;
+  s.format = mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
+  s.packed_math = mx || r.scale_dtype == r.input_dtype;
+  const bool bf = r.input_dtype == DType::bf16;
+  switch (s.format) {
+    case kInt4: return bf ? launch_bf16_int4(q, s, stream) : launch_fp16_int4(q, s, stream);
+    case kInt8: return bf ? launch_bf16_int8(q, s, stream) : launch_fp16_int8(q, s, stream);
+    default: return bf ? launch_bf16_mxfp4(q, s, stream) : launch_fp16_mxfp4(q, s, stream);
+  }
+}
+
+}  // namespace gatedmlp::quant_decode

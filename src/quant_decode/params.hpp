@@ -1,0 +1,51 @@
+// The parameters of the quantized decode kernel: the 16-bit decode kernel's
+// (decode_glu/params.hpp: x, y, bias, pre-activation, layout, activation)
+// plus the packed weights' scales and biases.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "decode_glu/params.hpp"
+
+namespace gatedmlp::quant_decode {
+
+// Which dequantization a launch runs (dequant.cuh).
+enum Format : int {
+  kInt4 = 0,   // affine, 4 bits
+  kInt8 = 1,   // affine, 8 bits
+  kMxfp4 = 2,  // e2m1 values, e8m0 scales
+};
+
+struct Params {
+  // d.w / d.w_up: uint32 words, d.ldw words per row; d.k elements. d.batch is 1.
+  decode::Params d;
+  const void* scales;     // [rows, groups] of the weights in d.w
+  const void* biases;     // affine only
+  const void* scales_up;  // separate only
+  const void* biases_up;
+  int64_t groups;         // scales per row: K / group_size
+  int group_shift;        // log2(group_size)
+  int scale_dtype;        // affine: 0 bf16, 1 fp16, 2 fp32; mxfp4: e8m0 bytes
+};
+
+// Which instantiation runs a launch: the format, NT n-tiles of 8 tokens
+// (m <= 8: 1, m <= 16: 2), and whether the scales are of X's dtype, so that
+// the dequantization runs in pairs of X's type (dequant.cuh); otherwise it
+// runs in fp32.
+struct Shape {
+  Format format = kInt4;
+  int nt = 1;
+  bool packed_math = false;
+};
+
+// One translation unit per input dtype and format.
+cudaError_t launch_bf16_int4(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_bf16_int8(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_bf16_mxfp4(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_fp16_int4(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_fp16_int8(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_fp16_mxfp4(const Params& p, Shape s, cudaStream_t stream);
+
+}  // namespace gatedmlp::quant_decode

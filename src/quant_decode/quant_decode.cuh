@@ -1,0 +1,217 @@
+// The quantized decode kernel: gate/up GEMM + GLU for a few rows of X
+// (M <= 16) from quantized weights, bound by streaming the packed weights
+// once. The 16-bit decode kernel's design (decode_glu/decode_glu.cuh: swap AB,
+// mma.m16n8k16 with 8 gate and 8 up weight rows as A and the tokens as B,
+// loads straight into registers, the K split over the CTA's warps, the
+// shared epilogue), with the weights dequantized in registers between the
+// load and the mma (dequant.cuh).
+//
+// Each lane streams 16 bytes of packed words per row per chunk: 32 elements
+// of 4-bit formats, 16 of int8, along K, at k0 + t * (elements per lane);
+// the chunk of 4 lanes spans 128 (4-bit) or 64 (int8) of K. Every format's
+// group (32 and more) holds a lane's elements whole, so each lane needs one
+// scale (and bias) per row per chunk. X is loaded for the same k, one word's
+// worth of elements at a time (16 bytes for 4-bit, 8 for int8), and paired
+// as the dequantized weights are.
+//
+// K is a multiple of the group (and so of 32): a lane's elements are all in
+// K or all past it. In a k-block that crosses K, the lanes past it load
+// nothing and get zero scales, biases and X, so they add exact zeros.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/layout_math.hpp"
+#include "decode_glu/epilogue.cuh"
+#include "decode_glu/ops.cuh"
+#include "quant_decode/dequant.cuh"
+#include "quant_decode/params.hpp"
+
+namespace gatedmlp::quant_decode {
+
+namespace detail_ {
+
+// 8 bytes of X (zero where !ok), through L1 like the 16-byte loads.
+__device__ __forceinline__ uint2 ld_x8_if(const void* p, bool ok) {
+  uint2 v = make_uint2(0, 0);
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %3, 0;\n"
+      " @q ld.global.nc.v2.u32 {%0, %1}, [%2];\n}"
+      : "+r"(v.x), "+r"(v.y)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// One word's worth of X for token row `xrow` at element k: kElems 16-bit
+// values as kElems / 2 registers.
+template <int kElems>
+__device__ __forceinline__ void load_x(const void* xrow_at_k, bool ok, uint32_t (&x)[kElems / 2]) {
+  if constexpr (kElems == 8) {
+    const uint4 v = decode::detail_::ld_x_if(xrow_at_k, ok);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    const uint2 v = ld_x8_if(xrow_at_k, ok);
+    x[0] = v.x, x[1] = v.y;
+  }
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+}  // namespace detail_
+
+inline constexpr int kMaxWarps = decode::kMaxWarps;
+
+// Elements of a lane's 16 bytes of words per chunk.
+template <int FMT>
+inline constexpr int kLaneElemsOf = FMT == kInt8 ? 16 : 32;
+
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
+__global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(const __grid_constant__ Params qp) {
+  using namespace detail_;
+  using D = Dequant<T, FMT, PACKED>;
+  const decode::Params& p = qp.d;
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+
+  constexpr int kLaneElems = kLaneElemsOf<FMT>;
+  constexpr int kChunk = 4 * kLaneElems;  // k per chunk (4 lanes)
+  constexpr int kBlockK = kChunk * UNROLL;
+  constexpr int kW = D::kWordElems, kP = D::kPairs;
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t j0 = int64_t(blockIdx.x) * 8;
+  const int64_t k_blocks = (p.k + kBlockK - 1) / kBlockK;
+
+  // This lane's rows: the gate and up rows of column j0 + g (U-1 past U), and
+  // token nt*8 + g of X (M-1 past M), at its first element of a chunk.
+  const uint32_t* wrow[2];
+  const void* srow[2];
+  const void* brow[2];
+  int64_t sbase[2];
+  {
+    const int64_t j = min(j0 + g, p.u - 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool up_tensor = p.separate && h;
+      // 32-bit: blocker() keeps 2U below 2^31.
+      const uint32_t row = p.separate ? uint32_t(j)
+                                      : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
+      wrow[h] = static_cast<const uint32_t*>(up_tensor ? p.w_up : p.w) + int64_t(row) * p.ldw + 4 * t;
+      srow[h] = up_tensor ? qp.scales_up : qp.scales;
+      brow[h] = up_tensor ? qp.biases_up : qp.biases;
+      sbase[h] = int64_t(row) * qp.groups;
+    }
+  }
+  const T* xrow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    xrow[nt] = static_cast<const T*>(p.x) + int64_t(min(nt * 8 + g, p.m - 1)) * p.ldx + kLaneElems * t;
+
+  float acc[1][NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[0][nt][r] = 0.f;
+
+  for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
+    const int64_t k0 = kb * kBlockK;
+    // The packed words first, all of the k-block's in flight together, then
+    // the scales (L1 hits after the first chunk of a group's sector).
+    uint4 wa[UNROLL][2];
+    Scale sc[UNROLL][2];
+    const bool full = k0 + kBlockK <= p.k;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t ke = k0 + u * kChunk + kLaneElems * t;  // this lane's first element
+      const bool ok = full || ke < p.k;
+      const int64_t woff = (k0 + u * kChunk) / (kChunk / 16);  // words: 16 per chunk, 4 per lane
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wa[u][h] = full ? decode::detail_::ld_weights(wrow[h] + woff) : decode::detail_::ld_weights_if(wrow[h] + woff, ok);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t ke = k0 + u * kChunk + kLaneElems * t;
+      const bool ok = full || ke < p.k;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        sc[u][h] = D::load(srow[h], brow[h], qp.scale_dtype, sbase[h] + (ke >> qp.group_shift), ok);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t kc = k0 + u * kChunk;
+      const bool ok = full || kc + kLaneElems * t < p.k;
+#pragma unroll
+      for (int wd = 0; wd < 4; ++wd) {
+        uint32_t ag[kP], au[kP];
+        D::word(word_of(wa[u][0], wd), sc[u][0], ag);
+        D::word(word_of(wa[u][1], wd), sc[u][1], au);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t xr[kW / 2], xp[kP];
+          load_x<kW>(xrow[nt] + kc + wd * kW, ok, xr);
+          D::x_pairs(xr, xp);
+#pragma unroll
+          for (int s = 0; s < kP / 2; ++s)
+            decode::detail_::mma_16816<T>(acc[0][nt], ag[2 * s], au[2 * s], ag[2 * s + 1], au[2 * s + 1], xp[2 * s],
+                                          xp[2 * s + 1]);
+        }
+      }
+    }
+  }
+
+  decode::store_partials<NT, 1>(red, acc);
+  __syncthreads();
+  decode::epilogue<NT, 1>(p, red, j0, 0);
+}
+
+// Launches quant_decode_kernel<...> with p.d.warps warps per CTA (one per
+// k-block, at most kMaxWarps) and one CTA per 8 columns.
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
+cudaError_t launch_kernel(Params p, cudaStream_t stream) {
+  constexpr int kBlockK = 4 * kLaneElemsOf<FMT> * UNROLL;
+  const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
+  p.d.warps = static_cast<int>(k_blocks < kMaxWarps ? k_blocks : kMaxWarps);
+  const dim3 grid(static_cast<unsigned>((p.d.u + 7) / 8));
+  quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB>
+      <<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
+  return cudaGetLastError();
+}
+
+// The instantiations of one (X dtype, format): packed or fp32 dequantization
+// where the format has both, one or two n-tiles, and UNROLL chunks per
+// k-block. One n-tile: 4 chunks (4 KB of 4-bit weights per warp in flight,
+// 2 KB of int8) where K has at least 4 k-blocks of them; two n-tiles: 2
+// chunks (X's second n-tile costs the registers: 4 spill); short K: 1 chunk
+// (more warps per CTA).
+template <typename T, int FMT, bool PACKED>
+cudaError_t launch_nt(const Params& p, Shape s, cudaStream_t stream) {
+  constexpr int kChunk = 4 * kLaneElemsOf<FMT>;
+  if (s.nt == 1) {
+    if (p.d.k >= 4 * 4 * kChunk) return launch_kernel<T, FMT, PACKED, 1, 4, 2>(p, stream);
+    return launch_kernel<T, FMT, PACKED, 1, 1, 2>(p, stream);
+  }
+  if (p.d.k >= 4 * 2 * kChunk) return launch_kernel<T, FMT, PACKED, 2, 2, 2>(p, stream);
+  return launch_kernel<T, FMT, PACKED, 2, 1, 2>(p, stream);
+}
+
+template <typename T, int FMT>
+cudaError_t launch_format(const Params& p, Shape s, cudaStream_t stream) {
+  if constexpr (FMT == kInt8) {
+    return launch_nt<T, FMT, false>(p, s, stream);
+  } else if constexpr (FMT == kMxfp4 && !std::is_same_v<T, __nv_bfloat16>) {
+    return launch_nt<T, FMT, false>(p, s, stream);  // 2^(e - 127) does not fit fp16
+  } else {
+    return s.packed_math ? launch_nt<T, FMT, true>(p, s, stream) : launch_nt<T, FMT, false>(p, s, stream);
+  }
+}
+
+}  // namespace gatedmlp::quant_decode

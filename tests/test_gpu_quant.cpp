@@ -1,0 +1,315 @@
+// The quantized decode kernel (src/quant_decode/, M <= 16) on fresh random
+// cases: every format (affine 4 and 8 bits in groups of 32, 64, 128; MXFP4),
+// scales of X's dtype (the packed dequantization) and of the others (the
+// fp32 one), every weight layout (separate, stacked, interleaved by any G,
+// either half first, padded rows of words), every activation, bias, the
+// pre-activation, every output dtype, padded X and Y, odd U, K with a tail
+// of the kernel's k-blocks, M = 1 ... 16.
+//
+// Weights are drawn, quantized on the host (quantize_host, MLX's bits), and
+// the kernel's Y is compared with:
+//  - the float64 reference on the exactly dequantized weights (cpu_reference);
+//  - the unfused path on the same weights dequantized to X's dtype (the
+//    yardstick: what a user gets by dequantizing once and running cuBLAS +
+//    a GLU kernel). The fused error must be at most 2x the yardstick's.
+// Outputs are poisoned with NaN: every element must be written, no padding.
+//
+// Then what the dispatcher must refuse for quantized weights, by name.
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gatedmlp/quant.hpp"
+#include "gpu_util.hpp"
+
+using namespace gatedmlp;
+using namespace gatedmlp::test;
+
+namespace {
+
+Problem random_quant_problem(std::mt19937_64& rng) {
+  Problem p;
+  p.quantized = true;
+  p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
+  const int fmt = int(rng() % 4);  // affine 4 twice as often: the format the bars are about
+  if (fmt == 3) {
+    p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
+  } else {
+    p.quant.bits = fmt == 2 ? 8 : 4;
+    p.quant.group_size = int(pick(rng, {32, 64, 128}));
+    // Half the cases with scales of X's dtype (the packed dequantization).
+    p.scale_dtype = rng() % 2 ? p.input_dtype : static_cast<DType>(rng() % 3);
+  }
+  p.m = rng() % 2 ? pick(rng, {1, 2, 7, 8, 9, 15, 16}) : 1 + int64_t(rng() % 16);
+  // K: multiples of the group; one chunk and less, whole k-blocks, tails,
+  // and long enough for the 4-chunk k-blocks.
+  const int64_t gs = p.quant.group_size;
+  p.k = gs * pick(rng, {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65});
+
+  const int layout = int(rng() % 6);
+  if (layout == 0) {
+    p.weights.format = WeightFormat::separate;
+    p.u = pick(rng, {1, 3, 8, 17, 40, 77, 129});
+  } else if (layout == 1) {
+    p.u = pick(rng, {1, 5, 8, 31, 64, 95, 161});
+  } else {
+    const int64_t g = pick(rng, {1, 2, 3, 8, 16, 32, 64});
+    p.weights.group = g;
+    p.u = g * (g >= 32 ? pick(rng, {1, 2, 3}) : pick(rng, {1, 3, 5, 7}));
+  }
+  if (p.weights.format == WeightFormat::fused) p.weights.first = rng() % 2 ? Half::up : Half::gate;
+  p.activation = static_cast<Activation>(rng() % 5);
+  if (p.activation == Activation::swiglu_clamped && rng() % 2) {
+    p.act_params.clamp_limit = 0.5f + float(rng() % 40) / 10.f;
+    p.act_params.clamp_alpha = 1.0f + float(rng() % 10) / 10.f;
+  }
+  p.output_dtype = static_cast<DType>(rng() % 3);
+  const float alphas[] = {1.0f, 0.5f, -1.5f};
+  p.alpha = alphas[rng() % 3];
+  if (rng() % 2) {
+    p.has_bias = true;
+    p.bias_dtype = static_cast<DType>(rng() % 3);
+  }
+  if (rng() % 3 == 0) {
+    p.has_preact = true;
+    p.preact_dtype = static_cast<DType>(rng() % 3);
+    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4});
+  }
+  if (rng() % 3 == 0) p.ldx = p.k + 8 * pick(rng, {1, 3});
+  if (rng() % 4 == 0) p.weights.ld = quant_words_per_row(p.quant, p.k) + 4 * pick(rng, {1, 2});
+  if (rng() % 3 == 0) p.ldy = p.u + pick(rng, {1, 3, 8});
+  // The float64 reference: keep a case under ~3M multiply-adds.
+  const int64_t g = p.weights.format == WeightFormat::fused && p.weights.group ? p.weights.group : 1;
+  while (p.m * 2 * p.u * p.k > 3'000'000 && p.u > g) {
+    p.u = std::max(g, (p.u / 2) / g * g);
+    if (p.ldy) p.ldy = p.u + 3;
+    if (p.ldpre) p.ldpre = 2 * p.u + 4;
+  }
+  return p;
+}
+
+// One quantized weight tensor: the host arrays (words with the problem's ld,
+// scales, biases) and the same weights dequantized to X's dtype, dense.
+struct QuantWeights {
+  Tensor words, scales, biases;
+  std::vector<unsigned char> dequantized;
+};
+
+void make_weights(const Problem& r, int64_t rows, std::mt19937_64& rng, QuantWeights* qw) {
+  const bool mx = r.quant.mode == QuantMode::mxfp4;
+  // Weights of the scales' dtype (MLX's scales are the weights' dtype).
+  const DType wdt = mx ? DType::fp32 : r.scale_dtype;
+  const float wscale = 2.0f / std::sqrt(float(r.k));
+  std::vector<unsigned char> w;
+  fill(w, wdt, rows * r.k, rng, -wscale, wscale);
+  // A few groups with a constant value (MLX's edge case) and zeros.
+  for (int i = 0; i < 3 && rows * r.k >= 64; ++i) {
+    const int64_t row = int64_t(rng() % uint64_t(rows)), g0 = int64_t(rng() % uint64_t(r.k / r.quant.group_size));
+    const double v = i == 0 ? 0.0 : 0.01 * double(i);
+    for (int j = 0; j < r.quant.group_size; ++j) ref::store_from_double(w.data(), wdt, row * r.k + g0 * r.quant.group_size + j, v);
+  }
+  const int64_t words = quant_words_per_row(r.quant, r.k), groups = quant_groups_per_row(r.quant, r.k);
+  std::vector<uint32_t> dense(size_t(rows * words));
+  const size_t ssize = mx ? 1 : dtype_size(r.scale_dtype);
+  qw->scales.host.assign(size_t(rows * groups) * ssize, 0);
+  if (!mx) qw->biases.host.assign(size_t(rows * groups) * ssize, 0);
+  Status s = quantize_host(r.quant, wdt, rows, r.k, w.data(), dense.data(), qw->scales.host.data(),
+                           mx ? nullptr : qw->biases.host.data());
+  ASSERT_TRUE(s.ok()) << s.message();
+  // Into rows of ld words; the padding holds words that would be wrong weights.
+  qw->words.host.assign(size_t((rows - 1) * r.weights.ld + words) * 4, 0xA5);
+  for (int64_t row = 0; row < rows; ++row)
+    std::memcpy(&qw->words.host[size_t(row * r.weights.ld) * 4], &dense[size_t(row * words)], size_t(words) * 4);
+  qw->dequantized.assign(size_t(rows * r.k) * dtype_size(r.input_dtype), 0);
+  s = dequantize_host(r.quant, r.scale_dtype, r.input_dtype, rows, r.k, dense.data(), qw->scales.host.data(),
+                      mx ? nullptr : qw->biases.host.data(), qw->dequantized.data());
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (Tensor* t : {&qw->words, &qw->scales, &qw->biases}) t->upload();
+}
+
+// One case end to end (see the file comment); `label` says what is run.
+void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
+  SCOPED_TRACE(to_string(p));
+  ASSERT_TRUE(check_support(p).ok()) << check_support(p).message();
+  const Problem r = p.resolved();
+  const bool sep = r.weights.format == WeightFormat::separate, mx = r.quant.mode == QuantMode::mxfp4;
+  const int64_t rows_w = sep ? r.u : 2 * r.u;
+
+  QuantWeights wq, wq_up;
+  make_weights(r, rows_w, rng, &wq);
+  if (sep) make_weights(r, rows_w, rng, &wq_up);
+  if (::testing::Test::HasFatalFailure()) return;
+  Tensor x, b, bu, wd, wd_up;
+  fill(x.host, r.input_dtype, one_batch_extent(r.m, r.ldx, r.k), rng, -2.f, 2.f);
+  if (r.has_bias) {
+    fill(b.host, r.bias_dtype, rows_w, rng, -0.5f, 0.5f);
+    if (sep) fill(bu.host, r.bias_dtype, rows_w, rng, -0.5f, 0.5f);
+  }
+  wd.host = wq.dequantized;
+  if (sep) wd_up.host = wq_up.dequantized;
+  for (Tensor* t : {&x, &b, &bu, &wd, &wd_up}) t->upload();
+
+  const int64_t y_n = one_batch_extent(r.m, r.ldy, r.u);
+  const int64_t pre_n = r.has_preact ? one_batch_extent(r.m, r.ldpre, 2 * r.u) : 0;
+  std::vector<unsigned char> y_poison(size_t(y_n) * dtype_size(r.output_dtype)),
+      pre_poison(size_t(pre_n) * dtype_size(r.preact_dtype));
+  for (int64_t i = 0; i < y_n; ++i) ref::store_from_double(y_poison.data(), r.output_dtype, i, NAN);
+  for (int64_t i = 0; i < pre_n; ++i) ref::store_from_double(pre_poison.data(), r.preact_dtype, i, NAN);
+
+  // The yardstick: the dequantized weights through the unfused path.
+  Problem pd = p;
+  pd.quantized = false;
+  pd.weights.ld = 0;
+  Tensor yu, pu, yf, pf;
+  yu.host = yf.host = y_poison;
+  pu.host = pf.host = pre_poison;
+  for (Tensor* t : {&yu, &pu, &yf, &pf}) t->upload();
+  Arguments ad;
+  ad.x = x.dev.p;
+  ad.w = wd.dev.p;
+  ad.w_up = sep ? wd_up.dev.p : nullptr;
+  ad.bias = r.has_bias ? b.dev.p : nullptr;
+  ad.bias_up = r.has_bias && sep ? bu.dev.p : nullptr;
+  ad.y = yu.dev.p;
+  ad.preact = r.has_preact ? pu.dev.p : nullptr;
+  std::unique_ptr<ref::Unfused> unfused;
+  Status s = ref::Unfused::create(pd, &unfused);
+  ASSERT_TRUE(s.ok()) << s.message();
+  s = unfused->run(ad, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  Arguments a = ad;
+  a.w = wq.words.dev.p;
+  a.w_up = sep ? wq_up.words.dev.p : nullptr;
+  a.w_scales = wq.scales.dev.p;
+  a.w_biases = mx ? nullptr : wq.biases.dev.p;
+  a.w_up_scales = sep ? wq_up.scales.dev.p : nullptr;
+  a.w_up_biases = sep && !mx ? wq_up.biases.dev.p : nullptr;
+  a.y = yf.dev.p;
+  a.preact = r.has_preact ? pf.dev.p : nullptr;
+  Config cfg;
+  s = plan(p, &cfg);
+  ASSERT_TRUE(s.ok()) << s.message();
+  SCOPED_TRACE(to_string(cfg));
+  EXPECT_EQ(cfg.path, KernelPath::quant_decode) << cfg.reason;
+  s = run(p, a, nullptr, 0, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(sync_within("quantized: " + to_string(p)));
+
+  Arguments h;
+  h.x = x.host.data();
+  h.w = wq.words.host.data();
+  h.w_up = sep ? wq_up.words.host.data() : nullptr;
+  h.w_scales = wq.scales.host.data();
+  h.w_biases = mx ? nullptr : wq.biases.host.data();
+  h.w_up_scales = sep ? wq_up.scales.host.data() : nullptr;
+  h.w_up_biases = sep && !mx ? wq_up.biases.host.data() : nullptr;
+  h.bias = r.has_bias ? b.host.data() : nullptr;
+  h.bias_up = r.has_bias && sep ? bu.host.data() : nullptr;
+  std::vector<double> y_ref, pre_ref;
+  ref::cpu_reference(p, h, &y_ref, &pre_ref);
+
+  Err eu, ef;
+  ASSERT_TRUE(compare("y (unfused)", yu.download(), y_poison, r.output_dtype, 1, r.m, r.ldy, r.u, 0, y_ref, &eu));
+  ASSERT_TRUE(compare("y (quantized)", yf.download(), y_poison, r.output_dtype, 1, r.m, r.ldy, r.u, 0, y_ref, &ef));
+  const double atol = 1e-6 * std::max(1.0, ef.max_ref);
+  EXPECT_LE(ef.max_abs, 2 * eu.max_abs + atol) << "max abs error: quantized " << ef.max_abs << " unfused " << eu.max_abs;
+  EXPECT_LE(ef.rel(), 2 * eu.rel() + 1e-6) << "relative error: quantized " << ef.rel() << " unfused " << eu.rel();
+  EXPECT_LE(ef.rel_floor1(), r.output_dtype == DType::fp32 ? 1e-2 : 2e-2) << "relative error " << ef.rel();
+  if (r.has_preact) {
+    Err peu, pef;
+    ASSERT_TRUE(compare("preact (unfused)", pu.download(), pre_poison, r.preact_dtype, 1, r.m, r.ldpre, 2 * r.u, 0,
+                        pre_ref, &peu));
+    ASSERT_TRUE(compare("preact (quantized)", pf.download(), pre_poison, r.preact_dtype, 1, r.m, r.ldpre, 2 * r.u, 0,
+                        pre_ref, &pef));
+    EXPECT_LE(pef.max_abs, 2 * peu.max_abs + 1e-6 * std::max(1.0, pef.max_ref))
+        << "preact max abs error: quantized " << pef.max_abs << " unfused " << peu.max_abs;
+  }
+  if (eu.rel() > 0) st->worst_ratio = std::max(st->worst_ratio, ef.rel() / eu.rel());
+  st->cases++;
+}
+
+}  // namespace
+
+TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
+  SKIP_WITHOUT_GPU();
+  const int n = cases(1200);
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
+  int by_fmt[4] = {0, 0, 0, 0}, packed = 0, two_tiles = 0;
+  for (int i = 0; i < n; ++i) {
+    const Problem p = random_quant_problem(rng);
+    SCOPED_TRACE("case " + std::to_string(i));
+    run_quant_case(p, rng, &st);
+    if (HasFailure()) return;
+    const bool mx = p.quant.mode == QuantMode::mxfp4;
+    by_fmt[mx ? 3 : p.quant.bits == 8 ? 2 : p.quant.group_size == 64 ? 1 : 0]++;
+    packed += !mx && p.quant.bits == 4 && p.scale_dtype == p.input_dtype;
+    two_tiles += p.m > 8;
+  }
+  std::printf(
+      "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d; %d int4 "
+      "with packed dequantization; %d with M > 8); worst quantized/unfused relative-error ratio %.3f\n",
+      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], packed, two_tiles, st.worst_ratio);
+}
+
+// Every format x layout x activation at M in {1, 9, 16}, on one odd shape.
+TEST(GpuQuant, EveryFormatLayoutActivation) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
+  const QuantFormat formats[] = {{QuantMode::affine, 4, 64}, {QuantMode::affine, 4, 32}, {QuantMode::affine, 4, 128},
+                                 {QuantMode::affine, 8, 64}, {QuantMode::mxfp4, 4, 32}};
+  int i = 0;
+  for (const QuantFormat& f : formats)
+    for (int64_t g : {-1, 0, 1, 8})
+      for (int act = 0; act < 5; ++act)
+        for (int64_t m : {1, 9, 16}) {
+          Problem p;
+          p.quantized = true;
+          p.quant = f;
+          p.scale_dtype = i % 3 == 0 ? DType::fp32 : (i % 2 ? DType::fp16 : DType::bf16);
+          p.input_dtype = i % 2 ? DType::fp16 : DType::bf16;
+          p.m = m;
+          p.k = 1152;  // 4-bit: two 512-k blocks and a 128-k tail
+          p.u = g > 1 ? g * 13 : 131;
+          if (g < 0) p.weights.format = WeightFormat::separate;
+          else {
+            p.weights.group = g;
+            p.weights.first = (act + m) % 2 ? Half::up : Half::gate;
+          }
+          p.activation = static_cast<Activation>(act);
+          p.output_dtype = static_cast<DType>(i % 3);
+          p.has_bias = (act + i) % 2;
+          p.has_preact = i % 4 == 0;
+          run_quant_case(p, rng, &st);
+          if (HasFailure()) return;
+          ++i;
+        }
+  std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
+}
+
+// What no quantized kernel takes is refused with the reason, and nothing runs.
+TEST(GpuQuant, RefusesWhatNoKernelTakes) {
+  SKIP_WITHOUT_GPU();
+  Problem p;
+  p.quantized = true;
+  p.m = 17;
+  p.k = 256;
+  p.u = 64;
+  Config cfg;
+  Status s = plan(p, &cfg);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+  EXPECT_NE(s.message().find("m=17"), std::string::npos) << s.message();
+  p.m = 4;
+  p.ldx = 260;  // rows of X not on 16 bytes
+  s = plan(p, &cfg);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+  EXPECT_NE(s.message().find("ldx=260"), std::string::npos) << s.message();
+  p.ldx = 0;
+  s = plan(p, &cfg);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(cfg.path, KernelPath::quant_decode);
+  EXPECT_NE(cfg.reason.find("affine"), std::string::npos) << cfg.reason;
+}
