@@ -104,14 +104,16 @@ def quant_arrays(rows: int, k: int, mode: str, bits: int, group: int):
     return words, scales, biases
 
 
-def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float) -> list[dict]:
+def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: list[str],
+                baselines: bool = True) -> list[dict]:
     rows = 2 * u
     bf16_bytes = rows * k * 2
     out = []
     # 16-bit weights and tinygemm's, rotated.
     nb = copies_for(bf16_bytes)
     w16 = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(nb)]
-    fmts = {"int4": ("affine", 4, 64), "int8": ("affine", 8, 64), "mxfp4": ("mxfp4", 4, 32)}
+    fmts = {f: v for f, v in {"int4": ("affine", 4, 64), "int8": ("affine", 8, 64), "mxfp4": ("mxfp4", 4, 32)}.items()
+            if f in formats}
     qs = {}
     for f, (mode, bits, group) in fmts.items():
         nbytes = rows * k * bits // 8 + rows * (k // group) * (1 if mode == "mxfp4" else 4)
@@ -129,16 +131,17 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float) -> list[d
         h = torch.empty(m, rows, device="cuda", dtype=torch.bfloat16)
         row = {"shape": name, "k": k, "u": u, "m": m}
         io = (m * k + m * u) * 2
+        nan = float("nan")
         row["bf16_gatedmlp_us"] = graph_time_us([lambda w=w: gatedmlp.gate_up(x, w, out=y) for w in w16])
-        row["flinear_us"] = graph_time_us([lambda w=w: torch.mm(x, w.t(), out=h) for w in w16])
+        row["flinear_us"] = graph_time_us([lambda w=w: torch.mm(x, w.t(), out=h) for w in w16]) if baselines else nan
         row["tinygemm_us"] = graph_time_us(
-            [lambda p=p: torch._weight_int4pack_mm(x, p[0], 64, p[1]) for p in tg])
+            [lambda p=p: torch._weight_int4pack_mm(x, p[0], 64, p[1]) for p in tg]) if baselines else nan
 
         def tg_glu(p):
             g = torch._weight_int4pack_mm(x, p[0], 64, p[1])
             return F.silu(g[:, :u]) * g[:, u:]
 
-        row["tinygemm_glu_us"] = graph_time_us([lambda p=p: tg_glu(p) for p in tg])
+        row["tinygemm_glu_us"] = graph_time_us([lambda p=p: tg_glu(p) for p in tg]) if baselines else nan
         for f, (mode, bits, group) in fmts.items():
             arrays, nbytes = qs[f]
             fn = [lambda a=a: gatedmlp.quantized_gate_up(x, a[0], a[1], a[2], out=y, mode=mode, bits=bits,
@@ -147,17 +150,20 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float) -> list[d
             row[f"{f}_us"] = t
             row[f"{f}_roofline_us"] = (nbytes + io) / rate * 1e6
             row[f"{f}_of_roofline"] = row[f"{f}_roofline_us"] / t
-        row["int4_vs_bf16"] = row["bf16_gatedmlp_us"] / row["int4_us"]
-        row["int4_vs_tinygemm"] = row["tinygemm_us"] / row["int4_us"]
-        row["int4_vs_tinygemm_glu"] = row["tinygemm_glu_us"] / row["int4_us"]
-        row["int8_vs_bf16"] = row["bf16_gatedmlp_us"] / row["int8_us"]
-        row["mxfp4_vs_bf16"] = row["bf16_gatedmlp_us"] / row["mxfp4_us"]
+        for f in fmts:
+            row[f"{f}_vs_bf16"] = row["bf16_gatedmlp_us"] / row[f"{f}_us"]
+        if "int4" in fmts:
+            row["int4_vs_tinygemm"] = row["tinygemm_us"] / row["int4_us"]
+            row["int4_vs_tinygemm_glu"] = row["tinygemm_glu_us"] / row["int4_us"]
         out.append(row)
-        print(f"{name:10s} M={m:3d}  bf16 {row['bf16_gatedmlp_us']:8.2f}  F.linear {row['flinear_us']:8.2f}  "
-              f"tinygemm {row['tinygemm_us']:8.2f} (+glu {row['tinygemm_glu_us']:8.2f})  "
-              f"int4 {row['int4_us']:8.2f} ({100 * row['int4_of_roofline']:5.1f}% roof, {row['int4_vs_bf16']:.2f}x bf16, "
-              f"{row['int4_vs_tinygemm']:.2f}x tg)  int8 {row['int8_us']:8.2f} ({100 * row['int8_of_roofline']:5.1f}%)  "
-              f"mxfp4 {row['mxfp4_us']:8.2f} ({100 * row['mxfp4_of_roofline']:5.1f}%)", flush=True)
+        line = (f"{name:10s} M={m:3d}  bf16 {row['bf16_gatedmlp_us']:8.2f}  F.linear {row['flinear_us']:8.2f}  "
+                f"tinygemm {row['tinygemm_us']:8.2f} (+glu {row['tinygemm_glu_us']:8.2f})")
+        for f in fmts:
+            line += (f"  {f} {row[f + '_us']:8.2f} ({100 * row[f + '_of_roofline']:5.1f}% roof, "
+                     f"{row[f + '_vs_bf16']:.2f}x bf16)")
+        if "int4" in fmts:
+            line += f" int4/tinygemm {row['int4_vs_tinygemm']:.2f}x"
+        print(line, flush=True)
     return out
 
 
@@ -166,6 +172,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--formats", default="int4,int8,mxfp4")
+    ap.add_argument("--no-baselines", action="store_true", help="time gatedmlp only (tuning sweeps)")
     a = ap.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     torch.manual_seed(0)
@@ -184,7 +192,7 @@ def main() -> int:
     rows = []
     for s in a.shapes.split(","):
         k, u = SHAPES[s]
-        rows += bench_shape(s, k, u, ms, rate)
+        rows += bench_shape(s, k, u, ms, rate, a.formats.split(","), not a.no_baselines)
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:

@@ -1,6 +1,8 @@
 // Host side of the quantized decode kernel: which calls it takes, and its
 // launch shape.
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <sstream>
 
@@ -83,6 +85,17 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   const bool mx = r.quant.mode == QuantMode::mxfp4;
   s.format = mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || r.scale_dtype == r.input_dtype;
+  // Warps per CTA and chunks per k-block. GATEDMLP_QDECODE=W,U overrides
+  // them (tuning knob, docs/tuning.md).
+  p.warps = 4;
+  s.unroll = 2;
+  if (const char* v = std::getenv("GATEDMLP_QDECODE")) {
+    int w = 0, u = 0;
+    if (std::sscanf(v, "%d,%d", &w, &u) == 2 && w >= 1 && w <= 8 && (u == 1 || u == 2 || u == 4)) {
+      p.warps = w;
+      s.unroll = u;
+    }
+  }
   const bool bf = r.input_dtype == DType::bf16;
   switch (s.format) {
     case kInt4: return bf ? launch_bf16_int4(q, s, stream) : launch_fp16_int4(q, s, stream);

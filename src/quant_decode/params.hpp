@@ -38,6 +38,7 @@ struct Shape {
   Format format = kInt4;
   int nt = 1;
   bool packed_math = false;
+  int unroll = 2;  // chunks per k-block: 1, 2 or 4 (two n-tiles: 1 or 2)
 };
 
 // One translation unit per input dtype and format.

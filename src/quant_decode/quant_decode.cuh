@@ -121,12 +121,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[0][nt][r] = 0.f;
 
-  for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
+  // The packed words and scales of k-block kb: all of its loads in flight together.
+  auto load_block = [&](int64_t kb, uint4 (&wa)[UNROLL][2], Scale (&sc)[UNROLL][2]) {
     const int64_t k0 = kb * kBlockK;
-    // The packed words first, all of the k-block's in flight together, then
-    // the scales (L1 hits after the first chunk of a group's sector).
-    uint4 wa[UNROLL][2];
-    Scale sc[UNROLL][2];
     const bool full = k0 + kBlockK <= p.k;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -145,15 +142,31 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
       for (int h = 0; h < 2; ++h)
         sc[u][h] = D::load(srow[h], brow[h], qp.scale_dtype, sbase[h] + (ke >> qp.group_shift), ok);
     }
+  };
+
+  // Software pipeline in registers: k-block kb + warps is in flight while
+  // kb is dequantized and multiplied, so a warp's loads never wait on its math.
+  uint4 wa[UNROLL][2];
+  Scale sc[UNROLL][2];
+  if (warp < k_blocks) load_block(warp, wa, sc);
+  for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
+    uint4 cw[UNROLL][2];
+    Scale cs[UNROLL][2];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) cw[u][h] = wa[u][h], cs[u][h] = sc[u][h];
+    if (kb + p.warps < k_blocks) load_block(kb + p.warps, wa, sc);
+    const int64_t k0 = kb * kBlockK;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t kc = k0 + u * kChunk;
-      const bool ok = full || kc + kLaneElems * t < p.k;
+      const bool ok = kc + kLaneElems * t < p.k;
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
         uint32_t ag[kP], au[kP];
-        D::word(word_of(wa[u][0], wd), sc[u][0], ag);
-        D::word(word_of(wa[u][1], wd), sc[u][1], au);
+        D::word(word_of(cw[u][0], wd), cs[u][0], ag);
+        D::word(word_of(cw[u][1], wd), cs[u][1], au);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           uint32_t xr[kW / 2], xp[kP];
@@ -173,13 +186,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
   decode::epilogue<NT, 1>(p, red, j0, 0);
 }
 
-// Launches quant_decode_kernel<...> with p.d.warps warps per CTA (one per
-// k-block, at most kMaxWarps) and one CTA per 8 columns.
+// Launches quant_decode_kernel<...> with min(p.d.warps, k-blocks) warps per
+// CTA and one CTA per 8 columns.
 template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
 cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   constexpr int kBlockK = 4 * kLaneElemsOf<FMT> * UNROLL;
   const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
-  p.d.warps = static_cast<int>(k_blocks < kMaxWarps ? k_blocks : kMaxWarps);
+  p.d.warps = static_cast<int>(k_blocks < p.d.warps ? k_blocks : p.d.warps);
   const dim3 grid(static_cast<unsigned>((p.d.u + 7) / 8));
   quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB>
       <<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
@@ -187,19 +200,16 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
 }
 
 // The instantiations of one (X dtype, format): packed or fp32 dequantization
-// where the format has both, one or two n-tiles, and UNROLL chunks per
-// k-block. One n-tile: 4 chunks (4 KB of 4-bit weights per warp in flight,
-// 2 KB of int8) where K has at least 4 k-blocks of them; two n-tiles: 2
-// chunks (X's second n-tile costs the registers: 4 spill); short K: 1 chunk
-// (more warps per CTA).
+// where the format has both, one or two n-tiles, and s.unroll chunks per
+// k-block (1, 2 or 4; 2 KB of 4-bit weights per warp in flight at 2).
 template <typename T, int FMT, bool PACKED>
 cudaError_t launch_nt(const Params& p, Shape s, cudaStream_t stream) {
-  constexpr int kChunk = 4 * kLaneElemsOf<FMT>;
   if (s.nt == 1) {
-    if (p.d.k >= 4 * 4 * kChunk) return launch_kernel<T, FMT, PACKED, 1, 4, 2>(p, stream);
+    if (s.unroll == 4) return launch_kernel<T, FMT, PACKED, 1, 4, 1>(p, stream);
+    if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, 1, 2, 2>(p, stream);
     return launch_kernel<T, FMT, PACKED, 1, 1, 2>(p, stream);
   }
-  if (p.d.k >= 4 * 2 * kChunk) return launch_kernel<T, FMT, PACKED, 2, 2, 2>(p, stream);
+  if (s.unroll >= 2) return launch_kernel<T, FMT, PACKED, 2, 2, 2>(p, stream);
   return launch_kernel<T, FMT, PACKED, 2, 1, 2>(p, stream);
 }
 
