@@ -99,15 +99,17 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     """gate_up with quantized weights: y = act(alpha * x @ Wg^T + bg) * (alpha * x @ Wu^T + bu),
     the weights dequantized on the fly from quantize()'s arrays.
 
-    x [M, K] (bf16 or fp16, M <= 16 today); wq [2U, K * bits / 32] uint32
+    x [M, K] (bf16 or fp16); wq [2U, K * bits / 32] uint32 (or int32)
     words of the fused gate/up rows (interleaved in blocks of `group` rows,
     0: stacked, `first` half first) with scales / biases [2U, K / group_size];
     or, with wq_up, the gate rows in wq and the up rows in wq_up, [U, ...]
     each, with scales_up / biases_up. mxfp4 has no biases. Affine scales and
     biases may be bf16, fp16 or fp32. Returns out [M, U] (x's dtype when
-    allocated here).
+    allocated here). Up to 64 rows the weights are dequantized in registers
+    as they stream; past that they are dequantized into scratch (allocated
+    like x, kept for the stream) and the 16-bit kernel runs on them.
     """
-    from . import Activation, Half, _enum, _export, _stream_handle, current_stream
+    from . import Activation, Half, _enum, _export, _stream_handle, _workspace_alloc, current_stream
 
     fmt = _format(group_size, bits, mode)
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
@@ -126,5 +128,6 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     e = _export
     _C.gate_up(e(x), e(wq), e(out), e(wq_up), e(bias), e(bias_up), e(preact), activation=activation,
                act_params=act_params, group=group, first=first, alpha=alpha, stream=_stream_handle(stream),
-               scales=e(scales), biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt)
+               scales=e(scales), biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt,
+               workspace_alloc=_workspace_alloc(x))
     return out

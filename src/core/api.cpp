@@ -162,7 +162,7 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
   if (Status s = detail::select_config(r, &a, dev, &cfg); !s) return s;
   Planned& e = t_plans.entries[t_plans.next];
   e.valid = false;
-  if (cfg.path == KernelPath::sm90_wgmma) {
+  if (cfg.path == KernelPath::sm90_wgmma && !r.quantized) {  // quantized: the 16-bit call plans its own
     if (Status s = sm90::prepare(r, a, cfg.tile_n, cfg.pingpong, dev.sms, ws, ws_bytes, &e.sm90); !s) return s;
   }
   t_plans.next = (t_plans.next + 1) % kPlanCacheSize;
@@ -175,6 +175,40 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
   e.valid = true;
   *out = &e;
   return Status::Ok();
+}
+
+// Quantized weights past the decode kernel's rows: dequantize them into the
+// workspace, then run the 16-bit problem on them with the rest of it.
+Status run_dequantized(const Problem& r, const Arguments& a, void* ws, size_t ws_bytes, cudaStream_t stream) {
+  const size_t need = quant_decode::dequantized_bytes(r);
+  if (ws == nullptr || ws_bytes < need)
+    return err(StatusCode::invalid_argument, "quantized weights at m=", r.m, " > ", quant_decode::kMaxM,
+               " rows are dequantized into the workspace: it needs at least ", need,
+               " bytes (workspace_size() gives the fastest size), got ", ws_bytes);
+  const bool sep = r.weights.format == WeightFormat::separate;
+  const int64_t rows = sep ? r.u : 2 * r.u;
+  char* base = static_cast<char*>(ws);
+  for (int h = 0; h < (sep ? 2 : 1); ++h) {
+    quant_decode::DequantizeArgs d;
+    d.format = r.quant;
+    d.scale_dtype = r.scale_dtype;
+    d.out_dtype = r.input_dtype;
+    d.rows = rows;
+    d.k = r.k;
+    d.words = h ? a.w_up : a.w;
+    d.ldw = r.weights.ld;
+    d.scales = h ? a.w_up_scales : a.w_scales;
+    d.biases = h ? a.w_up_biases : a.w_biases;
+    d.out = base + h * (need / 2);
+    if (const cudaError_t ce = quant_decode::dequantize_device(d, stream); ce != cudaSuccess)
+      return err(StatusCode::cuda_error, "dequantizing the weights into the workspace failed: ", cudaGetErrorString(ce));
+  }
+  Arguments ad = a;
+  ad.w = base;
+  ad.w_up = sep ? base + need / 2 : nullptr;
+  ad.w_scales = ad.w_biases = ad.w_up_scales = ad.w_up_biases = nullptr;
+  const size_t rest = ws_bytes - need;
+  return run(quant_decode::dequantized_problem(r), ad, rest ? base + need : nullptr, rest, stream);
 }
 
 }  // namespace
@@ -207,9 +241,12 @@ size_t workspace_size(const Problem& p) {
   Config cfg;
   const Problem r = p.resolved();
   if (check_support(p) && !detail::empty(p) && detail::device_info(device, &dev) &&
-      detail::select_config(r, nullptr, dev, &cfg) && cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong &&
-      r.k > sm90::kTile.tile_k)  // one k-block: nothing to split
-    bytes = sm90::workspace_bytes(dev.sms);
+      detail::select_config(r, nullptr, dev, &cfg)) {
+    if (r.quantized && cfg.path != KernelPath::quant_decode)  // dequantized first: the weights, then the 16-bit call's
+      bytes = quant_decode::dequantized_bytes(r) + workspace_size(quant_decode::dequantized_problem(r));
+    else if (cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong && r.k > sm90::kTile.tile_k)  // one k-block: nothing to split
+      bytes = sm90::workspace_bytes(dev.sms);
+  }
   cache[next] = {true, p, device, env, bytes};
   next = (next + 1) % kPlanCacheSize;
   return bytes;
@@ -241,6 +278,7 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (detail::log_enabled())
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
+  if (r.quantized && cfg.path != KernelPath::quant_decode) return run_dequantized(r, a, workspace, workspace_bytes, stream);
   if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch_prepared(e->sm90, a, workspace, workspace_bytes, stream);
   if (cfg.path == KernelPath::decode || cfg.path == KernelPath::quant_decode) {
     const cudaError_t ce = cfg.path == KernelPath::decode ? decode::launch(r, a, e->sms, stream)

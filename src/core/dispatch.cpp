@@ -193,24 +193,42 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (dev.major < 8)
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
-  // Quantized weights: only the quantized decode kernel reads them.
+  // Quantized weights: the quantized decode kernel up to its kMaxM rows;
+  // past them (where the weights are reused across enough rows for the 16-bit
+  // kernels' tiles to pay) the weights are dequantized into the workspace
+  // and the 16-bit problem takes whatever path it would take. Config::path
+  // is then that path's, and run() dequantizes first (core/api.cpp).
   if (r.quantized) {
     const std::string no = quant_decode::blocker(r, a);
-    if (!no.empty())
+    if (no.empty()) {
+      Config c;
+      c.path = KernelPath::quant_decode;
+      c.tile_m = static_cast<int>(r.m);
+      c.tile_n = 8;
+      c.vector_loads = true;
+      c.reason = "quantized decode kernel: " + to_string(r.quant) + " weights dequantized in registers, m=" +
+                 std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once; " +
+                 (r.quant.mode == QuantMode::mxfp4 ? (r.input_dtype == DType::bf16 ? "bf16 pair" : "fp32")
+                  : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair"
+                                                                         : "fp32") +
+                 " dequantization";
+      *cfg = c;
+      return Status::Ok();
+    }
+    if (r.m <= quant_decode::kMaxM)
       return err(StatusCode::not_supported, "no kernel takes these quantized weights (", to_string(r.quant),
-                 "): ", no, "; dequantize them (gatedmlp::dequantize_host) for the 16-bit kernels");
-    Config c;
-    c.path = KernelPath::quant_decode;
-    c.tile_m = static_cast<int>(r.m);
-    c.tile_n = 8;
-    c.vector_loads = true;
-    c.reason = "quantized decode kernel: " + to_string(r.quant) + " weights dequantized in registers, m=" +
-               std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once; " +
-               (r.quant.mode == QuantMode::mxfp4 ? (r.input_dtype == DType::bf16 ? "bf16 pair" : "fp32")
-                : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair"
-                                                                       : "fp32") +
-               " dequantization";
-    *cfg = c;
+                 "): ", no);
+    const Problem d = quant_decode::dequantized_problem(r).resolved();
+    Arguments ad;
+    if (a) {  // the dequantized weights sit in the 256-byte aligned workspace
+      ad = *a;
+      ad.w = reinterpret_cast<const void*>(uintptr_t(256));
+      ad.w_up = d.weights.format == WeightFormat::separate ? ad.w : nullptr;
+    }
+    if (Status s = select_config(d, a ? &ad : nullptr, dev, cfg); !s) return s;
+    cfg->reason = "quantized weights dequantized to " + std::string(to_string(r.input_dtype)) +
+                  " in the workspace (m=" + std::to_string(r.m) + " > " + std::to_string(quant_decode::kMaxM) +
+                  "), then " + cfg->reason;
     return Status::Ok();
   }
   const std::string decode_no = decode_blocker(r, a);

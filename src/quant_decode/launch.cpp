@@ -42,6 +42,20 @@ std::string blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
+Problem dequantized_problem(const Problem& r) {
+  Problem d = r;
+  d.quantized = false;
+  d.weights.ld = 0;  // dense [rows, K]
+  d.batch_stride_w = kAuto;
+  return d;
+}
+
+size_t dequantized_bytes(const Problem& r) {
+  const int64_t rows = r.weights.format == WeightFormat::separate ? r.u : 2 * r.u;
+  const size_t one = (size_t(rows) * size_t(r.k) * 2 + 255) / 256 * 256;
+  return r.weights.format == WeightFormat::separate ? 2 * one : one;
+}
+
 cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream) {
   Params q{};
   decode::Params& p = q.d;
@@ -81,17 +95,18 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   q.scale_dtype = static_cast<int>(r.scale_dtype);
 
   Shape s;
-  s.nt = r.m <= 8 ? 1 : 2;
+  s.nt = r.m <= 8 ? 1 : r.m <= 16 ? 2 : r.m <= 32 ? 4 : 8;
   const bool mx = r.quant.mode == QuantMode::mxfp4;
   s.format = mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || r.scale_dtype == r.input_dtype;
-  // Warps per CTA and chunks per k-block. GATEDMLP_QDECODE=W,U overrides
-  // them (tuning knob, docs/tuning.md).
+  // Warps per CTA and chunks per k-block: 4 and 1 were the fastest of
+  // {2, 4, 8} x {1, 2, 4} at 8B and 70B, M = 1 (H100, docs/notes/quantized-decode.md h66).
+  // GATEDMLP_QDECODE=W,U overrides them (tuning knob, docs/tuning.md).
   p.warps = 4;
-  s.unroll = 2;
+  s.unroll = 1;
   if (const char* v = std::getenv("GATEDMLP_QDECODE")) {
     int w = 0, u = 0;
-    if (std::sscanf(v, "%d,%d", &w, &u) == 2 && w >= 1 && w <= 8 && (u == 1 || u == 2 || u == 4)) {
+    if (std::sscanf(v, "%d,%d", &w, &u) == 2 && w >= 1 && w <= 8 && (u == 1 || u == 2)) {
       p.warps = w;
       s.unroll = u;
     }

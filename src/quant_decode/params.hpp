@@ -31,14 +31,14 @@ struct Params {
 };
 
 // Which instantiation runs a launch: the format, NT n-tiles of 8 tokens
-// (m <= 8: 1, m <= 16: 2), and whether the scales are of X's dtype, so that
+// (1, 2, 4 or 8: m <= 8, 16, 32, 64), and whether the scales are of X's dtype, so that
 // the dequantization runs in pairs of X's type (dequant.cuh); otherwise it
 // runs in fp32.
 struct Shape {
   Format format = kInt4;
   int nt = 1;
   bool packed_math = false;
-  int unroll = 2;  // chunks per k-block: 1, 2 or 4 (two n-tiles: 1 or 2)
+  int unroll = 1;  // chunks per k-block: 1 or 2
 };
 
 // One translation unit per input dtype and format.

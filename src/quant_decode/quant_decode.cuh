@@ -1,5 +1,5 @@
 // The quantized decode kernel: gate/up GEMM + GLU for a few rows of X
-// (M <= 16) from quantized weights, bound by streaming the packed weights
+// (M <= 64) from quantized weights, bound by streaming the packed weights
 // once. The 16-bit decode kernel's design (decode_glu/decode_glu.cuh: swap AB,
 // mma.m16n8k16 with 8 gate and 8 up weight rows as A and the tokens as B,
 // loads straight into registers, the K split over the CTA's warps, the
@@ -200,17 +200,25 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
 }
 
 // The instantiations of one (X dtype, format): packed or fp32 dequantization
-// where the format has both, one or two n-tiles, and s.unroll chunks per
-// k-block (1, 2 or 4; 2 KB of 4-bit weights per warp in flight at 2).
+// where the format has both, NT n-tiles of 8 tokens (1, 2, 4, 8: M <= 64),
+// and s.unroll chunks per k-block (1 or 2).
+// Four and eight n-tiles take more than 128 registers (they spill at 2 CTAs
+// of 8 warps): launched with 4 warps, they fit 3 CTAs per SM anyway.
+template <typename T, int FMT, bool PACKED, int NT>
+cudaError_t launch_unroll(const Params& p, Shape s, cudaStream_t stream) {
+  constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
+  if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, NT, 2, kMinBlocks>(p, stream);
+  return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks>(p, stream);
+}
+
 template <typename T, int FMT, bool PACKED>
 cudaError_t launch_nt(const Params& p, Shape s, cudaStream_t stream) {
-  if (s.nt == 1) {
-    if (s.unroll == 4) return launch_kernel<T, FMT, PACKED, 1, 4, 1>(p, stream);
-    if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, 1, 2, 2>(p, stream);
-    return launch_kernel<T, FMT, PACKED, 1, 1, 2>(p, stream);
+  switch (s.nt) {
+    case 1: return launch_unroll<T, FMT, PACKED, 1>(p, s, stream);
+    case 2: return launch_unroll<T, FMT, PACKED, 2>(p, s, stream);
+    case 4: return launch_unroll<T, FMT, PACKED, 4>(p, s, stream);
+    default: return launch_unroll<T, FMT, PACKED, 8>(p, s, stream);
   }
-  if (s.unroll >= 2) return launch_kernel<T, FMT, PACKED, 2, 2, 2>(p, stream);
-  return launch_kernel<T, FMT, PACKED, 2, 1, 2>(p, stream);
 }
 
 template <typename T, int FMT>

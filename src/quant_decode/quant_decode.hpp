@@ -1,5 +1,5 @@
 // Host side of the quantized decode kernel: gate/up + GLU for a few rows of
-// X (M <= 16) from quantized weights (Problem::quantized), dequantized in
+// X (M <= 64) from quantized weights (Problem::quantized), dequantized in
 // registers on their way to the tensor cores.
 #pragma once
 
@@ -12,7 +12,7 @@
 namespace gatedmlp::quant_decode {
 
 // The most rows of X the kernel takes.
-inline constexpr int64_t kMaxM = 16;
+inline constexpr int64_t kMaxM = 64;
 
 // Why the kernel cannot take this resolved quantized problem, or "" if it
 // can. `a` null: pointers assumed 16-byte aligned (plan() without arguments).
@@ -20,5 +20,27 @@ std::string blocker(const Problem& resolved, const Arguments* a);
 
 // Launches it on `stream` for a resolved problem that blocker() accepted.
 cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream);
+
+// ---------------------------------------------------------------- more rows
+// Past kMaxM rows the weights are dequantized into the workspace and the
+// 16-bit kernels run on them (run() in core/api.cpp): one [rows, K] array of
+// X's dtype per weight tensor.
+struct DequantizeArgs {
+  QuantFormat format;
+  DType scale_dtype = DType::bf16;  // affine
+  DType out_dtype = DType::bf16;    // bf16 or fp16
+  int64_t rows = 0, k = 0;
+  const void* words = nullptr;      // [rows, ldw] uint32
+  int64_t ldw = 0;
+  const void* scales = nullptr;     // [rows, K / group_size]
+  const void* biases = nullptr;     // affine only
+  void* out = nullptr;              // [rows, K], dense
+};
+cudaError_t dequantize_device(const DequantizeArgs& d, cudaStream_t stream);
+
+// The 16-bit problem that runs on the dequantized weights, and the
+// workspace bytes they take (256-byte aligned).
+Problem dequantized_problem(const Problem& resolved);
+size_t dequantized_bytes(const Problem& resolved);
 
 }  // namespace gatedmlp::quant_decode

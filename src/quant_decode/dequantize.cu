@@ -1,0 +1,87 @@
+// Dequantization of packed weights into 16-bit rows on the device: the
+// large-M path (M > quant_decode::kMaxM) dequantizes into the workspace and
+// runs the 16-bit kernels on the result. Each weight is q * s + b (or e2m1 *
+// 2^(s - 127)) in fp32, rounded once to X's type: the quantized decode
+// kernel's own numbers (dequant.cuh).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/device_dtype.cuh"
+#include "quant_decode/quant_decode.hpp"
+
+namespace gatedmlp::quant_decode {
+
+namespace {
+
+// One thread per packed word: 32 / bits weights out.
+template <typename T, int BITS, bool MX>
+__global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ldw, const void* scales,
+                                  const void* biases, int scale_dtype, int64_t rows, int64_t k, int group_shift,
+                                  T* __restrict__ out) {
+  constexpr int kPer = 32 / BITS;
+  const int64_t words_per_row = k / kPer;
+  const int64_t groups = k >> group_shift;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * words_per_row;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / words_per_row, wi = i % words_per_row;
+    const uint32_t w = __ldg(words + r * ldw + wi);
+    const int64_t k0 = wi * kPer;
+    const int64_t gi = r * groups + (k0 >> group_shift);
+    float s, b = 0.f;
+    if constexpr (MX) {
+      const uint32_t e = __ldg(static_cast<const unsigned char*>(scales) + gi);
+      s = __uint_as_float(e == 0 ? 0x00400000u : e << 23);  // 2^(e - 127)
+    } else {
+      s = gatedmlp::detail::load_float(scales, scale_dtype, gi);
+      b = gatedmlp::detail::load_float(biases, scale_dtype, gi);
+    }
+    T* o = out + r * k + k0;
+#pragma unroll
+    for (int j = 0; j < kPer; j += 2) {
+      float v[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t q = (w >> ((j + h) * BITS)) & ((1u << BITS) - 1);
+        if constexpr (MX) {
+          const float mag = (q & 7u) == 0 ? 0.f : (q & 7u) == 1 ? 0.5f : __uint_as_float((((q & 7u) >> 1) + 126u) << 23) * (1.f + 0.5f * float(q & 1u));
+          v[h] = (q & 8u) ? -(mag * s) : mag * s;
+        } else {
+          v[h] = fmaf(float(q), s, b);
+        }
+      }
+      const uint32_t pair = gatedmlp::detail::pack2<T>(v[0], v[1]);
+      *reinterpret_cast<uint32_t*>(o + j) = pair;
+    }
+  }
+}
+
+template <typename T>
+cudaError_t launch_t(const DequantizeArgs& d, cudaStream_t stream) {
+  const int64_t n = d.rows * (d.k * d.format.bits / 32);
+  const int threads = 256;
+  const int64_t blocks = (n + threads - 1) / threads;
+  const unsigned grid = static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+  int shift = 0;
+  while ((1 << shift) < d.format.group_size) ++shift;
+  const uint32_t* w = static_cast<const uint32_t*>(d.words);
+  T* out = static_cast<T*>(d.out);
+  const int sd = static_cast<int>(d.scale_dtype);
+  if (d.format.mode == QuantMode::mxfp4)
+    dequantize_kernel<T, 4, true><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, nullptr, sd, d.rows, d.k, shift, out);
+  else if (d.format.bits == 8)
+    dequantize_kernel<T, 8, false><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, shift, out);
+  else
+    dequantize_kernel<T, 4, false><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, shift, out);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t dequantize_device(const DequantizeArgs& d, cudaStream_t stream) {
+  if (d.rows == 0) return cudaSuccess;
+  return d.out_dtype == DType::bf16 ? launch_t<__nv_bfloat16>(d, stream) : launch_t<__half>(d, stream);
+}
+
+}  // namespace gatedmlp::quant_decode

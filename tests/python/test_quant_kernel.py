@@ -1,0 +1,70 @@
+"""The quantized gate/up kernel from Python, on the GPU, against the real
+thing: MLX's own quantized_matmul on its CPU backend, from the same packed
+arrays (gatedmlp.quantize gives MLX's bits; test_quant.py checks that), for
+the gate and the up rows, then the GLU in float64. Skipped without a CUDA
+device or without the mlx package."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mx = pytest.importorskip("mlx.core")
+
+import gatedmlp  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+FORMATS = [("affine", 4, 64), ("affine", 4, 32), ("affine", 4, 128), ("affine", 8, 64), ("affine", 8, 32),
+           ("mxfp4", 4, 32)]
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def mlx_matmul(x32, wq, scales, biases, group_size, bits, mode):
+    """x32 @ dequant(wq)^T by mlx.core.quantized_matmul on the CPU, in float64."""
+    with mx.stream(mx.cpu):
+        args = dict(transpose=True, group_size=group_size, bits=bits, mode=mode)
+        out = mx.quantized_matmul(mx.array(x32), mx.array(wq), mx.array(scales),
+                                  None if biases is None else mx.array(biases), **args)
+        return np.array(out.astype(mx.float32), dtype=np.float64)
+
+
+@pytest.mark.parametrize("mode,bits,group", FORMATS)
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 64, 100])
+def test_matches_mlx_quantized_matmul(mode, bits, group, m):
+    rng = np.random.default_rng()
+    k, u = 512, 96
+    # Weights in fp32: MLX quantizes them with fp32 scales and biases.
+    w = (rng.standard_normal((2 * u, k)) * 0.05).astype(np.float32)
+    parts = gatedmlp.quantize(w, group_size=group, bits=bits, mode=mode)
+    wq, scales = parts[0], parts[1]
+    biases = parts[2] if mode == "affine" else None
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    x32 = x.float().cpu().numpy()  # exact: the same inputs for both
+    g = mlx_matmul(x32, wq[:u], scales[:u], None if biases is None else biases[:u], group, bits, mode)
+    up = mlx_matmul(x32, wq[u:], scales[u:], None if biases is None else biases[u:], group, bits, mode)
+    want = g / (1 + np.exp(-g)) * up
+
+    dev = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    y = gatedmlp.quantized_gate_up(x, dev(wq.view(np.int32)), dev(scales), dev(biases), group_size=group,
+                                   bits=bits, mode=mode, out=torch.empty(m, u, device="cuda", dtype=torch.float32))
+    got = y.cpu().numpy()
+    assert np.isfinite(got).all()
+    c = cosine(got, want)
+    assert c >= 0.99999, f"cosine {c} against MLX ({mode}, bits={bits}, group={group}, m={m})"
+
+
+def test_refusals_name_the_argument():
+    x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    wq, s, b = gatedmlp.quantize(w)
+    to = lambda a: torch.from_numpy(a).cuda()  # noqa: E731
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="scales"):
+        gatedmlp.quantized_gate_up(x, to(wq.view(np.int32)), to(s[:, :2].copy()), to(b))
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="biases"):
+        gatedmlp.quantized_gate_up(x, to(wq.view(np.int32)), to(s), None)
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="k=250|K = 250|250"):
+        gatedmlp.quantized_gate_up(x[:, :250], to(wq.view(np.int32)), to(s), to(b))
