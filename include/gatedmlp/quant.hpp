@@ -58,7 +58,8 @@ Status quantize_host(const QuantFormat& format, DType dtype, int64_t rows, int64
 
 // The inverse map: w [rows, K] of out_dtype = q * scale + bias (affine; scales
 // and biases of `dtype`), or value * 2^(scale - 127) (mxfp4; `dtype` unused,
-// biases null), computed in fp32 and rounded once to out_dtype.
+// biases null), computed in fp32 (affine: one fused multiply-add) and rounded
+// to out_dtype: exactly the weights the kernels multiply with.
 Status dequantize_host(const QuantFormat& format, DType dtype, DType out_dtype, int64_t rows, int64_t k,
                        const uint32_t* wq, const void* scales, const void* biases, void* w);
 

@@ -67,7 +67,7 @@ def quantize(w, group_size: int | None = None, bits: int | None = None, mode: st
 def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int | None = None,
                mode: str = "affine", dtype=None):
     """w [..., K] from quantize()'s arrays: q * scale + bias (affine) or
-    value * 2^(scale - 127) (mxfp4), computed in fp32 and rounded once to
+    value * 2^(scale - 127) (mxfp4), computed in fp32 (one fused multiply-add) and rounded to
     dtype (default: the scales' dtype for affine, bfloat16 for mxfp4, as
     MLX)."""
     fmt = _format(group_size, bits, mode)

@@ -210,7 +210,7 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
       if (mx)
         v = ((q & 8u) ? -kE2m1[q & 7u] : kE2m1[q & 7u]) * e8m0_value(static_cast<const uint8_t*>(scales)[g]);
       else
-        v = float(q) * load(scales, dtype, g) + load(biases, dtype, g);
+        v = std::fma(float(q), load(scales, dtype, g), load(biases, dtype, g));  // the kernels' one rounding
       store(w, out_dtype, r * k + i, v);
     }
   return Status::Ok();

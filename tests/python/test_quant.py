@@ -77,18 +77,23 @@ def test_dequantize(dtype, bits):
     w = _random(rng, (13, 192), dtype, 64)
     wq, s, b = gatedmlp.quantize(w, group_size=64, bits=bits)
     ours = gatedmlp.dequantize(wq, s, b, group_size=64, bits=bits)
-    # q * scale + bias in fp32, rounded once.
+    # q * scale + bias rounded once to fp32 (a fused multiply-add: the
+    # weights the kernels multiply with), then to dtype. q * scale is exact
+    # in float64, so float64's sum rounded to fp32 is the FMA's result.
     q = np.stack([(wq >> (bits * i)) & ((1 << bits) - 1) for i in range(32 // bits)], -1).reshape(w.shape)
-    want = (q.astype(np.float32) * np.repeat(s, 64, -1).astype(np.float32)
-            + np.repeat(b, 64, -1).astype(np.float32)).astype(dtype)
+    want = (q.astype(np.float64) * np.repeat(s, 64, -1).astype(np.float64)
+            + np.repeat(b, 64, -1).astype(np.float64)).astype(np.float32).astype(dtype)
     _same_bits(ours, want, "dequantize")
     # MLX's own rounds after the multiply and after the add, in the scales'
-    # dtype: the same as ours in fp32; in fp16 it is that two-step rounding
-    # (checked here, so that the difference is known, not guessed), which
-    # ours, rounding once as the kernels do, does not copy.
+    # dtype (checked here, so that the difference is known, not guessed):
+    # in fp32 ours differs by at most its two roundings (an ulp of q * scale
+    # and one of the sum); in fp16 that two-step rounding.
     theirs = np.array(mx.dequantize(mx.array(wq), mx.array(s), mx.array(b), group_size=64, bits=bits))
     if dtype == np.float32:
-        _same_bits(ours, theirs, "dequantize vs MLX (fp32)")
+        two_step = q.astype(np.float32) * np.repeat(s, 64, -1) + np.repeat(b, 64, -1)
+        _same_bits(theirs, two_step, "MLX's fp32 dequantize, two roundings")
+        product = q.astype(np.float32) * np.repeat(s, 64, -1)
+        assert (np.abs(ours - theirs) <= np.spacing(np.abs(product)) + np.spacing(np.abs(theirs))).all()
     else:
         two_step = (q.astype(np.float16) * np.repeat(s, 64, -1)).astype(np.float16) + np.repeat(b, 64, -1)
         _same_bits(theirs, two_step.astype(np.float16), "MLX's fp16 dequantize, two roundings")
