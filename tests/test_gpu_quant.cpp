@@ -242,8 +242,9 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   // 16-bit outputs is a rounding's luck too: 186 fp16 outputs measured
   // 2.01x. Each element is held to the rounded-weight reference below.)
   const int64_t n = r.m * r.u;
-  if (n >= 64)
+  if (n >= 64) {
     EXPECT_LE(ef.rel(), 2 * eu.rel() + 1e-6) << "relative error: quantized " << ef.rel() << " unfused " << eu.rel();
+  }
   EXPECT_LE(ef.rel_floor1(), r.output_dtype == DType::fp32 ? 1e-2 : 2e-2) << "relative error " << ef.rel();
   // Every size: against float64 on the weights the kernel multiplies (the
   // dequantized weights rounded to X's type), every element within a
