@@ -246,6 +246,7 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
     EXPECT_LE(ef.rel(), 2 * eu.rel() + 1e-6) << "relative error: quantized " << ef.rel() << " unfused " << eu.rel();
   }
   EXPECT_LE(ef.rel_floor1(), r.output_dtype == DType::fp32 ? 1e-2 : 2e-2) << "relative error " << ef.rel();
+  std::vector<double> y_rw, pre_rw;
   // Every size: against float64 on the weights the kernel multiplies (the
   // dequantized weights rounded to X's type), every element within a
   // rounding or two of the output (the 16-bit outputs' activation is the
@@ -257,8 +258,7 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
     hd.w_up = sep ? wd_up.host.data() : nullptr;
     hd.bias = h.bias;
     hd.bias_up = h.bias_up;
-    std::vector<double> y_rw;
-    ref::cpu_reference(pd, hd, &y_rw, nullptr);
+    ref::cpu_reference(pd, hd, &y_rw, &pre_rw);
     const double ulp = r.output_dtype == DType::fp32 ? 1e-5 : r.output_dtype == DType::bf16 ? 0x1p-7 : 0x1p-9;
     double max_ref = 1.0;
     for (double v : y_rw) max_ref = std::max(max_ref, std::fabs(v));
@@ -276,8 +276,21 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
                         pre_ref, &peu));
     ASSERT_TRUE(compare("preact (quantized)", pf.download(), pre_poison, r.preact_dtype, 1, r.m, r.ldpre, 2 * r.u, 0,
                         pre_ref, &pef));
-    EXPECT_LE(pef.max_abs, 2 * peu.max_abs + 1e-6 * std::max(1.0, pef.max_ref))
-        << "preact max abs error: quantized " << pef.max_abs << " unfused " << peu.max_abs;
+    if (n >= 64) {
+      EXPECT_LE(pef.rel(), 2 * peu.rel() + 1e-6)
+          << "preact relative error: quantized " << pef.rel() << " unfused " << peu.rel();
+    }
+    // Each pre-activation element: the fp32 sums of the rounded weights,
+    // rounded once to the pre-activation's dtype.
+    const std::vector<unsigned char> pf_out = pf.download();
+    const double ulp = r.preact_dtype == DType::fp32 ? 1e-5 : r.preact_dtype == DType::bf16 ? 0x1p-8 : 0x1p-11;
+    for (int64_t mm = 0; mm < r.m; ++mm)
+      for (int64_t c = 0; c < 2 * r.u; ++c) {
+        const double got = ref::load_as_double(pf_out.data(), r.preact_dtype, mm * r.ldpre + c);
+        const double want = pre_rw[size_t(mm * 2 * r.u + c)];
+        ASSERT_LE(std::fabs(got - want), ulp * std::fabs(want) + 1e-5 * std::max(1.0, pef.max_ref))
+            << "preact[" << mm << "][" << c << "] = " << got << ", float64 on the rounded weights " << want;
+      }
   }
   if (eu.rel() > 0) st->worst_ratio = std::max(st->worst_ratio, ef.rel() / eu.rel());
   st->cases++;
