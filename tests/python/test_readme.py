@@ -8,16 +8,18 @@ import pytest
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
-def _block_after(heading: str) -> str:
+def _block_after(heading: str, index: int = 0) -> str:
+    """The index-th python block of the section that `heading` opens."""
     text = README.read_text()
-    section = text.split(heading, 1)[1]
-    m = re.search(r"```python\n(.*?)```", section, re.S)
-    assert m, f"no python block after {heading!r}"
-    return m.group(1)
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) > index, f"no python block {index} after {heading!r}"
+    return blocks[index]
 
 
 def test_quick_start_parses():
     compile(_block_after("## Python quick start"), "README quick start", "exec")
+    compile(_block_after("## Python quick start", 1), "README quantized", "exec")
     compile(_block_after("## Hugging Face models"), "README Hugging Face", "exec")
 
 
@@ -29,3 +31,13 @@ def test_quick_start_runs():
     exec(compile(_block_after("## Python quick start"), "README quick start", "exec"), scope)
     assert scope["y"].shape == (16, 14336) and torch.isfinite(scope["y"]).all()
     assert scope["y2"].shape == (16, 14336) and torch.isfinite(scope["y2"]).all()
+    # The quantized block, in the quick start's scope: the same call on the
+    # weights dequantized to x's dtype, within bf16 roundings.
+    exec(compile(_block_after("## Python quick start", 1), "README quantized", "exec"), scope)
+    import gatedmlp
+
+    y3 = scope["y3"]
+    wd = gatedmlp.dequantize(scope["wq"], scope["scales"], scope["biases"], dtype=torch.bfloat16).cuda()
+    want = gatedmlp.gate_up(scope["x"], wd).float()
+    assert y3.shape == (16, 14336) and torch.isfinite(y3).all()
+    assert ((y3.float() - want).norm() / want.norm()).item() < 1e-2
