@@ -162,19 +162,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t kc = k0 + u * kChunk;
       const bool ok = kc + kLaneElems * t < p.k;
-      // X for the chunk's four words first (up to two n-tiles; more would
-      // cost too many registers): the loads are volatile asm, which the
-      // compiler keeps in program order with the mma, so loaded word by word
-      // each would wait for the previous word's math and then stall the next
-      // (ncu, h66: a third of the stalls were L1 waits).
-      constexpr bool kHoistX = NT <= 2;
-      uint32_t xh[kHoistX ? 4 : 1][kHoistX ? NT : 1][kW / 2];
-      if constexpr (kHoistX) {
-#pragma unroll
-        for (int wd = 0; wd < 4; ++wd)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) load_x<kW>(xrow[nt] + kc + wd * kW, ok, xh[wd][nt]);
-      }
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
         uint32_t ag[kP], au[kP];
@@ -183,12 +170,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           uint32_t xr[kW / 2], xp[kP];
-          if constexpr (kHoistX) {
-#pragma unroll
-            for (int i = 0; i < kW / 2; ++i) xr[i] = xh[wd][nt][i];
-          } else {
-            load_x<kW>(xrow[nt] + kc + wd * kW, ok, xr);
-          }
+          load_x<kW>(xrow[nt] + kc + wd * kW, ok, xr);
           D::x_pairs(xr, xp);
 #pragma unroll
           for (int s = 0; s < kP / 2; ++s)
