@@ -1,7 +1,7 @@
 """PyTorch integration: gatedmlp as torch.library operators, and GatedMLP.
 
 The operators (``torch.ops.gatedmlp.gate_up``, ``gate_up_preact``,
-``gate_up_out``) are custom ops with fake (meta) implementations, so they
+``gate_up_out``, ``quantized_gate_up``) are custom ops with fake (meta) implementations, so they
 trace into torch.compile graphs without graph breaks and can be captured in
 CUDA graphs. They launch on ``torch.cuda.current_stream()``.
 
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 import gatedmlp as _g
 from gatedmlp import _gatedmlp as _C
 
-__all__ = ["gate_up", "GatedMLP", "activation_name", "patch_model"]
+__all__ = ["gate_up", "quantized_gate_up", "GatedMLP", "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
 _HALVES = dict(_C.Half.__members__)
@@ -186,6 +186,75 @@ def _gate_up_out_fake(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, c
     return None
 
 
+# ---------------------------------------------------------------- quantized weights
+_QUANT_MODES = {"affine": (_C.QuantMode.affine, 64, 4), "mxfp4": (_C.QuantMode.mxfp4, 32, 4)}
+
+
+def _quant_format(mode: str, bits: int, group_size: int):
+    qm = _QUANT_MODES[mode][0]
+    return _C.QuantFormat(mode=qm, bits=bits, group_size=group_size)
+
+
+def _quantized_rows(wq: Tensor, wq_up: Optional[Tensor]) -> int:
+    return wq.shape[0] if wq_up is not None else wq.shape[0] // 2
+
+
+def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits, group_size,
+                      activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype):
+    # What gatedmlp::quantized_gate_up computes, for real tensors only.
+    u = _quantized_rows(wq, wq_up)
+    out = x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype)
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    out2 = out if x2 is x else out.view(-1, u)
+    _C.gate_up(
+        _to_dlpack(x2), _to_dlpack(wq), _to_dlpack(out2), _capsule(wq_up), _capsule(bias), _capsule(bias_up), None,
+        activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha, clamp_limit=clamp_limit, group=group,
+        first=_HALVES[first], alpha=alpha, stream=_stream(x), workspace_alloc=_workspace_alloc(x.device),
+        scales=_to_dlpack(scales), biases=_capsule(biases), scales_up=_capsule(scales_up),
+        biases_up=_capsule(biases_up), quant=_quant_format(mode, bits, group_size))
+    return out
+
+
+@torch.library.custom_op("gatedmlp::quantized_gate_up", mutates_args=())
+def _quantized_gate_up_op(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor], wq_up: Optional[Tensor],
+                          scales_up: Optional[Tensor], biases_up: Optional[Tensor], bias: Optional[Tensor],
+                          bias_up: Optional[Tensor], mode: str, bits: int, group_size: int, activation: str,
+                          clamp_alpha: float, clamp_limit: float, group: int, first: str, alpha: float,
+                          out_dtype: Optional[torch.dtype]) -> Tensor:
+    return _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits,
+                             group_size, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype)
+
+
+@_quantized_gate_up_op.register_fake
+def _quantized_gate_up_fake(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits,
+                            group_size, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype):
+    return x.new_empty((*x.shape[:-1], _quantized_rows(wq, wq_up)), dtype=out_dtype or x.dtype)
+
+
+def quantized_gate_up(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor] = None, *,
+                      wq_up: Optional[Tensor] = None, scales_up: Optional[Tensor] = None,
+                      biases_up: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                      bias_up: Optional[Tensor] = None, mode: str = "affine", bits: Optional[int] = None,
+                      group_size: Optional[int] = None, activation="silu", clamp_alpha: float = 1.702,
+                      clamp_limit: float = 7.0, group: int = 0, first="gate", alpha: float = 1.0,
+                      out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """gate_up with quantized weights as a PyTorch op (gatedmlp.quantized_gate_up's arrays: wq uint32 or int32
+    [2U or U, K * bits / 32], scales / biases [rows, K / group_size]; mode "affine" (bits 4 or 8, groups of
+    32 / 64 / 128; default 4 and 64) or "mxfp4" (no biases)). x is [..., K]; returns y [..., U]."""
+    _check_no_grad(x, bias, bias_up)
+    if mode not in _QUANT_MODES:
+        raise _g.InvalidArgumentError(f"gatedmlp: mode {mode!r} is not one of {', '.join(_QUANT_MODES)}")
+    bits = int(bits if bits is not None else _QUANT_MODES[mode][2])
+    group_size = int(group_size if group_size is not None else _QUANT_MODES[mode][1])
+    act = activation if activation in _ACTIVATIONS else activation_name(activation)
+    first = first if first in _HALVES else _name(first, _HALVES, "first")
+    args = (x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits, group_size, act,
+            float(clamp_alpha), float(clamp_limit), int(group), first, float(alpha), out_dtype)
+    if x.is_cuda and type(x) is Tensor and not _traced():
+        return _quantized_direct(*args)
+    return torch.ops.gatedmlp.quantized_gate_up(*args)
+
+
 def _no_backward(ctx, *grads):
     raise RuntimeError(_g._NO_BACKWARD)
 
@@ -196,6 +265,7 @@ def _setup_context(ctx, inputs, output):
 
 torch.library.register_autograd("gatedmlp::gate_up", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::gate_up_preact", _no_backward, setup_context=_setup_context)
+torch.library.register_autograd("gatedmlp::quantized_gate_up", _no_backward, setup_context=_setup_context)
 
 
 def _check_no_grad(*tensors) -> None:

@@ -1,14 +1,14 @@
 """The quantized gate/up kernel from Python, on the GPU, against the real
 thing: MLX's own quantized_matmul on its CPU backend, from the same packed
 arrays (gatedmlp.quantize gives MLX's bits; test_quant.py checks that), for
-the gate and the up rows, then the GLU in float64. Skipped without a CUDA
-device or without the mlx package."""
+the gate and the up rows, then the GLU in float64 (skipped without the mlx
+package). Then the torch operator against the functional call. Skipped
+without a CUDA device."""
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-mx = pytest.importorskip("mlx.core")
 
 import gatedmlp  # noqa: E402
 
@@ -25,6 +25,7 @@ def cosine(a, b):
 
 def mlx_matmul(x32, wq, scales, biases, group_size, bits, mode):
     """x32 @ dequant(wq)^T by mlx.core.quantized_matmul on the CPU, in float64."""
+    mx = pytest.importorskip("mlx.core")
     with mx.stream(mx.cpu):
         args = dict(transpose=True, group_size=group_size, bits=bits, mode=mode)
         out = mx.quantized_matmul(mx.array(x32), mx.array(wq), mx.array(scales),
@@ -68,3 +69,23 @@ def test_refusals_name_the_argument():
         gatedmlp.quantized_gate_up(x, to(wq.view(np.int32)), to(s), None)
     with pytest.raises(gatedmlp.InvalidArgumentError, match="k=250|K = 250|250"):
         gatedmlp.quantized_gate_up(x[:, :250], to(wq.view(np.int32)), to(s), to(b))
+
+
+@pytest.mark.parametrize("m", [1, 16, 80])
+def test_torch_op_matches_the_functional_call(m):
+    import gatedmlp.torch as gt
+
+    rng = np.random.default_rng()
+    k, u = 256, 40
+    w = (rng.standard_normal((2 * u, k)) * 0.05).astype(np.float32)
+    wq, s, b = (torch.from_numpy(a).cuda() for a in gatedmlp.quantize(w, group_size=32, bits=4))
+    s, b = s.to(torch.bfloat16), b.to(torch.bfloat16)
+    wq = wq.view(torch.int32) if wq.dtype != torch.int32 else wq
+    x = torch.randn(2, m, k, device="cuda", dtype=torch.bfloat16)
+    want = gatedmlp.quantized_gate_up(x.reshape(-1, k), wq, s, b, group_size=32, activation="gelu_tanh")
+    got = gt.quantized_gate_up(x, wq, s, b, group_size=32, activation="gelu_tanh")
+    assert got.shape == (2, m, u)
+    assert torch.equal(got.reshape(-1, u), want)
+    compiled = torch.compile(lambda x: gt.quantized_gate_up(x, wq, s, b, group_size=32, activation="gelu_tanh"),
+                             backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x).reshape(-1, u), want)

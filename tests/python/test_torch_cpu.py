@@ -27,7 +27,7 @@ class HFMLP(nn.Module):
 
 
 def test_ops_are_registered():
-    for name in ("gate_up", "gate_up_preact", "gate_up_out"):
+    for name in ("gate_up", "gate_up_preact", "gate_up_out", "quantized_gate_up"):
         assert hasattr(torch.ops.gatedmlp, name)
 
 
@@ -53,6 +53,32 @@ def test_opcheck_schema_and_fake():
     b = torch.empty(96, device="meta")
     args = (x, w, None, b, None, "silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None)
     torch.library.opcheck(torch.ops.gatedmlp.gate_up.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_quantized_fake_shapes_opcheck_and_compile():
+    x = torch.empty(2, 3, 256, **META)
+    wq = torch.empty(96, 32, device="meta", dtype=torch.int32)  # 2U = 96 rows of 256 4-bit values
+    s = torch.empty(96, 4, **META)
+    y = gt.quantized_gate_up(x, wq, s, s.clone())
+    assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
+    assert gt.quantized_gate_up(x, wq, s, s.clone(), out_dtype=torch.float32).dtype == torch.float32
+    # separate gate and up words: U rows each
+    assert gt.quantized_gate_up(x, wq, s, s.clone(), wq_up=wq.clone(), scales_up=s.clone(),
+                                biases_up=s.clone()).shape == (2, 3, 96)
+    mx_scales = torch.empty(96, 8, device="meta", dtype=torch.uint8)
+    assert gt.quantized_gate_up(x, wq, mx_scales, mode="mxfp4").shape == (2, 3, 48)
+    args = (x, wq, s, s.clone(), None, None, None, None, None, "affine", 4, 64, "silu", 1.702, 7.0, 0, "gate", 1.0,
+            None)
+    torch.library.opcheck(torch.ops.gatedmlp.quantized_gate_up.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+    def f(x, wq, s, b):
+        return gt.quantized_gate_up(x, wq, s, b, activation="gelu_tanh", group=8, first="up") * 2.0
+
+    with torch.no_grad():
+        assert torch.compile(f, backend="eager", fullgraph=True)(x, wq, s, s.clone()).shape == (2, 3, 48)
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="nvfp4"):
+        gt.quantized_gate_up(x, wq, s, mode="nvfp4")
 
 
 def test_compile_traces_without_graph_breaks():
