@@ -5,7 +5,7 @@
 // waves cost less, the 128-column tile everywhere else.
 // And the decode kernel (src/decode_glu/): every call of M <= 16 it can
 // read, on any device, before the Hopper or portable kernel; the others
-// with the reason why.
+// with the reason why. And quantized weights (src/quant_decode/).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -423,4 +423,38 @@ TEST(Dispatch, DecodeKnobs) {
   ASSERT_TRUE(detail::select_config(llama8b(1).resolved(), nullptr, a100(), &c).ok());
   unsetenv("GATEDMLP_DECODE");
   EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+}
+
+// Quantized weights: the quantized decode kernel up to 64 rows, on any
+// device; past that the dequantized 16-bit problem's own path, with the
+// reason saying so; what the kernel cannot read below 64 rows is refused.
+TEST(Dispatch, QuantizedWeights) {
+  for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH", "GATEDMLP_SM90_PINGPONG",
+                        "GATEDMLP_DECODE"})
+    unsetenv(v);
+  detail::DeviceInfo a100 = h200();
+  a100.major = 8;
+  a100.name = "simulated A100";
+  for (const detail::DeviceInfo& dev : {h200(), a100}) {
+    for (int64_t m : {1, 16, 17, 64}) {
+      Problem p = llama8b(m);
+      p.quantized = true;
+      Config c;
+      ASSERT_TRUE(detail::select_config(p.resolved(), nullptr, dev, &c).ok());
+      EXPECT_EQ(c.path, KernelPath::quant_decode) << dev.name << " m=" << m << ": " << to_string(c);
+      EXPECT_NE(c.reason.find("in registers"), std::string::npos) << c.reason;
+    }
+    Problem p = llama8b(65);
+    p.quantized = true;
+    Config c;
+    ASSERT_TRUE(detail::select_config(p.resolved(), nullptr, dev, &c).ok());
+    EXPECT_EQ(c.path, dev.major == 9 ? KernelPath::sm90_wgmma : KernelPath::sm80_mma) << to_string(c);
+    EXPECT_NE(c.reason.find("dequantized to bf16 in the workspace (m=65 > 64)"), std::string::npos) << c.reason;
+    // Rows of X off 16 bytes: nothing below 65 rows reads them.
+    p.m = 8;
+    p.ldx = 4100;
+    const Status s = detail::select_config(p.resolved(), nullptr, dev, &c);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+    EXPECT_NE(s.message().find("ldx=4100"), std::string::npos) << s.message();
+  }
 }

@@ -73,12 +73,6 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
   return k;
 }
 
-// A call planned once and reused: run() of the same problem, on the same
-// device, with pointers of the same alignment, a workspace as large (or as
-// absent) and the same environment (the knobs) skips check_support, the
-// dispatcher and the Hopper kernel's set-up (tensor maps and all), and does
-// only the pointer checks and the launch. The cache is per thread, so it
-// needs no lock, and small: a model has few distinct gate/up calls.
 // The pointers whose alignment is part of a plan's key.
 constexpr int kKeyPointers = 11;
 void key_pointers(const Arguments& a, const void* (&out)[kKeyPointers]) {
@@ -87,6 +81,12 @@ void key_pointers(const Arguments& a, const void* (&out)[kKeyPointers]) {
   for (int i = 0; i < kKeyPointers; ++i) out[i] = ptrs[i];
 }
 
+// A call planned once and reused: run() of the same problem, on the same
+// device, with pointers of the same alignment, a workspace as large (or as
+// absent) and the same environment (the knobs) skips check_support, the
+// dispatcher and the Hopper kernel's set-up (tensor maps and all), and does
+// only the pointer checks and the launch. The cache is per thread, so it
+// needs no lock, and small: a model has few distinct gate/up calls.
 struct Planned {
   bool valid = false;
   // The key.
