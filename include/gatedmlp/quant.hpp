@@ -1,6 +1,7 @@
 // Quantized weights: the formats, and their host-side quantizer and
-// dequantizer. The kernels that read them arrive as siblings of the dense
-// ones, through the same dispatcher.
+// dequantizer. The kernels read them through the same Problem and run() as
+// 16-bit weights: set Problem::quantized, quant and scale_dtype, and pass the
+// scales and biases in Arguments::w_scales / w_biases (gatedmlp.hpp).
 //
 // Affine (MLX's format, mlx.core.quantize(w, group_size, bits)): each row of a
 // [rows, K] weight is cut into groups of `group_size` consecutive elements
