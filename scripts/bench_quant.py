@@ -8,7 +8,8 @@ their own weights, so a decode step finds none of them in L2):
 
   bf16 gatedmlp        gatedmlp.gate_up, 16-bit weights
   int4 / int8 / mxfp4  gatedmlp.quantized_gate_up (affine g64 with bf16
-                       scales and biases; MXFP4 with e8m0 scales)
+  / fp8                scales and biases; MXFP4 with e8m0 scales; FP8 e4m3
+                       with fp32 128 x 128 block scales)
   tinygemm int4        torch._weight_int4pack_mm (g64) on the [2U, K]
                        weights, alone and + silu*mul (what PyTorch / torchao
                        users run)
@@ -94,6 +95,10 @@ def copies_for(nbytes: int) -> int:
 
 
 def quant_arrays(rows: int, k: int, mode: str, bits: int, group: int):
+    if mode == "fp8_e4m3":  # float8 weights with DeepSeek's 128 x 128 block scales
+        w8 = (torch.randn(rows, k, device="cuda") * 0.05).to(torch.float8_e4m3fn)
+        scales = torch.rand(-(-rows // 128), -(-k // 128), device="cuda") * 0.01
+        return w8.view(torch.int32), scales, None
     words = torch.randint(-2**31, 2**31 - 1, (rows, k * bits // 32), dtype=torch.int32, device="cuda")
     words = words.view(torch.uint32)
     if mode == "mxfp4":
@@ -112,11 +117,13 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: 
     # 16-bit weights and tinygemm's, rotated.
     nb = copies_for(bf16_bytes)
     w16 = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(nb)]
-    fmts = {f: v for f, v in {"int4": ("affine", 4, 64), "int8": ("affine", 8, 64), "mxfp4": ("mxfp4", 4, 32)}.items()
+    fmts = {f: v for f, v in {"int4": ("affine", 4, 64), "int8": ("affine", 8, 64), "mxfp4": ("mxfp4", 4, 32),
+                              "fp8": ("fp8_e4m3", 8, 128)}.items()
             if f in formats}
     qs = {}
     for f, (mode, bits, group) in fmts.items():
-        nbytes = rows * k * bits // 8 + rows * (k // group) * (1 if mode == "mxfp4" else 4)
+        scale_bytes = {"mxfp4": rows * (k // group), "fp8_e4m3": -(-rows // 128) * -(-k // 128) * 4}
+        nbytes = rows * k * bits // 8 + scale_bytes.get(mode, rows * (k // group) * 4)
         qs[f] = ([quant_arrays(rows, k, mode, bits, group) for _ in range(copies_for(nbytes))], nbytes)
     tg_bytes = rows * k // 2 + (k // 64) * rows * 4
     tg = []
@@ -172,7 +179,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--formats", default="int4,int8,mxfp4")
+    ap.add_argument("--formats", default="int4,int8,mxfp4,fp8")
     ap.add_argument("--no-baselines", action="store_true", help="time gatedmlp only (tuning sweeps)")
     a = ap.parse_args()
     ms = [int(v) for v in a.m.split(",")]

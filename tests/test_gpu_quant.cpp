@@ -1,5 +1,6 @@
 // The quantized decode kernel (src/quant_decode/, M <= 64) on fresh random
-// cases: every format (affine 4 and 8 bits in groups of 32, 64, 128; MXFP4),
+// cases: every format (affine 4 and 8 bits in groups of 32, 64, 128; MXFP4;
+// FP8 e4m3 per tensor, per channel, in 128 x 128 blocks and the other mixes),
 // scales of X's dtype (the packed dequantization) and of the others (the
 // fp32 one), every weight layout (separate, stacked, interleaved by any G,
 // either half first, padded rows of words), every activation, bias, the
@@ -33,8 +34,12 @@ Problem random_quant_problem(std::mt19937_64& rng) {
   Problem p;
   p.quantized = true;
   p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
-  const int fmt = int(rng() % 4);  // affine 4 twice as often: the format the bars are about
-  if (fmt == 3) {
+  const int fmt = int(rng() % 5);  // affine 4 twice as often: the format the bars are about
+  if (fmt == 4) {
+    // FP8: per tensor, per channel, 128 x 128 blocks, and the other mixes.
+    p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, int(pick(rng, {0, 128})), int(pick(rng, {0, 1, 128}))};
+    p.scale_dtype = rng() % 3 ? DType::fp32 : static_cast<DType>(rng() % 3);
+  } else if (fmt == 3) {
     p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
   } else {
     p.quant.bits = fmt == 2 ? 8 : 4;
@@ -50,7 +55,9 @@ Problem random_quant_problem(std::mt19937_64& rng) {
   // K: multiples of the group; one chunk and less, whole k-blocks, tails,
   // and long enough for the 4-chunk k-blocks.
   const int64_t gs = p.quant.group_size;
-  p.k = gs * pick(rng, {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65});
+  p.k = gs ? gs * pick(rng, {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65})
+             : pick(rng, {16, 48, 64, 112, 128, 144, 400, 1040, 2064});
+  if (p.quant.mode == QuantMode::fp8_e4m3 && gs && rng() % 3 == 0) p.k -= 16 * pick(rng, {1, 3});  // a partial block
 
   const int layout = int(rng() % 6);
   if (layout == 0) {
@@ -102,33 +109,51 @@ struct QuantWeights {
 };
 
 void make_weights(const Problem& r, int64_t rows, std::mt19937_64& rng, QuantWeights* qw) {
-  const bool mx = r.quant.mode == QuantMode::mxfp4;
-  // Weights of the scales' dtype (MLX's scales are the weights' dtype).
-  const DType wdt = mx ? DType::fp32 : r.scale_dtype;
-  const float wscale = 2.0f / std::sqrt(float(r.k));
-  std::vector<unsigned char> w;
-  fill(w, wdt, rows * r.k, rng, -wscale, wscale);
-  // A few groups with a constant value (MLX's edge case) and zeros.
-  for (int i = 0; i < 3 && rows * r.k >= 64; ++i) {
-    const int64_t row = int64_t(rng() % uint64_t(rows)), g0 = int64_t(rng() % uint64_t(r.k / r.quant.group_size));
-    const double v = i == 0 ? 0.0 : 0.01 * double(i);
-    for (int j = 0; j < r.quant.group_size; ++j) ref::store_from_double(w.data(), wdt, row * r.k + g0 * r.quant.group_size + j, v);
-  }
+  const bool mx = r.quant.mode == QuantMode::mxfp4, fp8 = r.quant.mode == QuantMode::fp8_e4m3;
   const int64_t words = quant_words_per_row(r.quant, r.k), groups = quant_groups_per_row(r.quant, r.k);
   std::vector<uint32_t> dense(size_t(rows * words));
-  const size_t ssize = mx ? 1 : dtype_size(r.scale_dtype);
-  qw->scales.host.assign(size_t(rows * groups) * ssize, 0);
-  if (!mx) qw->biases.host.assign(size_t(rows * groups) * ssize, 0);
-  Status s = quantize_host(r.quant, wdt, rows, r.k, w.data(), dense.data(), qw->scales.host.data(),
-                           mx ? nullptr : qw->biases.host.data());
-  ASSERT_TRUE(s.ok()) << s.message();
+  if (fp8) {
+    // FP8 comes quantized: e4m3 bytes of magnitude below 4 (exponent fields
+    // 0 ... 8, subnormals included; never 0x7F, e4m3fn's NaN) and scales
+    // around 2 / sqrt(K) / 2 per block.
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(dense.data());
+    for (int64_t i = 0; i < rows * r.k; ++i) {
+      const uint32_t e = uint32_t(rng() % 9), m = uint32_t(rng() % 8), sgn = uint32_t(rng() % 2);
+      bytes[i] = static_cast<unsigned char>(sgn << 7 | e << 3 | m);
+    }
+    const int64_t n = quant_scale_rows(r.quant, rows) * groups;
+    std::vector<unsigned char> sc;
+    fill(sc, r.scale_dtype, n, rng, 0.5f / std::sqrt(float(r.k)), 1.5f / std::sqrt(float(r.k)));
+    qw->scales.host = sc;
+  }
+  if (!fp8) {
+    // Weights of the scales' dtype (MLX's scales are the weights' dtype).
+    const DType wdt = mx ? DType::fp32 : r.scale_dtype;
+    const float wscale = 2.0f / std::sqrt(float(r.k));
+    std::vector<unsigned char> w;
+    fill(w, wdt, rows * r.k, rng, -wscale, wscale);
+    // A few groups with a constant value (MLX's edge case) and zeros.
+    for (int i = 0; i < 3 && rows * r.k >= 64; ++i) {
+      const int64_t row = int64_t(rng() % uint64_t(rows)), g0 = int64_t(rng() % uint64_t(r.k / r.quant.group_size));
+      const double v = i == 0 ? 0.0 : 0.01 * double(i);
+      for (int j = 0; j < r.quant.group_size; ++j)
+        ref::store_from_double(w.data(), wdt, row * r.k + g0 * r.quant.group_size + j, v);
+    }
+    const size_t ssize = mx ? 1 : dtype_size(r.scale_dtype);
+    qw->scales.host.assign(size_t(rows * groups) * ssize, 0);
+    if (!mx) qw->biases.host.assign(size_t(rows * groups) * ssize, 0);
+    const Status s = quantize_host(r.quant, wdt, rows, r.k, w.data(), dense.data(), qw->scales.host.data(),
+                                   mx ? nullptr : qw->biases.host.data());
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
   // Into rows of ld words; the padding holds words that would be wrong weights.
   qw->words.host.assign(size_t((rows - 1) * r.weights.ld + words) * 4, 0xA5);
   for (int64_t row = 0; row < rows; ++row)
     std::memcpy(&qw->words.host[size_t(row * r.weights.ld) * 4], &dense[size_t(row * words)], size_t(words) * 4);
   qw->dequantized.assign(size_t(rows * r.k) * dtype_size(r.input_dtype), 0);
-  s = dequantize_host(r.quant, r.scale_dtype, r.input_dtype, rows, r.k, dense.data(), qw->scales.host.data(),
-                      mx ? nullptr : qw->biases.host.data(), qw->dequantized.data());
+  const Status s = dequantize_host(r.quant, r.scale_dtype, r.input_dtype, rows, r.k, dense.data(),
+                                   qw->scales.host.data(), mx || fp8 ? nullptr : qw->biases.host.data(),
+                                   qw->dequantized.data());
   ASSERT_TRUE(s.ok()) << s.message();
   for (Tensor* t : {&qw->words, &qw->scales, &qw->biases}) t->upload();
 }
@@ -138,7 +163,8 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   SCOPED_TRACE(to_string(p));
   ASSERT_TRUE(check_support(p).ok()) << check_support(p).message();
   const Problem r = p.resolved();
-  const bool sep = r.weights.format == WeightFormat::separate, mx = r.quant.mode == QuantMode::mxfp4;
+  const bool sep = r.weights.format == WeightFormat::separate, mx = r.quant.mode != QuantMode::affine;  // no biases
+  const bool fp8 = r.quant.mode == QuantMode::fp8_e4m3;
   const int64_t rows_w = sep ? r.u : 2 * r.u;
 
   QuantWeights wq, wq_up;
@@ -198,11 +224,12 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   ASSERT_TRUE(s.ok()) << s.message();
   SCOPED_TRACE(to_string(cfg));
   const size_t ws_bytes = workspace_size(p);
-  if (r.m <= 64) {
+  const bool expect_decode = r.m <= 64 && r.ldx % 8 == 0 && r.k % 16 == 0 && r.weights.ld % 4 == 0;
+  if (expect_decode) {
     EXPECT_EQ(cfg.path, KernelPath::quant_decode) << cfg.reason;
   } else {
-    // Past the decode kernel: dequantized into the workspace, which a call
-    // without one is refused for, writing nothing.
+    // Past the decode kernel, or what it cannot read: dequantized into the
+    // workspace, which a call without one is refused for, writing nothing.
     EXPECT_NE(cfg.reason.find("dequantized"), std::string::npos) << cfg.reason;
     EXPECT_GT(ws_bytes, size_t(r.u * r.k * 2)) << "workspace_size";
     s = run(p, a, nullptr, 0, nullptr);
@@ -247,6 +274,9 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   }
   EXPECT_LE(ef.rel_floor1(), r.output_dtype == DType::fp32 ? 1e-2 : 2e-2) << "relative error " << ef.rel();
   std::vector<double> y_rw, pre_rw;
+  // The FP8 decode kernel multiplies the exact e4m3 values and scales the
+  // fp32 sums: its weights are the exact ones, not rounded to X's type.
+  const bool exact_weights = fp8 && expect_decode;
   // Every size: against float64 on the weights the kernel multiplies (the
   // dequantized weights rounded to X's type), every element within a
   // rounding or two of the output (the 16-bit outputs' activation is the
@@ -265,7 +295,7 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
     for (int64_t mm = 0; mm < r.m; ++mm)
       for (int64_t j = 0; j < r.u; ++j) {
         const double got = ref::load_as_double(yf_out.data(), r.output_dtype, mm * r.ldy + j);
-        const double want = y_rw[size_t(mm * r.u + j)];
+        const double want = exact_weights ? y_ref[size_t(mm * r.u + j)] : y_rw[size_t(mm * r.u + j)];
         ASSERT_LE(std::fabs(got - want), ulp * std::fabs(want) + 2e-5 * max_ref)
             << "y[" << mm << "][" << j << "] = " << got << ", float64 on the rounded weights " << want;
       }
@@ -287,7 +317,8 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
     for (int64_t mm = 0; mm < r.m; ++mm)
       for (int64_t c = 0; c < 2 * r.u; ++c) {
         const double got = ref::load_as_double(pf_out.data(), r.preact_dtype, mm * r.ldpre + c);
-        const double want = pre_rw[size_t(mm * 2 * r.u + c)];
+        const double want =
+            exact_weights ? pre_ref[size_t(mm * 2 * r.u + c)] : pre_rw[size_t(mm * 2 * r.u + c)];
         ASSERT_LE(std::fabs(got - want), ulp * std::fabs(want) + 1e-5 * std::max(1.0, pef.max_ref))
             << "preact[" << mm << "][" << c << "] = " << got << ", float64 on the rounded weights " << want;
       }
@@ -303,22 +334,22 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   const int n = cases(1200);
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  int by_fmt[4] = {0, 0, 0, 0}, packed = 0, two_tiles = 0;
+  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0;
   for (int i = 0; i < n; ++i) {
     const Problem p = random_quant_problem(rng);
     SCOPED_TRACE("case " + std::to_string(i));
     run_quant_case(p, rng, &st);
     if (HasFailure()) return;
-    const bool mx = p.quant.mode == QuantMode::mxfp4;
-    by_fmt[mx ? 3 : p.quant.bits == 8 ? 2 : p.quant.group_size == 64 ? 1 : 0]++;
+    const bool mx = p.quant.mode == QuantMode::mxfp4, fp8 = p.quant.mode == QuantMode::fp8_e4m3;
+    by_fmt[fp8 ? 4 : mx ? 3 : p.quant.bits == 8 ? 2 : p.quant.group_size == 64 ? 1 : 0]++;
     packed += !mx && p.quant.bits == 4 && p.scale_dtype == p.input_dtype;
     two_tiles += p.m > 8;
   }
   std::printf(
-      "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d; %d int4 "
+      "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d, fp8 %d; %d int4 "
       "with packed dequantization; %d with M > 8); worst quantized/unfused relative-error ratio %.3f (outputs of 64 "
       "elements or more)\n",
-      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], packed, two_tiles, st.worst_ratio);
+      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, two_tiles, st.worst_ratio);
 }
 
 // Every format x layout x activation at M in {1, 9, 16, 40}, on one odd shape.
@@ -326,8 +357,10 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  const QuantFormat formats[] = {{QuantMode::affine, 4, 64}, {QuantMode::affine, 4, 32}, {QuantMode::affine, 4, 128},
-                                 {QuantMode::affine, 8, 64}, {QuantMode::mxfp4, 4, 32}};
+  const QuantFormat formats[] = {{QuantMode::affine, 4, 64},        {QuantMode::affine, 4, 32},
+                                 {QuantMode::affine, 4, 128},       {QuantMode::affine, 8, 64},
+                                 {QuantMode::mxfp4, 4, 32},         {QuantMode::fp8_e4m3, 8, 128, 128},
+                                 {QuantMode::fp8_e4m3, 8, 0, 1}};
   int i = 0;
   for (const QuantFormat& f : formats)
     for (int64_t g : {-1, 0, 1, 8})
@@ -357,23 +390,33 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
   std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
 }
 
-// What no quantized kernel takes is refused with the reason (past 64 rows
-// the dequantize-then-16-bit path takes any ldx; the random suite runs it).
-TEST(GpuQuant, RefusesWhatNoKernelTakes) {
+// What the decode kernel cannot read (rows of X off 16 bytes; FP8 with K
+// not a multiple of 16) goes to the dequantize-then-16-bit path, named in the
+// plan's reason, and is still right.
+TEST(GpuQuant, RoutesWhatTheDecodeKernelCannotRead) {
   SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
   Problem p;
   p.quantized = true;
   p.m = 4;
   p.k = 256;
   p.u = 64;
-  Config cfg;
   p.ldx = 260;  // rows of X not on 16 bytes
-  Status s = plan(p, &cfg);
-  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
-  EXPECT_NE(s.message().find("ldx=260"), std::string::npos) << s.message();
+  Config cfg;
+  ASSERT_TRUE(plan(p, &cfg).ok());
+  EXPECT_NE(cfg.path, KernelPath::quant_decode);
+  EXPECT_NE(cfg.reason.find("ldx=260"), std::string::npos) << cfg.reason;
+  run_quant_case(p, rng, &st);
   p.ldx = 0;
-  s = plan(p, &cfg);
-  ASSERT_TRUE(s.ok()) << s.message();
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};
+  p.scale_dtype = DType::fp32;
+  p.k = 200;  // a multiple of 4, not of 16
+  ASSERT_TRUE(plan(p, &cfg).ok());
+  EXPECT_NE(cfg.reason.find("k=200"), std::string::npos) << cfg.reason;
+  run_quant_case(p, rng, &st);
+  p.k = 256;
+  ASSERT_TRUE(plan(p, &cfg).ok());
   EXPECT_EQ(cfg.path, KernelPath::quant_decode);
-  EXPECT_NE(cfg.reason.find("affine"), std::string::npos) << cfg.reason;
+  EXPECT_NE(cfg.reason.find("fp8_e4m3"), std::string::npos) << cfg.reason;
 }

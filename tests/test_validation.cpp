@@ -7,6 +7,7 @@
 
 #include "gatedmlp/gatedmlp.hpp"
 #include "gatedmlp/layout.hpp"
+#include "gatedmlp/quant.hpp"
 
 using namespace gatedmlp;
 
@@ -379,5 +380,39 @@ TEST(Validation, QuantizedPointers) {
   // The output may not overlap the scales.
   a = quant_args_for(p);
   a.y = const_cast<void*>(a.w_scales);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"output 'y'", "overlaps 'w_scales'"});
+}
+
+TEST(Validation, Fp8Formats) {
+  Problem p = quant_base();
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};
+  p.scale_dtype = DType::fp32;
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  EXPECT_EQ(p.resolved().weights.ld, 64);  // 256 bytes are 64 words
+  p.k = 260;  // any multiple of 4; a partial last block
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  EXPECT_EQ(quant_groups_per_row(p.quant, 260), 3);
+  EXPECT_EQ(quant_scale_rows(p.quant, 192), 2);
+  p.k = 258;
+  expect_error(check_support(p), StatusCode::invalid_argument, {"k=258", "multiple of 4"});
+  p = quant_base();
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 64, 128};
+  expect_error(check_support(p), StatusCode::not_supported, {"fp8_e4m3", "group_size=64"});
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 64};
+  expect_error(check_support(p), StatusCode::not_supported, {"fp8_e4m3", "row_block=64"});
+  p.quant = QuantFormat{QuantMode::affine, 4, 64, 128};
+  expect_error(check_support(p), StatusCode::not_supported, {"row_block=128"});
+  // Per tensor and per channel: one scale, one per row.
+  EXPECT_EQ(quant_scale_rows(QuantFormat{QuantMode::fp8_e4m3, 8, 0, 0}, 192), 1);
+  EXPECT_EQ(quant_groups_per_row(QuantFormat{QuantMode::fp8_e4m3, 8, 0, 1}, 4096), 1);
+  // No biases, and scales that cover the blocks.
+  p = quant_base();
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};
+  Arguments a = quant_args_for(p);
+  a.w_biases = fake(9);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'w_biases'", "fp8_e4m3"});
+  // The output may not overlap the scales, which span [1, 2] floats here.
+  a = quant_args_for(p);
+  a.y = static_cast<char*>(const_cast<void*>(a.w_scales)) + 4;
   expect_error(validate(p, a), StatusCode::invalid_argument, {"output 'y'", "overlaps 'w_scales'"});
 }

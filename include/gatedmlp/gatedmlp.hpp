@@ -95,14 +95,16 @@ struct WeightLayout {
 
 // Quantized weights (gatedmlp/quant.hpp says what each format stores).
 enum class QuantMode : int {
-  affine = 0,  // MLX: w = q * scale + bias per group along K
-  mxfp4 = 1,   // e2m1 values, an e8m0 scale per 32 along K
+  affine = 0,    // MLX: w = q * scale + bias per group along K
+  mxfp4 = 1,     // e2m1 values, an e8m0 scale per 32 along K
+  fp8_e4m3 = 2,  // e4m3fn values times a float scale per block of rows x K
 };
 
 struct QuantFormat {
   QuantMode mode = QuantMode::affine;
-  int bits = 4;         // affine: 4 or 8; mxfp4: 4
-  int group_size = 64;  // affine: 32, 64 or 128 elements along K; mxfp4: 32
+  int bits = 4;         // affine: 4 or 8; mxfp4: 4; fp8_e4m3: 8
+  int group_size = 64;  // elements along K per scale: affine 32, 64 or 128; mxfp4 32; fp8_e4m3 128 or 0 (all of K)
+  int row_block = 1;    // weight rows per scale: 1, except fp8_e4m3: 1, 128 or 0 (all rows)
 };
 
 // Strides left at kAuto are packed (dense). Batch stride 0 on weights or bias
@@ -143,13 +145,14 @@ struct Problem {
   // Quantized weights. With `quantized` set, w (and w_up) hold packed uint32
   // words, one weight row per row of weights.ld words (0: dense, K * bits /
   // 32), stored out_in; Arguments::w_scales / w_biases (and the _up pair for
-  // separate weights) hold each row's scales and biases, [rows, K /
-  // group_size] dense, in the same row order as the words. X stays
-  // input_dtype. Rows are grouped into gate and up exactly as 16-bit weights
-  // are (weights.format, group, first). Batch 1 only.
+  // separate weights) hold the scales and biases, [scale rows, groups] dense
+  // (quant_scale_rows, quant_groups_per_row: [rows, K / group_size] but for
+  // FP8's blocks), in the row order of the words. X stays input_dtype. Rows
+  // are grouped into gate and up exactly as 16-bit weights are
+  // (weights.format, group, first). Batch 1 only.
   bool quantized = false;
   QuantFormat quant;
-  DType scale_dtype = DType::bf16;  // affine scales and biases; mxfp4's are e8m0 bytes
+  DType scale_dtype = DType::bf16;  // affine and fp8_e4m3 scales (and affine biases); mxfp4's are e8m0 bytes
 
   // A copy with every 0/kAuto stride and group replaced by its value. Only
   // meaningful for a problem that passed check_support.

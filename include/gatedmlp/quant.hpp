@@ -19,6 +19,15 @@
 // packed as above (two per byte, the even element in the low nibble: the
 // bytes of gpt-oss's `*_blocks`), and one e8m0 scale byte per group of 32
 // along K (w = value * 2^(scale - 127); gpt-oss's `*_scales`). No biases.
+//
+// FP8 e4m3fn weights, as FP8 checkpoints store them: one byte per weight
+// (packed four to a word, the first element of K in the lowest byte: the
+// bytes of a [rows, K] float8_e4m3fn tensor), times a float scale per block
+// of row_block rows x group_size elements of K: per tensor (0, 0), per
+// output channel (row_block 1, group_size 0: `weight_scale` [N, 1]) or
+// DeepSeek-V3's 128 x 128 blocks (`weight_scale_inv` [ceil(N / 128),
+// ceil(K / 128)], a multiplier despite its name). The kernels multiply the
+// exact e4m3 values and apply the scales to fp32 sums. No biases.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +44,11 @@ namespace gatedmlp {
 Status check_quant_format(const QuantFormat& format, int64_t k);
 
 // Sizes of one quantized row of K elements: uint32 words, and groups (the
-// scales and biases per row).
+// scales and biases per row of the scale arrays); and the rows of the scale
+// arrays for `rows` weight rows (rows, except FP8's row blocks).
 int64_t quant_words_per_row(const QuantFormat& format, int64_t k);
 int64_t quant_groups_per_row(const QuantFormat& format, int64_t k);
+int64_t quant_scale_rows(const QuantFormat& format, int64_t rows);
 
 // Quantizes a [rows, K] row-major host array `w` of `dtype` (bf16, fp16, fp32)
 // into wq [rows, quant_words_per_row] and scales, biases [rows,
@@ -58,9 +69,12 @@ Status quantize_host(const QuantFormat& format, DType dtype, int64_t rows, int64
                      void* scales, void* biases);
 
 // The inverse map: w [rows, K] of out_dtype = q * scale + bias (affine; scales
-// and biases of `dtype`), or value * 2^(scale - 127) (mxfp4; `dtype` unused,
-// biases null), computed in fp32 (affine: one fused multiply-add) and rounded
-// to out_dtype: exactly the weights the kernels multiply with.
+// and biases of `dtype`), value * 2^(scale - 127) (mxfp4; `dtype` unused,
+// biases null) or e4m3 value * scale (fp8_e4m3; scales of `dtype`, biases
+// null), computed in fp32 (affine: one fused multiply-add) and rounded to
+// out_dtype: for affine and mxfp4 exactly the weights the kernels multiply
+// with (the FP8 kernels multiply the e4m3 values and scale the sums).
+// quantize_host takes affine and mxfp4 (FP8 weights come quantized).
 Status dequantize_host(const QuantFormat& format, DType dtype, DType out_dtype, int64_t rows, int64_t k,
                        const uint32_t* wq, const void* scales, const void* biases, void* w);
 

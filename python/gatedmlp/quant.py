@@ -17,19 +17,24 @@ import sys as _sys
 
 from . import _gatedmlp as _C
 
-# mode -> (QuantMode, default group_size, default bits), MLX's defaults.
-_MODES = {"affine": (_C.QuantMode.affine, 64, 4), "mxfp4": (_C.QuantMode.mxfp4, 32, 4)}
+# mode -> (QuantMode, default group_size, default bits, default row_block): MLX's defaults, and
+# DeepSeek-V3's 128 x 128 blocks for FP8.
+_MODES = {"affine": (_C.QuantMode.affine, 64, 4, 1), "mxfp4": (_C.QuantMode.mxfp4, 32, 4, 1),
+          "fp8_e4m3": (_C.QuantMode.fp8_e4m3, 128, 8, 128)}
 _NOT_YET = ("mxfp8", "nvfp4")  # MLX's other modes: not in gatedmlp yet
 
 
-def _format(group_size, bits, mode) -> "_C.QuantFormat":
+def _format(group_size, bits, mode, row_block=None) -> "_C.QuantFormat":
     if mode in _NOT_YET:
-        raise _C.NotSupportedError(f"gatedmlp: quantization mode {mode!r} is not supported yet (affine, mxfp4 are)")
+        raise _C.NotSupportedError(
+            f"gatedmlp: quantization mode {mode!r} is not supported yet (affine, mxfp4, fp8_e4m3 are)")
     if mode not in _MODES:
-        raise _C.InvalidArgumentError(f"gatedmlp: mode {mode!r} is not a quantization mode ('affine', 'mxfp4')")
-    qm, g, b = _MODES[mode]
+        raise _C.InvalidArgumentError(
+            f"gatedmlp: mode {mode!r} is not a quantization mode ('affine', 'mxfp4', 'fp8_e4m3')")
+    qm, g, b, rb = _MODES[mode]
     return _C.QuantFormat(mode=qm, bits=int(b if bits is None else bits),
-                          group_size=int(g if group_size is None else group_size))
+                          group_size=int(g if group_size is None else group_size),
+                          row_block=int(rb if row_block is None else row_block))
 
 
 def _is_torch(t) -> bool:
@@ -94,8 +99,8 @@ def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int
 
 def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None, biases_up=None, bias=None,
                       bias_up=None, out=None, preact=None, group_size: int | None = None, bits: int | None = None,
-                      mode: str = "affine", activation="silu", act_params=None, group: int = 0, first="gate",
-                      alpha: float = 1.0, stream=None):
+                      mode: str = "affine", row_block: int | None = None, activation="silu", act_params=None,
+                      group: int = 0, first="gate", alpha: float = 1.0, stream=None):
     """gate_up with quantized weights: y = act(alpha * x @ Wg^T + bg) * (alpha * x @ Wu^T + bu),
     the weights dequantized on the fly from quantize()'s arrays.
 
@@ -104,14 +109,19 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     0: stacked, `first` half first) with scales / biases [2U, K / group_size];
     or, with wq_up, the gate rows in wq and the up rows in wq_up, [U, ...]
     each, with scales_up / biases_up. mxfp4 has no biases. Affine scales and
-    biases may be bf16, fp16 or fp32. Returns out [M, U] (x's dtype when
-    allocated here). Up to 64 rows the weights are dequantized in registers
-    as they stream; past that they are dequantized into scratch (allocated
-    like x, kept for the stream) and the 16-bit kernel runs on them.
+    biases may be bf16, fp16 or fp32. mode="fp8_e4m3": wq holds the bytes of
+    float8_e4m3fn weights (``w.view(torch.int32)``), scales are float
+    [ceil(rows / row_block), ceil(K / group_size)] (row_block and group_size
+    128: DeepSeek-V3's ``weight_scale_inv``; 1 and 0: per channel; 0 and 0:
+    per tensor), no biases. Returns out [M, U] (x's dtype when allocated
+    here). Up to 64 rows the weights are dequantized in registers as they
+    stream; past that, or where the rows of x are not 16-byte aligned, they
+    are dequantized into scratch (allocated like x, kept for the stream) and
+    the 16-bit kernel runs on them.
     """
     from . import Activation, Half, _enum, _export, _stream_handle, _workspace_alloc, current_stream
 
-    fmt = _format(group_size, bits, mode)
+    fmt = _format(group_size, bits, mode, row_block)
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
     first = first if type(first) is Half else _enum(Half, first, "first")
     if out is None:

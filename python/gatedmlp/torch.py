@@ -187,12 +187,13 @@ def _gate_up_out_fake(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, c
 
 
 # ---------------------------------------------------------------- quantized weights
-_QUANT_MODES = {"affine": (_C.QuantMode.affine, 64, 4), "mxfp4": (_C.QuantMode.mxfp4, 32, 4)}
+_QUANT_MODES = {"affine": (_C.QuantMode.affine, 64, 4, 1), "mxfp4": (_C.QuantMode.mxfp4, 32, 4, 1),
+                "fp8_e4m3": (_C.QuantMode.fp8_e4m3, 128, 8, 128)}
 
 
-def _quant_format(mode: str, bits: int, group_size: int):
+def _quant_format(mode: str, bits: int, group_size: int, row_block: int):
     qm = _QUANT_MODES[mode][0]
-    return _C.QuantFormat(mode=qm, bits=bits, group_size=group_size)
+    return _C.QuantFormat(mode=qm, bits=bits, group_size=group_size, row_block=row_block)
 
 
 def _quantized_rows(wq: Tensor, wq_up: Optional[Tensor]) -> int:
@@ -200,7 +201,7 @@ def _quantized_rows(wq: Tensor, wq_up: Optional[Tensor]) -> int:
 
 
 def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits, group_size,
-                      activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype):
+                      row_block, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype):
     # What gatedmlp::quantized_gate_up computes, for real tensors only.
     u = _quantized_rows(wq, wq_up)
     out = x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype)
@@ -211,23 +212,25 @@ def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, 
         activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha, clamp_limit=clamp_limit, group=group,
         first=_HALVES[first], alpha=alpha, stream=_stream(x), workspace_alloc=_workspace_alloc(x.device),
         scales=_to_dlpack(scales), biases=_capsule(biases), scales_up=_capsule(scales_up),
-        biases_up=_capsule(biases_up), quant=_quant_format(mode, bits, group_size))
+        biases_up=_capsule(biases_up), quant=_quant_format(mode, bits, group_size, row_block))
     return out
 
 
 @torch.library.custom_op("gatedmlp::quantized_gate_up", mutates_args=())
 def _quantized_gate_up_op(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor], wq_up: Optional[Tensor],
                           scales_up: Optional[Tensor], biases_up: Optional[Tensor], bias: Optional[Tensor],
-                          bias_up: Optional[Tensor], mode: str, bits: int, group_size: int, activation: str,
-                          clamp_alpha: float, clamp_limit: float, group: int, first: str, alpha: float,
-                          out_dtype: Optional[torch.dtype]) -> Tensor:
+                          bias_up: Optional[Tensor], mode: str, bits: int, group_size: int, row_block: int,
+                          activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str,
+                          alpha: float, out_dtype: Optional[torch.dtype]) -> Tensor:
     return _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits,
-                             group_size, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype)
+                             group_size, row_block, activation, clamp_alpha, clamp_limit, group, first, alpha,
+                             out_dtype)
 
 
 @_quantized_gate_up_op.register_fake
 def _quantized_gate_up_fake(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits,
-                            group_size, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype):
+                            group_size, row_block, activation, clamp_alpha, clamp_limit, group, first, alpha,
+                            out_dtype):
     return x.new_empty((*x.shape[:-1], _quantized_rows(wq, wq_up)), dtype=out_dtype or x.dtype)
 
 
@@ -235,20 +238,24 @@ def quantized_gate_up(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Te
                       wq_up: Optional[Tensor] = None, scales_up: Optional[Tensor] = None,
                       biases_up: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                       bias_up: Optional[Tensor] = None, mode: str = "affine", bits: Optional[int] = None,
-                      group_size: Optional[int] = None, activation="silu", clamp_alpha: float = 1.702,
+                      group_size: Optional[int] = None, row_block: Optional[int] = None, activation="silu",
+                      clamp_alpha: float = 1.702,
                       clamp_limit: float = 7.0, group: int = 0, first="gate", alpha: float = 1.0,
                       out_dtype: Optional[torch.dtype] = None) -> Tensor:
     """gate_up with quantized weights as a PyTorch op (gatedmlp.quantized_gate_up's arrays: wq uint32 or int32
     [2U or U, K * bits / 32], scales / biases [rows, K / group_size]; mode "affine" (bits 4 or 8, groups of
-    32 / 64 / 128; default 4 and 64) or "mxfp4" (no biases)). x is [..., K]; returns y [..., U]."""
+    32 / 64 / 128; default 4 and 64), "mxfp4" (no biases) or "fp8_e4m3" (float8_e4m3fn bytes viewed as int32,
+    float scales per row_block x group_size block, default 128 x 128; no biases)). x is [..., K]; returns
+    y [..., U]."""
     _check_no_grad(x, bias, bias_up)
     if mode not in _QUANT_MODES:
         raise _g.InvalidArgumentError(f"gatedmlp: mode {mode!r} is not one of {', '.join(_QUANT_MODES)}")
     bits = int(bits if bits is not None else _QUANT_MODES[mode][2])
     group_size = int(group_size if group_size is not None else _QUANT_MODES[mode][1])
+    row_block = int(row_block if row_block is not None else _QUANT_MODES[mode][3])
     act = activation if activation in _ACTIVATIONS else activation_name(activation)
     first = first if first in _HALVES else _name(first, _HALVES, "first")
-    args = (x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits, group_size, act,
+    args = (x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits, group_size, row_block, act,
             float(clamp_alpha), float(clamp_limit), int(group), first, float(alpha), out_dtype)
     if x.is_cuda and type(x) is Tensor and not _traced():
         return _quantized_direct(*args)

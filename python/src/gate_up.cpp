@@ -39,9 +39,9 @@ void describe_quantized(const GateUpTensors& t, const QuantFormat& f, Problem* p
   p->quantized = true;
   p->quant = f;
   if (Status s = check_quant_format(f, p->k); !s.ok()) check(s);
-  const bool sep = t.w_up.has_value(), mx = f.mode == QuantMode::mxfp4;
+  const bool sep = t.w_up.has_value(), mx = f.mode == QuantMode::mxfp4, fp8 = f.mode == QuantMode::fp8_e4m3;
   const int64_t words = quant_words_per_row(f, p->k), groups = quant_groups_per_row(f, p->k);
-  const int64_t rows = sep ? p->u : 2 * p->u;
+  const int64_t rows = sep ? p->u : 2 * p->u, scale_rows = quant_scale_rows(f, rows);
   struct One {
     const TensorView* w;
     const std::optional<TensorView>* scales;
@@ -63,15 +63,21 @@ void describe_quantized(const GateUpTensors& t, const QuantFormat& f, Problem* p
                     ") uint32 words for K = " + str(p->k) + " and " + to_string(f) + ", got shape " + o.w->shape_str());
     if (!*o.scales) raise_invalid("'" + std::string(o.sname) + "' is required with quantized weights");
     const TensorView& sc = **o.scales;
-    if (sc.ndim != 2 || sc.size(0) != rows || sc.size(1) != groups)
-      raise_invalid("'" + sc.name + "' must be [rows, K / group_size] = (" + str(rows) + ", " + str(groups) +
-                    "), got shape " + sc.shape_str());
-    if ((groups > 1 && sc.stride(1) != 1) || (rows > 1 && sc.stride(0) != groups))
+    if (sc.ndim != 2 || sc.size(0) != scale_rows || sc.size(1) != groups)
+      raise_invalid("'" + sc.name + "' must be [" + (fp8 ? "scale rows, scale columns" : "rows, K / group_size") +
+                    "] = (" + str(scale_rows) + ", " + str(groups) + ") for " + to_string(f) + ", got shape " +
+                    sc.shape_str());
+    if ((groups > 1 && sc.stride(1) != 1) || (scale_rows > 1 && sc.stride(0) != groups))
       raise_invalid("'" + sc.name + "' must be contiguous, got strides " + sc.strides_str());
     if (mx) {
       if (sc.code != 1 || sc.bits != 8 || sc.lanes != 1)
         raise_invalid("'" + sc.name + "' must be uint8 (e8m0 scale bytes) for mxfp4, got " + sc.dtype_name());
       if (*o.biases) raise_invalid("'" + std::string(o.bname) + "' is given, but mxfp4 has no biases");
+      continue;
+    }
+    if (fp8) {
+      p->scale_dtype = dtype_of(sc, "scale");
+      if (*o.biases) raise_invalid("'" + std::string(o.bname) + "' is given, but fp8_e4m3 has no biases");
       continue;
     }
     p->scale_dtype = dtype_of(sc, "scale");
@@ -84,7 +90,7 @@ void describe_quantized(const GateUpTensors& t, const QuantFormat& f, Problem* p
       raise_invalid("'" + b.name + "' must be contiguous, got strides " + b.strides_str());
     require_same_dtype(b, sc);
   }
-  if (sep && !mx && t.scales_up) require_same_dtype(*t.scales_up, *t.scales);
+  if (sep && !mx && t.scales && t.scales_up) require_same_dtype(*t.scales_up, *t.scales);
 }
 
 Problem describe(const GateUpTensors& t, const GateUpOptions& o) {

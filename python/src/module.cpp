@@ -482,22 +482,26 @@ NB_MODULE(_gatedmlp, m) {
   // ---- quantized weights (gatedmlp/quant.hpp)
   nb::enum_<QuantMode>(m, "QuantMode")
       .value("affine", QuantMode::affine, "MLX: w = q * scale + bias per group along K")
-      .value("mxfp4", QuantMode::mxfp4, "e2m1 values, an e8m0 scale per 32 along K (gpt-oss, MLX's mxfp4)");
+      .value("mxfp4", QuantMode::mxfp4, "e2m1 values, an e8m0 scale per 32 along K (gpt-oss, MLX's mxfp4)")
+      .value("fp8_e4m3", QuantMode::fp8_e4m3,
+             "e4m3fn values, a float scale per block of row_block rows x group_size of K (FP8 checkpoints)");
   nb::class_<QuantFormat>(m, "QuantFormat")
       .def(
           "__init__",
-          [](QuantFormat* self, QuantMode mode, int bits, int group_size) {
-            new (self) QuantFormat{mode, bits, group_size};
+          [](QuantFormat* self, QuantMode mode, int bits, int group_size, int row_block) {
+            new (self) QuantFormat{mode, bits, group_size, row_block};
           },
-          "mode"_a = QuantMode::affine, "bits"_a = 4, "group_size"_a = 64)
+          "mode"_a = QuantMode::affine, "bits"_a = 4, "group_size"_a = 64, "row_block"_a = 1)
       .def_rw("mode", &QuantFormat::mode)
       .def_rw("bits", &QuantFormat::bits)
       .def_rw("group_size", &QuantFormat::group_size)
+      .def_rw("row_block", &QuantFormat::row_block)
       .def("__repr__", [](const QuantFormat& f) { return to_string(f); });
   m.def("check_quant_format", &check_quant_format, "format"_a, "k"_a,
         "The format's rules (bits, group size) and K against them.");
   m.def("quant_words_per_row", &quant_words_per_row, "format"_a, "k"_a);
   m.def("quant_groups_per_row", &quant_groups_per_row, "format"_a, "k"_a);
+  m.def("quant_scale_rows", &quant_scale_rows, "format"_a, "rows"_a);
   m.def("quantize_into", &quantize, "w"_a, "wq"_a, "scales"_a, "biases"_a.none(), "format"_a,
         "quantize_host on host arrays: w [..., K] into wq [..., K * bits / 32] (uint32), scales and biases "
         "[..., K / group_size] (w's dtype; mxfp4: uint8 scales, biases None). gatedmlp.quantize allocates them.");

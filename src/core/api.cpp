@@ -182,9 +182,9 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
 Status run_dequantized(const Problem& r, const Arguments& a, void* ws, size_t ws_bytes, cudaStream_t stream) {
   const size_t need = quant_decode::dequantized_bytes(r);
   if (ws == nullptr || ws_bytes < need)
-    return err(StatusCode::invalid_argument, "quantized weights at m=", r.m, " > ", quant_decode::kMaxM,
-               " rows are dequantized into the workspace: it needs at least ", need,
-               " bytes (workspace_size() gives the fastest size), got ", ws_bytes);
+    return err(StatusCode::invalid_argument, "this call's quantized weights (m=", r.m,
+               ") are dequantized into the workspace, which needs at least ", need,
+               " bytes (workspace_size() gives the fastest size); got ", ws_bytes);
   const bool sep = r.weights.format == WeightFormat::separate;
   const int64_t rows = sep ? r.u : 2 * r.u;
   char* base = static_cast<char*>(ws);

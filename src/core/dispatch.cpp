@@ -195,9 +195,10 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
   // Quantized weights: the quantized decode kernel up to its kMaxM rows;
   // past them (where the weights are reused across enough rows for the 16-bit
-  // kernels' tiles to pay) the weights are dequantized into the workspace
-  // and the 16-bit problem takes whatever path it would take. Config::path
-  // is then that path's, and run() dequantizes first (core/api.cpp).
+  // kernels' tiles to pay), and for what it cannot read, the weights are
+  // dequantized into the workspace and the 16-bit problem takes whatever
+  // path it would take. Config::path is then that path's, and run()
+  // dequantizes first (core/api.cpp).
   if (r.quantized) {
     const std::string no = quant_decode::blocker(r, a);
     if (no.empty()) {
@@ -208,16 +209,16 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
       c.vector_loads = true;
       c.reason = "quantized decode kernel: " + to_string(r.quant) + " weights dequantized in registers, m=" +
                  std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once; " +
-                 (r.quant.mode == QuantMode::mxfp4 ? (r.input_dtype == DType::bf16 ? "bf16 pair" : "fp32")
-                  : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair"
-                                                                         : "fp32") +
-                 " dequantization";
+                 (r.quant.mode == QuantMode::fp8_e4m3 ? "exact e4m3 values in 16-bit pairs, the scales on the fp32 sums"
+                  : r.quant.mode == QuantMode::mxfp4  ? (r.input_dtype == DType::bf16 ? "bf16 pair dequantization"
+                                                                                      : "fp32 dequantization")
+                  : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair dequantization"
+                                                                         : "fp32 dequantization");
       *cfg = c;
       return Status::Ok();
     }
-    if (r.m <= quant_decode::kMaxM)
-      return err(StatusCode::not_supported, "no kernel takes these quantized weights (", to_string(r.quant),
-                 "): ", no);
+    // Past its rows, or what it cannot read (rows of X off 16 bytes, FP8's K
+    // not a multiple of 16, ...): the dequantized 16-bit problem takes any.
     const Problem d = quant_decode::dequantized_problem(r).resolved();
     Arguments ad;
     if (a) {  // the dequantized weights sit in the 256-byte aligned workspace
@@ -227,8 +228,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     }
     if (Status s = select_config(d, a ? &ad : nullptr, dev, cfg); !s) return s;
     cfg->reason = "quantized weights dequantized to " + std::string(to_string(r.input_dtype)) +
-                  " in the workspace (m=" + std::to_string(r.m) + " > " + std::to_string(quant_decode::kMaxM) +
-                  "), then " + cfg->reason;
+                  " in the workspace (the quantized decode kernel cannot take " + no + "), then " + cfg->reason;
     return Status::Ok();
   }
   const std::string decode_no = decode_blocker(r, a);

@@ -99,7 +99,7 @@ std::string to_string(const Problem& p) {
   os << " weights=" << to_string(p.weights);
   if (p.quantized) {
     os << " quant=" << to_string(p.quant);
-    if (p.quant.mode == QuantMode::affine) os << " scales=" << to_string(p.scale_dtype);
+    if (p.quant.mode != QuantMode::mxfp4) os << " scales=" << to_string(p.scale_dtype);
   }
   os << " alpha=" << p.alpha;
   if (p.has_bias) os << " bias=" << to_string(p.bias_dtype);
@@ -165,7 +165,8 @@ bool same_problem(const Problem& a, const Problem& b) {
          a.batch_stride_bias == b.batch_stride_bias && a.batch_stride_y == b.batch_stride_y &&
          a.batch_stride_preact == b.batch_stride_preact && a.quantized == b.quantized &&
          (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
-                           a.quant.group_size == b.quant.group_size && a.scale_dtype == b.scale_dtype));
+                           a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
+                           a.scale_dtype == b.scale_dtype));
 }
 
 Status extents(const Problem& p, Extents* e) {
@@ -190,7 +191,7 @@ Status extents(const Problem& p, Extents* e) {
     if (vals[i] > kMax)
       return err(StatusCode::invalid_argument, "tensor '", names[i], "' would span ", static_cast<double>(vals[i]),
                  " elements, more than any device can address: check the sizes and strides");
-  const I scales = p.quantized ? rows * quant_groups_per_row(p.quant, p.k) : 0;
+  const I scales = p.quantized ? I(quant_scale_rows(p.quant, int64_t(rows))) * quant_groups_per_row(p.quant, p.k) : 0;
   *e = {int64_t(vals[0]), int64_t(vals[1]), int64_t(vals[2]), int64_t(vals[3]), int64_t(vals[4]), int64_t(scales)};
   return Status::Ok();
 }
@@ -259,7 +260,7 @@ Status check_support(const Problem& p) {
   if (p.quantized) {
     // Quantized along K, so the rows must be K-contiguous; their ld counts words.
     if (Status s = check_quant_format(p.quant, p.k); !s) return s;
-    if (p.quant.mode == QuantMode::affine && !valid_dtype(p.scale_dtype))
+    if (p.quant.mode != QuantMode::mxfp4 && !valid_dtype(p.scale_dtype))
       return err(inv, "scale_dtype has invalid value ", int(p.scale_dtype));
     if (w.storage != WeightStorage::out_in)
       return err(inv, "weights.storage must be out_in ([out, K], quantized along K) for quantized weights, got ",

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/internal.hpp"
+#include "gatedmlp/quant.hpp"
 
 namespace gatedmlp {
 
@@ -87,20 +88,20 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   ts.n = 0;
   ts.push_back(tensor("x", a.x, e.x, r.input_dtype, false));
   if (r.quantized) {
-    const bool mx = r.quant.mode == QuantMode::mxfp4;
+    const bool mx = r.quant.mode == QuantMode::mxfp4, affine = r.quant.mode == QuantMode::affine;
     const Tensor words{"w", a.w, e.w, 4, "uint32", false};
     const Tensor scales = mx ? Tensor{"w_scales", a.w_scales, e.scales, 1, "e8m0", false}
                              : tensor("w_scales", a.w_scales, e.scales, r.scale_dtype, false);
     ts.push_back(words);
     ts.push_back(scales);
-    if (!mx) ts.push_back(tensor("w_biases", a.w_biases, e.scales, r.scale_dtype, false));
+    if (affine) ts.push_back(tensor("w_biases", a.w_biases, e.scales, r.scale_dtype, false));
     if (sep) {
       ts.push_back({"w_up", a.w_up, e.w, 4, "uint32", false});
       Tensor up_scales = scales;
       up_scales.name = "w_up_scales";
       up_scales.ptr = a.w_up_scales;
       ts.push_back(up_scales);
-      if (!mx) ts.push_back(tensor("w_up_biases", a.w_up_biases, e.scales, r.scale_dtype, false));
+      if (affine) ts.push_back(tensor("w_up_biases", a.w_up_biases, e.scales, r.scale_dtype, false));
     }
   } else {
     ts.push_back(tensor("w", a.w, e.w, r.input_dtype, false));
@@ -153,12 +154,13 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
       !s)
     return s;
   const bool q = r.quantized, affine = q && r.quant.mode == QuantMode::affine;
+  const std::string no_biases = q ? std::string(to_string(r.quant.mode)) + " weights have no biases" : std::string();
   if (Status s = check_presence("w_scales", a.w_scales, q, "quantized weights need their scales in w_scales",
                                 "the weights are not quantized (Problem::quantized is false)");
       !s)
     return s;
   if (Status s = check_presence("w_biases", a.w_biases, affine, "affine quantized weights need their biases in w_biases",
-                                q ? "mxfp4 weights have no biases" : "the weights are not quantized (Problem::quantized is false)");
+                                q ? no_biases.c_str() : "the weights are not quantized (Problem::quantized is false)");
       !s)
     return s;
   if (Status s = check_presence("w_up_scales", a.w_up_scales, q && sep,

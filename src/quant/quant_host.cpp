@@ -76,12 +76,13 @@ float e8m0_value(uint8_t s) { return std::ldexp(1.0f, int(s) - 127); }
 // has none), and, when there is work, every array present.
 Status check_arrays(const char* op, const QuantFormat& f, DType dtype, bool dtype_used, int64_t rows,
                     const void* biases, std::initializer_list<std::pair<const void*, const char*>> arrays) {
-  const bool mx = f.mode == QuantMode::mxfp4;
+  const bool mx = f.mode != QuantMode::affine;  // no biases
   if (dtype_used && !float_dtype(dtype))
     return err(StatusCode::invalid_argument, op, ": dtype ", to_string(dtype), " is not a float type");
   if (rows < 0) return err(StatusCode::invalid_argument, op, ": rows must be >= 0, got ", rows);
   if (mx && biases != nullptr)
-    return err(StatusCode::invalid_argument, op, ": argument 'biases' is set (", biases, ") but mxfp4 has no biases");
+    return err(StatusCode::invalid_argument, op, ": argument 'biases' is set (", biases, ") but ", to_string(f.mode),
+               " has no biases");
   if (rows == 0) return Status::Ok();
   for (auto [p, name] : arrays)
     if (p == nullptr) return err(StatusCode::invalid_argument, op, ": argument '", name, "' is null");
@@ -161,8 +162,24 @@ uint32_t code_at(const uint32_t* row_words, int bits, int64_t i) {
 }  // namespace
 
 Status check_quant_format(const QuantFormat& f, int64_t k) {
-  if (f.mode != QuantMode::affine && f.mode != QuantMode::mxfp4)
+  if (f.mode != QuantMode::affine && f.mode != QuantMode::mxfp4 && f.mode != QuantMode::fp8_e4m3)
     return err(StatusCode::invalid_argument, "quant format: mode ", static_cast<int>(f.mode), " is not a QuantMode");
+  if (f.mode == QuantMode::fp8_e4m3) {
+    if (f.bits != 8) return err(StatusCode::not_supported, "quant format: fp8_e4m3 takes bits=8, got bits=", f.bits);
+    if (f.group_size != 0 && f.group_size != 128)
+      return err(StatusCode::not_supported, "quant format: fp8_e4m3 takes group_size=128 (blocks along K) or 0 (one ",
+                 "scale for all of K), got group_size=", f.group_size);
+    if (f.row_block != 0 && f.row_block != 1 && f.row_block != 128)
+      return err(StatusCode::not_supported, "quant format: fp8_e4m3 takes row_block=1, 128 or 0 (one scale for all ",
+                 "rows), got row_block=", f.row_block);
+    if (k <= 0 || k % 4)
+      return err(StatusCode::invalid_argument, "quant format: k=", k, " is not a positive multiple of 4 (fp8_e4m3 ",
+                 "packs four values to a word)");
+    return Status::Ok();
+  }
+  if (f.row_block != 1)
+    return err(StatusCode::not_supported, "quant format: row_block=", f.row_block, " (", to_string(f.mode),
+               " has a scale per row: 1)");
   if (f.mode == QuantMode::mxfp4 && (f.bits != 4 || f.group_size != 32))
     return err(StatusCode::not_supported, "quant format: mxfp4 takes bits=4 and group_size=32, got bits=", f.bits,
                " group_size=", f.group_size);
@@ -177,7 +194,21 @@ Status check_quant_format(const QuantFormat& f, int64_t k) {
 }
 
 int64_t quant_words_per_row(const QuantFormat& f, int64_t k) { return k * f.bits / 32; }
-int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) { return k / f.group_size; }
+int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) {
+  if (f.group_size == 0) return 1;  // fp8_e4m3: one scale along all of K
+  return (k + f.group_size - 1) / f.group_size;
+}
+int64_t quant_scale_rows(const QuantFormat& f, int64_t rows) {
+  if (f.row_block == 0) return 1;  // fp8_e4m3: one scale for all rows
+  return (rows + f.row_block - 1) / f.row_block;
+}
+
+static float e4m3_value(uint32_t b) {
+  const int e = int(b >> 3) & 15, m = int(b) & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();  // e4m3fn has no infinities
+  const float mag = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+  return (b & 0x80u) ? -mag : mag;
+}
 
 Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const void* w, uint32_t* wq,
                      void* scales, void* biases) {
@@ -185,6 +216,9 @@ Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k,
   if (Status s = check_arrays("quantize_host", f, dtype, true, rows, biases, {{w, "w"}, {wq, "wq"}, {scales, "scales"}});
       !s.ok())
     return s;
+  if (f.mode == QuantMode::fp8_e4m3)
+    return err(StatusCode::not_supported, "quantize_host: fp8_e4m3 weights come quantized (from checkpoints); ",
+               "quantize_host takes affine and mxfp4");
   if (f.mode == QuantMode::mxfp4)
     quantize_mxfp4(f, dtype, rows, k, w, wq, static_cast<uint8_t*>(scales));
   else
@@ -197,7 +231,7 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   if (Status s = check_quant_format(f, k); !s.ok()) return s;
   if (!float_dtype(out_dtype))
     return err(StatusCode::invalid_argument, "dequantize_host: out_dtype ", to_string(out_dtype), " is not a float type");
-  const bool mx = f.mode == QuantMode::mxfp4;
+  const bool mx = f.mode == QuantMode::mxfp4, fp8 = f.mode == QuantMode::fp8_e4m3;
   if (Status s = check_arrays("dequantize_host", f, dtype, !mx, rows, biases, {{wq, "wq"}, {scales, "scales"}, {w, "w"}});
       !s.ok())
     return s;
@@ -205,8 +239,13 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < k; ++i) {
       const uint32_t q = code_at(wq + r * words, f.bits, i);
-      const int64_t g = r * groups + i / f.group_size;
       float v;
+      if (fp8) {
+        const int64_t g = (f.row_block ? r / f.row_block : 0) * groups + (f.group_size ? i / f.group_size : 0);
+        store(w, out_dtype, r * k + i, e4m3_value(q) * load(scales, dtype, g));
+        continue;
+      }
+      const int64_t g = r * groups + i / f.group_size;
       if (mx)
         v = ((q & 8u) ? -kE2m1[q & 7u] : kE2m1[q & 7u]) * e8m0_value(static_cast<const uint8_t*>(scales)[g]);
       else
@@ -220,13 +259,16 @@ const char* to_string(QuantMode m) {
   switch (m) {
     case QuantMode::affine: return "affine";
     case QuantMode::mxfp4: return "mxfp4";
+    case QuantMode::fp8_e4m3: return "fp8_e4m3";
   }
   return "?";
 }
 
 std::string to_string(const QuantFormat& f) {
   std::ostringstream os;
-  os << "QuantFormat{mode=" << to_string(f.mode) << " bits=" << f.bits << " group_size=" << f.group_size << "}";
+  os << "QuantFormat{mode=" << to_string(f.mode) << " bits=" << f.bits << " group_size=" << f.group_size;
+  if (f.row_block != 1) os << " row_block=" << f.row_block;
+  os << "}";
   return os.str();
 }
 

@@ -25,8 +25,14 @@
 //
 // Either way every weight is q * s + b (or e2m1 * 2^(s - 127)) rounded once
 // to X's 16-bit type: what dequantizing to that type and running the 16-bit
-// kernel computes (the tests' yardstick), bar the rare double rounding of a
-// product first rounded to fp32.
+// kernel computes (the tests' yardstick).
+//
+//  FP8 (e4m3fn, float scales per block): the e4m3 bits go where a 16-bit
+//  float with the same exponent field keeps them (a subnormal for exponent
+//  0), and one pair multiply by 2^120 (bf16) or 2^8 (fp16) makes them the
+//  exact e4m3 values; the scale is not applied to the weights but to the
+//  fp32 sums of the chunk (kAccScale), so FP8 weights are never rounded.
+//  Pairs come out as (e0, e2), (e1, e3). (0x7F, e4m3fn's NaN, reads as 480.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -121,6 +127,7 @@ struct Dequant;
 template <typename T>
 struct Dequant<T, kInt4, true> {
   static constexpr int kWordElems = 8, kPairs = 4;
+  static constexpr bool kAccScale = false;
   // Scale index i of a row's scales (and biases), of X's dtype.
   __device__ __forceinline__ static Scale load(const void* scales, const void* biases, int, int64_t i, bool ok) {
     Scale sc;
@@ -149,6 +156,7 @@ template <typename T>
 struct Dequant<T, kMxfp4, true> {
   static_assert(sizeof(T) == 2, "16-bit X");
   static constexpr int kWordElems = 8, kPairs = 4;
+  static constexpr bool kAccScale = false;
   // s.s: the pair 2^(e - 1) when that fits bf16 (e <= 128), else 2^126, with
   // s.b = 2^(e - 127) applied by a second multiply.
   __device__ __forceinline__ static Scale load(const void* scales, const void*, int, int64_t i, bool ok) {
@@ -188,6 +196,7 @@ __device__ __forceinline__ Scale load_f32(const void* scales, const void* biases
 template <typename T>
 struct Dequant<T, kInt4, false> {
   static constexpr int kWordElems = 8, kPairs = 4;
+  static constexpr bool kAccScale = false;
   __device__ __forceinline__ static Scale load(const void* s, const void* b, int dtype, int64_t i, bool ok) {
     return load_f32(s, b, dtype, i, ok);
   }
@@ -209,6 +218,7 @@ template <typename T, bool PACKED>
 struct Dequant<T, kInt8, PACKED> {
   static_assert(!PACKED, "int8 dequantizes in fp32");
   static constexpr int kWordElems = 4, kPairs = 2;
+  static constexpr bool kAccScale = false;
   __device__ __forceinline__ static Scale load(const void* s, const void* b, int dtype, int64_t i, bool ok) {
     return load_f32(s, b, dtype, i, ok);
   }
@@ -229,6 +239,7 @@ struct Dequant<T, kInt8, PACKED> {
 template <typename T>
 struct Dequant<T, kMxfp4, false> {
   static constexpr int kWordElems = 8, kPairs = 4;
+  static constexpr bool kAccScale = false;
   // fs: 2^(e - 127) (a subnormal float for e = 0).
   __device__ __forceinline__ static Scale load(const void* scales, const void*, int, int64_t i, bool ok) {
     Scale sc;
@@ -252,6 +263,50 @@ struct Dequant<T, kMxfp4, false> {
   __device__ __forceinline__ static void x_pairs(const uint32_t (&x)[4], uint32_t (&out)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = x[i];
+  }
+};
+
+// ---------------------------------------------------------------- FP8 e4m3fn
+template <typename T>
+struct Fp8Bits;
+template <>
+struct Fp8Bits<__nv_bfloat16> {
+  // Byte b to bits ((b & 0x7F) << 4) | ((b & 0x80) << 8): exponent in 7-10, mantissa 4-6.
+  static constexpr int kShift = 4;
+  static constexpr uint32_t kMask = 0x07F007F0u;
+  static constexpr uint32_t kScale = 0x7B807B80u;  // 2^120, 2^120
+};
+template <>
+struct Fp8Bits<__half> {
+  // Byte b to bits ((b & 0x7F) << 7) | ((b & 0x80) << 8): exponent in 10-13, mantissa 7-9.
+  static constexpr int kShift = 7;
+  static constexpr uint32_t kMask = 0x3F803F80u;
+  static constexpr uint32_t kScale = 0x5C005C00u;  // 256, 256
+};
+
+template <typename T, bool PACKED>
+struct Dequant<T, kFp8, PACKED> {
+  static_assert(PACKED, "FP8 dequantizes in 16-bit pairs");
+  static constexpr int kWordElems = 4, kPairs = 2;
+  static constexpr bool kAccScale = true;
+  // The block's scale, whatever its dtype, for the fp32 sums.
+  __device__ __forceinline__ static Scale load(const void* scales, const void*, int dtype, int64_t i, bool ok) {
+    Scale sc;
+    sc.fs = ok ? gatedmlp::detail::load_float(scales, dtype, i) : 0.f;
+    return sc;
+  }
+  __device__ __forceinline__ static void word(uint32_t w, const Scale&, uint32_t (&a)[2]) {
+    using B = Fp8Bits<T>;
+    // Bytes 0 and 2, then 1 and 3, with their signs from bits 7 and 23 (15 and 31).
+    const uint32_t v0 = dq::and_or(w << B::kShift, B::kMask, (w << 8) & 0x80008000u);
+    const uint32_t v1 = dq::and_or(w >> (8 - B::kShift), B::kMask, w & 0x80008000u);
+    a[0] = dq::fma2<T>(v0, B::kScale, 0x80008000u);  // exact: the e4m3 values
+    a[1] = dq::fma2<T>(v1, B::kScale, 0x80008000u);
+  }
+  // X's (x0 x1) (x2 x3) to the pairs' (x0 x2) (x1 x3).
+  __device__ __forceinline__ static void x_pairs(const uint32_t (&x)[2], uint32_t (&out)[2]) {
+    out[0] = dq::prmt(x[0], x[1], 0x5410);
+    out[1] = dq::prmt(x[0], x[1], 0x7632);
   }
 };
 

@@ -9,28 +9,33 @@
 #include <cstdint>
 
 #include "common/device_dtype.cuh"
+#include "gatedmlp/quant.hpp"
 #include "quant_decode/quant_decode.hpp"
 
 namespace gatedmlp::quant_decode {
 
 namespace {
 
-// One thread per packed word: 32 / bits weights out.
-template <typename T, int BITS, bool MX>
+// One thread per packed word: 32 / bits weights out. MODE: 0 affine, 1
+// MXFP4, 2 FP8 (its scales per row_shift-block of rows and group of K, the
+// e4m3 value times the scale).
+template <typename T, int BITS, int MODE>
 __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ldw, const void* scales,
                                   const void* biases, int scale_dtype, int64_t rows, int64_t k, int group_shift,
-                                  T* __restrict__ out) {
+                                  int row_shift, int64_t groups, T* __restrict__ out) {
+  constexpr bool MX = MODE == 1;
   constexpr int kPer = 32 / BITS;
   const int64_t words_per_row = k / kPer;
-  const int64_t groups = k >> group_shift;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * words_per_row;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / words_per_row, wi = i % words_per_row;
     const uint32_t w = __ldg(words + r * ldw + wi);
     const int64_t k0 = wi * kPer;
-    const int64_t gi = r * groups + (k0 >> group_shift);
+    const int64_t gi = (r >> row_shift) * groups + (k0 >> group_shift);
     float s, b = 0.f;
-    if constexpr (MX) {
+    if constexpr (MODE == 2) {
+      s = gatedmlp::detail::load_float(scales, scale_dtype, gi);
+    } else if constexpr (MX) {
       const uint32_t e = __ldg(static_cast<const unsigned char*>(scales) + gi);
       s = __uint_as_float(e == 0 ? 0x00400000u : e << 23);  // 2^(e - 127)
     } else {
@@ -44,7 +49,12 @@ __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ld
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t q = (w >> ((j + h) * BITS)) & ((1u << BITS) - 1);
-        if constexpr (MX) {
+        if constexpr (MODE == 2) {
+          // e4m3's exponent and mantissa to float bits 20-26 (a subnormal
+          // for exponent 0), its sign to 31: times 2^120 the e4m3 value.
+          const float f = __uint_as_float(((q & 0x7Fu) << 20) | ((q & 0x80u) << 24));
+          v[h] = __fmul_rn(__fmul_rn(f, 0x1p120f), s);
+        } else if constexpr (MX) {
           const float mag = (q & 7u) == 0 ? 0.f : (q & 7u) == 1 ? 0.5f : __uint_as_float((((q & 7u) >> 1) + 126u) << 23) * (1.f + 0.5f * float(q & 1u));
           v[h] = (q & 8u) ? -(mag * s) : mag * s;
         } else {
@@ -63,17 +73,29 @@ cudaError_t launch_t(const DequantizeArgs& d, cudaStream_t stream) {
   const int threads = 256;
   const int64_t blocks = (n + threads - 1) / threads;
   const unsigned grid = static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
-  int shift = 0;
-  while ((1 << shift) < d.format.group_size) ++shift;
+  auto log2_of = [](int v) {
+    int s = 0;
+    while ((1 << s) < v) ++s;
+    return s;
+  };
+  const int gshift = d.format.group_size ? log2_of(d.format.group_size) : 63;
+  const int rshift = d.format.row_block ? log2_of(d.format.row_block) : 31;
+  const int64_t groups = quant_groups_per_row(d.format, d.k);
   const uint32_t* w = static_cast<const uint32_t*>(d.words);
   T* out = static_cast<T*>(d.out);
   const int sd = static_cast<int>(d.scale_dtype);
-  if (d.format.mode == QuantMode::mxfp4)
-    dequantize_kernel<T, 4, true><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, nullptr, sd, d.rows, d.k, shift, out);
+  if (d.format.mode == QuantMode::fp8_e4m3)
+    dequantize_kernel<T, 8, 2><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, nullptr, sd, d.rows, d.k, gshift,
+                                                             rshift, groups, out);
+  else if (d.format.mode == QuantMode::mxfp4)
+    dequantize_kernel<T, 4, 1><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, nullptr, sd, d.rows, d.k, gshift,
+                                                             rshift, groups, out);
   else if (d.format.bits == 8)
-    dequantize_kernel<T, 8, false><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, shift, out);
+    dequantize_kernel<T, 8, 0><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, gshift,
+                                                             rshift, groups, out);
   else
-    dequantize_kernel<T, 4, false><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, shift, out);
+    dequantize_kernel<T, 4, 0><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, gshift,
+                                                             rshift, groups, out);
   return cudaGetLastError();
 }
 

@@ -33,6 +33,7 @@ std::string blocker(const Problem& r, const Arguments* a) {
   else if (r.input_dtype != DType::bf16 && r.input_dtype != DType::fp16)
     os << "input_dtype " << to_string(r.input_dtype) << " (the quantized decode kernel takes bf16 and fp16 X)";
   else if (r.ldx % 8) os << "ldx=" << r.ldx << " is not a multiple of 8 (16-byte rows of x)";
+  else if (r.k % 16) os << "k=" << r.k << " is not a multiple of 16 (each lane reads 16 bytes of a row)";
   else if (r.weights.ld % 4) os << "weights.ld=" << r.weights.ld << " words is not a multiple of 4 (16-byte rows)";
   else if (r.u >= (int64_t(1) << 30))
     os << "u=" << r.u << " is 2^30 or more (the kernel indexes the 2u weight rows in 32 bits)";
@@ -91,14 +92,15 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   q.scales_up = a.w_up_scales;
   q.biases_up = a.w_up_biases;
   q.groups = quant_groups_per_row(r.quant, r.k);
-  q.group_shift = log2_exact(r.quant.group_size);
+  q.group_shift = r.quant.group_size ? log2_exact(r.quant.group_size) : 63;
+  q.row_shift = r.quant.row_block ? log2_exact(r.quant.row_block) : 31;
   q.scale_dtype = static_cast<int>(r.scale_dtype);
 
   Shape s;
   s.nt = r.m <= 8 ? 1 : r.m <= 16 ? 2 : r.m <= 32 ? 4 : 8;
-  const bool mx = r.quant.mode == QuantMode::mxfp4;
-  s.format = mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
-  s.packed_math = mx || r.scale_dtype == r.input_dtype;
+  const bool mx = r.quant.mode == QuantMode::mxfp4, fp8 = r.quant.mode == QuantMode::fp8_e4m3;
+  s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
+  s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
   // Warps per CTA and chunks per k-block: 4 and 1 were the fastest of
   // {2, 4, 8} x {1, 2, 4} at 8B and 70B, M = 1 (H100, docs/notes/quantized-decode.md h66).
   // GATEDMLP_QDECODE=W,U overrides them (tuning knob, docs/tuning.md).
@@ -115,6 +117,7 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   switch (s.format) {
     case kInt4: return bf ? launch_bf16_int4(q, s, stream) : launch_fp16_int4(q, s, stream);
     case kInt8: return bf ? launch_bf16_int8(q, s, stream) : launch_fp16_int8(q, s, stream);
+    case kFp8: return bf ? launch_bf16_fp8(q, s, stream) : launch_fp16_fp8(q, s, stream);
     default: return bf ? launch_bf16_mxfp4(q, s, stream) : launch_fp16_mxfp4(q, s, stream);
   }
 }

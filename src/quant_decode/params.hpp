@@ -16,6 +16,7 @@ enum Format : int {
   kInt4 = 0,   // affine, 4 bits
   kInt8 = 1,   // affine, 8 bits
   kMxfp4 = 2,  // e2m1 values, e8m0 scales
+  kFp8 = 3,    // e4m3fn values, float scales per block of rows x K applied to the fp32 sums
 };
 
 struct Params {
@@ -25,8 +26,9 @@ struct Params {
   const void* biases;     // affine only
   const void* scales_up;  // separate only
   const void* biases_up;
-  int64_t groups;         // scales per row: K / group_size
-  int group_shift;        // log2(group_size)
+  int64_t groups;         // scales per row of the scale arrays: K / group_size (FP8: ceil, or 1)
+  int group_shift;        // log2(group_size); 63 for one scale along all of K
+  int row_shift;          // log2(row_block): 0 but for FP8's blocks; 31 for one scale for all rows
   int scale_dtype;        // affine: 0 bf16, 1 fp16, 2 fp32; mxfp4: e8m0 bytes
 };
 
@@ -45,8 +47,10 @@ struct Shape {
 cudaError_t launch_bf16_int4(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_bf16_int8(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_bf16_mxfp4(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_bf16_fp8(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_fp16_int4(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_fp16_int8(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_fp16_mxfp4(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_fp16_fp8(const Params& p, Shape s, cudaStream_t stream);
 
 }  // namespace gatedmlp::quant_decode

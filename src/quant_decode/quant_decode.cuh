@@ -69,7 +69,7 @@ inline constexpr int kMaxWarps = decode::kMaxWarps;
 
 // Elements of a lane's 16 bytes of words per chunk.
 template <int FMT>
-inline constexpr int kLaneElemsOf = FMT == kInt8 ? 16 : 32;
+inline constexpr int kLaneElemsOf = FMT == kInt8 || FMT == kFp8 ? 16 : 32;
 
 template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(const __grid_constant__ Params qp) {
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
       wrow[h] = static_cast<const uint32_t*>(up_tensor ? p.w_up : p.w) + int64_t(row) * p.ldw + 4 * t;
       srow[h] = up_tensor ? qp.scales_up : qp.scales;
       brow[h] = up_tensor ? qp.biases_up : qp.biases;
-      sbase[h] = int64_t(row) * qp.groups;
+      sbase[h] = int64_t(row >> qp.row_shift) * qp.groups;
     }
   }
   const T* xrow[NT];
@@ -162,6 +162,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t kc = k0 + u * kChunk;
       const bool ok = kc + kLaneElems * t < p.k;
+      // FP8: the chunk's sums, scaled into acc after it (its 64 k lie in one
+      // block of 128, so all four lanes of a row share the scale).
+      float part[NT][4];
+      if constexpr (D::kAccScale) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) part[nt][r] = 0.f;
+      }
+      float(&sums)[NT][4] = D::kAccScale ? part : acc[0];
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
         uint32_t ag[kP], au[kP];
@@ -174,8 +184,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
           D::x_pairs(xr, xp);
 #pragma unroll
           for (int s = 0; s < kP / 2; ++s)
-            decode::detail_::mma_16816<T>(acc[0][nt], ag[2 * s], au[2 * s], ag[2 * s + 1], au[2 * s + 1], xp[2 * s],
+            decode::detail_::mma_16816<T>(sums[nt], ag[2 * s], au[2 * s], ag[2 * s + 1], au[2 * s + 1], xp[2 * s],
                                           xp[2 * s + 1]);
+        }
+      }
+      if constexpr (D::kAccScale) {
+        // c0, c1: this lane's gate row; c2, c3: its up row.
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          acc[0][nt][0] = fmaf(cs[u][0].fs, part[nt][0], acc[0][nt][0]);
+          acc[0][nt][1] = fmaf(cs[u][0].fs, part[nt][1], acc[0][nt][1]);
+          acc[0][nt][2] = fmaf(cs[u][1].fs, part[nt][2], acc[0][nt][2]);
+          acc[0][nt][3] = fmaf(cs[u][1].fs, part[nt][3], acc[0][nt][3]);
         }
       }
     }
@@ -223,7 +243,9 @@ cudaError_t launch_nt(const Params& p, Shape s, cudaStream_t stream) {
 
 template <typename T, int FMT>
 cudaError_t launch_format(const Params& p, Shape s, cudaStream_t stream) {
-  if constexpr (FMT == kInt8) {
+  if constexpr (FMT == kFp8) {
+    return launch_nt<T, FMT, true>(p, s, stream);
+  } else if constexpr (FMT == kInt8) {
     return launch_nt<T, FMT, false>(p, s, stream);
   } else if constexpr (FMT == kMxfp4 && !std::is_same_v<T, __nv_bfloat16>) {
     return launch_nt<T, FMT, false>(p, s, stream);  // 2^(e - 127) does not fit fp16

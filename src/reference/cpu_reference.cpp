@@ -32,6 +32,14 @@ double quantized_weight(const Problem& p, const void* words, const void* scales,
   const int per_word = 32 / p.quant.bits;
   const uint32_t w = static_cast<const uint32_t*>(words)[row * p.weights.ld + k / per_word];
   const uint32_t q = (w >> ((k % per_word) * p.quant.bits)) & ((1u << p.quant.bits) - 1);
+  if (p.quant.mode == QuantMode::fp8_e4m3) {
+    const int64_t groups = p.quant.group_size ? (p.k + p.quant.group_size - 1) / p.quant.group_size : 1;
+    const int64_t gi = (p.quant.row_block ? row / p.quant.row_block : 0) * groups +
+                       (p.quant.group_size ? k / p.quant.group_size : 0);
+    const int e = int(q >> 3) & 15, m = int(q) & 7;
+    const double mag = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+    return (q & 0x80u ? -mag : mag) * load_as_double(scales, p.scale_dtype, gi);
+  }
   const int64_t gi = row * (p.k / p.quant.group_size) + k / p.quant.group_size;
   if (p.quant.mode == QuantMode::mxfp4) {
     static const double kE2m1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};

@@ -89,3 +89,28 @@ def test_torch_op_matches_the_functional_call(m):
     compiled = torch.compile(lambda x: gt.quantized_gate_up(x, wq, s, b, group_size=32, activation="gelu_tanh"),
                              backend="eager", fullgraph=True)
     assert torch.equal(compiled(x).reshape(-1, u), want)
+
+
+@pytest.mark.parametrize("row_block,group_size", [(128, 128), (1, 0), (0, 0)])
+@pytest.mark.parametrize("m", [1, 16, 70])
+def test_fp8_weights_match_torch(row_block, group_size, m):
+    """FP8 e4m3fn weights as checkpoints store them (torch.float8_e4m3fn with
+    block, channel or tensor scales) against float64 on the exact values."""
+    k, u = 384, 72
+    w8 = (torch.randn(2 * u, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+    rows_s = 1 if row_block == 0 else -(-2 * u // row_block)
+    cols_s = 1 if group_size == 0 else -(-k // group_size)
+    scales = torch.rand(rows_s, cols_s, device="cuda", dtype=torch.float32) * 0.02 + 0.005
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = gatedmlp.quantized_gate_up(x, w8.view(torch.int32), scales, mode="fp8_e4m3", row_block=row_block,
+                                   group_size=group_size, out=torch.empty(m, u, device="cuda", dtype=torch.float32))
+    rb = 2 * u if row_block == 0 else row_block
+    gs = k if group_size == 0 else group_size
+    s_full = scales.double().repeat_interleave(rb, 0)[:2 * u].repeat_interleave(gs, 1)[:, :k]
+    w = w8.double() * s_full
+    h = x.double() @ w.T
+    want = torch.nn.functional.silu(h[:, :u]) * h[:, u:]
+    c = cosine(y.cpu().numpy(), want.cpu().numpy())
+    assert c >= 0.99999, f"cosine {c}"
+    if m <= 64:  # the decode kernel multiplies the exact e4m3 values: fp32 sums only
+        assert torch.allclose(y.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

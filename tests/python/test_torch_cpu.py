@@ -67,8 +67,8 @@ def test_quantized_fake_shapes_opcheck_and_compile():
                                 biases_up=s.clone()).shape == (2, 3, 96)
     mx_scales = torch.empty(96, 8, device="meta", dtype=torch.uint8)
     assert gt.quantized_gate_up(x, wq, mx_scales, mode="mxfp4").shape == (2, 3, 48)
-    args = (x, wq, s, s.clone(), None, None, None, None, None, "affine", 4, 64, "silu", 1.702, 7.0, 0, "gate", 1.0,
-            None)
+    args = (x, wq, s, s.clone(), None, None, None, None, None, "affine", 4, 64, 1, "silu", 1.702, 7.0, 0, "gate",
+            1.0, None)
     torch.library.opcheck(torch.ops.gatedmlp.quantized_gate_up.default, args,
                           test_utils=("test_schema", "test_faketensor"))
 
