@@ -136,7 +136,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int64_t ke = k0 + u * kChunk + kLaneElems * t;
+      // A scale that multiplies the weights: this lane's elements' group.
+      // One that multiplies the chunk's sums (FP8): the chunk's, in every
+      // lane, since lane t's part of the C fragment is tokens 2t, 2t+1 over
+      // all of the chunk's k, whether or not lane t's own elements are in K.
+      const int64_t ke = k0 + u * kChunk + (D::kAccScale ? 0 : kLaneElems * t);
       const bool ok = full || ke < p.k;
 #pragma unroll
       for (int h = 0; h < 2; ++h)
