@@ -17,6 +17,12 @@ inline constexpr int64_t kMaxM = 16;
 // `a` null: pointers assumed 16-byte aligned (plan() without arguments).
 std::string blocker(const Problem& resolved, const Arguments* a);
 
+struct Params;
+// The kernel's parameters for a resolved problem (params.hpp): pointers,
+// shape, strides, layout, activation, options. The quantized decode kernel
+// starts from them too.
+Params make_params(const Problem& resolved, const Arguments& a);
+
 // Launches it on `stream` for a resolved problem that blocker() accepted.
 // `sms`: the device's multiprocessor count.
 cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream);

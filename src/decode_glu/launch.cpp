@@ -61,7 +61,7 @@ std::string blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
-cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream) {
+Params make_params(const Problem& r, const Arguments& a) {
   Params p{};
   p.x = a.x;
   p.w = a.w;
@@ -95,6 +95,11 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
   p.pre_dtype = static_cast<int>(r.preact_dtype);
   p.has_bias = r.has_bias;
   p.has_pre = r.has_preact;
+  return p;
+}
+
+cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream) {
+  Params p = make_params(r, a);
 
   Shape s;
   s.nt = r.m <= 8 ? 1 : 2;

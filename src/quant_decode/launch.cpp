@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <sstream>
 
+#include "decode_glu/decode_glu.hpp"
 #include "gatedmlp/quant.hpp"
 #include "quant_decode/params.hpp"
 #include "quant_decode/quant_decode.hpp"
@@ -59,34 +60,8 @@ size_t dequantized_bytes(const Problem& r) {
 
 cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream) {
   Params q{};
+  q.d = decode::make_params(r, a);  // batch 1: check_support refuses more
   decode::Params& p = q.d;
-  p.x = a.x;
-  p.w = a.w;
-  p.w_up = a.w_up;
-  p.bias = a.bias;
-  p.bias_up = a.bias_up;
-  p.y = a.y;
-  p.pre = a.preact;
-  p.m = static_cast<int>(r.m);
-  p.batch = 1;
-  p.k = r.k;
-  p.u = r.u;
-  p.ldx = r.ldx;
-  p.ldw = r.weights.ld;
-  p.ldy = r.ldy;
-  p.ldpre = r.ldpre;
-  p.separate = r.weights.format == WeightFormat::separate;
-  p.group = p.separate ? r.u : r.weights.group;
-  p.first = static_cast<int>(r.weights.first);
-  p.act = static_cast<int>(r.activation);
-  p.alpha = r.alpha;
-  p.clamp_alpha = r.act_params.clamp_alpha;
-  p.clamp_limit = r.act_params.clamp_limit;
-  p.out_dtype = static_cast<int>(r.output_dtype);
-  p.bias_dtype = static_cast<int>(r.bias_dtype);
-  p.pre_dtype = static_cast<int>(r.preact_dtype);
-  p.has_bias = r.has_bias;
-  p.has_pre = r.has_preact;
   q.scales = a.w_scales;
   q.biases = a.w_biases;
   q.scales_up = a.w_up_scales;
