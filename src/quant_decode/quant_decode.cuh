@@ -7,16 +7,18 @@
 // load and the mma (dequant.cuh).
 //
 // Each lane streams 16 bytes of packed words per row per chunk: 32 elements
-// of 4-bit formats, 16 of int8, along K, at k0 + t * (elements per lane);
-// the chunk of 4 lanes spans 128 (4-bit) or 64 (int8) of K. Every format's
-// group (32 and more) holds a lane's elements whole, so each lane needs one
-// scale (and bias) per row per chunk. X is loaded for the same k, one word's
-// worth of elements at a time (16 bytes for 4-bit, 8 for int8), and paired
-// as the dequantized weights are.
+// of 4-bit formats, 16 of 8-bit ones, along K, at k0 + t * (elements per
+// lane); the chunk of 4 lanes spans 128 (4-bit) or 64 (8-bit) of K. Every
+// affine and MXFP4 group (32 and more) holds a lane's elements whole, so
+// each lane needs one scale (and bias) per row per chunk; FP8's blocks of
+// 128 hold a whole chunk, whose fp32 sums its scale multiplies. X is loaded
+// for the same k, one word's worth of elements at a time (16 bytes for
+// 4-bit, 8 for 8-bit), and paired as the dequantized weights are.
 //
-// K is a multiple of the group (and so of 32): a lane's elements are all in
-// K or all past it. In a k-block that crosses K, the lanes past it load
-// nothing and get zero scales, biases and X, so they add exact zeros.
+// K is a multiple of 16 (of the group, for affine and MXFP4): a lane's
+// elements are all in K or all past it. In a k-block that crosses K, the
+// lanes past it load nothing and get zero weights and X, so they add exact
+// zeros.
 #pragma once
 
 #include <cuda_bf16.h>
