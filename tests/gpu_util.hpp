@@ -410,6 +410,20 @@ inline uint64_t fresh_seed() {
 
 inline int64_t pick(std::mt19937_64& rng, std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); }
 
+// Half the cases get a bias, a third a pre-activation output (sometimes
+// with a padded row stride), each in a random dtype. p.u must be final.
+inline void random_bias_and_preact(Problem& p, std::mt19937_64& rng) {
+  if (rng() % 2) {
+    p.has_bias = true;
+    p.bias_dtype = static_cast<DType>(rng() % 3);
+  }
+  if (rng() % 3 == 0) {
+    p.has_preact = true;
+    p.preact_dtype = static_cast<DType>(rng() % 3);
+    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
+  }
+}
+
 // GATEDMLP_TEST_CASES overrides the number of random cases (the sanitizer
 // runs use a handful).
 inline int cases(int n) {

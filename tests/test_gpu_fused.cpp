@@ -68,19 +68,6 @@ int64_t random_size(std::mt19937_64& rng, int64_t max) {
   return 1 + int64_t(rng() % uint64_t(max));
 }
 
-// Half the cases get a bias, a third a pre-activation output (sometimes
-// with a padded row stride), each in a random dtype. p.u must be final.
-void random_bias_and_preact(Problem& p, std::mt19937_64& rng) {
-  if (rng() % 2) {
-    p.has_bias = true;
-    p.bias_dtype = static_cast<DType>(rng() % 3);
-  }
-  if (rng() % 3 == 0) {
-    p.has_preact = true;
-    p.preact_dtype = static_cast<DType>(rng() % 3);
-    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
-  }
-}
 
 Problem random_problem(std::mt19937_64& rng, DType in) {
   Problem p;

@@ -79,15 +79,7 @@ Problem random_quant_problem(std::mt19937_64& rng) {
   p.output_dtype = static_cast<DType>(rng() % 3);
   const float alphas[] = {1.0f, 0.5f, -1.5f};
   p.alpha = alphas[rng() % 3];
-  if (rng() % 2) {
-    p.has_bias = true;
-    p.bias_dtype = static_cast<DType>(rng() % 3);
-  }
-  if (rng() % 3 == 0) {
-    p.has_preact = true;
-    p.preact_dtype = static_cast<DType>(rng() % 3);
-    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4});
-  }
+  random_bias_and_preact(p, rng);
   if (rng() % 3 == 0) p.ldx = p.k + 8 * pick(rng, {1, 3});
   if (rng() % 4 == 0) p.weights.ld = quant_words_per_row(p.quant, p.k) + 4 * pick(rng, {1, 2});
   if (rng() % 3 == 0) p.ldy = p.u + pick(rng, {1, 3, 8});

@@ -154,13 +154,17 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
       !s)
     return s;
   const bool q = r.quantized, affine = q && r.quant.mode == QuantMode::affine;
-  const std::string no_biases = q ? std::string(to_string(r.quant.mode)) + " weights have no biases" : std::string();
+  // A literal, not a built string: run() checks the pointers on every call.
+  const char* no_biases = !q                                    ? "the weights are not quantized (Problem::quantized is false)"
+                          : r.quant.mode == QuantMode::mxfp4    ? "mxfp4 weights have no biases"
+                          : r.quant.mode == QuantMode::fp8_e4m3 ? "fp8_e4m3 weights have no biases"
+                                                                : "";
   if (Status s = check_presence("w_scales", a.w_scales, q, "quantized weights need their scales in w_scales",
                                 "the weights are not quantized (Problem::quantized is false)");
       !s)
     return s;
   if (Status s = check_presence("w_biases", a.w_biases, affine, "affine quantized weights need their biases in w_biases",
-                                q ? no_biases.c_str() : "the weights are not quantized (Problem::quantized is false)");
+                                no_biases);
       !s)
     return s;
   if (Status s = check_presence("w_up_scales", a.w_up_scales, q && sep,
