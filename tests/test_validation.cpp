@@ -416,3 +416,20 @@ TEST(Validation, Fp8Formats) {
   a.y = static_cast<char*>(const_cast<void*>(a.w_scales)) + 4;
   expect_error(validate(p, a), StatusCode::invalid_argument, {"output 'y'", "overlaps 'w_scales'"});
 }
+
+// No tokens (an empty batch, an expert no token chose) with quantized
+// weights: not an error, nothing launched, no device asked; the format is
+// still checked.
+TEST(Validation, QuantizedEmptyWork) {
+  for (const QuantFormat& f : {QuantFormat{QuantMode::affine, 4, 64}, QuantFormat{QuantMode::mxfp4, 4, 32},
+                               QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128}}) {
+    Problem p = quant_base();
+    p.quant = f;
+    p.m = 0;
+    EXPECT_TRUE(validate(p, Arguments{}).ok()) << validate(p, Arguments{}).message();
+    EXPECT_TRUE(run(p, Arguments{}, nullptr, 0, nullptr).ok()) << run(p, Arguments{}, nullptr, 0, nullptr).message();
+    EXPECT_EQ(workspace_size(p), 0u);
+    p.k = 250;
+    EXPECT_FALSE(run(p, Arguments{}, nullptr, 0, nullptr).ok()) << "a bad K is refused even with no rows";
+  }
+}
