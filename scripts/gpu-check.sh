@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|quantbench|host|small|dropin] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|quantbench|mlpbench|host|small|dropin] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 # SANITIZE_FILTER: the gtest filter the sanitizers run (default: the random
@@ -63,7 +63,7 @@ for step in "${steps[@]}"; do
   sanitize)
     for tool in memcheck racecheck synccheck; do
       GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*}" \
+        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*}" \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)"
@@ -181,6 +181,18 @@ for step in "${steps[@]}"; do
     rc=$?
     grep -E "^\[  (FAILED|PASSED) |cases \]|Failure|error" "$out/quant.log" | head -30
     note "quant: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/quant.log" | tail -1)" ;;
+  down)
+    # The down projection's suites only (the whole suite runs them too).
+    "$build/tests/test_gpu" --gtest_filter='GpuDown.*' >"$out/down.log" 2>&1
+    rc=$?
+    grep -E "^\[  (FAILED|PASSED) |cases \]|Failure|error" "$out/down.log" | head -30
+    note "down: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/down.log" | tail -1)" ;;
+  mlpbench)
+    # Whole-MLP decode (needs the pyext step first): gate/up + down from
+    # bf16 and int4 weights against the PyTorch chains and the roofline.
+    PYTHONPATH="$PWD/$build/python" python3 scripts/bench_mlp.py ${MLP_ARGS:-} --json "$out/mlp_bench.json" 2>&1 |
+      tee "$out/mlp_bench.txt" | tail -40
+    note "mlpbench: rc=${PIPESTATUS[0]} (table in mlp_bench.txt)" ;;
   quantbench)
     # The quantized-weights bars (needs the pyext step first): quantized
     # gate/up against bf16 gatedmlp, tinygemm int4 and the read roofline.

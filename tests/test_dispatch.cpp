@@ -460,3 +460,62 @@ TEST(Dispatch, QuantizedWeights) {
     EXPECT_NE(c.reason.find("ldx=4100"), std::string::npos) << c.reason;
   }
 }
+
+TEST(Dispatch, DownProjection) {
+  for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH", "GATEDMLP_SM90_PINGPONG",
+                        "GATEDMLP_DECODE"})
+    unsetenv(v);
+  auto down = [](int64_t m) {
+    Problem p;
+    p.op = Operation::down;
+    p.m = m;
+    p.k = 14336;
+    p.u = 4096;
+    return p;
+  };
+  auto pick_down = [](const Problem& p) {
+    Config c;
+    const Status s = detail::select_config(p.resolved(), nullptr, h200(), &c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return c;
+  };
+  // 16-bit: the decode kernel up to its 16 rows, cuBLASLt past them.
+  for (int64_t m : {1, 16}) EXPECT_EQ(pick_down(down(m)).path, KernelPath::decode) << m;
+  Config c = pick_down(down(17));
+  EXPECT_EQ(c.path, KernelPath::cublas);
+  EXPECT_NE(c.reason.find("m=17 is more than"), std::string::npos) << c.reason;
+  // Quantized: its decode kernel up to 64 rows; past them dequantized, then cuBLASLt.
+  Problem q = down(64);
+  q.quantized = true;
+  c = pick_down(q);
+  EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
+  EXPECT_EQ(c.tile_n, 16);
+  q.m = 65;
+  c = pick_down(q);
+  EXPECT_EQ(c.path, KernelPath::cublas) << to_string(c);
+  EXPECT_NE(c.reason.find("dequantized to bf16 in the workspace"), std::string::npos) << c.reason;
+  // Quantized, K not a multiple of 16 (FP8): dequantized; at m <= 16 the 16-bit decode kernel takes it.
+  q.m = 4;
+  q.k = 200;
+  q.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};
+  q.scale_dtype = DType::fp32;
+  c = pick_down(q);
+  EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+  EXPECT_NE(c.reason.find("k=200"), std::string::npos) << c.reason;
+  // The GLU of the input: computed into the workspace, so rows of X off 16
+  // bytes do not keep the decode kernel from the call.
+  Problem g = down(8);
+  g.glu_input = true;
+  g.ldx = 14337;
+  c = pick_down(g);
+  EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+  EXPECT_NE(c.reason.find("GLU of its input"), std::string::npos) << c.reason;
+  g.glu_input = false;
+  EXPECT_EQ(pick_down(g).path, KernelPath::cublas);
+  // in_out weights: only cuBLASLt reads them.
+  Problem io = down(1);
+  io.weights.storage = WeightStorage::in_out;
+  c = pick_down(io);
+  EXPECT_EQ(c.path, KernelPath::cublas);
+  EXPECT_NE(c.reason.find("in_out"), std::string::npos) << c.reason;
+}

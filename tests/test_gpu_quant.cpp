@@ -24,6 +24,7 @@
 
 #include "gatedmlp/quant.hpp"
 #include "gpu_util.hpp"
+#include "quant_weights.hpp"
 
 using namespace gatedmlp;
 using namespace gatedmlp::test;
@@ -91,63 +92,6 @@ Problem random_quant_problem(std::mt19937_64& rng) {
     if (p.ldpre) p.ldpre = 2 * p.u + 4;
   }
   return p;
-}
-
-// One quantized weight tensor: the host arrays (words with the problem's ld,
-// scales, biases) and the same weights dequantized to X's dtype, dense.
-struct QuantWeights {
-  Tensor words, scales, biases;
-  std::vector<unsigned char> dequantized;
-};
-
-void make_weights(const Problem& r, int64_t rows, std::mt19937_64& rng, QuantWeights* qw) {
-  const bool mx = r.quant.mode == QuantMode::mxfp4, fp8 = r.quant.mode == QuantMode::fp8_e4m3;
-  const int64_t words = quant_words_per_row(r.quant, r.k), groups = quant_groups_per_row(r.quant, r.k);
-  std::vector<uint32_t> dense(size_t(rows * words));
-  if (fp8) {
-    // FP8 comes quantized: e4m3 bytes of magnitude below 4 (exponent fields
-    // 0 ... 8, subnormals included; never 0x7F, e4m3fn's NaN) and scales
-    // around 2 / sqrt(K) / 2 per block.
-    unsigned char* bytes = reinterpret_cast<unsigned char*>(dense.data());
-    for (int64_t i = 0; i < rows * r.k; ++i) {
-      const uint32_t e = uint32_t(rng() % 9), m = uint32_t(rng() % 8), sgn = uint32_t(rng() % 2);
-      bytes[i] = static_cast<unsigned char>(sgn << 7 | e << 3 | m);
-    }
-    const int64_t n = quant_scale_rows(r.quant, rows) * groups;
-    std::vector<unsigned char> sc;
-    fill(sc, r.scale_dtype, n, rng, 0.5f / std::sqrt(float(r.k)), 1.5f / std::sqrt(float(r.k)));
-    qw->scales.host = sc;
-  }
-  if (!fp8) {
-    // Weights of the scales' dtype (MLX's scales are the weights' dtype).
-    const DType wdt = mx ? DType::fp32 : r.scale_dtype;
-    const float wscale = 2.0f / std::sqrt(float(r.k));
-    std::vector<unsigned char> w;
-    fill(w, wdt, rows * r.k, rng, -wscale, wscale);
-    // A few groups with a constant value (MLX's edge case) and zeros.
-    for (int i = 0; i < 3 && rows * r.k >= 64; ++i) {
-      const int64_t row = int64_t(rng() % uint64_t(rows)), g0 = int64_t(rng() % uint64_t(r.k / r.quant.group_size));
-      const double v = i == 0 ? 0.0 : 0.01 * double(i);
-      for (int j = 0; j < r.quant.group_size; ++j)
-        ref::store_from_double(w.data(), wdt, row * r.k + g0 * r.quant.group_size + j, v);
-    }
-    const size_t ssize = mx ? 1 : dtype_size(r.scale_dtype);
-    qw->scales.host.assign(size_t(rows * groups) * ssize, 0);
-    if (!mx) qw->biases.host.assign(size_t(rows * groups) * ssize, 0);
-    const Status s = quantize_host(r.quant, wdt, rows, r.k, w.data(), dense.data(), qw->scales.host.data(),
-                                   mx ? nullptr : qw->biases.host.data());
-    ASSERT_TRUE(s.ok()) << s.message();
-  }
-  // Into rows of ld words; the padding holds words that would be wrong weights.
-  qw->words.host.assign(size_t((rows - 1) * r.weights.ld + words) * 4, 0xA5);
-  for (int64_t row = 0; row < rows; ++row)
-    std::memcpy(&qw->words.host[size_t(row * r.weights.ld) * 4], &dense[size_t(row * words)], size_t(words) * 4);
-  qw->dequantized.assign(size_t(rows * r.k) * dtype_size(r.input_dtype), 0);
-  const Status s = dequantize_host(r.quant, r.scale_dtype, r.input_dtype, rows, r.k, dense.data(),
-                                   qw->scales.host.data(), mx || fp8 ? nullptr : qw->biases.host.data(),
-                                   qw->dequantized.data());
-  ASSERT_TRUE(s.ok()) << s.message();
-  for (Tensor* t : {&qw->words, &qw->scales, &qw->biases}) t->upload();
 }
 
 // One case end to end (see the file comment); `label` says what is run.

@@ -433,3 +433,61 @@ TEST(Validation, QuantizedEmptyWork) {
     EXPECT_FALSE(run(p, Arguments{}, nullptr, 0, nullptr).ok()) << "a bad K is refused even with no rows";
   }
 }
+
+TEST(Validation, DownProjection) {
+  Problem p = base();
+  p.op = Operation::down;
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  // One weight tensor: no layout of gate/up halves, no pre-activation.
+  Problem q = p;
+  q.weights.format = WeightFormat::separate;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"op=down takes one weight tensor", "separate"});
+  q = p;
+  q.weights.group = 32;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"op=down", "group=32"});
+  q = p;
+  q.has_preact = true;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"has_preact applies to op=gate_up"});
+  q = p;
+  q.op = static_cast<Operation>(7);
+  expect_error(check_support(q), StatusCode::invalid_argument, {"op has invalid value 7"});
+  // glu_input belongs to the down projection.
+  q = base();
+  q.glu_input = true;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"glu_input applies to op=down"});
+  // Its rows: ldy against u, the weights' ld against k (out_in) or u (in_out).
+  q = p;
+  q.weights.ld = 63;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"weights.ld", ">= 64", "got 63"});
+  q = p;
+  q.weights.storage = WeightStorage::in_out;
+  q.weights.ld = 95;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"weights.ld", ">= 96", "got 95"});
+  // Pointers: x_up with glu_input and only then; no w_up, no bias_up.
+  q = p;
+  q.glu_input = true;
+  Arguments a = args_for(q);
+  expect_error(validate(q, a), StatusCode::invalid_argument, {"'x_up' is null", "glu_input=true"});
+  a.x_up = fake(8);
+  q.glu_input = false;
+  expect_error(validate(q, a), StatusCode::invalid_argument, {"'x_up' is set", "op=down with glu_input=true"});
+  q = p;
+  q.has_bias = true;
+  a = args_for(q);
+  a.bias_up = fake(5);
+  expect_error(validate(q, a), StatusCode::invalid_argument, {"'bias_up' is set"});
+  // Empty work is not an error.
+  q = p;
+  q.m = 0;
+  EXPECT_TRUE(validate(q, Arguments{}).ok());
+  EXPECT_TRUE(run(q, Arguments{}, nullptr, 0, nullptr).ok());
+  // Printed as what it is.
+  q = p;
+  q.glu_input = true;
+  q.activation = Activation::gelu_tanh;
+  const std::string s = to_string(q);
+  EXPECT_NE(s.find("Problem{down m=33"), std::string::npos) << s;
+  EXPECT_NE(s.find("glu_input=gelu_tanh"), std::string::npos) << s;
+  EXPECT_STREQ(to_string(KernelPath::cublas), "cublas");
+  EXPECT_STREQ(to_string(Operation::down), "down");
+}

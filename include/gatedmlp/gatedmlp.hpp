@@ -1,12 +1,22 @@
 // gatedmlp: fused gated-MLP (GLU family) kernels.
 //
-// The first operation computes the gate/up half of a gated MLP in one launch:
+// Two operations, picked by Problem::op:
+//
+// gate_up (the default) computes the gate/up half of a gated MLP in one launch:
 //
 //     g = alpha * (X @ Wg^T) + bg ;  u = alpha * (X @ Wu^T) + bu ;  Y = act(g) * u
 //
 // with X [M, K], Y [M, U], and only Y written (plus, if asked, the
 // pre-activation [M, 2U] for training). Accumulation and the activation are
 // fp32; the result is rounded once, on the output.
+//
+// down computes the down projection, the MLP's second half:
+//
+//     Y = alpha * (H @ Wd^T) + bd,   H = X, or act(X) * X_up (glu_input)
+//
+// with H [M, K], Wd [U, K] (U output features), Y [M, U]. With glu_input the
+// GLU is fused into its input: X and Arguments::x_up are the gate and up
+// halves [M, K] (MLX's fused_swiglu_gather_qmv without the gather).
 //
 // Usage:
 //     gatedmlp::Problem p;  p.m = M; p.k = K; p.u = U;        // fill the descriptor
@@ -112,8 +122,14 @@ struct QuantFormat {
 inline constexpr int64_t kAuto = -1;
 
 // ---------------------------------------------------------------- problem
+enum class Operation : int {
+  gate_up = 0,  // Y [M, U] = act(X Wg^T + bg) * (X Wu^T + bu)
+  down = 1,     // Y [M, U] = alpha * (H Wd^T) + bd, H = X or act(X) * X_up
+};
+
 struct Problem {
-  int64_t m = 0, k = 0, u = 0;
+  Operation op = Operation::gate_up;
+  int64_t m = 0, k = 0, u = 0;  // down: k input features (the MLP's intermediate), u output features
   int64_t batch = 1;
 
   DType input_dtype = DType::bf16;   // X and W: bf16 or fp16
@@ -122,15 +138,22 @@ struct Problem {
   Activation activation = Activation::silu;
   ActivationParams act_params;
 
+  // down: one [U, K] (out_in) or [K, U] (in_out) tensor in w; format,
+  // group and first keep their defaults (fused, 0, gate).
   WeightLayout weights;
 
   float alpha = 1.0f;  // scales both GEMM results, before the bias
 
-  bool has_bias = false;             // gate and up bias
+  bool has_bias = false;             // gate and up bias; down: [U]
   DType bias_dtype = DType::fp32;
 
-  bool has_preact = false;           // also write [g | u] (the [M, 2U] GEMM result + bias)
+  bool has_preact = false;           // also write [g | u] (the [M, 2U] GEMM result + bias); gate_up only
   DType preact_dtype = DType::bf16;
+
+  // down only: the input is act(X) * X_up, the gate and up halves in
+  // Arguments::x and x_up, both [M, ldx] with batch_stride_x (activation
+  // and act_params say which GLU).
+  bool glu_input = false;
 
   int64_t ldx = 0;       // X row stride; 0 = K
   int64_t ldy = 0;       // Y row stride; 0 = U (write into a slice by setting it larger)
@@ -166,6 +189,7 @@ struct Problem {
 // ---------------------------------------------------------------- arguments
 struct Arguments {
   const void* x = nullptr;        // [L][M, ldx]
+  const void* x_up = nullptr;     // down with glu_input only: the up half of the input, [L][M, ldx]
   const void* w = nullptr;        // fused [2U] weights, or the gate weights if separate
   const void* w_up = nullptr;     // separate only: up weights
   const void* bias = nullptr;     // fused: [2U] in weight-row order; separate: gate bias [U]
@@ -187,6 +211,7 @@ enum class KernelPath : int {
   sm90_wgmma = 2,  // Hopper fast path: TMA + wgmma, sm_90 (H100/H200) only
   decode = 3,      // few rows (M <= 16): weight streaming, mma.sync with the tokens as the narrow side; sm_80+
   quant_decode = 4,  // the decode kernel's design on quantized weights, dequantized in registers; sm_80+
+  cublas = 5,        // down projection past the decode kernels' rows: a cuBLASLt GEMM (bias in its epilogue)
 };
 
 struct Config {
@@ -230,6 +255,7 @@ Status run(const Problem& problem, const Arguments& args, void* workspace, size_
 
 // ---------------------------------------------------------------- printing
 const char* to_string(DType);
+const char* to_string(Operation);
 const char* to_string(Activation);
 const char* to_string(WeightFormat);
 const char* to_string(Half);

@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 
 #include "core/internal.hpp"
 #include "decode_glu/decode_glu.hpp"
+#include "down/down.hpp"
 #include "quant_decode/quant_decode.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
@@ -74,10 +76,10 @@ sm80::Params make_params(const Problem& r, const Arguments& a) {
 }
 
 // The pointers whose alignment is part of a plan's key.
-constexpr int kKeyPointers = 11;
+constexpr int kKeyPointers = 12;
 void key_pointers(const Arguments& a, const void* (&out)[kKeyPointers]) {
-  const void* ptrs[kKeyPointers] = {a.x,       a.w,        a.w_up,     a.bias,        a.bias_up,    a.y,
-                                    a.preact,  a.w_scales, a.w_biases, a.w_up_scales, a.w_up_biases};
+  const void* ptrs[kKeyPointers] = {a.x,        a.w,        a.w_up,      a.bias,        a.bias_up,     a.y,
+                                    a.preact,   a.w_scales, a.w_biases,  a.w_up_scales, a.w_up_biases, a.x_up};
   for (int i = 0; i < kKeyPointers; ++i) out[i] = ptrs[i];
 }
 
@@ -101,6 +103,7 @@ struct Planned {
   Config cfg;
   int sms = 0;
   sm90::Prepared sm90;
+  std::shared_ptr<down::CublasLinear> linear;  // down projection on the cublas path
 };
 
 constexpr int kPlanCacheSize = 8;
@@ -162,12 +165,26 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
   if (Status s = detail::select_config(r, &a, dev, &cfg); !s) return s;
   Planned& e = t_plans.entries[t_plans.next];
   e.valid = false;
+  e.linear.reset();
   if (cfg.path == KernelPath::sm90_wgmma && !r.quantized) {  // quantized: the 16-bit call plans its own
     if (Status s = sm90::prepare(r, a, cfg.tile_n, cfg.pingpong, dev.sms, ws, ws_bytes, &e.sm90); !s) return s;
   }
+  // The down projection's cuBLASLt plan: its workspace is what the passes
+  // leave, all of kCublasBytes or none (the key's ws_enough tells which).
+  const down::WorkspaceLayout dl = detail::is_down(r) ? down::workspace_layout(r, cfg.path) : down::WorkspaceLayout{};
+  if (cfg.path == KernelPath::cublas) {
+    const bool full = ws != nullptr && ws_bytes >= dl.total();
+    const Arguments ka = down::kernel_args(r, cfg.path, a, ws ? ws : reinterpret_cast<void*>(uintptr_t(256)));
+    if (Status s = down::CublasLinear::create(down::kernel_problem(r, cfg.path), ka, full ? dl.cublas : 0, &e.linear);
+        !s)
+      return s;
+    cfg.reason += "; " + e.linear->describe();
+  }
   t_plans.next = (t_plans.next + 1) % kPlanCacheSize;
   fill_key(&e, p, device, a, env);
-  e.ws_threshold = cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong ? sm90::workspace_bytes(dev.sms) : 0;
+  e.ws_threshold = cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong ? sm90::workspace_bytes(dev.sms)
+                   : cfg.path == KernelPath::cublas                    ? dl.total()
+                                                                        : 0;
   e.ws_enough = ws != nullptr && ws_bytes >= e.ws_threshold;
   e.r = r;
   e.cfg = std::move(cfg);
@@ -242,7 +259,9 @@ size_t workspace_size(const Problem& p) {
   const Problem r = p.resolved();
   if (check_support(p) && !detail::empty(p) && detail::device_info(device, &dev) &&
       detail::select_config(r, nullptr, dev, &cfg)) {
-    if (r.quantized && cfg.path != KernelPath::quant_decode)  // dequantized first: the weights, then the 16-bit call's
+    if (detail::is_down(r))  // the passes' scratch and cuBLASLt's
+      bytes = down::workspace_layout(r, cfg.path).total();
+    else if (r.quantized && cfg.path != KernelPath::quant_decode)  // dequantized first: the weights, then the 16-bit call's
       bytes = quant_decode::dequantized_bytes(r) + workspace_size(quant_decode::dequantized_problem(r));
     else if (cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong && r.k > sm90::kTile.tile_k)  // one k-block: nothing to split
       bytes = sm90::workspace_bytes(dev.sms);
@@ -278,6 +297,7 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (detail::log_enabled())
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
+  if (detail::is_down(r)) return down::run(r, cfg, a, e->linear.get(), e->sms, workspace, workspace_bytes, stream);
   if (r.quantized && cfg.path != KernelPath::quant_decode) return run_dequantized(r, a, workspace, workspace_bytes, stream);
   if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch_prepared(e->sm90, a, workspace, workspace_bytes, stream);
   if (cfg.path == KernelPath::decode || cfg.path == KernelPath::quant_decode) {

@@ -7,6 +7,7 @@
 #include "core/internal.hpp"
 #include "gatedmlp/quant.hpp"
 #include "decode_glu/decode_glu.hpp"
+#include "down/down.hpp"
 #include "quant_decode/quant_decode.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
 #include "sm90_gemm_glu/schedule.hpp"
@@ -189,10 +190,63 @@ const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const D
 
 }  // namespace
 
+namespace {
+
+// The down projection: the decode kernels where they can read it (the
+// quantized one up to its 64 rows, the 16-bit one up to 16), else a
+// cuBLASLt GEMM, which takes any shape. Each decision is made on the
+// problem the kernel reads after down::run's passes: the GLU of the input
+// dense in the workspace, and weights that no quantized kernel reads
+// dequantized there (so a 16-bit kernel can still take them).
+Status select_down(const Problem& r, const Arguments* a, Config* cfg) {
+  Arguments ka;
+  if (a) {  // what the passes write sits in the 256-byte aligned workspace
+    ka = *a;
+    if (r.glu_input) ka.x = reinterpret_cast<const void*>(uintptr_t(256));
+  }
+  const char* glu = r.glu_input ? "; the GLU of its input computed into the workspace first" : "";
+  Config c;
+  c.vector_loads = true;
+  c.tile_m = static_cast<int>(r.m);
+  std::string quant_no;
+  if (r.quantized) {
+    quant_no = quant_decode::blocker(down::kernel_problem(r, KernelPath::quant_decode), a ? &ka : nullptr);
+    if (quant_no.empty()) {
+      c.path = KernelPath::quant_decode;
+      c.tile_n = 16;
+      c.reason = "down projection, quantized decode kernel: " + to_string(r.quant) + " weights, m=" +
+                 std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once" + glu;
+      *cfg = c;
+      return Status::Ok();
+    }
+    if (a) ka.w = reinterpret_cast<const void*>(uintptr_t(256));
+  }
+  const std::string dequant = r.quantized ? " (weights dequantized to " + std::string(to_string(r.input_dtype)) +
+                                                " in the workspace: the quantized decode kernel cannot take " +
+                                                quant_no + ")"
+                                          : "";
+  const std::string no = decode_blocker(down::kernel_problem(r, KernelPath::decode), a ? &ka : nullptr);
+  if (no.empty()) {
+    c.path = KernelPath::decode;
+    c.tile_n = 16;
+    c.reason = "down projection, decode kernel: m=" + std::to_string(r.m) + " <= " + std::to_string(decode::kMaxM) +
+               " rows stream the weights once" + dequant + glu;
+  } else {
+    c = Config{};
+    c.path = KernelPath::cublas;
+    c.reason = "down projection, cuBLASLt GEMM (the decode kernel cannot take " + no + ")" + dequant + glu;
+  }
+  *cfg = c;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev, Config* cfg) {
   if (dev.major < 8)
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
+  if (is_down(r)) return select_down(r, a, cfg);
   // Quantized weights: the quantized decode kernel up to its kMaxM rows;
   // past them (where the weights are reused across enough rows for the 16-bit
   // kernels' tiles to pay), and for what it cannot read, the weights are

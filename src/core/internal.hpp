@@ -43,8 +43,10 @@ Status extents(const Problem& resolved, Extents* e);
 
 // Number of weight rows (output features) of one weight tensor.
 inline int64_t weight_rows(const Problem& p) {
-  return p.weights.format == WeightFormat::fused ? 2 * p.u : p.u;
+  return p.op == Operation::gate_up && p.weights.format == WeightFormat::fused ? 2 * p.u : p.u;
 }
+
+inline bool is_down(const Problem& p) { return p.op == Operation::down; }
 
 bool log_enabled();
 

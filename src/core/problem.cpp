@@ -22,6 +22,14 @@ const char* to_string(DType d) {
   return "invalid";
 }
 
+const char* to_string(Operation o) {
+  switch (o) {
+    case Operation::gate_up: return "gate_up";
+    case Operation::down: return "down";
+  }
+  return "invalid";
+}
+
 const char* to_string(Activation a) {
   switch (a) {
     case Activation::silu: return "silu";
@@ -64,6 +72,7 @@ const char* to_string(KernelPath k) {
     case KernelPath::sm90_wgmma: return "sm90_wgmma";
     case KernelPath::decode: return "decode";
     case KernelPath::quant_decode: return "quant_decode";
+    case KernelPath::cublas: return "cublas";
   }
   return "invalid";
 }
@@ -92,11 +101,16 @@ std::string to_string(const WeightLayout& w) {
 
 std::string to_string(const Problem& p) {
   std::ostringstream os;
-  os << "Problem{m=" << p.m << " k=" << p.k << " u=" << p.u << " batch=" << p.batch << " in=" << to_string(p.input_dtype)
-     << " out=" << to_string(p.output_dtype) << " act=" << to_string(p.activation);
-  if (p.activation == Activation::swiglu_clamped)
-    os << "(alpha=" << p.act_params.clamp_alpha << ", limit=" << p.act_params.clamp_limit << ")";
-  os << " weights=" << to_string(p.weights);
+  const bool down = p.op == Operation::down;
+  os << "Problem{" << (down ? "down " : "") << "m=" << p.m << " k=" << p.k << " u=" << p.u << " batch=" << p.batch
+     << " in=" << to_string(p.input_dtype) << " out=" << to_string(p.output_dtype);
+  if (!down || p.glu_input) {
+    os << (down ? " glu_input=" : " act=") << to_string(p.activation);
+    if (p.activation == Activation::swiglu_clamped)
+      os << "(alpha=" << p.act_params.clamp_alpha << ", limit=" << p.act_params.clamp_limit << ")";
+  }
+  if (down) os << " weights=" << to_string(p.weights.storage) << " ld=" << p.weights.ld;
+  else os << " weights=" << to_string(p.weights);
   if (p.quantized) {
     os << " quant=" << to_string(p.quant);
     if (p.quant.mode != QuantMode::mxfp4) os << " scales=" << to_string(p.scale_dtype);
@@ -125,7 +139,8 @@ std::string to_string(const Config& c) {
 Problem Problem::resolved() const {
   Problem p = *this;
   const int64_t rows = detail::weight_rows(p);
-  if (p.weights.format == WeightFormat::fused && p.weights.group == 0) p.weights.group = p.u;
+  if (p.op == Operation::gate_up && p.weights.format == WeightFormat::fused && p.weights.group == 0)
+    p.weights.group = p.u;
   if (p.ldx == 0) p.ldx = p.k;
   if (p.weights.ld == 0)
     p.weights.ld = p.quantized ? quant_words_per_row(p.quant, p.k)
@@ -145,7 +160,7 @@ namespace detail {
 
 // A field added to Problem must be added to same_problem too, or run()
 // would reuse a plan made for another call (this size is the x86-64 one).
-static_assert(sizeof(void*) != 8 || sizeof(Problem) == 200, "Problem changed: update same_problem");
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 208, "Problem changed: update same_problem");
 
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
@@ -154,7 +169,7 @@ bool same_problem(const Problem& a, const Problem& b) {
     return u;
   };
   const WeightLayout &wa = a.weights, &wb = b.weights;
-  return a.m == b.m && a.k == b.k && a.u == b.u && a.batch == b.batch && a.input_dtype == b.input_dtype &&
+  return a.op == b.op && a.glu_input == b.glu_input && a.m == b.m && a.k == b.k && a.u == b.u && a.batch == b.batch && a.input_dtype == b.input_dtype &&
          a.output_dtype == b.output_dtype && a.activation == b.activation &&
          bits(a.act_params.clamp_alpha) == bits(b.act_params.clamp_alpha) &&
          bits(a.act_params.clamp_limit) == bits(b.act_params.clamp_limit) && wa.format == wb.format &&
@@ -183,7 +198,7 @@ Status extents(const Problem& p, Extents* e) {
       L1 * p.batch_stride_w + ew,
       L1 * p.batch_stride_bias + rows,
       L1 * p.batch_stride_y + I(p.m - 1) * p.ldy + p.u,
-      L1 * p.batch_stride_preact + I(p.m - 1) * p.ldpre + 2 * I(p.u),
+      p.has_preact ? L1 * p.batch_stride_preact + I(p.m - 1) * p.ldpre + 2 * I(p.u) : I(0),
   };
   const char* names[5] = {"x", "w", "bias", "y", "preact"};
   constexpr I kMax = I(1) << 56;  // bytes of any real address space, with room for the element size
@@ -244,7 +259,17 @@ Status check_support(const Problem& p) {
   if (w.storage != WeightStorage::out_in && w.storage != WeightStorage::in_out)
     return err(inv, "weights.storage has invalid value ", int(w.storage));
   if (w.first != Half::gate && w.first != Half::up) return err(inv, "weights.first has invalid value ", int(w.first));
-  if (w.format == WeightFormat::fused) {
+  if (p.op != Operation::gate_up && p.op != Operation::down) return err(inv, "op has invalid value ", int(p.op));
+  if (p.op == Operation::down) {
+    // One [U, K] weight tensor: nothing to interleave, no gate/up halves.
+    if (w.format != WeightFormat::fused || w.group != 0 || w.first != Half::gate)
+      return err(inv, "op=down takes one weight tensor: weights.format, group and first must keep their defaults "
+                 "(fused, 0, gate), got ", to_string(w));
+    if (p.has_preact) return err(inv, "has_preact applies to op=gate_up; the down projection has no pre-activation");
+  } else if (p.glu_input) {
+    return err(inv, "glu_input applies to op=down (the GLU fused into the down projection's input); op=gate_up "
+               "applies its activation to its own output");
+  } else if (w.format == WeightFormat::fused) {
     if (w.group < 0 || w.group > p.u)
       return err(inv, "weights.group must be in [0, u=", p.u, "] (0 means u, stacked), got ", w.group);
     if (w.group > 0 && p.u % w.group != 0)

@@ -87,6 +87,7 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   TensorList& ts = *out;
   ts.n = 0;
   ts.push_back(tensor("x", a.x, e.x, r.input_dtype, false));
+  if (r.glu_input) ts.push_back(tensor("x_up", a.x_up, e.x, r.input_dtype, false));
   if (r.quantized) {
     const bool mx = r.quant.mode == QuantMode::mxfp4, affine = r.quant.mode == QuantMode::affine;
     const Tensor words{"w", a.w, e.w, 4, "uint32", false};
@@ -139,6 +140,11 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
   const bool sep = r.weights.format == WeightFormat::separate;
 
   if (Status s = check_presence("x", a.x, true, "x [M, K] is required", ""); !s) return s;
+  if (Status s = check_presence("x_up", a.x_up, r.glu_input,
+                                "glu_input=true needs the up half of the input in x_up (x holds the gate half)",
+                                "x_up is used only by op=down with glu_input=true");
+      !s)
+    return s;
   if (Status s = check_presence("w", a.w, true, "the weights are required", ""); !s) return s;
   if (Status s = check_presence("w_up", a.w_up, sep, "weights.format=separate needs the up weights in w_up",
                                 "weights.format=fused takes all weights in w; w_up must be null");

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t j0 = int64_t(blockIdx.x) * (8 * CG);
+  const int64_t j0 = int64_t(blockIdx.x) * (p.down ? 16 * CG : 8 * CG);
   constexpr int kBlockK = 32 * UNROLL;
   const int64_t k_blocks = (p.k + kBlockK - 1) / kBlockK;
 
@@ -88,9 +88,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const T* base = static_cast<const T*>(p.separate && h ? p.w_up : p.w);
-        // 32-bit: blocker() keeps 2U below 2^31.
-        const uint32_t row = p.separate ? uint32_t(j)
-                                        : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
+        // 32-bit: blocker() keeps 2U below 2^31. Down: rows j0+g and j0+8+g (U-1 past U).
+        const uint32_t row = p.down       ? uint32_t(min(j0 + cg * 16 + h * 8 + g, p.u - 1))
+                             : p.separate ? uint32_t(j)
+                                          : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
         wrow[cg][h] = base + int64_t(l) * p.sw + int64_t(row) * p.ldw + 8 * t;
       }
     }
@@ -154,7 +155,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const 
 
     store_partials<NT, CG>(red, acc);
     __syncthreads();
-    epilogue<NT, CG>(p, red, j0, l);
+    if constexpr (CG == 1) {
+      if (p.down) epilogue_down<NT>(p, red, j0, l);
+      else epilogue<NT, CG>(p, red, j0, l);
+    } else {
+      epilogue<NT, CG>(p, red, j0, l);
+    }
     __syncthreads();  // the next batch overwrites the partial sums
   }
 }
@@ -164,7 +170,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const 
 template <typename T, int NT, int CG, int UNROLL, int MINB>
 cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   if (p.warps == 0) p.warps = warps_for(p.k, UNROLL);
-  const int64_t cols = 8 * CG;
+  const int64_t cols = columns_per_cta(p) * CG;
   const dim3 grid(static_cast<unsigned>((p.u + cols - 1) / cols), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
   decode_glu_kernel<T, NT, CG, UNROLL, MINB><<<grid, p.warps * 32, red_bytes<NT, CG>(p.warps), stream>>>(p);
   return cudaGetLastError();

@@ -95,4 +95,24 @@ __device__ __forceinline__ void epilogue(const Params& p, const float* red, int6
   }
 }
 
+// The down projection's epilogue (Params::down): C rows 0-7 are output
+// columns j0 ... j0+7, rows 8-15 columns j0+8 ... j0+15, so lane (g, t)
+// holds c0, c1 = column j0+g and c2, c3 = column j0+8+g for tokens 2t, 2t+1.
+// One (token, column) per thread: the warps' sums, alpha, bias, Y.
+template <int NT>
+__device__ __forceinline__ void epilogue_down(const Params& p, const float* red, int64_t j0, int l) {
+  for (int e = threadIdx.x; e < 16 * p.m; e += blockDim.x) {
+    const int c = e & 15, m = e >> 4;
+    const int64_t j = j0 + c;
+    if (j >= p.u) continue;
+    const int nt = m >> 3, reg = ((c >> 3) << 1) + (m & 1);
+    const float* part = red + nt * 128 + reg * 32 + ((c & 7) << 2) + ((m & 7) >> 1);
+    float s = 0.f;
+    for (int w = 0; w < p.warps; ++w) s += part[w * (NT * 128)];
+    float y = s * p.alpha;
+    if (p.has_bias) y += gatedmlp::detail::load_float(p.bias, p.bias_dtype, int64_t(l) * p.sb + j);
+    gatedmlp::detail::store_float(p.y, p.out_dtype, int64_t(l) * p.sy + int64_t(m) * p.ldy + j, y);
+  }
+}
+
 }  // namespace gatedmlp::decode

@@ -84,6 +84,7 @@ Params make_params(const Problem& r, const Arguments& a) {
   p.sy = r.batch_stride_y;
   p.spre = r.batch_stride_preact;
   p.separate = r.weights.format == WeightFormat::separate;
+  p.down = r.op == Operation::down;
   p.group = p.separate ? r.u : r.weights.group;
   p.first = static_cast<int>(r.weights.first);
   p.act = static_cast<int>(r.activation);
@@ -103,7 +104,8 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
 
   Shape s;
   s.nt = r.m <= 8 ? 1 : 2;
-  s.one_wave = (r.u + 7) / 8 * r.batch <= 3 * int64_t(sms);
+  const int64_t cols = columns_per_cta(p);
+  s.one_wave = (r.u + cols - 1) / cols * r.batch <= 3 * int64_t(sms);
   p.warps = 0;  // one per k-block, at most kMaxWarps
   return r.input_dtype == DType::bf16 ? launch_bf16(p, s, stream) : launch_fp16(p, s, stream);
 }

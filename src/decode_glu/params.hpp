@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/layout_math.hpp"  // GATEDMLP_HD
+
 namespace gatedmlp::decode {
 
 // Everything the kernel needs, resolved on the host. Strides in elements.
@@ -27,6 +29,7 @@ struct Params {
   int64_t group;        // interleave block (fused); unused if separate
   int first;            // 0: gate block first, 1: up block first
   int separate;         // 1: two weight tensors
+  int down;             // 1: the down projection, one [U, K] weight (CTA rows j0 .. j0+15 are 16 output columns)
 
   int act;
   float alpha, clamp_alpha, clamp_limit;
@@ -42,6 +45,9 @@ struct Params {
 // (kUnroll x 1 KB of weights per group of 8 columns).
 inline constexpr int kUnroll = 4;
 inline constexpr int kMaxWarps = 8;
+
+// Output columns per CTA: 8 gate/up pairs, or 16 rows of a down projection.
+GATEDMLP_HD int64_t columns_per_cta(const Params& p) { return p.down ? 16 : 8; }
 
 // Warps per CTA for K: one per k-block, at most kMaxWarps.
 inline int warps_for(int64_t k, int unroll = kUnroll) {

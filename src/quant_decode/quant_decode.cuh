@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t j0 = int64_t(blockIdx.x) * 8;
+  const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p);
   const int64_t k_blocks = (p.k + kBlockK - 1) / kBlockK;
 
   // This lane's rows: the gate and up rows of column j0 + g (U-1 past U), and
@@ -103,9 +103,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool up_tensor = p.separate && h;
-      // 32-bit: blocker() keeps 2U below 2^31.
-      const uint32_t row = p.separate ? uint32_t(j)
-                                      : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
+      // 32-bit: blocker() keeps 2U below 2^31. Down: rows j0+g and j0+8+g (U-1 past U).
+      const uint32_t row = p.down       ? uint32_t(min(j0 + h * 8 + g, p.u - 1))
+                           : p.separate ? uint32_t(j)
+                                        : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
       wrow[h] = static_cast<const uint32_t*>(up_tensor ? p.w_up : p.w) + int64_t(row) * p.ldw + 4 * t;
       srow[h] = up_tensor ? qp.scales_up : qp.scales;
       brow[h] = up_tensor ? qp.biases_up : qp.biases;
@@ -209,17 +210,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
 
   decode::store_partials<NT, 1>(red, acc);
   __syncthreads();
-  decode::epilogue<NT, 1>(p, red, j0, 0);
+  if (p.down) decode::epilogue_down<NT>(p, red, j0, 0);
+  else decode::epilogue<NT, 1>(p, red, j0, 0);
 }
 
 // Launches quant_decode_kernel<...> with min(p.d.warps, k-blocks) warps per
-// CTA and one CTA per 8 columns.
+// CTA and one CTA per 8 columns (16 for the down projection).
 template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
 cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   constexpr int kBlockK = 4 * kLaneElemsOf<FMT> * UNROLL;
   const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
   p.d.warps = static_cast<int>(k_blocks < p.d.warps ? k_blocks : p.d.warps);
-  const dim3 grid(static_cast<unsigned>((p.d.u + 7) / 8));
+  const int64_t cols = decode::columns_per_cta(p.d);
+  const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols));
   quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB>
       <<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
   return cudaGetLastError();

@@ -50,9 +50,51 @@ double quantized_weight(const Problem& p, const void* words, const void* scales,
   return double(q) * load_as_double(scales, p.scale_dtype, gi) + load_as_double(biases, p.scale_dtype, gi);
 }
 
+namespace {
+
+// Operation::down: y = alpha * h Wd^T + bd, h = x or act(x) * x_up, all in float64.
+void down_reference(const Problem& p, const Arguments& h, std::vector<double>* y, const std::vector<int64_t>* rows) {
+  const bool in_out = p.weights.storage == WeightStorage::in_out;
+  const int64_t nrows = rows ? int64_t(rows->size()) : p.m;
+  y->assign(size_t(p.batch * nrows * p.u), 0.0);
+  std::vector<double> hs(size_t(nrows * p.k)), w(size_t(p.k));
+  for (int64_t l = 0; l < p.batch; ++l) {
+    for (int64_t ri = 0; ri < nrows; ++ri) {
+      const int64_t m = rows ? (*rows)[size_t(ri)] : ri;
+      for (int64_t kk = 0; kk < p.k; ++kk) {
+        const int64_t off = l * p.batch_stride_x + m * p.ldx + kk;
+        const double g = load_as_double(h.x, p.input_dtype, off);
+        hs[size_t(ri * p.k + kk)] =
+            p.glu_input ? detail::glu<double>(static_cast<int>(p.activation), g, load_as_double(h.x_up, p.input_dtype, off),
+                                              double(p.act_params.clamp_alpha), double(p.act_params.clamp_limit))
+                        : g;
+      }
+    }
+    for (int64_t j = 0; j < p.u; ++j) {
+      for (int64_t kk = 0; kk < p.k; ++kk)
+        w[size_t(kk)] = p.quantized ? quantized_weight(p, h.w, h.w_scales, h.w_biases, j, kk)
+                                    : load_as_double(h.w, p.input_dtype,
+                                                     l * p.batch_stride_w + (in_out ? kk * p.weights.ld + j : j * p.weights.ld + kk));
+      const double b = p.has_bias ? load_as_double(h.bias, p.bias_dtype, l * p.batch_stride_bias + j) : 0.0;
+      for (int64_t ri = 0; ri < nrows; ++ri) {
+        double acc = 0;
+        for (int64_t kk = 0; kk < p.k; ++kk) acc += hs[size_t(ri * p.k + kk)] * w[size_t(kk)];
+        (*y)[size_t((l * nrows + ri) * p.u + j)] = double(p.alpha) * acc + b;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void cpu_reference(const Problem& p0, const Arguments& h, std::vector<double>* y, std::vector<double>* preact,
                    const std::vector<int64_t>* rows) {
   const Problem p = p0.resolved();
+  if (p.op == Operation::down) {
+    if (preact) preact->clear();
+    down_reference(p, h, y, rows);
+    return;
+  }
   const bool sep = p.weights.format == WeightFormat::separate;
   const bool in_out = p.weights.storage == WeightStorage::in_out;
   const int first = static_cast<int>(p.weights.first);

@@ -183,6 +183,7 @@ Status gpu_reference_rows(const Problem& p, const Arguments& dev, const int64_t*
   if (Status s = check_support(p); !s.ok()) {
     return {s.code(), "gpu_reference_rows: problem rejected by check_support: " + s.message()};
   }
+  if (p.op != Operation::gate_up) return {StatusCode::not_supported, "gpu_reference_rows: op=gate_up only"};
   if (nrows < 0) return invalid("nrows must be >= 0, got " + std::to_string(nrows));
   if (nrows == 0 || p.u == 0) return Status::Ok();
   if (p.batch < 1 || p.m < 1) return invalid("rows were requested from a problem with no rows");

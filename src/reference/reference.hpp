@@ -35,6 +35,8 @@ void store_from_double(void* base, DType dtype, int64_t i, double v);
 // outputs are then [L][rows.size()][...].
 // Quantized weights (p.quantized) are dequantized exactly, in float64:
 // q * scale + bias, or e2m1 * 2^(scale - 127).
+// Operation::down: y [L][M][U] = alpha * H Wd^T + bd with H = x, or the exact
+// act(x) * x_up (glu_input); preact is left empty.
 void cpu_reference(const Problem& p, const Arguments& host, std::vector<double>* y,
                    std::vector<double>* preact, const std::vector<int64_t>* rows = nullptr);
 

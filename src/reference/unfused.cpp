@@ -827,6 +827,8 @@ Status Unfused::create(const Problem& p, std::unique_ptr<Unfused>* out) { return
 Status Unfused::create(const Problem& p, const Options& options, std::unique_ptr<Unfused>* out) {
   if (out == nullptr) return {StatusCode::invalid_argument, "Unfused::create: out is null"};
   out->reset();
+  if (p.op != Operation::gate_up)
+    return {StatusCode::not_supported, "Unfused::create: the unfused baseline is of the gate/up half (op=gate_up)"};
   auto impl = std::make_unique<UnfusedImpl>();
   if (Status s = impl->init(p, options); !s.ok()) return s;
   *out = std::move(impl);

@@ -1,0 +1,71 @@
+// The down projection (Problem::op == Operation::down): Y = alpha * H Wd^T + bd.
+//
+// Its kernels are the decode kernels' (decode_glu/, quant_decode/) with the
+// 16 rows of a CTA's A operand taken as 16 output columns of one weight
+// (Params::down), and past their rows a cuBLASLt GEMM. Before either, two
+// passes may write into the workspace: the GLU of the input (glu_input: H =
+// act(X) * X_up, rounded to X's type as an unfused model stores it), and the
+// dequantized weights (quantized weights on a path that reads 16-bit ones).
+// Computing the GLU once per call rather than in every CTA's loads keeps the
+// decode kernels' instruction count per weight byte where it was: at M = 1 a
+// CTA's 16 rows would otherwise pay 8 activations per 16 weights.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "gatedmlp/gatedmlp.hpp"
+
+namespace gatedmlp::down {
+
+// Where a call's scratch lives in the workspace, in this order, each part
+// 256-byte aligned. The cuBLASLt GEMM takes what is left, up to kCublasBytes.
+struct WorkspaceLayout {
+  size_t glu = 0;      // [L][M, K] of X's type: act(X) * X_up
+  size_t weights = 0;  // [U, K] of X's type: the dequantized weights
+  size_t bias = 0;     // [L or 1][U] fp32: the bias for cuBLASLt's epilogue
+  size_t cublas = 0;   // cuBLASLt's own workspace (what workspace_size asks; it runs with less)
+  size_t required() const { return glu + weights + bias; }
+  size_t total() const { return required() + cublas; }
+};
+inline constexpr size_t kCublasBytes = size_t{8} << 20;
+
+WorkspaceLayout workspace_layout(const Problem& resolved, KernelPath path);
+
+// The problem the kernel of `path` runs once the passes are done: X dense
+// in the workspace (glu_input off), 16-bit weights where they were
+// dequantized. Its kernel-facing arguments follow from kernel_args().
+Problem kernel_problem(const Problem& resolved, KernelPath path);
+Arguments kernel_args(const Problem& resolved, KernelPath path, const Arguments& a, void* workspace);
+
+// A cuBLASLt plan for one kernel problem (descriptors, layouts and the
+// heuristic's algorithm), made once per planned call and reused.
+class CublasLinear {
+ public:
+  // `a`: the kernel arguments (their alignment picks the algorithm).
+  static Status create(const Problem& kernel_problem, const Arguments& a, size_t cublas_bytes,
+                       std::shared_ptr<CublasLinear>* out);
+  virtual ~CublasLinear() = default;
+  // bias_f32: the fp32 bias (the workspace's copy, or the caller's when it is fp32).
+  virtual Status run(const Arguments& a, const void* bias_f32, void* cublas_ws, size_t cublas_bytes,
+                     cudaStream_t stream) = 0;
+  virtual const std::string& describe() const = 0;
+};
+
+// The whole call for a resolved down problem on `cfg.path`: the passes, then
+// the kernel. `linear` is the plan of a cublas path.
+Status run(const Problem& resolved, const Config& cfg, const Arguments& a, CublasLinear* linear, int sms,
+           void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// ---------------------------------------------------------------- passes (prepass.cu)
+// h[l][m][k] = act(x) * x_up, rounded to `dtype` (glu_out16: the tanh-form
+// activation the 16-bit outputs use). Strided x and x_up, dense h.
+cudaError_t glu_input(const Problem& resolved, const void* x, const void* x_up, void* h, cudaStream_t stream);
+// out[l][n] = float(bias[l * stride + n]) for `batches` biases of n `dtype` elements.
+cudaError_t bias_to_f32(const void* bias, DType dtype, int64_t n, int64_t batches, int64_t stride, float* out,
+                        cudaStream_t stream);
+
+}  // namespace gatedmlp::down

@@ -1,0 +1,118 @@
+// Host side of the down projection: the workspace's passes, then the kernel
+// the dispatcher picked (down.hpp).
+#include <cstdint>
+
+#include "core/internal.hpp"
+#include "decode_glu/decode_glu.hpp"
+#include "down/down.hpp"
+#include "quant_decode/quant_decode.hpp"
+
+namespace gatedmlp::down {
+
+using detail::err;
+
+namespace {
+
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+
+bool dequantizes(const Problem& r, KernelPath path) { return r.quantized && path != KernelPath::quant_decode; }
+
+}  // namespace
+
+WorkspaceLayout workspace_layout(const Problem& r, KernelPath path) {
+  WorkspaceLayout l;
+  const size_t ex = dtype_size(r.input_dtype);
+  if (r.glu_input) l.glu = round256(size_t(r.batch) * size_t(r.m) * size_t(r.k) * ex);
+  if (dequantizes(r, path)) l.weights = round256(size_t(r.u) * size_t(r.k) * ex);
+  if (path == KernelPath::cublas) {
+    if (r.has_bias) l.bias = round256(size_t(r.batch > 1 && r.batch_stride_bias != 0 ? r.batch : 1) * size_t(r.u) * 4);
+    l.cublas = kCublasBytes;
+  }
+  return l;
+}
+
+Problem kernel_problem(const Problem& r, KernelPath path) {
+  Problem k = r;
+  if (r.glu_input) {
+    k.glu_input = false;
+    k.ldx = r.k;
+    k.batch_stride_x = r.m * r.k;
+  }
+  if (dequantizes(r, path)) {
+    k.quantized = false;
+    k.weights.ld = r.k;
+    k.batch_stride_w = r.u * r.k;
+  }
+  return k;
+}
+
+Arguments kernel_args(const Problem& r, KernelPath path, const Arguments& a, void* workspace) {
+  const WorkspaceLayout l = workspace_layout(r, path);
+  char* base = static_cast<char*>(workspace);
+  Arguments k = a;
+  if (r.glu_input) {
+    k.x = base;
+    k.x_up = nullptr;
+  }
+  if (dequantizes(r, path)) {
+    k.w = base + l.glu;
+    k.w_scales = k.w_biases = nullptr;
+  }
+  return k;
+}
+
+Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear* linear, int sms, void* ws,
+           size_t bytes, cudaStream_t stream) {
+  const WorkspaceLayout l = workspace_layout(r, cfg.path);
+  if (l.required() > 0 && (ws == nullptr || bytes < l.required()))
+    return err(StatusCode::invalid_argument, "this down projection writes ",
+               r.glu_input ? "the GLU of its input" : "", r.glu_input && dequantizes(r, cfg.path) ? " and " : "",
+               dequantizes(r, cfg.path) ? "its dequantized weights" : "",
+               l.bias ? (l.glu || l.weights ? " and its fp32 bias" : "its fp32 bias") : "",
+               " into the workspace, which needs at least ", l.required(),
+               " bytes (workspace_size() gives the fastest size); got ", bytes);
+  char* base = static_cast<char*>(ws);
+  auto cuda = [&](cudaError_t ce, const char* what) {
+    return ce == cudaSuccess ? Status::Ok()
+                             : err(StatusCode::cuda_error, what, " failed (", to_string(cfg), "): ", cudaGetErrorString(ce));
+  };
+  if (r.glu_input)
+    if (Status s = cuda(glu_input(r, a.x, a.x_up, base, stream), "the GLU of the input"); !s) return s;
+  if (dequantizes(r, cfg.path)) {
+    quant_decode::DequantizeArgs d;
+    d.format = r.quant;
+    d.scale_dtype = r.scale_dtype;
+    d.out_dtype = r.input_dtype;
+    d.rows = r.u;
+    d.k = r.k;
+    d.words = a.w;
+    d.ldw = r.weights.ld;
+    d.scales = a.w_scales;
+    d.biases = a.w_biases;
+    d.out = base + l.glu;
+    if (Status s = cuda(quant_decode::dequantize_device(d, stream), "dequantizing the weights"); !s) return s;
+  }
+  const Problem kp = kernel_problem(r, cfg.path);
+  const Arguments ka = kernel_args(r, cfg.path, a, ws);
+  switch (cfg.path) {
+    case KernelPath::decode: return cuda(decode::launch(kp, ka, sms, stream), "kernel launch");
+    case KernelPath::quant_decode: return cuda(quant_decode::launch(kp, ka, sms, stream), "kernel launch");
+    case KernelPath::cublas: {
+      float* bias = reinterpret_cast<float*>(base + l.glu + l.weights);
+      if (r.has_bias) {
+        const bool per_batch = r.batch > 1 && r.batch_stride_bias != 0;
+        if (Status s = cuda(bias_to_f32(a.bias, r.bias_dtype, r.u, per_batch ? r.batch : 1, r.batch_stride_bias,
+                                        bias, stream),
+                            "the fp32 copy of the bias");
+            !s)
+          return s;
+      }
+      const size_t rest = bytes > l.required() ? bytes - l.required() : 0;
+      return linear->run(ka, bias, rest ? base + l.required() : nullptr, rest, stream);
+    }
+    default:
+      return err(StatusCode::not_supported, "no down projection kernel for ", to_string(cfg));
+  }
+}
+
+}  // namespace gatedmlp::down
