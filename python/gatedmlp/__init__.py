@@ -2,12 +2,16 @@
 
     y = act(alpha * x @ Wg^T + bg) * (alpha * x @ Wu^T + bu)        # [M, U]
 
-in one launch, writing only y. This package binds the C++ API one to one
-(``Problem``, ``check_support``, ``plan``, ``run``, ``convert_weights``, the
-enums) and adds :func:`gate_up`, which takes tensors of any framework that
-speaks DLPack or ``__cuda_array_interface__`` (PyTorch, JAX, CuPy, ...)
-without copying them. ``gatedmlp.torch`` has the PyTorch operators and the
-``GatedMLP`` module.
+in one launch, writing only y, and the down projection after it,
+
+    y = alpha * h @ Wd^T + bd,   h = x or act(gate) * up              # [M, hidden]
+
+This package binds the C++ API one to one (``Problem``, ``check_support``,
+``plan``, ``run``, ``convert_weights``, the enums) and adds :func:`gate_up`,
+:func:`down` and :func:`mlp` (both halves), which take tensors of any
+framework that speaks DLPack or ``__cuda_array_interface__`` (PyTorch, JAX,
+CuPy, ...) without copying them. ``gatedmlp.torch`` has the PyTorch
+operators and the ``GatedMLP`` module.
 
 Errors are the library's own messages, raised as ``gatedmlp.Error``
 subclasses: ``InvalidArgumentError`` (a ``ValueError``), ``NotSupportedError``
@@ -34,6 +38,7 @@ from ._gatedmlp import (
     LibraryError,
     NoDeviceError,
     NotSupportedError,
+    Operation,
     Problem,
     Status,
     StatusCode,
@@ -48,6 +53,7 @@ from ._gatedmlp import (
     fused_row,
     fused_row_inverse,
     kAuto,
+    make_down_problem as _make_down_problem,
     make_problem as _make_problem,
     plan,
     run,
@@ -58,14 +64,15 @@ from ._gatedmlp import (
 
 __all__ = [
     "Activation", "ActivationParams", "Arguments", "Config", "CudaError", "DType", "Error", "Half",
-    "InvalidArgumentError", "KernelPath", "LibraryError", "NoDeviceError", "NotSupportedError", "Problem",
-    "Status", "StatusCode", "WeightFormat", "WeightLayout", "WeightStorage", "__version__", "check_support",
-    "convert_weights", "convert_weights_device", "current_stream", "dtype_size", "fused_row", "fused_row_inverse",
-    "gate_up", "kAuto", "make_problem", "plan", "run", "to_string", "validate", "workspace_size",
-    "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_gate_up",
+    "InvalidArgumentError", "KernelPath", "LibraryError", "NoDeviceError", "NotSupportedError", "Operation",
+    "Problem", "Status", "StatusCode", "WeightFormat", "WeightLayout", "WeightStorage", "__version__",
+    "check_support", "convert_weights", "convert_weights_device", "current_stream", "down", "dtype_size",
+    "fused_row", "fused_row_inverse", "gate_up", "kAuto", "make_down_problem", "make_problem", "mlp", "plan", "run",
+    "to_string", "validate", "workspace_size",
+    "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_down", "quantized_gate_up", "quantized_mlp",
 ]
 
-from .quant import dequantize, quantize, quantized_gate_up  # noqa: E402
+from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp  # noqa: E402
 
 _NO_BACKWARD = (
     "gatedmlp has no backward pass yet: call it under torch.no_grad() or torch.inference_mode(), "
@@ -261,6 +268,98 @@ def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, ac
                alpha=alpha, stream=stream, workspace=None if workspace is None else _export(workspace),
                workspace_alloc=alloc)
     return out
+
+
+# ---------------------------------------------------------------- the down projection
+def make_down_problem(h, w, bias=None, *, up=None, out=None, activation=Activation.silu, act_params=None,
+                      storage=WeightStorage.out_in, alpha=1.0) -> Problem:
+    """The Problem that down() would run for these tensors (op = down,
+    glu_input when `up` is given)."""
+    return _make_down_problem(
+        _export(h), _export(w), _export(out), _export(up), _export(bias),
+        activation=_enum(Activation, activation, "activation"), act_params=act_params,
+        storage=_enum(WeightStorage, storage, "storage"), alpha=alpha)
+
+
+def down(h, w, bias=None, *, up=None, out=None, activation=Activation.silu, act_params=None,
+         storage=WeightStorage.out_in, alpha=1.0, stream=None, workspace=None):
+    """The down projection: y = alpha * h @ W^T + bias; with `up`, the GLU
+    act(h) * up is its input, fused (h the gate half, never written out).
+
+    h:       [M, K] or [batch, M, K] (K: the MLP's intermediate size), bf16 or
+             fp16, rows contiguous. With `up`: the gate half of the input.
+    up:      optional up half, h's shape, dtype and strides (the two halves
+             of gate_up's preact=, h = pre[:, :K] and up = pre[:, K:], qualify).
+    w:       [U, K] (storage=out_in, as nn.Linear) or [K, U] (in_out), U the
+             hidden size; batched [batch, ...] or shared by every batch.
+    bias:    optional [U] (fp32, bf16 or fp16), or [batch, U].
+    out:     [M, U]; allocated like h when None. Its dtype picks the output
+             dtype (bf16, fp16, fp32); it may be a strided slice.
+    activation, act_params: the GLU applied with `up`; ignored without it.
+    stream, workspace: as for gate_up (scratch: the GLU of the input, the
+             dequantized or cuBLASLt path at larger M).
+
+    Messages name h 'x' and up 'x_up', the C++ Arguments' names. Returns out.
+    """
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    storage = storage if type(storage) is WeightStorage else _enum(WeightStorage, storage, "storage")
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(h, torch.Tensor):
+        return _down_torch(torch, h, w, up, bias, out, activation, act_params, storage, alpha, stream, workspace)
+    _check_no_grad((h, w, up, bias, out))
+    if out is None:
+        p = _make_down_problem(_export(h), _export(w), None, _export(up), None, activation=activation,
+                               act_params=act_params, storage=storage, alpha=alpha)
+        out = _empty(h, (p.batch, p.m, p.u) if len(h.shape) == 3 else (p.m, p.u), "out")
+    if stream is None:
+        stream = current_stream(h)
+    _C.down(_export(h), _export(w), _export(out), _export(up), _export(bias), activation=activation,
+            act_params=act_params, storage=storage, alpha=alpha, stream=_stream_handle(stream),
+            workspace=_export(workspace), workspace_alloc=_workspace_alloc(h))
+    return out
+
+
+def _down_torch(torch, h, w, up, bias, out, activation, act_params, storage, alpha, stream, workspace):
+    # down for PyTorch tensors, kept short like _gate_up_torch: the library
+    # checks the shapes; this only sizes `out`.
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, w, up, bias, out)):
+        raise RuntimeError(_NO_BACKWARD)
+    if out is None:
+        if w.dim() not in (2, 3):  # let the binding say what w must be
+            _make_down_problem(_export(h), _export(w), None, _export(up), None, storage=storage)
+        out = h.new_empty((*h.shape[:-1], w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2]))
+    if stream is None:
+        stream = torch._C._cuda_getCurrentRawStream(h.get_device()) if h.is_cuda else 0
+    else:
+        stream = _stream_handle(stream)
+    alloc = None
+    if workspace is None:
+        alloc = _TORCH_WS_ALLOC.get(h.device)
+        if alloc is None:
+            alloc = _TORCH_WS_ALLOC[h.device] = _workspace_alloc(h)
+    to = torch.utils.dlpack.to_dlpack
+    _C.down(to(h), to(w), to(out), None if up is None else to(up), None if bias is None else to(bias),
+            activation=activation, act_params=act_params, storage=storage, alpha=alpha, stream=stream,
+            workspace=None if workspace is None else _export(workspace), workspace_alloc=alloc)
+    return out
+
+
+def mlp(x, w, w_down, w_up=None, bias=None, bias_up=None, bias_down=None, *, out=None, activation=Activation.silu,
+        act_params=None, group=0, first=Half.gate, storage=WeightStorage.out_in, stream=None):
+    """The whole gated MLP: down(gate_up(x, w, ...), w_down, bias_down).
+
+    x, w, w_up, bias, bias_up, activation, act_params, group, first: as for
+    gate_up, whose result h [M, I] (I the intermediate size, in x's dtype)
+    is a temporary allocated like x. w_down is [H, I] (storage=out_in) or
+    [I, H] (in_out; `storage` applies to every weight), bias_down [H]; out
+    [M, H] is allocated like x when None. Both calls run on `stream`
+    (None: current_stream(x)), one after the other. Returns out.
+    """
+    if stream is None:
+        stream = current_stream(x)
+    h = gate_up(x, w, w_up, bias, bias_up, activation=activation, act_params=act_params, group=group, first=first,
+                storage=storage, stream=stream)
+    return down(h, w_down, bias_down, out=out, storage=storage, stream=stream)
 
 
 def _conv(fn, from_w, to_w, from_layout, to_layout, from_w_up, to_w_up, stream):

@@ -8,7 +8,8 @@ uint32 words of ``32 / bits`` values, the first of K in the lowest bits;
 ``(wq, scales)``, e2m1 values packed the same way (the bytes of gpt-oss's
 ``*_blocks``) and one e8m0 byte per 32 values (gpt-oss's ``*_scales``).
 NumPy arrays give NumPy arrays; PyTorch tensors give tensors on w's device
-(the work is done on a host copy).
+(the work is done on a host copy). ``quantized_gate_up``, ``quantized_down``
+and ``quantized_mlp`` run the kernels on those arrays.
 """
 
 from __future__ import annotations
@@ -141,3 +142,75 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
                scales=e(scales), biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt,
                workspace_alloc=_workspace_alloc(x))
     return out
+
+
+def quantized_down(h, wq, scales, biases=None, *, up=None, bias=None, out=None, group_size: int | None = None,
+                   bits: int | None = None, mode: str = "affine", row_block: int | None = None, activation="silu",
+                   act_params=None, alpha: float = 1.0, stream=None, workspace=None):
+    """down with quantized weights: y = alpha * h @ W^T + bias, W dequantized
+    on the fly from quantize()'s arrays; with `up`, the GLU act(h) * up is
+    the input, fused (h the gate half).
+
+    h [M, K] (bf16 or fp16; K the MLP's intermediate size), up h's shape,
+    dtype and strides; wq [U, K * bits / 32] uint32 (or int32) words with
+    scales / biases [U, K / group_size] (affine; mxfp4 has no biases;
+    fp8_e4m3: float scales [ceil(U / row_block), ceil(K / group_size)]), in
+    the formats, defaults and dtypes of quantized_gate_up. bias [U]. Returns
+    out [M, U] (h's dtype when allocated here). Each weight is rounded once
+    to h's dtype and the sums are fp32, as in quantized_gate_up.
+    """
+    from . import Activation, _empty, _enum, _export, _stream_handle, _workspace_alloc, current_stream
+
+    fmt = _format(group_size, bits, mode, row_block)
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    if out is None:
+        shape = (*h.shape[:-1], wq.shape[0])
+        out = h.new_empty(shape) if _is_torch(h) else _empty(h, shape, "out")
+    if stream is None:
+        stream = current_stream(h)
+    e = _export
+    _C.down(e(h), e(wq), e(out), e(up), e(bias), activation=activation, act_params=act_params, alpha=alpha,
+            stream=_stream_handle(stream), scales=e(scales), biases=e(biases), quant=fmt, workspace=e(workspace),
+            workspace_alloc=_workspace_alloc(h))
+    return out
+
+
+def _down_format(group_size, bits, mode, row_block, group_size_down, bits_down, mode_down, row_block_down):
+    """The down projection's (group_size, bits, mode, row_block): the gate/up
+    ones unless given; with another mode, that mode's defaults."""
+    if mode_down is None or mode_down == mode:
+        pick = lambda d, g: g if d is None else d  # noqa: E731
+        return (pick(group_size_down, group_size), pick(bits_down, bits), mode,
+                pick(row_block_down, row_block))
+    return group_size_down, bits_down, mode_down, row_block_down
+
+
+def quantized_mlp(x, wq, scales, biases=None, *, wq_down, scales_down, biases_down=None, wq_up=None,
+                  scales_up=None, biases_up=None, bias=None, bias_up=None, bias_down=None, out=None,
+                  group_size: int | None = None, bits: int | None = None, mode: str = "affine",
+                  row_block: int | None = None, group_size_down: int | None = None, bits_down: int | None = None,
+                  mode_down: str | None = None, row_block_down: int | None = None, activation="silu",
+                  act_params=None, group: int = 0, first="gate", stream=None):
+    """The whole gated MLP on quantized weights: quantized_down of
+    quantized_gate_up's result.
+
+    x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up,
+    group_size, bits, mode, row_block, activation, act_params, group, first:
+    as for quantized_gate_up, whose h [M, I] (x's dtype) is a temporary
+    allocated like x. wq_down [H, I * bits / 32] words with scales_down /
+    biases_down [H, I / group_size] and bias_down [H]: the down projection,
+    in the gate/up format unless group_size_down, bits_down, mode_down or
+    row_block_down say otherwise. out [M, H] is allocated like x when None.
+    Both calls run on `stream` (None: the current stream of x). Returns out.
+    """
+    from . import current_stream
+
+    if stream is None:
+        stream = current_stream(x)
+    h = quantized_gate_up(x, wq, scales, biases, wq_up=wq_up, scales_up=scales_up, biases_up=biases_up, bias=bias,
+                          bias_up=bias_up, group_size=group_size, bits=bits, mode=mode, row_block=row_block,
+                          activation=activation, act_params=act_params, group=group, first=first, stream=stream)
+    gd, bd, md, rd = _down_format(group_size, bits, mode, row_block, group_size_down, bits_down, mode_down,
+                                  row_block_down)
+    return quantized_down(h, wq_down, scales_down, biases_down, bias=bias_down, out=out, group_size=gd, bits=bd,
+                          mode=md, row_block=rd, stream=stream)

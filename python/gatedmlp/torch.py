@@ -1,9 +1,11 @@
 """PyTorch integration: gatedmlp as torch.library operators, and GatedMLP.
 
 The operators (``torch.ops.gatedmlp.gate_up``, ``gate_up_preact``,
-``gate_up_out``, ``quantized_gate_up``) are custom ops with fake (meta) implementations, so they
-trace into torch.compile graphs without graph breaks and can be captured in
-CUDA graphs. They launch on ``torch.cuda.current_stream()``.
+``gate_up_out``, ``quantized_gate_up``, ``down``, ``quantized_down``) are
+custom ops with fake (meta) implementations, so they trace into
+torch.compile graphs without graph breaks and can be captured in CUDA
+graphs. They launch on ``torch.cuda.current_stream()``. ``mlp`` and
+``quantized_mlp`` are a gate/up op followed by a down op.
 
 ``GatedMLP`` is a drop-in for the MLP of Llama/Qwen-style models
 (gate_proj, up_proj, down_proj): it loads their state dict, stacking the gate
@@ -24,8 +26,10 @@ from torch import Tensor, nn
 
 import gatedmlp as _g
 from gatedmlp import _gatedmlp as _C
+from gatedmlp.quant import _down_format
 
-__all__ = ["gate_up", "quantized_gate_up", "GatedMLP", "activation_name", "patch_model"]
+__all__ = ["gate_up", "quantized_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
+           "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
 _HALVES = dict(_C.Half.__members__)
@@ -262,6 +266,164 @@ def quantized_gate_up(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Te
     return torch.ops.gatedmlp.quantized_gate_up(*args)
 
 
+# ---------------------------------------------------------------- the down projection
+def _down_features(w: Tensor, storage: str) -> int:
+    return w.shape[-1] if storage == "in_out" else w.shape[-2]
+
+
+def _down_inputs(h: Tensor, up: Optional[Tensor], batched_weights: bool):
+    # nn.Linear semantics: h [..., K] -> [M, K] (kept [L, M, K] with batched
+    # weights). The library reads both halves of a GLU input with one row
+    # and batch stride; where flattening left them with different ones (a
+    # reshape that had to copy one of them), both are made contiguous.
+    h2 = h if batched_weights or h.dim() == 2 else h.reshape(-1, h.shape[-1])
+    if up is None:
+        return h2, None
+    up2 = up if batched_weights or up.dim() == 2 else up.reshape(-1, up.shape[-1])
+    if h2.shape == up2.shape and h2.stride() != up2.stride():
+        h2, up2 = h2.contiguous(), up2.contiguous()
+    return h2, up2
+
+
+def _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, alpha, out_dtype):
+    # What the gatedmlp::down op computes, for real tensors only (the
+    # wrappers call it directly for plain CUDA tensors).
+    u = _down_features(w, storage)
+    out = h.new_empty((*h.shape[:-1], u), dtype=out_dtype or h.dtype)
+    h2, up2 = _down_inputs(h, up, w.dim() == 3)
+    _C.down(_to_dlpack(h2), _to_dlpack(w), _to_dlpack(out if h2.dim() == h.dim() else out.view(-1, u)),
+            _capsule(up2), _capsule(bias), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha,
+            clamp_limit=clamp_limit, storage=_STORAGES[storage], alpha=alpha, stream=_stream(h),
+            workspace_alloc=_workspace_alloc(h.device))
+    return out
+
+
+@torch.library.custom_op("gatedmlp::down", mutates_args=())
+def _down_op(h: Tensor, w: Tensor, up: Optional[Tensor], bias: Optional[Tensor], activation: str,
+             clamp_alpha: float, clamp_limit: float, storage: str, alpha: float,
+             out_dtype: Optional[torch.dtype]) -> Tensor:
+    return _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, alpha, out_dtype)
+
+
+@_down_op.register_fake
+def _down_fake(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, alpha, out_dtype):
+    return h.new_empty((*h.shape[:-1], _down_features(w, storage)), dtype=out_dtype or h.dtype)
+
+
+def _quantized_down_direct(h, wq, scales, biases, up, bias, mode, bits, group_size, row_block, activation,
+                           clamp_alpha, clamp_limit, alpha, out_dtype):
+    # What gatedmlp::quantized_down computes, for real tensors only.
+    u = wq.shape[0]
+    out = h.new_empty((*h.shape[:-1], u), dtype=out_dtype or h.dtype)
+    h2, up2 = _down_inputs(h, up, False)
+    _C.down(_to_dlpack(h2), _to_dlpack(wq), _to_dlpack(out if h2.dim() == h.dim() else out.view(-1, u)),
+            _capsule(up2), _capsule(bias), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha,
+            clamp_limit=clamp_limit, alpha=alpha, stream=_stream(h), workspace_alloc=_workspace_alloc(h.device),
+            scales=_to_dlpack(scales), biases=_capsule(biases),
+            quant=_quant_format(mode, bits, group_size, row_block))
+    return out
+
+
+@torch.library.custom_op("gatedmlp::quantized_down", mutates_args=())
+def _quantized_down_op(h: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor], up: Optional[Tensor],
+                       bias: Optional[Tensor], mode: str, bits: int, group_size: int, row_block: int,
+                       activation: str, clamp_alpha: float, clamp_limit: float, alpha: float,
+                       out_dtype: Optional[torch.dtype]) -> Tensor:
+    return _quantized_down_direct(h, wq, scales, biases, up, bias, mode, bits, group_size, row_block, activation,
+                                  clamp_alpha, clamp_limit, alpha, out_dtype)
+
+
+@_quantized_down_op.register_fake
+def _quantized_down_fake(h, wq, scales, biases, up, bias, mode, bits, group_size, row_block, activation,
+                         clamp_alpha, clamp_limit, alpha, out_dtype):
+    return h.new_empty((*h.shape[:-1], wq.shape[0]), dtype=out_dtype or h.dtype)
+
+
+def down(h: Tensor, w: Tensor, bias: Optional[Tensor] = None, *, up: Optional[Tensor] = None, activation="silu",
+         clamp_alpha: float = 1.702, clamp_limit: float = 7.0, storage="out_in", alpha: float = 1.0,
+         out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """The down projection as a PyTorch op: alpha * h @ W^T + bias, or with
+    `up` the GLU act(h) * up as its input, fused.
+
+    h is [..., K] (nn.Linear style; with batched [L, ...] weights, [L, M,
+    K]), up h's shape; w [U, K] (storage "out_in", nn.Linear's) or [K, U]
+    ("in_out"); bias [U]. activation, clamp_alpha, clamp_limit: the GLU of
+    the input, used only with `up`. Returns y [..., U].
+    """
+    _check_no_grad(h, w, up, bias)
+    act = activation if activation in _ACTIVATIONS else activation_name(activation)
+    storage = storage if storage in _STORAGES else _name(storage, _STORAGES, "storage")
+    args = (h, w, up, bias, act, float(clamp_alpha), float(clamp_limit), storage, float(alpha), out_dtype)
+    if h.is_cuda and type(h) is Tensor and not _traced():
+        return _down_direct(*args)
+    return torch.ops.gatedmlp.down(*args)
+
+
+def _quant_args(mode, bits, group_size, row_block):
+    # The format's fields with the mode's defaults (gatedmlp.quant's table).
+    if mode not in _QUANT_MODES:
+        raise _g.InvalidArgumentError(f"gatedmlp: mode {mode!r} is not one of {', '.join(_QUANT_MODES)}")
+    d = _QUANT_MODES[mode]
+    return (mode, int(bits if bits is not None else d[2]), int(group_size if group_size is not None else d[1]),
+            int(row_block if row_block is not None else d[3]))
+
+
+def quantized_down(h: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor] = None, *,
+                   up: Optional[Tensor] = None, bias: Optional[Tensor] = None, mode: str = "affine",
+                   bits: Optional[int] = None, group_size: Optional[int] = None, row_block: Optional[int] = None,
+                   activation="silu", clamp_alpha: float = 1.702, clamp_limit: float = 7.0, alpha: float = 1.0,
+                   out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """The down projection on quantized weights as a PyTorch op
+    (gatedmlp.quantized_down's arrays: wq [U, K * bits / 32] uint32 or
+    int32 words, scales / biases [U, K / group_size]; modes and defaults as
+    quantized_gate_up). h is [..., K], up h's shape; returns y [..., U]."""
+    _check_no_grad(h, up, bias)
+    act = activation if activation in _ACTIVATIONS else activation_name(activation)
+    args = (h, wq, scales, biases, up, bias, *_quant_args(mode, bits, group_size, row_block), act,
+            float(clamp_alpha), float(clamp_limit), float(alpha), out_dtype)
+    if h.is_cuda and type(h) is Tensor and not _traced():
+        return _quantized_down_direct(*args)
+    return torch.ops.gatedmlp.quantized_down(*args)
+
+
+def mlp(x: Tensor, w: Tensor, w_down: Tensor, w_up: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+        bias_up: Optional[Tensor] = None, bias_down: Optional[Tensor] = None, *, activation="silu",
+        clamp_alpha: float = 1.702, clamp_limit: float = 7.0, group: int = 0, first="gate", storage="out_in",
+        out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """The whole gated MLP, down(gate_up(x, w, ...), w_down, bias_down), as
+    two PyTorch ops (gatedmlp::gate_up, then gatedmlp::down on its result).
+    Arguments as for gate_up and down; `storage` applies to every weight;
+    out_dtype is the output's (the intermediate is x's dtype)."""
+    h = gate_up(x, w, w_up, bias, bias_up, activation=activation, clamp_alpha=clamp_alpha, clamp_limit=clamp_limit,
+                group=group, first=first, storage=storage)
+    return down(h, w_down, bias_down, storage=storage, out_dtype=out_dtype)
+
+
+def quantized_mlp(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor] = None, *, wq_down: Tensor,
+                  scales_down: Tensor, biases_down: Optional[Tensor] = None, wq_up: Optional[Tensor] = None,
+                  scales_up: Optional[Tensor] = None, biases_up: Optional[Tensor] = None,
+                  bias: Optional[Tensor] = None, bias_up: Optional[Tensor] = None,
+                  bias_down: Optional[Tensor] = None, mode: str = "affine", bits: Optional[int] = None,
+                  group_size: Optional[int] = None, row_block: Optional[int] = None, mode_down: Optional[str] = None,
+                  bits_down: Optional[int] = None, group_size_down: Optional[int] = None,
+                  row_block_down: Optional[int] = None, activation="silu", clamp_alpha: float = 1.702,
+                  clamp_limit: float = 7.0, group: int = 0, first="gate",
+                  out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """The whole gated MLP on quantized weights as two PyTorch ops
+    (gatedmlp::quantized_gate_up, then gatedmlp::quantized_down). The down
+    projection's arrays are wq_down / scales_down / biases_down, in the
+    gate/up format unless mode_down, bits_down, group_size_down or
+    row_block_down say otherwise (gatedmlp.quantized_mlp's rule)."""
+    h = quantized_gate_up(x, wq, scales, biases, wq_up=wq_up, scales_up=scales_up, biases_up=biases_up, bias=bias,
+                          bias_up=bias_up, mode=mode, bits=bits, group_size=group_size, row_block=row_block,
+                          activation=activation, clamp_alpha=clamp_alpha, clamp_limit=clamp_limit, group=group,
+                          first=first)
+    gd, bd, md, rd = _down_format(group_size, bits, mode, row_block, group_size_down, bits_down, mode_down,
+                                  row_block_down)
+    return quantized_down(h, wq_down, scales_down, biases_down, bias=bias_down, mode=md, bits=bd, group_size=gd,
+                          row_block=rd, out_dtype=out_dtype)
+
+
 def _no_backward(ctx, *grads):
     raise RuntimeError(_g._NO_BACKWARD)
 
@@ -273,6 +435,8 @@ def _setup_context(ctx, inputs, output):
 torch.library.register_autograd("gatedmlp::gate_up", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::gate_up_preact", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::quantized_gate_up", _no_backward, setup_context=_setup_context)
+torch.library.register_autograd("gatedmlp::down", _no_backward, setup_context=_setup_context)
+torch.library.register_autograd("gatedmlp::quantized_down", _no_backward, setup_context=_setup_context)
 
 
 def _check_no_grad(*tensors) -> None:

@@ -1,6 +1,8 @@
-// The binding's tensor entry points (gate_up, make_problem, convert) and
-// what they share: the device and stream around a call, and reading
-// strides and dtypes from imported tensors. module.cpp registers them.
+// The binding's tensor entry points (gate_up, down, make_problem, convert)
+// and what they share: the device and stream around a call, reading
+// strides and dtypes from imported tensors, the descriptor's common parts
+// (input, output, bias, quantized weights) and the launch with its scratch.
+// module.cpp registers them.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +60,7 @@ void wait_for_producers(const std::vector<const TensorView*>& views, cudaStream_
 inline std::string str(int64_t v) { return std::to_string(v); }
 
 // Row stride of a matrix whose last axis must be contiguous; 0 (dense) when
-// there is only one row and the stride means nothing.
+// there is only one row, or no element, and the stride means nothing.
 int64_t row_stride(const TensorView& t, const char* hint = "");
 
 // Batch stride of a tensor whose unbatched form has `base` dimensions. One
@@ -75,6 +77,43 @@ struct QuantArrays {
   std::optional<QuantFormat> format;
 };
 
+// ---------------------------------------------------------------- descriptor parts (calls.cpp)
+// The input x, [M, K] or [batch, M, K]: batch, m, k, input_dtype, ldx and
+// batch_stride_x.
+void describe_input(const TensorView& x, Problem* p);
+
+// The output `out`, [M, U] or [batch, M, U] like x (p's batch, m and u
+// already set): output_dtype, ldy and batch_stride_y.
+void describe_output(const TensorView& y, bool batched, Problem* p);
+
+// The batch stride of a bias vector b, [n] (shared by the batch) or
+// [batch, n], contiguous; `form` names n in messages ("[2U]", "[U]").
+int64_t bias_batch_stride(const TensorView& b, int64_t n, const char* form, int64_t batch);
+
+// One tensor of quantized weights with its scales and biases (the names
+// the messages give them when absent).
+struct QuantTensors {
+  const TensorView* words;
+  const std::optional<TensorView>* scales;
+  const std::optional<TensorView>* biases;
+  const char* scales_name;
+  const char* biases_name;
+};
+
+// The quantized part of a descriptor (p->k already set): each tensor's
+// words [rows, K * bits / 32], scales [scale rows, groups] and, for affine,
+// biases of the scales' shape and dtype. Sets quantized, quant and
+// scale_dtype.
+void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<QuantTensors>& tensors, Problem* p);
+
+// ---------------------------------------------------------------- the launch (calls.cpp)
+// Runs p on a, on x's device and `stream_handle`, after the producer
+// streams of `views`. The workspace is the caller's (`workspace`), or
+// scratch from workspace_alloc(n) held for the device and stream (fresh
+// while a CUDA graph is being captured), or none when both are None.
+void launch(const Problem& p, const Arguments& a, const TensorView& x, uintptr_t stream_handle, nb::handle workspace,
+            nb::handle workspace_alloc, const std::vector<const TensorView*>& views);
+
 // gatedmlp.gate_up's C++ half (gate_up.cpp): fills a Problem from the
 // tensors and calls run().
 void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
@@ -87,6 +126,19 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
                      nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
                      int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& quant);
+
+// gatedmlp.down's C++ half (down.cpp): the down projection, op = down, y =
+// alpha * (h @ Wd^T) + bd with h = x, or act(x) * x_up when x_up is given
+// (glu_input). Only quant's scales and biases are used (one weight tensor).
+void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
+          std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
+          std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream_handle,
+          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& quant);
+
+// The Problem down() would run for these tensors (down.cpp).
+Problem make_down_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,
+                          Activation activation, std::optional<ActivationParams> act_params, WeightStorage storage,
+                          float alpha, const QuantArrays& quant);
 
 // convert_weights / convert_weights_device (convert.cpp).
 void convert(nb::handle from_w, nb::handle to_w, WeightLayout from, WeightLayout to, nb::handle from_w_up,

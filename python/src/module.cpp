@@ -1,11 +1,11 @@
 // gatedmlp._gatedmlp: the Python binding of the C++ API.
 //
 // A thin layer: it mirrors the C++ names (enums, Problem, Arguments, Config,
-// check_support, plan, validate, run, convert_weights) and adds gate_up(),
-// which fills a Problem from the tensors it is given and calls run(). This
-// file registers the names, the errors and the structs' keyword
-// constructors and printing; the tensor entry points are gate_up.cpp and
-// convert.cpp, with what they share in calls.hpp. Every
+// check_support, plan, validate, run, convert_weights) and adds gate_up()
+// and down(), which fill a Problem from the tensors they are given and call
+// run(). This file registers the names, the errors and the structs' keyword
+// constructors and printing; the tensor entry points are gate_up.cpp,
+// down.cpp and convert.cpp, with what they share in calls.hpp. Every
 // rule about shapes, dtypes, strides and pointers is checked by the C++
 // library; the binding only checks what it needs to build the descriptor
 // (that the tensors agree on M, K and U, that a row is contiguous) and turns
@@ -128,7 +128,8 @@ const std::array<Field<WeightLayout>, 5> kWeightLayoutFields = {
     GATEDMLP_FIELD(WeightLayout, format), GATEDMLP_FIELD(WeightLayout, group), GATEDMLP_FIELD(WeightLayout, first),
     GATEDMLP_FIELD(WeightLayout, storage), GATEDMLP_FIELD(WeightLayout, ld)};
 
-const std::array<Field<Problem>, 25> kProblemFields = {
+const std::array<Field<Problem>, 27> kProblemFields = {
+    GATEDMLP_FIELD(Problem, op),
     GATEDMLP_FIELD(Problem, m),
     GATEDMLP_FIELD(Problem, k),
     GATEDMLP_FIELD(Problem, u),
@@ -143,6 +144,7 @@ const std::array<Field<Problem>, 25> kProblemFields = {
     GATEDMLP_FIELD(Problem, bias_dtype),
     GATEDMLP_FIELD(Problem, has_preact),
     GATEDMLP_FIELD(Problem, preact_dtype),
+    GATEDMLP_FIELD(Problem, glu_input),
     GATEDMLP_FIELD(Problem, ldx),
     GATEDMLP_FIELD(Problem, ldy),
     GATEDMLP_FIELD(Problem, ldpre),
@@ -163,8 +165,8 @@ const std::array<Field<Problem>, 25> kProblemFields = {
     }                                                                                           \
   }
 
-const std::array<Field<Arguments>, 11> kArgumentsFields = {
-    GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
+const std::array<Field<Arguments>, 12> kArgumentsFields = {
+    GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(x_up),     GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
     GATEDMLP_PTR_FIELD(bias),     GATEDMLP_PTR_FIELD(bias_up),  GATEDMLP_PTR_FIELD(y),
     GATEDMLP_PTR_FIELD(preact),   GATEDMLP_PTR_FIELD(w_scales), GATEDMLP_PTR_FIELD(w_biases),
     GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases)};
@@ -193,8 +195,10 @@ std::string hex(const void* p) {
 }
 
 std::string repr(const Arguments& a) {
-  return "Arguments(x=" + hex(a.x) + ", w=" + hex(a.w) + ", w_up=" + hex(a.w_up) + ", bias=" + hex(a.bias) +
-         ", bias_up=" + hex(a.bias_up) + ", y=" + hex(a.y) + ", preact=" + hex(a.preact) +
+  // x_up only when set: it belongs to the down projection's GLU input.
+  return "Arguments(x=" + hex(a.x) + (a.x_up ? ", x_up=" + hex(a.x_up) : std::string()) + ", w=" + hex(a.w) +
+         ", w_up=" + hex(a.w_up) + ", bias=" + hex(a.bias) + ", bias_up=" + hex(a.bias_up) + ", y=" + hex(a.y) +
+         ", preact=" + hex(a.preact) +
          (a.w_scales || a.w_biases || a.w_up_scales || a.w_up_biases
               ? ", w_scales=" + hex(a.w_scales) + ", w_biases=" + hex(a.w_biases) + ", w_up_scales=" +
                     hex(a.w_up_scales) + ", w_up_biases=" + hex(a.w_up_biases)
@@ -271,7 +275,11 @@ NB_MODULE(_gatedmlp, m) {
       .value("sm80_mma", KernelPath::sm80_mma)
       .value("sm90_wgmma", KernelPath::sm90_wgmma)
       .value("decode", KernelPath::decode)
-      .value("quant_decode", KernelPath::quant_decode);
+      .value("quant_decode", KernelPath::quant_decode)
+      .value("cublas", KernelPath::cublas, "the down projection past the decode kernels' rows: a cuBLASLt GEMM");
+  nb::enum_<Operation>(m, "Operation")
+      .value("gate_up", Operation::gate_up, "y = act(x @ Wg^T + bg) * (x @ Wu^T + bu)")
+      .value("down", Operation::down, "y = alpha * (h @ Wd^T) + bd, h = x or act(x) * x_up (glu_input)");
 
   // ---- Status
   nb::class_<Status>(m, "Status")
@@ -314,6 +322,7 @@ NB_MODULE(_gatedmlp, m) {
   auto pr = nb::class_<Problem>(m, "Problem")
                 .def("__init__",
                      [](Problem* self, nb::kwargs kw) { init_from_kwargs(self, kw, kProblemFields, "Problem"); })
+                .def_rw("op", &Problem::op)
                 .def_rw("m", &Problem::m)
                 .def_rw("k", &Problem::k)
                 .def_rw("u", &Problem::u)
@@ -328,6 +337,7 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("bias_dtype", &Problem::bias_dtype)
                 .def_rw("has_preact", &Problem::has_preact)
                 .def_rw("preact_dtype", &Problem::preact_dtype)
+                .def_rw("glu_input", &Problem::glu_input)
                 .def_rw("ldx", &Problem::ldx)
                 .def_rw("ldy", &Problem::ldy)
                 .def_rw("ldpre", &Problem::ldpre)
@@ -355,6 +365,7 @@ NB_MODULE(_gatedmlp, m) {
       #f, [](const Arguments& a) { return addr(a.f); },                                                \
       [](Arguments& a, uintptr_t v) { a.f = reinterpret_cast<std::remove_reference_t<decltype(a.f)>>(v); })
   GATEDMLP_PTR_PROP(x);
+  GATEDMLP_PTR_PROP(x_up);
   GATEDMLP_PTR_PROP(w);
   GATEDMLP_PTR_PROP(w_up);
   GATEDMLP_PTR_PROP(bias);
@@ -465,6 +476,38 @@ NB_MODULE(_gatedmlp, m) {
       "quant"_a = nb::none(),
       "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None).");
   m.def(
+      "down",
+      [](nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
+         std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
+         std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream,
+         nb::handle workspace, nb::handle workspace_alloc, nb::handle scales, nb::handle biases,
+         std::optional<QuantFormat> quant) {
+        down(x, w, out, x_up, bias, activation, act_params, clamp_alpha, clamp_limit, storage, alpha, stream,
+             workspace, workspace_alloc, QuantArrays{scales, biases, nb::none(), nb::none(), quant});
+      },
+      "x"_a, "w"_a, "out"_a, "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
+      "activation"_a = Activation::silu, "act_params"_a = nb::none(), "clamp_alpha"_a = nb::none(),
+      "clamp_limit"_a = nb::none(), "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0,
+      "workspace"_a = nb::none(), "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(),
+      "biases"_a = nb::none(), "quant"_a = nb::none(),
+      "The down projection (Problem.op = down): y = alpha * (h @ w^T) + bias into `out` on `stream`, with h = x, "
+      "or act(x) * x_up when x_up is given (glu_input; activation and act_params / clamp_alpha / clamp_limit "
+      "say which GLU). w is [U, K] (storage=out_in) or [K, U] (in_out); with `quant` (a QuantFormat), "
+      "[U, K * bits / 32] packed words with scales / biases [U, K / group_size]. Low level: gatedmlp.down() "
+      "allocates `out` and picks the stream; workspace and workspace_alloc as for gate_up.");
+  m.def(
+      "make_down_problem",
+      [](nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
+         std::optional<ActivationParams> act_params, WeightStorage storage, float alpha, nb::handle scales,
+         nb::handle biases, std::optional<QuantFormat> quant) {
+        return make_down_problem(x, w, out, x_up, bias, activation, act_params, storage, alpha,
+                                 QuantArrays{scales, biases, nb::none(), nb::none(), quant});
+      },
+      "x"_a, "w"_a, "out"_a = nb::none(), "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
+      "activation"_a = Activation::silu, "act_params"_a = nb::none(), "storage"_a = WeightStorage::out_in,
+      "alpha"_a = 1.0f, "scales"_a = nb::none(), "biases"_a = nb::none(), "quant"_a = nb::none(),
+      "The Problem down() would run for these tensors (output dtype = input dtype when out is None).");
+  m.def(
       "convert_weights",
       [](nb::handle from_w, nb::handle to_w, const WeightLayout& from, const WeightLayout& to, nb::handle from_w_up,
          nb::handle to_w_up, uintptr_t stream) { convert(from_w, to_w, from, to, from_w_up, to_w_up, stream, false); },
@@ -510,6 +553,7 @@ NB_MODULE(_gatedmlp, m) {
 
   // ---- printing
   m.def("to_string", [](DType v) { return std::string(to_string(v)); }, "value"_a);
+  m.def("to_string", [](Operation v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](Activation v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](WeightFormat v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](Half v) { return std::string(to_string(v)); }, "value"_a);

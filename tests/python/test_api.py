@@ -27,7 +27,8 @@ def test_version_and_names():
     assert list(WeightFormat.__members__) == ["fused", "separate"]
     assert list(Half.__members__) == ["gate", "up"]
     assert list(WeightStorage.__members__) == ["out_in", "in_out"]
-    assert list(gatedmlp.KernelPath.__members__) == ["none", "sm80_mma", "sm90_wgmma", "decode", "quant_decode"]
+    assert list(gatedmlp.KernelPath.__members__) == ["none", "sm80_mma", "sm90_wgmma", "decode", "quant_decode",
+                                                     "cublas"]
     assert list(gatedmlp.StatusCode.__members__) == [
         "ok", "invalid_argument", "not_supported", "no_device", "cuda_error", "library_error"]
     assert gatedmlp.kAuto == -1
