@@ -158,7 +158,8 @@ void run_down_case(const Problem& p, std::mt19937_64& rng, DownStats* st) {
 
   const size_t ws_bytes = workspace_size(p);
   const bool needs_ws = r.glu_input || (r.quantized && cfg.path != KernelPath::quant_decode) ||
-                        (cfg.path == KernelPath::cublas && r.has_bias);
+                        (cfg.path == KernelPath::cublas &&
+                         (r.has_bias || (r.output_dtype != DType::fp32 && r.output_dtype != r.input_dtype)));
   if (needs_ws) {
     s = run(p, a, nullptr, 0, nullptr);
     EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();

@@ -15,8 +15,10 @@
 //     Y = alpha * (H @ Wd^T) + bd,   H = X, or act(X) * X_up (glu_input)
 //
 // with H [M, K], Wd [U, K] (U output features), Y [M, U]. With glu_input the
-// GLU is fused into its input: X and Arguments::x_up are the gate and up
-// halves [M, K] (MLX's fused_swiglu_gather_qmv without the gather).
+// call takes the GLU's two halves, X (gate) and Arguments::x_up (up), [M, K]
+// each (MLX's fused_swiglu_gather_qmv without the gather): the GLU runs as a
+// pass into the workspace, once per call, and the kernel reads its result
+// (src/down/down.hpp says why not in the kernel's loads).
 //
 // Usage:
 //     gatedmlp::Problem p;  p.m = M; p.k = K; p.u = U;        // fill the descriptor
@@ -211,7 +213,7 @@ enum class KernelPath : int {
   sm90_wgmma = 2,  // Hopper fast path: TMA + wgmma, sm_90 (H100/H200) only
   decode = 3,      // few rows (M <= 16): weight streaming, mma.sync with the tokens as the narrow side; sm_80+
   quant_decode = 4,  // the decode kernel's design on quantized weights, dequantized in registers; sm_80+
-  cublas = 5,        // down projection past the decode kernels' rows: a cuBLASLt GEMM (bias in its epilogue)
+  cublas = 5,        // down projection past the decode kernels' rows: a cuBLASLt GEMM
 };
 
 struct Config {
@@ -236,10 +238,17 @@ Status check_support(const Problem& problem);
 // Bytes of device workspace with which run() is fastest on the current
 // device: on H100/H200, 128 KB per SM (16.5 MB on 132 SMs) for the split
 // tail, where the last partial wave of tiles is shared out over every SM
-// along K; 0 on other paths, other devices, and with no device. run() also
-// works with less or none (nullptr, 0), without the split. The workspace may
+// along K, and cuBLASLt's for the down projection's GEMM; 0 on other
+// paths, other devices, and with no device. Those calls also work with less
+// or none (nullptr, 0), without the split or with cuBLASLt's algorithms that
+// need no workspace. The workspace may
 // be reused by any later call on the same stream; its contents need no
-// initialisation and are not preserved.
+// initialisation and are not preserved. Some calls need workspace and are
+// refused without enough (the error names the bytes): quantized weights
+// past the quantized decode kernel (dequantized into it), and the down
+// projection's passes (the GLU of its input; dequantized weights; cuBLASLt's
+// fp32 result where a pass adds the bias or rounds to the other 16-bit type).
+// workspace_size() covers them.
 size_t workspace_size(const Problem& problem);
 
 // The kernel and config run() would use on `device` (-1: the current device).

@@ -1,12 +1,12 @@
 // The down projection past the decode kernels' rows: one cuBLASLt GEMM,
-// alpha and the bias in its epilogue. Where the weights are reused across
-// hundreds of rows there is nothing to fuse into a plain GEMM, and cuBLASLt
-// is the toolkit's own at that.
+// alpha in it (the bias, where there is one, is down::finish_output's).
+// Where the weights are reused across hundreds of rows there is nothing to
+// fuse into a plain GEMM, and cuBLASLt is the toolkit's own at that.
 //
-// Row-major Y [M, U] is column-major D [U, M]; so D = alpha * op(A) * B +
-// bias with A the weights (out_in [U, K] row-major is column-major [K, U],
-// transposed; in_out [K, U] is column-major [U, K] as it is), B = H
-// (column-major [K, M]), and the bias per row of D: per output feature.
+// Row-major Y [M, U] is column-major D [U, M]; so D = alpha * op(A) * B with
+// A the weights (out_in [U, K] row-major is column-major [K, U], transposed;
+// in_out [K, U] is column-major [U, K] as it is) and B = H (column-major
+// [K, M]).
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -79,14 +79,6 @@ class Linear final : public CublasLinear {
     const cublasOperation_t ta = in_out ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if (r.has_bias) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      const cudaDataType_t bt = CUDA_R_32F;  // the workspace's fp32 copy
-      const int64_t bstride = r.batch > 1 && r.batch_stride_bias != 0 ? r.u : 0;
-      cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-      cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
-      cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bstride, sizeof bstride);
-    }
     const uint64_t a_rows = in_out ? r.u : r.k, a_cols = in_out ? r.k : r.u;
     if (Status s = layout(&a_, in, a_rows, a_cols, r.weights.ld, r.batch_stride_w); !s) return s;
     if (Status s = layout(&b_, in, r.k, r.m, r.ldx, r.batch_stride_x); !s) return s;
@@ -114,15 +106,12 @@ class Linear final : public CublasLinear {
       return err(StatusCode::not_supported, "cuBLASLt has no algorithm for the down projection ", to_string(r));
     algo_ = h.algo;
     std::ostringstream os;
-    os << "cuBLASLt GEMM (heuristic's first algorithm, " << h.workspaceSize << " bytes of its workspace"
-       << (r.has_bias ? ", bias in its epilogue" : "") << ")";
+    os << "cuBLASLt GEMM (heuristic's first algorithm, " << h.workspaceSize << " bytes of its workspace)";
     describe_ = os.str();
     return Status::Ok();
   }
 
-  Status run(const Arguments& a, const void* bias_f32, void* cublas_ws, size_t cublas_bytes,
-             cudaStream_t stream) override {
-    if (r_.has_bias) cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_f32, sizeof bias_f32);
+  Status run(const Arguments& a, void* cublas_ws, size_t cublas_bytes, cudaStream_t stream) override {
     const float alpha = r_.alpha, beta = 0.f;
     return lt_status(cublasLtMatmul(handle_, op_, &alpha, a.w, a_, a.x, b_, &beta, a.y, d_, a.y, d_, &algo_,
                                     cublas_bytes >= cublas_bytes_ ? cublas_ws : nullptr,

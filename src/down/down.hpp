@@ -22,13 +22,18 @@
 namespace gatedmlp::down {
 
 // Where a call's scratch lives in the workspace, in this order, each part
-// 256-byte aligned. The cuBLASLt GEMM takes what is left, up to kCublasBytes.
+// 256-byte aligned. Where cuBLASLt cannot write Y as asked, it writes fp32
+// and a pass adds the bias and rounds once: with a bias (its epilogue
+// refused an fp32 bias for a 16-bit Y, CUBLAS_STATUS_INVALID_VALUE on an
+// H100 with CUDA 13.0, and a bias of Y's type would be rounded before the
+// sum), and for a bf16 Y of fp16 X or the reverse (it multiplies 16-bit
+// types into their own or fp32). The cuBLASLt GEMM takes what is left, up to kCublasBytes.
 struct WorkspaceLayout {
   size_t glu = 0;      // [L][M, K] of X's type: act(X) * X_up
   size_t weights = 0;  // [U, K] of X's type: the dequantized weights
-  size_t bias = 0;     // [L or 1][U] fp32: the bias for cuBLASLt's epilogue
+  size_t out32 = 0;    // [L][M, U] fp32: cuBLASLt's result, where a pass finishes Y
   size_t cublas = 0;   // cuBLASLt's own workspace (what workspace_size asks; it runs with less)
-  size_t required() const { return glu + weights + bias; }
+  size_t required() const { return glu + weights + out32; }
   size_t total() const { return required() + cublas; }
 };
 inline constexpr size_t kCublasBytes = size_t{8} << 20;
@@ -42,16 +47,15 @@ Problem kernel_problem(const Problem& resolved, KernelPath path);
 Arguments kernel_args(const Problem& resolved, KernelPath path, const Arguments& a, void* workspace);
 
 // A cuBLASLt plan for one kernel problem (descriptors, layouts and the
-// heuristic's algorithm), made once per planned call and reused.
+// heuristic's algorithm), made once per planned call and reused. It
+// computes alpha * H Wd^T; the bias is finish_output's.
 class CublasLinear {
  public:
   // `a`: the kernel arguments (their alignment picks the algorithm).
   static Status create(const Problem& kernel_problem, const Arguments& a, size_t cublas_bytes,
                        std::shared_ptr<CublasLinear>* out);
   virtual ~CublasLinear() = default;
-  // bias_f32: the fp32 bias (the workspace's copy, or the caller's when it is fp32).
-  virtual Status run(const Arguments& a, const void* bias_f32, void* cublas_ws, size_t cublas_bytes,
-                     cudaStream_t stream) = 0;
+  virtual Status run(const Arguments& a, void* cublas_ws, size_t cublas_bytes, cudaStream_t stream) = 0;
   virtual const std::string& describe() const = 0;
 };
 
@@ -64,8 +68,8 @@ Status run(const Problem& resolved, const Config& cfg, const Arguments& a, Cubla
 // h[l][m][k] = act(x) * x_up, rounded to `dtype` (glu_out16: the tanh-form
 // activation the 16-bit outputs use). Strided x and x_up, dense h.
 cudaError_t glu_input(const Problem& resolved, const void* x, const void* x_up, void* h, cudaStream_t stream);
-// out[l][n] = float(bias[l * stride + n]) for `batches` biases of n `dtype` elements.
-cudaError_t bias_to_f32(const void* bias, DType dtype, int64_t n, int64_t batches, int64_t stride, float* out,
-                        cudaStream_t stream);
+// Y (the resolved problem's output, strided) = the dense fp32 [L][M, U]
+// `src` plus the bias (if any), rounded once.
+cudaError_t finish_output(const Problem& resolved, const float* src, const void* bias, void* y, cudaStream_t stream);
 
 }  // namespace gatedmlp::down

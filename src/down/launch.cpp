@@ -17,6 +17,11 @@ size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 bool dequantizes(const Problem& r, KernelPath path) { return r.quantized && path != KernelPath::quant_decode; }
 
+bool output_via_fp32(const Problem& r, KernelPath path) {
+  return path == KernelPath::cublas &&
+         (r.has_bias || (r.output_dtype != DType::fp32 && r.output_dtype != r.input_dtype));
+}
+
 }  // namespace
 
 WorkspaceLayout workspace_layout(const Problem& r, KernelPath path) {
@@ -25,7 +30,7 @@ WorkspaceLayout workspace_layout(const Problem& r, KernelPath path) {
   if (r.glu_input) l.glu = round256(size_t(r.batch) * size_t(r.m) * size_t(r.k) * ex);
   if (dequantizes(r, path)) l.weights = round256(size_t(r.u) * size_t(r.k) * ex);
   if (path == KernelPath::cublas) {
-    if (r.has_bias) l.bias = round256(size_t(r.batch > 1 && r.batch_stride_bias != 0 ? r.batch : 1) * size_t(r.u) * 4);
+    if (output_via_fp32(r, path)) l.out32 = round256(size_t(r.batch) * size_t(r.m) * size_t(r.u) * 4);
     l.cublas = kCublasBytes;
   }
   return l;
@@ -43,6 +48,11 @@ Problem kernel_problem(const Problem& r, KernelPath path) {
     k.weights.ld = r.k;
     k.batch_stride_w = r.u * r.k;
   }
+  if (output_via_fp32(r, path)) {
+    k.output_dtype = DType::fp32;
+    k.ldy = r.u;
+    k.batch_stride_y = r.m * r.u;
+  }
   return k;
 }
 
@@ -58,6 +68,7 @@ Arguments kernel_args(const Problem& r, KernelPath path, const Arguments& a, voi
     k.w = base + l.glu;
     k.w_scales = k.w_biases = nullptr;
   }
+  if (output_via_fp32(r, path)) k.y = base + l.glu + l.weights;
   return k;
 }
 
@@ -68,7 +79,7 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
     return err(StatusCode::invalid_argument, "this down projection writes ",
                r.glu_input ? "the GLU of its input" : "", r.glu_input && dequantizes(r, cfg.path) ? " and " : "",
                dequantizes(r, cfg.path) ? "its dequantized weights" : "",
-               l.bias ? (l.glu || l.weights ? " and its fp32 bias" : "its fp32 bias") : "",
+               l.out32 ? (l.glu || l.weights ? " and its fp32 result" : "its fp32 result") : "",
                " into the workspace, which needs at least ", l.required(),
                " bytes (workspace_size() gives the fastest size); got ", bytes);
   char* base = static_cast<char*>(ws);
@@ -98,17 +109,11 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
     case KernelPath::decode: return cuda(decode::launch(kp, ka, sms, stream), "kernel launch");
     case KernelPath::quant_decode: return cuda(quant_decode::launch(kp, ka, sms, stream), "kernel launch");
     case KernelPath::cublas: {
-      float* bias = reinterpret_cast<float*>(base + l.glu + l.weights);
-      if (r.has_bias) {
-        const bool per_batch = r.batch > 1 && r.batch_stride_bias != 0;
-        if (Status s = cuda(bias_to_f32(a.bias, r.bias_dtype, r.u, per_batch ? r.batch : 1, r.batch_stride_bias,
-                                        bias, stream),
-                            "the fp32 copy of the bias");
-            !s)
-          return s;
-      }
       const size_t rest = bytes > l.required() ? bytes - l.required() : 0;
-      return linear->run(ka, bias, rest ? base + l.required() : nullptr, rest, stream);
+      if (Status s = linear->run(ka, rest ? base + l.required() : nullptr, rest, stream); !s) return s;
+      if (output_via_fp32(r, cfg.path))
+        return cuda(finish_output(r, static_cast<const float*>(ka.y), a.bias, a.y, stream), "the bias and rounding of Y");
+      return Status::Ok();
     }
     default:
       return err(StatusCode::not_supported, "no down projection kernel for ", to_string(cfg));

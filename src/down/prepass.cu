@@ -1,5 +1,5 @@
-// The down projection's passes into the workspace (down.hpp): the GLU of its
-// input, and the bias as fp32 for cuBLASLt's epilogue.
+// The down projection's passes (down.hpp): the GLU of its input into the
+// workspace, and the bias and rounding of cuBLASLt's fp32 result into Y.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -34,9 +34,15 @@ __global__ void glu_input_kernel(const T* __restrict__ x, const T* __restrict__ 
   }
 }
 
-__global__ void bias_to_f32_kernel(const void* bias, int dtype, int64_t n, int64_t total, int64_t stride, float* out) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = gatedmlp::detail::load_float(bias, dtype, (i / n) * stride + i % n);
+__global__ void finish_output_kernel(const float* __restrict__ src, const void* bias, int bias_dtype, int64_t sb,
+                                     void* y, int out_dtype, int64_t m, int64_t u, int64_t ldy, int64_t sy,
+                                     int64_t total) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t l = i / (m * u), r = i % (m * u), j = r % u;
+    float v = src[i];
+    if (bias) v += gatedmlp::detail::load_float(bias, bias_dtype, l * sb + j);
+    gatedmlp::detail::store_float(y, out_dtype, l * sy + (r / u) * ldy + j, v);
+  }
 }
 
 unsigned blocks_for(int64_t n) {
@@ -60,10 +66,12 @@ cudaError_t glu_input(const Problem& r, const void* x, const void* x_up, void* h
   return cudaGetLastError();
 }
 
-cudaError_t bias_to_f32(const void* bias, DType dtype, int64_t n, int64_t batches, int64_t stride, float* out,
-                        cudaStream_t stream) {
-  bias_to_f32_kernel<<<blocks_for(n * batches), 256, 0, stream>>>(bias, static_cast<int>(dtype), n, n * batches,
-                                                                   stride, out);
+cudaError_t finish_output(const Problem& r, const float* src, const void* bias, void* y, cudaStream_t stream) {
+  const int64_t total = r.batch * r.m * r.u;
+  finish_output_kernel<<<blocks_for(total), 256, 0, stream>>>(src, r.has_bias ? bias : nullptr,
+                                                              static_cast<int>(r.bias_dtype), r.batch_stride_bias, y,
+                                                              static_cast<int>(r.output_dtype), r.m, r.u, r.ldy,
+                                                              r.batch_stride_y, total);
   return cudaGetLastError();
 }
 
