@@ -97,14 +97,14 @@ def _workspace_alloc(device: torch.device):
 
 
 def _launch(x, w, w_up, bias, bias_up, out, preact, activation, clamp_alpha, clamp_limit, group, first, storage,
-            alpha) -> None:
+            alpha, hold=True) -> None:
     # An empty batch (M = 0) goes through too: the library checks the shapes
     # and launches nothing.
     _C.gate_up(
         _to_dlpack(x), _to_dlpack(w), _to_dlpack(out), _capsule(w_up), _capsule(bias), _capsule(bias_up),
         _capsule(preact), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha, clamp_limit=clamp_limit,
         group=group, first=_HALVES[first], storage=_STORAGES[storage], alpha=alpha, stream=_stream(x),
-        workspace_alloc=_workspace_alloc(x.device))
+        workspace_alloc=_workspace_alloc(x.device), hold_workspace=hold)
 
 
 def _traced() -> bool:
@@ -117,15 +117,18 @@ def _traced() -> bool:
 
 
 def _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage, alpha,
-                    out_dtype):
+                    out_dtype, hold=True):
     # What the gatedmlp::gate_up op computes, for real tensors only. The
     # wrappers call it directly for plain CUDA tensors (meta, CPU and fake
-    # tensors go through the op).
+    # tensors go through the op). hold: keep scratch for the stream across
+    # calls (eager); the ops' bodies take scratch that is freed when the call
+    # returns, since torch.compile's CUDA-graph trees refuse an op that
+    # leaves memory of their pool alive.
     x2 = _flatten(x, w)
     u = _out_features(w, w_up, storage)
     out = x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype)
     _launch(x2, w, w_up, bias, bias_up, out if x2 is x else out.view(*x2.shape[:-1], u), None, activation,
-            clamp_alpha, clamp_limit, group, first, storage, alpha)
+            clamp_alpha, clamp_limit, group, first, storage, alpha, hold)
     return out
 
 
@@ -135,7 +138,7 @@ def _gate_up_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Ten
                 activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str, storage: str,
                 alpha: float, out_dtype: Optional[torch.dtype]) -> Tensor:
     return _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage,
-                           alpha, out_dtype)
+                           alpha, out_dtype, hold=False)
 
 
 @_gate_up_op.register_fake
@@ -155,7 +158,7 @@ def _gate_up_preact_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optio
     pre = torch.empty((*x.shape[:-1], 2 * u), dtype=preact_dtype or x.dtype, device=x.device)
     lead = x2.shape[:-1]
     _launch(x2, w, w_up, bias, bias_up, out.view(*lead, u), pre.view(*lead, 2 * u), activation, clamp_alpha,
-            clamp_limit, group, first, storage, alpha)
+            clamp_limit, group, first, storage, alpha, hold=False)
     return out, pre
 
 
@@ -181,7 +184,7 @@ def _gate_up_out_impl(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, c
     # A view, never a copy: the kernel must write into `out` itself.
     out2 = out if x2 is x else out.view(-1, out.shape[-1])
     _launch(x2, w, w_up, bias, bias_up, out2, None, activation, clamp_alpha, clamp_limit, group, first, storage,
-            alpha)
+            alpha, hold=False)
 
 
 @_gate_up_out_op.register_fake
@@ -205,8 +208,8 @@ def _quantized_rows(wq: Tensor, wq_up: Optional[Tensor]) -> int:
 
 
 def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits, group_size,
-                      row_block, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype):
-    # What gatedmlp::quantized_gate_up computes, for real tensors only.
+                      row_block, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype, hold=True):
+    # What gatedmlp::quantized_gate_up computes, for real tensors only (hold: as _gate_up_direct's).
     u = _quantized_rows(wq, wq_up)
     out = x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype)
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
@@ -216,7 +219,7 @@ def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, 
         activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha, clamp_limit=clamp_limit, group=group,
         first=_HALVES[first], alpha=alpha, stream=_stream(x), workspace_alloc=_workspace_alloc(x.device),
         scales=_to_dlpack(scales), biases=_capsule(biases), scales_up=_capsule(scales_up),
-        biases_up=_capsule(biases_up), quant=_quant_format(mode, bits, group_size, row_block))
+        biases_up=_capsule(biases_up), quant=_quant_format(mode, bits, group_size, row_block), hold_workspace=hold)
     return out
 
 
@@ -228,7 +231,7 @@ def _quantized_gate_up_op(x: Tensor, wq: Tensor, scales: Tensor, biases: Optiona
                           alpha: float, out_dtype: Optional[torch.dtype]) -> Tensor:
     return _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits,
                              group_size, row_block, activation, clamp_alpha, clamp_limit, group, first, alpha,
-                             out_dtype)
+                             out_dtype, hold=False)
 
 
 @_quantized_gate_up_op.register_fake
@@ -285,16 +288,16 @@ def _down_inputs(h: Tensor, up: Optional[Tensor], batched_weights: bool):
     return h2, up2
 
 
-def _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, alpha, out_dtype):
+def _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, alpha, out_dtype, hold=True):
     # What the gatedmlp::down op computes, for real tensors only (the
-    # wrappers call it directly for plain CUDA tensors).
+    # wrappers call it directly for plain CUDA tensors; hold: as _gate_up_direct's).
     u = _down_features(w, storage)
     out = h.new_empty((*h.shape[:-1], u), dtype=out_dtype or h.dtype)
     h2, up2 = _down_inputs(h, up, w.dim() == 3)
     _C.down(_to_dlpack(h2), _to_dlpack(w), _to_dlpack(out if h2.dim() == h.dim() else out.view(-1, u)),
             _capsule(up2), _capsule(bias), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha,
             clamp_limit=clamp_limit, storage=_STORAGES[storage], alpha=alpha, stream=_stream(h),
-            workspace_alloc=_workspace_alloc(h.device))
+            workspace_alloc=_workspace_alloc(h.device), hold_workspace=hold)
     return out
 
 
@@ -302,7 +305,7 @@ def _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, 
 def _down_op(h: Tensor, w: Tensor, up: Optional[Tensor], bias: Optional[Tensor], activation: str,
              clamp_alpha: float, clamp_limit: float, storage: str, alpha: float,
              out_dtype: Optional[torch.dtype]) -> Tensor:
-    return _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, alpha, out_dtype)
+    return _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, alpha, out_dtype, hold=False)
 
 
 @_down_op.register_fake
@@ -311,8 +314,8 @@ def _down_fake(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, al
 
 
 def _quantized_down_direct(h, wq, scales, biases, up, bias, mode, bits, group_size, row_block, activation,
-                           clamp_alpha, clamp_limit, alpha, out_dtype):
-    # What gatedmlp::quantized_down computes, for real tensors only.
+                           clamp_alpha, clamp_limit, alpha, out_dtype, hold=True):
+    # What gatedmlp::quantized_down computes, for real tensors only (hold: as _gate_up_direct's).
     u = wq.shape[0]
     out = h.new_empty((*h.shape[:-1], u), dtype=out_dtype or h.dtype)
     h2, up2 = _down_inputs(h, up, False)
@@ -320,7 +323,7 @@ def _quantized_down_direct(h, wq, scales, biases, up, bias, mode, bits, group_si
             _capsule(up2), _capsule(bias), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha,
             clamp_limit=clamp_limit, alpha=alpha, stream=_stream(h), workspace_alloc=_workspace_alloc(h.device),
             scales=_to_dlpack(scales), biases=_capsule(biases),
-            quant=_quant_format(mode, bits, group_size, row_block))
+            quant=_quant_format(mode, bits, group_size, row_block), hold_workspace=hold)
     return out
 
 
@@ -330,7 +333,7 @@ def _quantized_down_op(h: Tensor, wq: Tensor, scales: Tensor, biases: Optional[T
                        activation: str, clamp_alpha: float, clamp_limit: float, alpha: float,
                        out_dtype: Optional[torch.dtype]) -> Tensor:
     return _quantized_down_direct(h, wq, scales, biases, up, bias, mode, bits, group_size, row_block, activation,
-                                  clamp_alpha, clamp_limit, alpha, out_dtype)
+                                  clamp_alpha, clamp_limit, alpha, out_dtype, hold=False)
 
 
 @_quantized_down_op.register_fake

@@ -195,7 +195,7 @@ size_t bytes_of(const TensorView& v) {
 // Scratch for a call: a held one, or a new one from `alloc`, which `fresh`
 // owns until the call has been queued when it is not held (during capture).
 std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_t stream, nb::handle alloc,
-                                       TensorView* fresh) {
+                                       TensorView* fresh, bool hold) {
   const size_t n = workspace_size(p);
   if (n == 0) return {nullptr, 0};
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -203,6 +203,7 @@ std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_
     cudaGetLastError();
     capture = cudaStreamCaptureStatusActive;  // unknown: take fresh scratch, which is always safe
   }
+  if (!hold) capture = cudaStreamCaptureStatusActive;  // fresh, as while capturing
   const uintptr_t s = reinterpret_cast<uintptr_t>(stream);
   if (capture == cudaStreamCaptureStatusNone)
     for (const HeldWorkspace& w : g_workspaces)
@@ -228,7 +229,7 @@ std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_
 }  // namespace
 
 void launch(const Problem& p, const Arguments& a, const TensorView& x, uintptr_t stream_handle, nb::handle workspace,
-            nb::handle workspace_alloc, const std::vector<const TensorView*>& views) {
+            nb::handle workspace_alloc, const std::vector<const TensorView*>& views, bool hold_workspace) {
   const cudaStream_t stream = as_stream(stream_handle);
   const int device = x.device_type == kDeviceCUDA ? x.device_id : -1;
   // Before the workspace: workspace_size() reads the current device.
@@ -244,7 +245,7 @@ void launch(const Problem& p, const Arguments& a, const TensorView& x, uintptr_t
     ws = ws_view.data;
     ws_bytes = bytes_of(ws_view);
   } else if (!workspace_alloc.is_none() && p.m > 0 && p.batch > 0) {
-    std::tie(ws, ws_bytes) = workspace_for(p, device, stream, workspace_alloc, &ws_view);
+    std::tie(ws, ws_bytes) = workspace_for(p, device, stream, workspace_alloc, &ws_view, hold_workspace);
   }
 
   wait_for_producers(views, stream);

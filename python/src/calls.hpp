@@ -110,9 +110,12 @@ void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<Qu
 // Runs p on a, on x's device and `stream_handle`, after the producer
 // streams of `views`. The workspace is the caller's (`workspace`), or
 // scratch from workspace_alloc(n) held for the device and stream (fresh
-// while a CUDA graph is being captured), or none when both are None.
+// while a CUDA graph is being captured, or with hold_workspace false: the
+// framework then owns it and frees it after the call, as torch.compile's
+// CUDA-graph trees require of an op's allocations), or none when both are
+// None.
 void launch(const Problem& p, const Arguments& a, const TensorView& x, uintptr_t stream_handle, nb::handle workspace,
-            nb::handle workspace_alloc, const std::vector<const TensorView*>& views);
+            nb::handle workspace_alloc, const std::vector<const TensorView*>& views, bool hold_workspace = true);
 
 // gatedmlp.gate_up's C++ half (gate_up.cpp): fills a Problem from the
 // tensors and calls run().
@@ -120,7 +123,7 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
-             nb::handle workspace_alloc, const QuantArrays& quant);
+             nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true);
 
 // The Problem gate_up() would run for these tensors (gate_up.cpp).
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
@@ -133,7 +136,7 @@ Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up
 void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
           std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
           std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream_handle,
-          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& quant);
+          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true);
 
 // The Problem down() would run for these tensors (down.cpp).
 Problem make_down_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,

@@ -118,7 +118,7 @@ DownOptions make_options(Activation activation, std::optional<ActivationParams> 
 void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
           std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
           std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream_handle,
-          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& q) {
+          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.down allocates it)");
   DownTensors t = import_down(x, w, out, x_up, bias, q);
   DownOptions o = make_options(activation, act_params, storage, alpha, q);
@@ -137,7 +137,8 @@ void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handl
 
   launch(p, a, t.x, stream_handle, workspace, workspace_alloc,
          {&t.x, t.x_up ? &*t.x_up : nullptr, &t.w, t.bias ? &*t.bias : nullptr, &*t.out,
-          t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr});
+          t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr},
+         hold_workspace);
 }
 
 Problem make_down_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,

@@ -178,7 +178,7 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
-             nb::handle workspace_alloc, const QuantArrays& q) {
+             nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.gate_up allocates it)");
   GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q);
   GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha, q);
@@ -202,7 +202,8 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   launch(p, a, t.x, stream_handle, workspace, workspace_alloc,
          {&t.x, &t.w, t.w_up ? &*t.w_up : nullptr, t.bias ? &*t.bias : nullptr, t.bias_up ? &*t.bias_up : nullptr,
           &*t.out, t.preact ? &*t.preact : nullptr, t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr,
-          t.scales_up ? &*t.scales_up : nullptr, t.biases_up ? &*t.biases_up : nullptr});
+          t.scales_up ? &*t.scales_up : nullptr, t.biases_up ? &*t.biases_up : nullptr},
+         hold_workspace);
 }
 
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,

@@ -442,22 +442,23 @@ NB_MODULE(_gatedmlp, m) {
          std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
          WeightStorage storage, float alpha, uintptr_t stream, nb::handle workspace, nb::handle workspace_alloc,
          nb::handle scales, nb::handle biases, nb::handle scales_up, nb::handle biases_up,
-         std::optional<QuantFormat> quant) {
+         std::optional<QuantFormat> quant, bool hold_workspace) {
         gate_up(x, w, out, w_up, bias, bias_up, preact, activation, act_params, clamp_alpha, clamp_limit, group,
                 first, storage, alpha, stream, workspace, workspace_alloc,
-                QuantArrays{scales, biases, scales_up, biases_up, quant});
+                QuantArrays{scales, biases, scales_up, biases_up, quant}, hold_workspace);
       },
       "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
       "clamp_alpha"_a = nb::none(), "clamp_limit"_a = nb::none(), "group"_a = 0, "first"_a = Half::gate,
       "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(),
       "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(), "biases"_a = nb::none(),
-      "scales_up"_a = nb::none(), "biases_up"_a = nb::none(), "quant"_a = nb::none(),
+      "scales_up"_a = nb::none(), "biases_up"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true,
       "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
       "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
       "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
       "time a stream needs some; it is kept for that device and stream (fresh scratch while a CUDA "
-      "graph is being captured). With `quant` (a QuantFormat), w and w_up are packed uint32 words "
+      "graph is being captured, or with hold_workspace=False: torch ops, whose allocations torch.compile's "
+      "CUDA-graph trees must see freed). With `quant` (a QuantFormat), w and w_up are packed uint32 words "
       "[rows, K * bits / 32] and scales / biases (scales_up / biases_up) their [rows, K / group_size] "
       "scales and biases.");
   m.def(
@@ -481,15 +482,15 @@ NB_MODULE(_gatedmlp, m) {
          std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
          std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream,
          nb::handle workspace, nb::handle workspace_alloc, nb::handle scales, nb::handle biases,
-         std::optional<QuantFormat> quant) {
+         std::optional<QuantFormat> quant, bool hold_workspace) {
         down(x, w, out, x_up, bias, activation, act_params, clamp_alpha, clamp_limit, storage, alpha, stream,
-             workspace, workspace_alloc, QuantArrays{scales, biases, nb::none(), nb::none(), quant});
+             workspace, workspace_alloc, QuantArrays{scales, biases, nb::none(), nb::none(), quant}, hold_workspace);
       },
       "x"_a, "w"_a, "out"_a, "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
       "activation"_a = Activation::silu, "act_params"_a = nb::none(), "clamp_alpha"_a = nb::none(),
       "clamp_limit"_a = nb::none(), "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0,
       "workspace"_a = nb::none(), "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(),
-      "biases"_a = nb::none(), "quant"_a = nb::none(),
+      "biases"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true,
       "The down projection (Problem.op = down): y = alpha * (h @ w^T) + bias into `out` on `stream`, with h = x, "
       "or act(x) * x_up when x_up is given (glu_input; activation and act_params / clamp_alpha / clamp_limit "
       "say which GLU). w is [U, K] (storage=out_in) or [K, U] (in_out); with `quant` (a QuantFormat), "
