@@ -78,10 +78,14 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
   // Warps per CTA and chunks per k-block: 4 and 1 were the fastest of
   // {2, 4, 8} x {1, 2, 4} at 8B and 70B, M = 1 (H100, docs/notes/quantized-decode.md h66).
-  // GATEDMLP_QDECODE=W,U overrides them (tuning knob, docs/tuning.md).
-  p.warps = 4;
-  s.unroll = 1;
-  if (const char* v = std::getenv("GATEDMLP_QDECODE")) {
+  // GATEDMLP_QDECODE=W,U overrides them (tuning knob, docs/tuning.md). The
+  // down projection has a few thousand rows of long K (8B: 256 CTAs of 16
+  // rows, 14336 of K), so a CTA needs more bytes in flight than gate/up's:
+  // GATEDMLP_QDECODE_DOWN=W,U sets its own.
+  const bool down = r.op == Operation::down;
+  p.warps = down ? 8 : 4;
+  s.unroll = down ? 2 : 1;
+  if (const char* v = std::getenv(down ? "GATEDMLP_QDECODE_DOWN" : "GATEDMLP_QDECODE")) {
     int w = 0, u = 0;
     if (std::sscanf(v, "%d,%d", &w, &u) == 2 && w >= 1 && w <= 8 && (u == 1 || u == 2)) {
       p.warps = w;
