@@ -314,3 +314,44 @@ TEST(GpuDown, EveryFormatActivationAndPath) {
               st.by_path[int(KernelPath::decode)], st.by_path[int(KernelPath::quant_decode)],
               st.by_path[int(KernelPath::cublas)]);
 }
+
+// The quantized down projection's split of K over CTAs (partial sums in the
+// workspace, summed by a second pass): where the rule picks one (long K,
+// few rows), and forced by its knob on random quantized cases. Without the
+// workspace for the partials it runs unsplit, and is as right.
+TEST(GpuDown, SplitOfK) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  DownStats st;
+  Problem p;
+  p.op = Operation::down;
+  p.quantized = true;
+  p.m = 5;
+  p.k = 16384;
+  p.u = 40;
+  p.has_bias = true;
+  p.alpha = 0.5f;
+  for (const QuantFormat& f : {QuantFormat{QuantMode::affine, 4, 64}, QuantFormat{QuantMode::affine, 8, 32},
+                               QuantFormat{QuantMode::mxfp4, 4, 32}, QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128}}) {
+    p.quant = f;
+    p.scale_dtype = f.mode == QuantMode::fp8_e4m3 ? DType::fp32 : DType::bf16;
+    p.glu_input = f.bits == 8;
+    Config cfg;
+    ASSERT_TRUE(plan(p, &cfg).ok());
+    EXPECT_GT(workspace_size(p), size_t(2 * p.m * p.u * 4)) << "the partials of a split: " << to_string(p);
+    run_down_case(p, rng, &st);
+    if (HasFailure()) return;
+  }
+  setenv("GATEDMLP_QDECODE_DOWN_SPLIT", "3", 1);
+  int split = 0;
+  for (int i = 0; i < cases(200); ++i) {
+    Problem q = random_down_problem(rng);
+    if (!q.quantized || q.m > 64) continue;
+    SCOPED_TRACE("case " + std::to_string(i));
+    run_down_case(q, rng, &st);
+    if (HasFailure()) break;
+    ++split;
+  }
+  unsetenv("GATEDMLP_QDECODE_DOWN_SPLIT");
+  std::printf("[ cases ] %d passed (%d with the split forced to 3)\n", st.cases, split);
+}

@@ -109,6 +109,10 @@ __device__ __forceinline__ void epilogue_down(const Params& p, const float* red,
     const float* part = red + nt * 128 + reg * 32 + ((c & 7) << 2) + ((m & 7) >> 1);
     float s = 0.f;
     for (int w = 0; w < p.warps; ++w) s += part[w * (NT * 128)];
+    if (p.partials) {  // a split of K: the raw sum, finished by down::reduce_splits
+      p.partials[(int64_t(blockIdx.y) * p.m + m) * p.u + j] = s;
+      continue;
+    }
     float y = s * p.alpha;
     if (p.has_bias) y += gatedmlp::detail::load_float(p.bias, p.bias_dtype, int64_t(l) * p.sb + j);
     gatedmlp::detail::store_float(p.y, p.out_dtype, int64_t(l) * p.sy + int64_t(m) * p.ldy + j, y);

@@ -39,6 +39,13 @@ struct Params {
   // The split of K inside a CTA: K is cut into k-blocks of kUnroll chunks
   // of 32 elements; warp w of `warps` takes k-blocks w, w + warps, ...
   int warps;
+
+  // The quantized down projection's split of K over gridDim.y CTAs
+  // (quant_decode only): CTA row y takes k-blocks [y * split_k_blocks,
+  // (y + 1) * split_k_blocks) and writes its raw sums to partials [y][m][u],
+  // which down::reduce_splits sums with alpha and the bias. 0 / null: no split.
+  int64_t split_k_blocks;
+  float* partials;
 };
 
 // 32-element chunks per k-block: the loads one warp has in flight at once

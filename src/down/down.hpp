@@ -33,8 +33,9 @@ struct WorkspaceLayout {
   size_t weights = 0;  // [U, K] of X's type: the dequantized weights
   size_t out32 = 0;    // [L][M, U] fp32: cuBLASLt's result, where a pass finishes Y
   size_t cublas = 0;   // cuBLASLt's own workspace (what workspace_size asks; it runs with less)
+  size_t partials = 0; // [splits][M][U] fp32: the quantized decode kernel's split of K (unsplit with less)
   size_t required() const { return glu + weights + out32; }
-  size_t total() const { return required() + cublas; }
+  size_t total() const { return required() + cublas + partials; }
 };
 inline constexpr size_t kCublasBytes = size_t{8} << 20;
 
@@ -71,5 +72,8 @@ cudaError_t glu_input(const Problem& resolved, const void* x, const void* x_up, 
 // Y (the resolved problem's output, strided) = the dense fp32 [L][M, U]
 // `src` plus the bias (if any), rounded once.
 cudaError_t finish_output(const Problem& resolved, const float* src, const void* bias, void* y, cudaStream_t stream);
+// Y = alpha * (the sum of `splits` fp32 partials [splits][M][U]) + bias, rounded once (batch 1).
+cudaError_t reduce_splits(const Problem& resolved, const float* partials, int splits, const void* bias, void* y,
+                          cudaStream_t stream);
 
 }  // namespace gatedmlp::down

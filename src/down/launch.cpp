@@ -33,6 +33,10 @@ WorkspaceLayout workspace_layout(const Problem& r, KernelPath path) {
     if (output_via_fp32(r, path)) l.out32 = round256(size_t(r.batch) * size_t(r.m) * size_t(r.u) * 4);
     l.cublas = kCublasBytes;
   }
+  if (path == KernelPath::quant_decode) {
+    const quant_decode::DownSplit d = quant_decode::down_split(r);
+    if (d.splits > 1) l.partials = round256(size_t(d.splits) * size_t(r.m) * size_t(r.u) * 4);
+  }
   return l;
 }
 
@@ -107,7 +111,15 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
   const Arguments ka = kernel_args(r, cfg.path, a, ws);
   switch (cfg.path) {
     case KernelPath::decode: return cuda(decode::launch(kp, ka, sms, stream), "kernel launch");
-    case KernelPath::quant_decode: return cuda(quant_decode::launch(kp, ka, sms, stream), "kernel launch");
+    case KernelPath::quant_decode: {
+      // The split of K where the workspace has room for its partial sums.
+      const bool split = l.partials && bytes >= l.required() + l.partials;
+      float* partials = split ? reinterpret_cast<float*>(base + l.required()) : nullptr;
+      if (Status s = cuda(quant_decode::launch(kp, ka, sms, stream, partials), "kernel launch"); !s) return s;
+      if (!split) return Status::Ok();
+      return cuda(reduce_splits(r, partials, quant_decode::down_split(r).splits, a.bias, a.y, stream),
+                  "the sum of the split's partials");
+    }
     case KernelPath::cublas: {
       const size_t rest = bytes > l.required() ? bytes - l.required() : 0;
       if (Status s = linear->run(ka, rest ? base + l.required() : nullptr, rest, stream); !s) return s;

@@ -45,6 +45,19 @@ __global__ void finish_output_kernel(const float* __restrict__ src, const void* 
   }
 }
 
+__global__ void reduce_splits_kernel(const float* __restrict__ partials, int splits, float alpha, const void* bias,
+                                     int bias_dtype, void* y, int out_dtype, int64_t m, int64_t u, int64_t ldy) {
+  const int64_t total = m * u;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int k = 0; k < splits; ++k) s += partials[k * total + i];
+    const int64_t j = i % u;
+    float v = s * alpha;
+    if (bias) v += gatedmlp::detail::load_float(bias, bias_dtype, j);
+    gatedmlp::detail::store_float(y, out_dtype, (i / u) * ldy + j, v);
+  }
+}
+
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + 255) / 256;
   return static_cast<unsigned>(b < 4096 ? b : 4096);
@@ -63,6 +76,14 @@ cudaError_t glu_input(const Problem& r, const void* x, const void* x_up, void* h
     glu_input_kernel<__half><<<blocks_for(total), 256, 0, stream>>>(
         static_cast<const __half*>(x), static_cast<const __half*>(x_up), static_cast<__half*>(h), r.m, r.k, r.ldx,
         r.batch_stride_x, total, act, r.act_params.clamp_alpha, r.act_params.clamp_limit);
+  return cudaGetLastError();
+}
+
+cudaError_t reduce_splits(const Problem& r, const float* partials, int splits, const void* bias, void* y,
+                          cudaStream_t stream) {
+  reduce_splits_kernel<<<blocks_for(r.m * r.u), 256, 0, stream>>>(partials, splits, r.alpha, r.has_bias ? bias : nullptr,
+                                                                  static_cast<int>(r.bias_dtype), y,
+                                                                  static_cast<int>(r.output_dtype), r.m, r.u, r.ldy);
   return cudaGetLastError();
 }
 

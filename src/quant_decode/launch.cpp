@@ -1,5 +1,6 @@
 // Host side of the quantized decode kernel: which calls it takes, and its
 // launch shape.
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -58,7 +59,54 @@ size_t dequantized_bytes(const Problem& r) {
   return r.weights.format == WeightFormat::separate ? 2 * one : one;
 }
 
-cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream) {
+namespace {
+
+// Warps per CTA and chunks per k-block (see launch()).
+void launch_shape(const Problem& r, int* warps, int* unroll) {
+  // Warps per CTA and chunks per k-block: 4 and 1 were the fastest of
+  // {2, 4, 8} x {1, 2, 4} at 8B and 70B, M = 1 (H100, docs/notes/quantized-decode.md h66).
+  // GATEDMLP_QDECODE=W,U overrides them (tuning knob, docs/tuning.md). The
+  // down projection has a few thousand rows of long K (8B: 256 CTAs of 16
+  // rows, 14336 of K), so a CTA needs more bytes in flight than gate/up's:
+  // GATEDMLP_QDECODE_DOWN=W,U sets its own (h67).
+  const bool down = r.op == Operation::down;
+  *warps = down ? 8 : 4;
+  *unroll = down ? 2 : 1;
+  if (const char* v = std::getenv(down ? "GATEDMLP_QDECODE_DOWN" : "GATEDMLP_QDECODE")) {
+    int w = 0, u = 0;
+    if (std::sscanf(v, "%d,%d", &w, &u) == 2 && w >= 1 && w <= 8 && (u == 1 || u == 2)) {
+      *warps = w;
+      *unroll = u;
+    }
+  }
+}
+
+}  // namespace
+
+DownSplit down_split(const Problem& r) {
+  DownSplit d;
+  if (r.op != Operation::down) return d;
+  int warps = 0, unroll = 0;
+  launch_shape(r, &warps, &unroll);
+  const bool bytes8 = r.quant.mode == QuantMode::fp8_e4m3 || (r.quant.mode == QuantMode::affine && r.quant.bits == 8);
+  const int64_t block_k = 4 * (bytes8 ? 16 : 32) * unroll;
+  const int64_t k_blocks = (r.k + block_k - 1) / block_k;
+  const int64_t ctas = (r.u + 15) / 16;
+  // About 1024 CTAs (a few waves of resident ones on 132 SMs), each warp
+  // with two k-blocks or more, at most 8 splits.
+  int64_t s = std::min<int64_t>({(1024 + ctas - 1) / ctas, k_blocks / (2 * int64_t(warps)), 8});
+  if (const char* v = std::getenv("GATEDMLP_QDECODE_DOWN_SPLIT")) {
+    const int n = std::atoi(v);
+    if (n >= 1 && n <= 64) s = std::min<int64_t>(n, k_blocks);
+  }
+  if (s <= 1) return d;
+  d.k_blocks_per_split = (k_blocks + s - 1) / s;
+  d.splits = static_cast<int>((k_blocks + d.k_blocks_per_split - 1) / d.k_blocks_per_split);
+  if (d.splits <= 1) return DownSplit{};
+  return d;
+}
+
+cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream, float* partials) {
   Params q{};
   q.d = decode::make_params(r, a);  // batch 1: check_support refuses more
   decode::Params& p = q.d;
@@ -76,20 +124,12 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   const bool mx = r.quant.mode == QuantMode::mxfp4, fp8 = r.quant.mode == QuantMode::fp8_e4m3;
   s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
-  // Warps per CTA and chunks per k-block: 4 and 1 were the fastest of
-  // {2, 4, 8} x {1, 2, 4} at 8B and 70B, M = 1 (H100, docs/notes/quantized-decode.md h66).
-  // GATEDMLP_QDECODE=W,U overrides them (tuning knob, docs/tuning.md). The
-  // down projection has a few thousand rows of long K (8B: 256 CTAs of 16
-  // rows, 14336 of K), so a CTA needs more bytes in flight than gate/up's:
-  // GATEDMLP_QDECODE_DOWN=W,U sets its own.
-  const bool down = r.op == Operation::down;
-  p.warps = down ? 8 : 4;
-  s.unroll = down ? 2 : 1;
-  if (const char* v = std::getenv(down ? "GATEDMLP_QDECODE_DOWN" : "GATEDMLP_QDECODE")) {
-    int w = 0, u = 0;
-    if (std::sscanf(v, "%d,%d", &w, &u) == 2 && w >= 1 && w <= 8 && (u == 1 || u == 2)) {
-      p.warps = w;
-      s.unroll = u;
+  launch_shape(r, &p.warps, &s.unroll);
+  if (partials) {
+    const DownSplit d = down_split(r);
+    if (d.splits > 1) {
+      p.split_k_blocks = d.k_blocks_per_split;
+      p.partials = partials;
     }
   }
   const bool bf = r.input_dtype == DType::bf16;

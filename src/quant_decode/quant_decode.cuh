@@ -90,7 +90,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p);
-  const int64_t k_blocks = (p.k + kBlockK - 1) / kBlockK;
+  // This CTA's k-blocks: all of K, or its split's share (Params::split_k_blocks).
+  int64_t kb_lo = 0, kb_hi = (p.k + kBlockK - 1) / kBlockK;
+  if (p.split_k_blocks) {
+    kb_lo = int64_t(blockIdx.y) * p.split_k_blocks;
+    kb_hi = min(kb_hi, kb_lo + p.split_k_blocks);
+  }
 
   // This lane's rows: the gate and up rows of column j0 + g (U-1 past U), and
   // token nt*8 + g of X (M-1 past M), at its first element of a chunk.
@@ -155,15 +160,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
   // kb is dequantized and multiplied, so a warp's loads never wait on its math.
   uint4 wa[UNROLL][2];
   Scale sc[UNROLL][2];
-  if (warp < k_blocks) load_block(warp, wa, sc);
-  for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
+  if (kb_lo + warp < kb_hi) load_block(kb_lo + warp, wa, sc);
+  for (int64_t kb = kb_lo + warp; kb < kb_hi; kb += p.warps) {
     uint4 cw[UNROLL][2];
     Scale cs[UNROLL][2];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
       for (int h = 0; h < 2; ++h) cw[u][h] = wa[u][h], cs[u][h] = sc[u][h];
-    if (kb + p.warps < k_blocks) load_block(kb + p.warps, wa, sc);
+    if (kb + p.warps < kb_hi) load_block(kb + p.warps, wa, sc);
     const int64_t k0 = kb * kBlockK;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -220,9 +225,11 @@ template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
 cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   constexpr int kBlockK = 4 * kLaneElemsOf<FMT> * UNROLL;
   const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
-  p.d.warps = static_cast<int>(k_blocks < p.d.warps ? k_blocks : p.d.warps);
+  const int64_t per_cta = p.d.split_k_blocks ? p.d.split_k_blocks : k_blocks;
+  p.d.warps = static_cast<int>(per_cta < p.d.warps ? per_cta : p.d.warps);
   const int64_t cols = decode::columns_per_cta(p.d);
-  const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols));
+  const unsigned splits = p.d.split_k_blocks ? static_cast<unsigned>((k_blocks + per_cta - 1) / per_cta) : 1u;
+  const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), splits);
   quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB>
       <<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
   return cudaGetLastError();

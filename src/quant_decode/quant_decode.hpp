@@ -18,8 +18,23 @@ inline constexpr int64_t kMaxM = 64;
 // can. `a` null: pointers assumed 16-byte aligned (plan() without arguments).
 std::string blocker(const Problem& resolved, const Arguments* a);
 
+// The down projection's split of K over CTAs: its grid is a few hundred
+// CTAs of 16 rows over a long K (8B: 256 CTAs, K = 14336), too few to keep
+// enough bytes in flight, so `splits` CTAs share each 16 rows' K,
+// k_blocks_per_split k-blocks each, and write fp32 partial sums
+// [splits][M][U] that down::reduce_splits finishes. splits = 1: no split.
+// GATEDMLP_QDECODE_DOWN_SPLIT=S overrides the count (tuning knob).
+struct DownSplit {
+  int splits = 1;
+  int64_t k_blocks_per_split = 0;
+};
+DownSplit down_split(const Problem& resolved);
+
 // Launches it on `stream` for a resolved problem that blocker() accepted.
-cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream);
+// partials: the down projection's [splits][M][U] fp32 scratch for
+// down_split(); null runs it unsplit.
+cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream,
+                   float* partials = nullptr);
 
 // ---------------------------------------------------------------- more rows
 // Past kMaxM rows the weights are dequantized into the workspace and the
