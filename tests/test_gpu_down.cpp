@@ -316,9 +316,8 @@ TEST(GpuDown, EveryFormatActivationAndPath) {
 }
 
 // The quantized down projection's split of K over CTAs (partial sums in the
-// workspace, summed by a second pass): where the rule picks one (long K,
-// few rows), and forced by its knob on random quantized cases. Without the
-// workspace for the partials it runs unsplit, and is as right.
+// workspace, summed by a second pass), asked for by its knob: a long K in
+// every format, and random quantized cases.
 TEST(GpuDown, SplitOfK) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
@@ -331,6 +330,7 @@ TEST(GpuDown, SplitOfK) {
   p.u = 40;
   p.has_bias = true;
   p.alpha = 0.5f;
+  setenv("GATEDMLP_QDECODE_DOWN_SPLIT", "4", 1);
   for (const QuantFormat& f : {QuantFormat{QuantMode::affine, 4, 64}, QuantFormat{QuantMode::affine, 8, 32},
                                QuantFormat{QuantMode::mxfp4, 4, 32}, QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128}}) {
     p.quant = f;
@@ -340,11 +340,11 @@ TEST(GpuDown, SplitOfK) {
     ASSERT_TRUE(plan(p, &cfg).ok());
     EXPECT_GT(workspace_size(p), size_t(2 * p.m * p.u * 4)) << "the partials of a split: " << to_string(p);
     run_down_case(p, rng, &st);
-    if (HasFailure()) return;
+    if (HasFailure()) break;
   }
   setenv("GATEDMLP_QDECODE_DOWN_SPLIT", "3", 1);
   int split = 0;
-  for (int i = 0; i < cases(200); ++i) {
+  for (int i = 0; i < cases(200) && !HasFailure(); ++i) {
     Problem q = random_down_problem(rng);
     if (!q.quantized || q.m > 64) continue;
     SCOPED_TRACE("case " + std::to_string(i));

@@ -18,12 +18,11 @@ inline constexpr int64_t kMaxM = 64;
 // can. `a` null: pointers assumed 16-byte aligned (plan() without arguments).
 std::string blocker(const Problem& resolved, const Arguments* a);
 
-// The down projection's split of K over CTAs: its grid is a few hundred
-// CTAs of 16 rows over a long K (8B: 256 CTAs, K = 14336), too few to keep
-// enough bytes in flight, so `splits` CTAs share each 16 rows' K,
-// k_blocks_per_split k-blocks each, and write fp32 partial sums
-// [splits][M][U] that down::reduce_splits finishes. splits = 1: no split.
-// GATEDMLP_QDECODE_DOWN_SPLIT=S overrides the count (tuning knob).
+// The down projection's split of K over CTAs, asked for by
+// GATEDMLP_QDECODE_DOWN_SPLIT=S (tuning knob; off by default, h67): `splits`
+// CTAs share each 16 rows' K, k_blocks_per_split k-blocks each, and write
+// fp32 partial sums [splits][M][U] that down::reduce_splits finishes.
+// splits = 1: no split.
 struct DownSplit {
   int splits = 1;
   int64_t k_blocks_per_split = 0;
