@@ -14,6 +14,26 @@
 
 namespace gatedmlp::test {
 
+// A random quantized format for p (p.input_dtype set): affine 4 bits
+// (`int4_weight` draws of 5, the format the bars are about), affine 8,
+// MXFP4 and FP8 (per tensor, per channel, 128 x 128 blocks and the other
+// mixes); half the affine cases with scales of X's dtype (the packed
+// dequantization).
+inline void random_quant_format(Problem& p, std::mt19937_64& rng, int int4_weight = 2) {
+  p.quantized = true;
+  const int fmt = int(rng() % uint64_t(3 + int4_weight));
+  if (fmt == 0) {
+    p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, int(pick(rng, {0, 128})), int(pick(rng, {0, 1, 128}))};
+    p.scale_dtype = rng() % 3 ? DType::fp32 : static_cast<DType>(rng() % 3);
+  } else if (fmt == 1) {
+    p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
+  } else {
+    p.quant.bits = fmt == 2 ? 8 : 4;
+    p.quant.group_size = int(pick(rng, {32, 64, 128}));
+    p.scale_dtype = rng() % 2 ? p.input_dtype : static_cast<DType>(rng() % 3);
+  }
+}
+
 // One quantized weight tensor: the host arrays (words with the problem's ld,
 // scales, biases) and the same weights dequantized to X's dtype, dense.
 struct QuantWeights {

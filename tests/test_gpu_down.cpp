@@ -34,20 +34,7 @@ Problem random_down_problem(std::mt19937_64& rng) {
   Problem p;
   p.op = Operation::down;
   p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
-  const int fmt = int(rng() % 7);  // 0-1: 16-bit, 2-3: affine 4, 4: affine 8, 5: mxfp4, 6: fp8
-  if (fmt >= 2) {
-    p.quantized = true;
-    if (fmt == 6) {
-      p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, int(pick(rng, {0, 128})), int(pick(rng, {0, 1, 128}))};
-      p.scale_dtype = rng() % 3 ? DType::fp32 : static_cast<DType>(rng() % 3);
-    } else if (fmt == 5) {
-      p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
-    } else {
-      p.quant.bits = fmt == 4 ? 8 : 4;
-      p.quant.group_size = int(pick(rng, {32, 64, 128}));
-      p.scale_dtype = rng() % 2 ? p.input_dtype : static_cast<DType>(rng() % 3);
-    }
-  }
+  if (rng() % 7 >= 2) random_quant_format(p, rng);  // 2 in 7 with 16-bit weights
   const int mk = int(rng() % 8);
   p.m = mk < 3 ? pick(rng, {1, 2, 7, 8, 9, 15, 16, 17, 32, 33, 63, 64})
                : mk < 7 ? 1 + int64_t(rng() % 64) : pick(rng, {65, 80, 129});

@@ -33,21 +33,8 @@ namespace {
 
 Problem random_quant_problem(std::mt19937_64& rng) {
   Problem p;
-  p.quantized = true;
   p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
-  const int fmt = int(rng() % 5);  // affine 4 twice as often: the format the bars are about
-  if (fmt == 4) {
-    // FP8: per tensor, per channel, 128 x 128 blocks, and the other mixes.
-    p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, int(pick(rng, {0, 128})), int(pick(rng, {0, 1, 128}))};
-    p.scale_dtype = rng() % 3 ? DType::fp32 : static_cast<DType>(rng() % 3);
-  } else if (fmt == 3) {
-    p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
-  } else {
-    p.quant.bits = fmt == 2 ? 8 : 4;
-    p.quant.group_size = int(pick(rng, {32, 64, 128}));
-    // Half the cases with scales of X's dtype (the packed dequantization).
-    p.scale_dtype = rng() % 2 ? p.input_dtype : static_cast<DType>(rng() % 3);
-  }
+  random_quant_format(p, rng);
   // M: the n-tile edges often (1, 2, 4 and 8 n-tiles), anything up to 64
   // otherwise, and now and then past 64 (the dequantize-then-16-bit path).
   const int mk = int(rng() % 8);

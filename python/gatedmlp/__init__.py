@@ -242,6 +242,22 @@ def gate_up(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
 _TORCH_WS_ALLOC = {}
 
 
+def _torch_stream_and_alloc(torch, t, stream, workspace):
+    """The raw stream of a PyTorch call (the current one of t's device when
+    None) and the workspace allocator held for t's device (None when the
+    caller passes a workspace)."""
+    if stream is None:
+        stream = torch._C._cuda_getCurrentRawStream(t.get_device()) if t.is_cuda else 0
+    else:
+        stream = _stream_handle(stream)
+    alloc = None
+    if workspace is None:
+        alloc = _TORCH_WS_ALLOC.get(t.device)
+        if alloc is None:
+            alloc = _TORCH_WS_ALLOC[t.device] = _workspace_alloc(t)
+    return stream, alloc
+
+
 def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, act_params, group, first, storage,
                    alpha, stream, workspace):
     # gate_up for PyTorch tensors, kept short: every line here is host time
@@ -252,15 +268,7 @@ def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, ac
     if out is None:
         rows = w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2]
         out = x.new_empty((*x.shape[:-1], rows if w_up is not None else rows // 2))
-    if stream is None:
-        stream = torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
-    else:
-        stream = _stream_handle(stream)
-    alloc = None
-    if workspace is None:
-        alloc = _TORCH_WS_ALLOC.get(x.device)
-        if alloc is None:
-            alloc = _TORCH_WS_ALLOC[x.device] = _workspace_alloc(x)
+    stream, alloc = _torch_stream_and_alloc(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
     _C.gate_up(to(x), to(w), to(out), None if w_up is None else to(w_up), None if bias is None else to(bias),
                None if bias_up is None else to(bias_up), None if preact is None else to(preact),
@@ -328,15 +336,7 @@ def _down_torch(torch, h, w, up, bias, out, activation, act_params, storage, alp
         if w.dim() not in (2, 3):  # let the binding say what w must be
             _make_down_problem(_export(h), _export(w), None, _export(up), None, storage=storage)
         out = h.new_empty((*h.shape[:-1], w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2]))
-    if stream is None:
-        stream = torch._C._cuda_getCurrentRawStream(h.get_device()) if h.is_cuda else 0
-    else:
-        stream = _stream_handle(stream)
-    alloc = None
-    if workspace is None:
-        alloc = _TORCH_WS_ALLOC.get(h.device)
-        if alloc is None:
-            alloc = _TORCH_WS_ALLOC[h.device] = _workspace_alloc(h)
+    stream, alloc = _torch_stream_and_alloc(torch, h, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
     _C.down(to(h), to(w), to(out), None if up is None else to(up), None if bias is None else to(bias),
             activation=activation, act_params=act_params, storage=storage, alpha=alpha, stream=stream,
