@@ -292,7 +292,8 @@ def make_down_problem(h, w, bias=None, *, up=None, out=None, activation=Activati
 def down(h, w, bias=None, *, up=None, out=None, activation=Activation.silu, act_params=None,
          storage=WeightStorage.out_in, alpha=1.0, stream=None, workspace=None):
     """The down projection: y = alpha * h @ W^T + bias; with `up`, the GLU
-    act(h) * up is its input, fused (h the gate half, never written out).
+    act(h) * up is its input (h the gate half; the call computes the GLU
+    into its workspace, so the caller never stores it).
 
     h:       [M, K] or [batch, M, K] (K: the MLP's intermediate size), bf16 or
              fp16, rows contiguous. With `up`: the gate half of the input.

@@ -346,7 +346,7 @@ def down(h: Tensor, w: Tensor, bias: Optional[Tensor] = None, *, up: Optional[Te
          clamp_alpha: float = 1.702, clamp_limit: float = 7.0, storage="out_in", alpha: float = 1.0,
          out_dtype: Optional[torch.dtype] = None) -> Tensor:
     """The down projection as a PyTorch op: alpha * h @ W^T + bias, or with
-    `up` the GLU act(h) * up as its input, fused.
+    `up` the GLU act(h) * up as its input (computed by the call).
 
     h is [..., K] (nn.Linear style; with batched [L, ...] weights, [L, M,
     K]), up h's shape; w [U, K] (storage "out_in", nn.Linear's) or [K, U]
