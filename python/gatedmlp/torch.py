@@ -29,7 +29,7 @@ from gatedmlp import _gatedmlp as _C
 from gatedmlp.quant import _down_format
 
 __all__ = ["gate_up", "quantized_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
-           "activation_name", "patch_model"]
+           "QuantizedGatedMLP", "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
 _HALVES = dict(_C.Half.__members__)
@@ -581,3 +581,4 @@ class GatedMLP(nn.Module):
 # Last: gatedmlp.hf imports this module. Its table of Hugging Face
 # `hidden_act` names is activation_name's too.
 from gatedmlp.hf import HF_ACTIVATIONS as _HF_ACTIVATIONS, patch_model  # noqa: E402
+from gatedmlp.quantized_module import QuantizedGatedMLP  # noqa: E402,F401
