@@ -25,6 +25,11 @@
 // live (separate tensors, fused stacked, interleaved by any G, either half
 // first; rows K-contiguous with any ld), then walks them along K.
 //
+// The down projection (Params::down) is the same loop over one weight: A's
+// rows 0-7 and 8-15 are output columns j0 ... j0+15, so a CTA owns 16
+// columns, and epilogue_down writes each C element as an output (alpha,
+// bias; no activation).
+//
 // Work split: a CTA owns CG groups of 8 output columns (16*CG weight rows;
 // CG = 1 in every instantiation) over the whole of K. K is cut into
 // k-blocks of UNROLL chunks (UNROLL KB of weights per group); the CTA's

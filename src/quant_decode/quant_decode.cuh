@@ -15,6 +15,10 @@
 // for the same k, one word's worth of elements at a time (16 bytes for
 // 4-bit, 8 for 8-bit), and paired as the dequantized weights are.
 //
+// The down projection (Params::down): 16 rows of one weight, 16 output
+// columns per CTA, epilogue_down (decode_glu.cuh says how); its K may be
+// split over gridDim.y CTAs that write partial sums (Params::partials).
+//
 // K is a multiple of 16 (of the group, for affine and MXFP4): a lane's
 // elements are all in K or all past it. In a k-block that crosses K, the
 // lanes past it load nothing and get zero weights and X, so they add exact
