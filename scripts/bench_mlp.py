@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import gatedmlp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import SHAPES, copies_for, graph_time_us, read_rate_sum  # noqa: E402
+from bench_quant import SHAPES, copies_for, graph_time_us, read_rates  # noqa: E402
 
 GROUP = 64  # int4 affine groups, gatedmlp's and tinygemm's
 
@@ -150,17 +150,7 @@ def main() -> int:
             ap.error(f"unknown impl {i!r}: one of {', '.join(IMPLS)}")
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name(0)
-    # The read rate, as bench_quant.py measures it: a large torch.sum, and
-    # bf16 F.linear at M = 1 on 8B's gate/up with cold weights.
-    sum_rate = read_rate_sum()
-    k, u = SHAPES["8b"]
-    ws = [torch.randn(2 * u, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-    x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    lin_rate = 2 * u * k * 2 / (graph_time_us([lambda w=w: F.linear(x1, w) for w in ws]) * 1e-6)
-    del ws
-    rate = max(sum_rate, lin_rate)
-    print(f"device {dev}; torch {torch.__version__}; read rate: sum {sum_rate / 1e12:.3f} TB/s, "
-          f"F.linear M=1 (8B) {lin_rate / 1e12:.3f} TB/s; roofline uses {rate / 1e12:.3f} TB/s", flush=True)
+    sum_rate, lin_rate, rate = read_rates(dev)
     rows = []
     for s in a.shapes.split(","):
         hidden, inter = SHAPES[s]

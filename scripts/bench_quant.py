@@ -89,6 +89,22 @@ def read_rate_sum() -> float:
     return (1 << 31) / best
 
 
+def read_rates(dev: str):
+    """The roofline's read rate: the larger of a 2 GiB torch.sum and bf16
+    F.linear at M = 1 on 8B's gate/up with cold weights, measured now. Prints
+    the device and the rates; returns (sum rate, F.linear rate, the larger)."""
+    sum_rate = read_rate_sum()
+    k, u = SHAPES["8b"]
+    ws = [torch.randn(2 * u, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    lin_rate = 2 * u * k * 2 / (graph_time_us([lambda w=w: F.linear(x1, w) for w in ws]) * 1e-6)
+    del ws
+    rate = max(sum_rate, lin_rate)
+    print(f"device {dev}; torch {torch.__version__}; read rate: sum {sum_rate / 1e12:.3f} TB/s, "
+          f"F.linear M=1 (8B) {lin_rate / 1e12:.3f} TB/s; roofline uses {rate / 1e12:.3f} TB/s", flush=True)
+    return sum_rate, lin_rate, rate
+
+
 def copies_for(nbytes: int) -> int:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     return max(2, min(64, math.ceil(3 * l2 / max(nbytes, 1))))
@@ -185,17 +201,7 @@ def main() -> int:
     ms = [int(v) for v in a.m.split(",")]
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name(0)
-    sum_rate = read_rate_sum()
-    # bf16 F.linear at M = 1 on 8B's gate/up, cold weights.
-    k, u = SHAPES["8b"]
-    ws = [torch.randn(2 * u, k, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-    x1 = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    t_lin = graph_time_us([lambda w=w: F.linear(x1, w) for w in ws])
-    lin_rate = 2 * u * k * 2 / (t_lin * 1e-6)
-    del ws
-    rate = max(sum_rate, lin_rate)
-    print(f"device {dev}; torch {torch.__version__}; read rate: sum {sum_rate / 1e12:.3f} TB/s, "
-          f"F.linear M=1 (8B) {lin_rate / 1e12:.3f} TB/s; roofline uses {rate / 1e12:.3f} TB/s", flush=True)
+    sum_rate, lin_rate, rate = read_rates(dev)
     rows = []
     for s in a.shapes.split(","):
         k, u = SHAPES[s]

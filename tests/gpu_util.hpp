@@ -424,6 +424,28 @@ inline void random_bias_and_preact(Problem& p, std::mt19937_64& rng) {
   }
 }
 
+// A call that needs workspace, run without: refused by name, and `out`
+// (poisoned with `poison` before) still holds the poison.
+inline void expect_refused_without_workspace(const Problem& p, const Arguments& a, const Tensor& out,
+                                             const std::vector<unsigned char>& poison) {
+  const Status s = run(p, a, nullptr, 0, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();
+  EXPECT_NE(s.message().find("workspace"), std::string::npos) << s.message();
+  CUDA_OK(sync_within("refused call"));
+  ASSERT_EQ(out.download(), poison) << "a refused call wrote its output";
+}
+
+// run() with workspace_size(p) bytes of workspace (filled with 0xff: its
+// contents need no initialisation), then a synchronisation that names `what`.
+inline void run_with_workspace(const Problem& p, const Arguments& a, const std::string& what) {
+  const size_t bytes = workspace_size(p);
+  DeviceBuffer ws(bytes);
+  if (bytes) CUDA_OK(cudaMemset(ws.p, 0xff, bytes));
+  const Status s = run(p, a, ws.p, bytes, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(sync_within(what));
+}
+
 // GATEDMLP_TEST_CASES overrides the number of random cases (the sanitizer
 // runs use a handful).
 inline int cases(int n) {

@@ -69,15 +69,7 @@ Problem random_decode_problem(std::mt19937_64& rng) {
   p.output_dtype = static_cast<DType>(rng() % 3);
   const float alphas[] = {1.0f, 0.5f, -1.5f, 1.25f};
   p.alpha = alphas[rng() % 4];
-  if (rng() % 2) {
-    p.has_bias = true;
-    p.bias_dtype = static_cast<DType>(rng() % 3);
-  }
-  if (rng() % 3 == 0) {
-    p.has_preact = true;
-    p.preact_dtype = static_cast<DType>(rng() % 3);
-    if (rng() % 2) p.ldpre = 2 * p.u + pick(rng, {1, 4, 9});
-  }
+  random_bias_and_preact(p, rng);
   // Padded rows: X and the weights by multiples of 8 (16-byte rows), Y by anything.
   if (rng() % 3 == 0) p.ldx = p.k + 8 * pick(rng, {1, 3});
   if (rng() % 4 == 0) p.weights.ld = p.k + 8 * pick(rng, {1, 2});

@@ -143,22 +143,13 @@ void run_down_case(const Problem& p, std::mt19937_64& rng, DownStats* st) {
     EXPECT_NE(cfg.reason.find("GLU of its input"), std::string::npos) << cfg.reason;
   }
 
-  const size_t ws_bytes = workspace_size(p);
   const bool needs_ws = r.glu_input || (r.quantized && cfg.path != KernelPath::quant_decode) ||
                         (cfg.path == KernelPath::cublas &&
                          (r.has_bias || (r.output_dtype != DType::fp32 && r.output_dtype != r.input_dtype)));
-  if (needs_ws) {
-    s = run(p, a, nullptr, 0, nullptr);
-    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();
-    EXPECT_NE(s.message().find("workspace"), std::string::npos) << s.message();
-    CUDA_OK(sync_within("refused call"));
-    ASSERT_EQ(y.download(), y_poison) << "a refused call wrote y";
-  }
-  DeviceBuffer ws(ws_bytes);
-  if (ws_bytes) CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));
-  s = run(p, a, ws.p, ws_bytes, nullptr);
-  ASSERT_TRUE(s.ok()) << s.message();
-  CUDA_OK(sync_within("down: " + to_string(p)));
+  if (needs_ws) expect_refused_without_workspace(p, a, y, y_poison);
+  if (::testing::Test::HasFatalFailure()) return;
+  run_with_workspace(p, a, "down: " + to_string(p));
+  if (::testing::Test::HasFatalFailure()) return;
   const std::vector<unsigned char> out = y.download();
 
   // The exact function.

@@ -174,7 +174,7 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
   const down::WorkspaceLayout dl = detail::is_down(r) ? down::workspace_layout(r, cfg.path) : down::WorkspaceLayout{};
   if (cfg.path == KernelPath::cublas) {
     const bool full = ws != nullptr && ws_bytes >= dl.total();
-    const Arguments ka = down::kernel_args(r, cfg.path, a, ws ? ws : reinterpret_cast<void*>(uintptr_t(256)));
+    const Arguments ka = down::kernel_args(r, cfg.path, dl, a, ws ? ws : reinterpret_cast<void*>(uintptr_t(256)));
     if (Status s = down::CublasLinear::create(down::kernel_problem(r, cfg.path), ka, full ? dl.cublas : 0, &e.linear);
         !s)
       return s;

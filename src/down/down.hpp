@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gatedmlp/gatedmlp.hpp"
+#include "quant_decode/quant_decode.hpp"
 
 namespace gatedmlp::down {
 
@@ -34,6 +35,7 @@ struct WorkspaceLayout {
   size_t out32 = 0;    // [L][M, U] fp32: cuBLASLt's result, where a pass finishes Y
   size_t cublas = 0;   // cuBLASLt's own workspace (what workspace_size asks; it runs with less)
   size_t partials = 0; // [splits][M][U] fp32: the quantized decode kernel's split of K (unsplit with less)
+  quant_decode::DownSplit split;  // that split (splits = 1: none)
   size_t required() const { return glu + weights + out32; }
   size_t total() const { return required() + cublas + partials; }
 };
@@ -45,7 +47,8 @@ WorkspaceLayout workspace_layout(const Problem& resolved, KernelPath path);
 // in the workspace (glu_input off), 16-bit weights where they were
 // dequantized. Its kernel-facing arguments follow from kernel_args().
 Problem kernel_problem(const Problem& resolved, KernelPath path);
-Arguments kernel_args(const Problem& resolved, KernelPath path, const Arguments& a, void* workspace);
+Arguments kernel_args(const Problem& resolved, KernelPath path, const WorkspaceLayout& layout, const Arguments& a,
+                      void* workspace);
 
 // A cuBLASLt plan for one kernel problem (descriptors, layouts and the
 // heuristic's algorithm), made once per planned call and reused. It

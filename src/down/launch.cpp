@@ -34,8 +34,8 @@ WorkspaceLayout workspace_layout(const Problem& r, KernelPath path) {
     l.cublas = kCublasBytes;
   }
   if (path == KernelPath::quant_decode) {
-    const quant_decode::DownSplit d = quant_decode::down_split(r);
-    if (d.splits > 1) l.partials = round256(size_t(d.splits) * size_t(r.m) * size_t(r.u) * 4);
+    l.split = quant_decode::down_split(r);
+    if (l.split.splits > 1) l.partials = round256(size_t(l.split.splits) * size_t(r.m) * size_t(r.u) * 4);
   }
   return l;
 }
@@ -60,8 +60,8 @@ Problem kernel_problem(const Problem& r, KernelPath path) {
   return k;
 }
 
-Arguments kernel_args(const Problem& r, KernelPath path, const Arguments& a, void* workspace) {
-  const WorkspaceLayout l = workspace_layout(r, path);
+Arguments kernel_args(const Problem& r, KernelPath path, const WorkspaceLayout& l, const Arguments& a,
+                      void* workspace) {
   char* base = static_cast<char*>(workspace);
   Arguments k = a;
   if (r.glu_input) {
@@ -108,16 +108,17 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
     if (Status s = cuda(quant_decode::dequantize_device(d, stream), "dequantizing the weights"); !s) return s;
   }
   const Problem kp = kernel_problem(r, cfg.path);
-  const Arguments ka = kernel_args(r, cfg.path, a, ws);
+  const Arguments ka = kernel_args(r, cfg.path, l, a, ws);
   switch (cfg.path) {
     case KernelPath::decode: return cuda(decode::launch(kp, ka, sms, stream), "kernel launch");
     case KernelPath::quant_decode: {
       // The split of K where the workspace has room for its partial sums.
       const bool split = l.partials && bytes >= l.required() + l.partials;
       float* partials = split ? reinterpret_cast<float*>(base + l.required()) : nullptr;
-      if (Status s = cuda(quant_decode::launch(kp, ka, sms, stream, partials), "kernel launch"); !s) return s;
+      if (Status s = cuda(quant_decode::launch(kp, ka, sms, stream, l.split, partials), "kernel launch"); !s)
+        return s;
       if (!split) return Status::Ok();
-      return cuda(reduce_splits(r, partials, quant_decode::down_split(r).splits, a.bias, a.y, stream),
+      return cuda(reduce_splits(r, partials, l.split.splits, a.bias, a.y, stream),
                   "the sum of the split's partials");
     }
     case KernelPath::cublas: {

@@ -103,7 +103,8 @@ DownSplit down_split(const Problem& r) {
   return d;
 }
 
-cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream, float* partials) {
+cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream, const DownSplit& split,
+                   float* partials) {
   Params q{};
   q.d = decode::make_params(r, a);  // batch 1: check_support refuses more
   decode::Params& p = q.d;
@@ -122,12 +123,9 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
   launch_shape(r, &p.warps, &s.unroll);
-  if (partials) {
-    const DownSplit d = down_split(r);
-    if (d.splits > 1) {
-      p.split_k_blocks = d.k_blocks_per_split;
-      p.partials = partials;
-    }
+  if (partials && split.splits > 1) {
+    p.split_k_blocks = split.k_blocks_per_split;
+    p.partials = partials;
   }
   const bool bf = r.input_dtype == DType::bf16;
   switch (s.format) {

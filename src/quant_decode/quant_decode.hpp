@@ -30,10 +30,10 @@ struct DownSplit {
 DownSplit down_split(const Problem& resolved);
 
 // Launches it on `stream` for a resolved problem that blocker() accepted.
-// partials: the down projection's [splits][M][U] fp32 scratch for
-// down_split(); null runs it unsplit.
+// split / partials: the down projection's split of K (down_split()) and
+// its [splits][M][U] fp32 scratch; null partials run it unsplit.
 cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream,
-                   float* partials = nullptr);
+                   const DownSplit& split = DownSplit{}, float* partials = nullptr);
 
 // ---------------------------------------------------------------- more rows
 // Past kMaxM rows the weights are dequantized into the workspace and the
