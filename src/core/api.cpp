@@ -206,17 +206,9 @@ Status run_dequantized(const Problem& r, const Arguments& a, void* ws, size_t ws
   const int64_t rows = sep ? r.u : 2 * r.u;
   char* base = static_cast<char*>(ws);
   for (int h = 0; h < (sep ? 2 : 1); ++h) {
-    quant_decode::DequantizeArgs d;
-    d.format = r.quant;
-    d.scale_dtype = r.scale_dtype;
-    d.out_dtype = r.input_dtype;
-    d.rows = rows;
-    d.k = r.k;
-    d.words = h ? a.w_up : a.w;
-    d.ldw = r.weights.ld;
-    d.scales = h ? a.w_up_scales : a.w_scales;
-    d.biases = h ? a.w_up_biases : a.w_biases;
-    d.out = base + h * (need / 2);
+    const quant_decode::DequantizeArgs d =
+        quant_decode::dequantize_args(r, rows, h ? a.w_up : a.w, h ? a.w_up_scales : a.w_scales,
+                                      h ? a.w_up_biases : a.w_biases, base + h * (need / 2));
     if (const cudaError_t ce = quant_decode::dequantize_device(d, stream); ce != cudaSuccess)
       return err(StatusCode::cuda_error, "dequantizing the weights into the workspace failed: ", cudaGetErrorString(ce));
   }

@@ -94,17 +94,8 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
   if (r.glu_input)
     if (Status s = cuda(glu_input(r, a.x, a.x_up, base, stream), "the GLU of the input"); !s) return s;
   if (dequantizes(r, cfg.path)) {
-    quant_decode::DequantizeArgs d;
-    d.format = r.quant;
-    d.scale_dtype = r.scale_dtype;
-    d.out_dtype = r.input_dtype;
-    d.rows = r.u;
-    d.k = r.k;
-    d.words = a.w;
-    d.ldw = r.weights.ld;
-    d.scales = a.w_scales;
-    d.biases = a.w_biases;
-    d.out = base + l.glu;
+    const quant_decode::DequantizeArgs d =
+        quant_decode::dequantize_args(r, r.u, a.w, a.w_scales, a.w_biases, base + l.glu);
     if (Status s = cuda(quant_decode::dequantize_device(d, stream), "dequantizing the weights"); !s) return s;
   }
   const Problem kp = kernel_problem(r, cfg.path);

@@ -45,6 +45,22 @@ std::string blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
+DequantizeArgs dequantize_args(const Problem& r, int64_t rows, const void* words, const void* scales,
+                               const void* biases, void* out) {
+  DequantizeArgs d;
+  d.format = r.quant;
+  d.scale_dtype = r.scale_dtype;
+  d.out_dtype = r.input_dtype;
+  d.rows = rows;
+  d.k = r.k;
+  d.words = words;
+  d.ldw = r.weights.ld;
+  d.scales = scales;
+  d.biases = biases;
+  d.out = out;
+  return d;
+}
+
 Problem dequantized_problem(const Problem& r) {
   Problem d = r;
   d.quantized = false;

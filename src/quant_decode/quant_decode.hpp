@@ -51,6 +51,10 @@ struct DequantizeArgs {
   void* out = nullptr;              // [rows, K], dense
 };
 cudaError_t dequantize_device(const DequantizeArgs& d, cudaStream_t stream);
+// The arguments that dequantize `rows` rows of one weight tensor of a
+// resolved quantized problem into `out` ([rows, K] of X's dtype, dense).
+DequantizeArgs dequantize_args(const Problem& resolved, int64_t rows, const void* words, const void* scales,
+                               const void* biases, void* out);
 
 // The 16-bit problem that runs on the dequantized weights, and the
 // workspace bytes they take (256-byte aligned).
