@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|quantbench|mlpbench|host|small|dropin] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|gather|quantbench|mlpbench|moebench|host|small|dropin] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 # SANITIZE_FILTER: the gtest filter the sanitizers run (default: the random
@@ -63,7 +63,7 @@ for step in "${steps[@]}"; do
   sanitize)
     for tool in memcheck racecheck synccheck; do
       GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*}" \
+        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*:GpuGather.*}" \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)"
@@ -166,11 +166,19 @@ for step in "${steps[@]}"; do
   pyext)
     # The Python extension in the same build tree (no second build of the
     # library, as pip install would make), then the Python tests against it.
+    # Wheels in .whl/ (test-time extras such as mlx, for machines without an
+    # index) go to a private target first, so the MLX comparisons run.
+    pypath="$PWD/$build/python"
+    if ls .whl/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$PWD/$build/extras" .whl/*.whl >>"$out/pip.log" 2>&1 &&
+        pypath="$pypath:$PWD/$build/extras"
+    fi
     if cmake -S . -B "$build" -DGATEDMLP_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" >>"$out/build.log" 2>&1 &&
        cmake --build "$build" --target _gatedmlp -j"$(nproc)" >>"$out/build.log" 2>&1; then
-      (cd /tmp && PYTHONPATH="$OLDPWD/$build/python" python3 -m pytest "$OLDPWD/tests/python" -q -p no:cacheprovider) >"$out/pytest.log" 2>&1
+      (cd /tmp && PYTHONPATH="$pypath" python3 -m pytest "$OLDPWD/tests/python" -q -p no:cacheprovider -rs) >"$out/pytest.log" 2>&1
       rc=$?
       grep -E "FAILED|Error" "$out/pytest.log" | head -20
+      grep -E "^SKIPPED" "$out/pytest.log" | sed -E 's/^SKIPPED \[[0-9]+\] //' | sort | uniq -c | sort -rn | head -8
       note "pytest (build tree): rc=$rc; $(tail -1 "$out/pytest.log")"
     else
       tail -20 "$out/build.log"; note "pyext: build FAILED"
@@ -187,6 +195,18 @@ for step in "${steps[@]}"; do
     rc=$?
     grep -E "^\[  (FAILED|PASSED) |cases \]|Failure|error" "$out/down.log" | head -30
     note "down: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/down.log" | tail -1)" ;;
+  gather)
+    # The gathered (MoE) suites only (the whole suite runs them too).
+    "$build/tests/test_gpu" --gtest_filter='GpuGather.*' >"$out/gather.log" 2>&1
+    rc=$?
+    grep -E "^\[  (FAILED|PASSED) |cases \]|Failure|error" "$out/gather.log" | head -30
+    note "gather: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/gather.log" | tail -1)" ;;
+  moebench)
+    # Gathered gate/up decode (needs the pyext step first): the MoE issue's
+    # read-rate bar on the distinct experts' bytes, against grouped_mm + GLU.
+    PYTHONPATH="$PWD/$build/python" python3 scripts/bench_moe.py ${MOE_ARGS:-} --json "$out/moe_bench.json" 2>&1 |
+      tee "$out/moe_bench.txt" | tail -40
+    note "moebench: rc=${PIPESTATUS[0]} (table in moe_bench.txt)" ;;
   mlpbench)
     # Whole-MLP decode (needs the pyext step first): gate/up + down from
     # bf16 and int4 weights against the PyTorch chains and the roofline.

@@ -519,3 +519,55 @@ TEST(Dispatch, DownProjection) {
   EXPECT_EQ(c.path, KernelPath::cublas);
   EXPECT_NE(c.reason.find("in_out"), std::string::npos) << c.reason;
 }
+
+TEST(Dispatch, Gather) {
+  for (const char* v : {"GATEDMLP_FORCE_PATH", "GATEDMLP_DECODE"}) unsetenv(v);
+  auto pick = [](const Problem& p) {
+    Config c;
+    const Status s = detail::select_config(p.resolved(), nullptr, h200(), &c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return c;
+  };
+  // Qwen3-30B-A3B's experts at 64 tokens x top 8: the decode kernel, whatever m.
+  Problem p;
+  p.m = 512;
+  p.k = 2048;
+  p.u = 768;
+  p.gather.experts = 128;
+  p.gather.rows_per_x = 8;
+  Config c = pick(p);
+  EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+  EXPECT_NE(c.reason.find("gathered over 128 experts"), std::string::npos) << c.reason;
+  EXPECT_EQ(c.tile_m, 8);  // ~4 rows per distinct expert
+  // Mixtral's 8 experts at 64 tokens x top 2: 16 rows each, the 16-row tile.
+  p.gather.experts = 8;
+  p.m = 128;
+  p.gather.rows_per_x = 2;
+  EXPECT_EQ(pick(p).tile_m, 16);
+  // Quantized: its decode kernel, tiles up to 64 rows; the down projection too.
+  p.quantized = true;
+  c = pick(p);
+  EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
+  EXPECT_EQ(c.tile_m, 32);
+  p.op = Operation::down;
+  p.glu_input = true;
+  c = pick(p);
+  EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
+  EXPECT_NE(c.reason.find("down projection, gathered"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("GLU of its input"), std::string::npos) << c.reason;
+  // The knobs that keep dense calls off the decode kernel do not apply.
+  setenv("GATEDMLP_DECODE", "0", 1);
+  p = Problem{};
+  p.m = 4;
+  p.k = 256;
+  p.u = 64;
+  p.gather.experts = 4;
+  EXPECT_EQ(pick(p).path, KernelPath::decode);
+  unsetenv("GATEDMLP_DECODE");
+  // What no decode kernel reads is refused, not dequantized or sent to a GEMM.
+  p.k = 100;
+  Config none;
+  const Status s = detail::select_config(p.resolved(), nullptr, h200(), &none);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+  EXPECT_NE(s.message().find("k=100 is not a multiple of 8"), std::string::npos) << s.message();
+}

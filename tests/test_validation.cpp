@@ -491,3 +491,58 @@ TEST(Validation, DownProjection) {
   EXPECT_STREQ(to_string(KernelPath::cublas), "cublas");
   EXPECT_STREQ(to_string(Operation::down), "down");
 }
+
+TEST(Validation, Gather) {
+  Problem p = base();  // m = 33
+  p.m = 32;
+  p.gather.experts = 8;
+  p.gather.rows_per_x = 4;
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  Problem q = p;
+  q.gather.rows_per_x = 3;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"m=32", "multiple of gather.rows_per_x=3"});
+  q = p;
+  q.gather.rows_per_index = 5;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"m=32", "multiple of gather.rows_per_index=5"});
+  q = p;
+  q.gather.rows_per_index = 0;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"gather.rows_per_index must be >= 1, got 0"});
+  q = p;
+  q.gather.experts = -1;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"gather.experts must be >= 0", "got -1"});
+  q = p;
+  q.gather.experts = kMaxGatherExperts + 1;
+  expect_error(check_support(q), StatusCode::not_supported, {"gather.experts=8193", "8192"});
+  q = p;
+  q.gather.index_type = static_cast<IndexType>(3);
+  expect_error(check_support(q), StatusCode::invalid_argument, {"gather.index_type has invalid value 3"});
+  q = p;
+  q.batch = 2;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"batch = 1", "got batch=2"});
+  q = p;
+  q.weights.storage = WeightStorage::in_out;
+  expect_error(check_support(q), StatusCode::not_supported, {"out_in", "convert_weights"});
+  // Pointers: the indices are required with a gather, and only then; so is index_error.
+  Arguments a = args_for(p);
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'indices' is null", "gather.experts > 0"});
+  a.indices = fake(9);
+  Problem plain = base();
+  Arguments b = args_for(plain);
+  b.indices = fake(9);
+  expect_error(validate(plain, b), StatusCode::invalid_argument, {"'indices' is set", "gather.experts is 0"});
+  b.indices = nullptr;
+  b.index_error = reinterpret_cast<int64_t*>(fake(10));
+  expect_error(validate(plain, b), StatusCode::invalid_argument, {"'index_error' is set", "gather.experts is 0"});
+  // Alignment of the indices to their type.
+  q = p;
+  q.gather.index_type = IndexType::int64;
+  a.indices = static_cast<char*>(fake(9)) + 4;
+  expect_error(validate(q, a), StatusCode::invalid_argument, {"'indices'", "int64 element size of 8"});
+  // Empty work.
+  q = p;
+  q.m = 0;
+  EXPECT_TRUE(validate(q, Arguments{}).ok());
+  // Printed.
+  const std::string s = to_string(p);
+  EXPECT_NE(s.find("gather(experts=8 rows_per_x=4 rows_per_index=1 indices=int32)"), std::string::npos) << s;
+}

@@ -119,6 +119,32 @@ struct QuantFormat {
   int row_block = 1;    // weight rows per scale: 1, except fp8_e4m3: 1, 128 or 0 (all rows)
 };
 
+// Mixture-of-experts gather (Problem::gather, experts > 0). The weights, bias
+// and quantized scales/biases hold E experts' tensors one after another:
+// expert e's weights at e * batch_stride_w, its bias at e * batch_stride_bias,
+// its scales and biases dense ([E][scale rows, groups]). Output row r of the
+// m rows is computed from
+//     input row r / rows_per_x of x (and x_up), with the weights of
+//     expert indices[r / rows_per_index]
+// so that vLLM's routing (x [T, K], topk_ids [T, k], Y [T, k, U]) is m = T*k,
+// rows_per_x = k, rows_per_index = 1, and MLX's gather_qmm (x [B, M, K],
+// rhs_indices [B], Y [B, M, U]) is m = B*M, rows_per_x = 1, rows_per_index =
+// M. Each distinct expert's weights are read once per call, however many rows
+// chose it. An index outside [0, E) is never read through: the call writes no
+// output, and Arguments::index_error (if set) says where it was.
+enum class IndexType : int { int32 = 0, int64 = 1 };
+
+// The most experts a gathered call takes (each CTA keeps a bitmap of the
+// chosen ones in shared memory).
+inline constexpr int64_t kMaxGatherExperts = 8192;
+
+struct Gather {
+  int64_t experts = 0;  // E; 0: no gather (the weights are one tensor)
+  int64_t rows_per_x = 1;
+  int64_t rows_per_index = 1;
+  IndexType index_type = IndexType::int32;
+};
+
 // Strides left at kAuto are packed (dense). Batch stride 0 on weights or bias
 // shares them across the batch.
 inline constexpr int64_t kAuto = -1;
@@ -179,6 +205,10 @@ struct Problem {
   QuantFormat quant;
   DType scale_dtype = DType::bf16;  // affine and fp8_e4m3 scales (and affine biases); mxfp4's are e8m0 bytes
 
+  // Mixture-of-experts gather (see Gather above): batch 1, weights stored
+  // out_in; runs on the decode kernels (16-bit or quantized), whatever m.
+  Gather gather;
+
   // A copy with every 0/kAuto stride and group replaced by its value. Only
   // meaningful for a problem that passed check_support.
   Problem resolved() const;
@@ -204,6 +234,12 @@ struct Arguments {
   const void* w_biases = nullptr;
   const void* w_up_scales = nullptr;
   const void* w_up_biases = nullptr;
+  // Gather only (Problem::gather.experts > 0): m / rows_per_index expert
+  // indices (int32 or int64, Problem::gather.index_type), and optionally two
+  // int64 the call writes: {-1, 0} when every index is in [0, E), else the
+  // first position of one that is not and its value (nothing else written).
+  const void* indices = nullptr;
+  int64_t* index_error = nullptr;
 };
 
 // ---------------------------------------------------------------- config
@@ -271,6 +307,7 @@ const char* to_string(Half);
 const char* to_string(WeightStorage);
 const char* to_string(KernelPath);
 const char* to_string(StatusCode);
+const char* to_string(IndexType);
 std::string to_string(const WeightLayout&);
 std::string to_string(const Problem&);
 std::string to_string(const Config&);

@@ -1,4 +1,5 @@
 // The helpers the binding's tensor entry points share (calls.hpp).
+#include <cstring>
 #include <tuple>
 #include <utility>
 
@@ -35,6 +36,23 @@ bool is_empty(const TensorView& t) {
   for (int i = 0; i < t.ndim; ++i)
     if (t.size(i) == 0) return true;
   return false;
+}
+
+int64_t numel(const TensorView& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.size(i);
+  return n;
+}
+
+// Dense in row-major order (axes of one element may have any stride).
+bool is_contiguous(const TensorView& t) {
+  if (is_empty(t)) return true;
+  int64_t expected = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.size(i) != 1 && t.stride(i) != expected) return false;
+    expected *= t.size(i);
+  }
+  return true;
 }
 
 }  // namespace
@@ -119,27 +137,41 @@ void require_words(const TensorView& t) {
 
 }  // namespace
 
-void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<QuantTensors>& tensors, Problem* p) {
+void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<QuantTensors>& tensors, Problem* p,
+                        int64_t experts) {
   p->quantized = true;
   p->quant = f;
   if (Status s = check_quant_format(f, p->k); !s.ok()) check(s);
   const bool mx = f.mode == QuantMode::mxfp4, fp8 = f.mode == QuantMode::fp8_e4m3;
   const int64_t words = quant_words_per_row(f, p->k), groups = quant_groups_per_row(f, p->k);
   const int64_t scale_rows = quant_scale_rows(f, rows);
+  const bool ex = experts > 0;  // a leading expert axis on every array
+  const std::string E = ex ? "E, " : "", e = ex ? str(experts) + ", " : "";
   for (const QuantTensors& o : tensors) {
     require_words(*o.words);
-    if (o.words->ndim != 2 || o.words->size(1) != words)
-      raise_invalid("'" + o.words->name + "' must be [rows, K * bits / 32] = (" + str(rows) + ", " + str(words) +
-                    ") uint32 words for K = " + str(p->k) + " and " + to_string(f) + ", got shape " +
-                    o.words->shape_str());
+    const TensorView& wq = *o.words;
+    if (ex ? wq.ndim != 3 || wq.size(0) != experts || wq.size(1) != rows || wq.size(2) != words
+           : wq.ndim != 2 || wq.size(1) != words)
+      raise_invalid("'" + wq.name + "' must be [" + E + "rows, K * bits / 32] = (" + e + str(rows) + ", " +
+                    str(words) + ") uint32 words for K = " + str(p->k) + " and " + to_string(f) + ", got shape " +
+                    wq.shape_str());
     if (!*o.scales) raise_invalid("'" + std::string(o.scales_name) + "' is required with quantized weights");
     const TensorView& sc = **o.scales;
-    if (sc.ndim != 2 || sc.size(0) != scale_rows || sc.size(1) != groups)
-      raise_invalid("'" + sc.name + "' must be [" + (fp8 ? "scale rows, scale columns" : "rows, K / group_size") +
-                    "] = (" + str(scale_rows) + ", " + str(groups) + ") for " + to_string(f) + ", got shape " +
+    // A per-tensor FP8 scale is one number (per expert); checkpoints store
+    // it as [] or [1] ([E] or [E, 1] for experts).
+    const int lead = ex ? 1 : 0;
+    bool one_number = scale_rows == 1 && groups == 1 && sc.ndim >= lead && sc.ndim <= 2 + lead &&
+                      (!ex || sc.size(0) == experts);
+    for (int i = lead; i < sc.ndim; ++i) one_number = one_number && sc.size(i) == 1;
+    if (!one_number && (sc.ndim != 2 + lead || (ex && sc.size(0) != experts) || sc.size(lead) != scale_rows ||
+                        sc.size(lead + 1) != groups))
+      raise_invalid("'" + sc.name + "' must be [" + E + (fp8 ? "scale rows, scale columns" : "rows, K / group_size") +
+                    "] = (" + e + str(scale_rows) + ", " + str(groups) + ") for " + to_string(f) + ", got shape " +
                     sc.shape_str());
-    if ((groups > 1 && sc.stride(1) != 1) || (scale_rows > 1 && sc.stride(0) != groups))
-      raise_invalid("'" + sc.name + "' must be contiguous, got strides " + sc.strides_str());
+    if (ex ? !is_contiguous(sc)
+           : (groups > 1 && sc.stride(1) != 1) || (scale_rows > 1 && sc.stride(0) != groups))
+      raise_invalid("'" + sc.name + "' must be contiguous" + (ex ? " (the experts' scales one after another)" : "") +
+                    ", got strides " + sc.strides_str());
     if (mx) {
       if (sc.code != 1 || sc.bits != 8 || sc.lanes != 1)
         raise_invalid("'" + sc.name + "' must be uint8 (e8m0 scale bytes) for mxfp4, got " + sc.dtype_name());
@@ -153,13 +185,165 @@ void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<Qu
     }
     if (!*o.biases) raise_invalid("'" + std::string(o.biases_name) + "' is required with affine quantized weights");
     const TensorView& b = **o.biases;
-    if (b.ndim != 2 || b.size(0) != rows || b.size(1) != groups)
+    bool same_shape = b.ndim == sc.ndim;
+    for (int i = 0; same_shape && i < b.ndim; ++i) same_shape = b.size(i) == sc.size(i);
+    if (ex ? !same_shape : b.ndim != 2 || b.size(0) != rows || b.size(1) != groups)
       raise_invalid("'" + b.name + "' must have the shape of '" + sc.name + "' " + sc.shape_str() + ", got " +
                     b.shape_str());
-    if ((groups > 1 && b.stride(1) != 1) || (rows > 1 && b.stride(0) != groups))
-      raise_invalid("'" + b.name + "' must be contiguous, got strides " + b.strides_str());
+    if (ex ? !is_contiguous(b) : (groups > 1 && b.stride(1) != 1) || (rows > 1 && b.stride(0) != groups))
+      raise_invalid("'" + b.name + "' must be contiguous" + (ex ? " (the experts' biases one after another)" : "") +
+                    ", got strides " + b.strides_str());
     require_same_dtype(b, sc);
   }
+}
+
+// ---------------------------------------------------------------- gathered calls
+GatherTensors import_gather(const GatherArgs& g) {
+  GatherTensors t;
+  t.indices = import_optional(g.indices, "indices", false);
+  t.index_error = import_optional(g.index_error, "index_error", true);
+  t.rows_per_x = g.rows_per_x;
+  t.rows_per_index = g.rows_per_index;
+  return t;
+}
+
+void require_no_gather(const GatherTensors& g) {
+  if (g.on()) return;
+  if (g.rows_per_x != 1)
+    raise_invalid("'rows_per_x' = " + str(g.rows_per_x) + " goes with 'indices' (a gathered call); none was given");
+  if (g.rows_per_index != 1)
+    raise_invalid("'rows_per_index' = " + str(g.rows_per_index) +
+                  " goes with 'indices' (a gathered call); none was given");
+  if (g.index_error) raise_invalid("'index_error' goes with 'indices' (a gathered call); none was given");
+}
+
+void describe_gathered_input(const TensorView& x, const GatherTensors& g, Problem* p) {
+  if (g.rows_per_x < 1) raise_invalid("'rows_per_x' must be >= 1, got " + str(g.rows_per_x));
+  if (g.rows_per_index < 1) raise_invalid("'rows_per_index' must be >= 1, got " + str(g.rows_per_index));
+  if (x.ndim != 2)
+    raise_invalid("'x' must be [m / rows_per_x, K] (2-D) in a gathered call (with 'indices'), got shape " +
+                  x.shape_str());
+  p->batch = 1;
+  p->m = x.size(0) * g.rows_per_x;
+  p->k = x.size(1);
+  p->input_dtype = dtype_of(x, "input");
+  p->ldx = row_stride(x);
+}
+
+namespace {
+
+// The stride of a gathered call's expert axis: kAuto (packed) where it
+// means nothing (one expert, or no element).
+int64_t expert_stride(const TensorView& t, int64_t experts) {
+  return experts > 1 && !is_empty(t) ? t.stride(0) : kAuto;
+}
+
+}  // namespace
+
+ExpertWeights describe_expert_weights(const TensorView& w, const TensorView* w_up, const char* form, bool quantized,
+                                      WeightStorage storage, Problem* p) {
+  if (storage != WeightStorage::out_in)
+    raise_invalid("a gathered call (with 'indices') reads the experts' weights as " + std::string(form) +
+                  ", K contiguous (storage=out_in); got storage=" + to_string(storage) +
+                  ": convert them once with convert_weights");
+  if (w.ndim != 3)
+    raise_invalid("'w' must be " + std::string(form) + " (the experts' weights one after another, with 'indices')" +
+                  ", got shape " + w.shape_str());
+  const int64_t experts = w.size(0), rows = w.size(1);
+  if (experts == 0) raise_invalid("'w' holds no experts (E = 0), got shape " + w.shape_str());
+  if (!quantized && w.size(2) != p->k)
+    raise_invalid("'w' must be " + std::string(form) + " with K = " + str(p->k) + " (x.shape[-1]), got shape " +
+                  w.shape_str());
+  p->weights.storage = storage;
+  p->weights.ld = row_stride(w);
+  p->batch_stride_w = expert_stride(w, experts);
+  if (w_up) {
+    const TensorView& wu = *w_up;
+    if (wu.ndim != 3 || wu.size(0) != experts || wu.size(1) != rows || wu.size(2) != w.size(2))
+      raise_invalid("'" + wu.name + "' must have the shape of '" + w.name + "' " + w.shape_str() + ", got " +
+                    wu.shape_str());
+    if (row_stride(wu) != p->weights.ld)
+      raise_invalid("'" + wu.name + "' must have the row stride of '" + w.name + "' (weights.ld = " +
+                    str(p->weights.ld) + "), got strides " + wu.strides_str());
+    if (expert_stride(wu, experts) != p->batch_stride_w)
+      raise_invalid("'" + wu.name + "' must have the expert stride of '" + w.name + "', got strides " +
+                    wu.strides_str() + " and " + w.strides_str());
+  }
+  return {experts, rows};
+}
+
+int64_t expert_bias_stride(const TensorView& b, int64_t n, const char* form, int64_t experts) {
+  if (b.ndim != 2 || b.size(0) != experts || b.size(1) != n)
+    raise_invalid("'" + b.name + "' must be " + form + " = (" + str(experts) + ", " + str(n) +
+                  ") (one bias per expert, with 'indices'), got shape " + b.shape_str());
+  if (n > 1 && b.stride(1) != 1)
+    raise_invalid("'" + b.name + "' must have a contiguous last dimension (stride 1), got strides " +
+                  b.strides_str());
+  return expert_stride(b, experts);
+}
+
+void describe_gather(const GatherTensors& g, int64_t experts, Problem* p) {
+  const TensorView& idx = *g.indices;
+  if (idx.code != 0 || (idx.bits != 32 && idx.bits != 64) || idx.lanes != 1)  // DLPack kDLInt
+    raise_invalid("'indices' must be int32 or int64 expert ids, got " + idx.dtype_name());
+  if (!is_contiguous(idx))
+    raise_invalid("'indices' must be contiguous, got shape " + idx.shape_str() + " with strides " +
+                  idx.strides_str());
+  if (p->m % g.rows_per_index != 0)
+    raise_invalid("m = " + str(p->m) + " output rows (x's " + str(p->m / g.rows_per_x) + " rows x rows_per_x = " +
+                  str(g.rows_per_x) + ") must be a multiple of rows_per_index = " + str(g.rows_per_index));
+  if (numel(idx) != p->m / g.rows_per_index)
+    raise_invalid("'indices' must hold m / rows_per_index = " + str(p->m / g.rows_per_index) +
+                  " expert ids (m = " + str(p->m) + ": x's " + str(p->m / g.rows_per_x) + " rows x rows_per_x = " +
+                  str(g.rows_per_x) + ", rows_per_index = " + str(g.rows_per_index) + "), got shape " +
+                  idx.shape_str());
+  if (g.index_error) {
+    const TensorView& e = *g.index_error;
+    if (e.code != 0 || e.bits != 64 || e.lanes != 1)
+      raise_invalid("'index_error' must be int64, got " + e.dtype_name());
+    if (numel(e) != 2 || !is_contiguous(e))
+      raise_invalid("'index_error' must be 2 contiguous int64, got shape " + e.shape_str() + " with strides " +
+                    e.strides_str());
+  }
+  p->gather.experts = experts;
+  p->gather.rows_per_x = g.rows_per_x;
+  p->gather.rows_per_index = g.rows_per_index;
+  p->gather.index_type = idx.bits == 64 ? IndexType::int64 : IndexType::int32;
+}
+
+void set_gather_arguments(const GatherTensors& g, Arguments* a) {
+  a->indices = g.indices ? g.indices->data : nullptr;
+  a->index_error = g.index_error ? static_cast<int64_t*>(g.index_error->data) : nullptr;
+}
+
+std::pair<int64_t, int64_t> read_index_error(nb::handle index_error, uintptr_t stream_handle) {
+  const TensorView e = import_tensor(index_error, "index_error", false);
+  if (e.code != 0 || e.bits != 64 || e.lanes != 1 || numel(e) != 2 || !is_contiguous(e))
+    raise_invalid("'index_error' must be 2 contiguous int64, got " + e.dtype_name() + " of shape " + e.shape_str());
+  int64_t v[2] = {-1, 0};
+  if (e.on_host()) {
+    std::memcpy(v, e.data, sizeof v);
+    return {v[0], v[1]};
+  }
+  const cudaStream_t stream = as_stream(stream_handle);
+  DeviceGuard guard(e.device_type == kDeviceCUDA ? e.device_id : -1);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) cudaGetLastError();
+  if (capture != cudaStreamCaptureStatusNone)
+    raise_invalid("the index check reads its result back to the host, which a stream being captured into a CUDA "
+                  "graph cannot do: pass check_indices=False (a bad index then leaves the output unwritten)");
+  cudaError_t ce;
+  {
+    nb::gil_scoped_release release;
+    ce = cudaMemcpyAsync(v, e.data, sizeof v, cudaMemcpyDeviceToHost, stream);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(stream);
+  }
+  if (ce != cudaSuccess) {
+    cudaGetLastError();
+    raise(StatusCode::cuda_error, std::string("gatedmlp: reading 'index_error' back failed: ") +
+                                      cudaGetErrorString(ce));
+  }
+  return {v[0], v[1]};
 }
 
 // ---------------------------------------------------------------- workspace

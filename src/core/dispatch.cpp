@@ -192,6 +192,33 @@ const sm90::Tile& pick_hopper_tile(const Problem& r, const Arguments* a, const D
 
 namespace {
 
+// A gathered (MoE) call: the decode kernels only, which read each distinct
+// expert's weights once for all its rows; none of the GEMM paths gathers,
+// and dequantizing every expert would read them all. Knobs that keep
+// calls off the decode kernel do not apply. `kp`: the problem the kernel
+// reads (the down projection's after its passes).
+Status select_gathered(const Problem& r, const Problem& kp, const Arguments* a, Config* cfg) {
+  const bool down = is_down(r);
+  const std::string no = kp.quantized ? quant_decode::blocker(kp, a) : decode::blocker(kp, a);
+  if (!no.empty())
+    return err(StatusCode::not_supported, "a gathered call runs on the ", kp.quantized ? "quantized " : "",
+               "decode kernel, which cannot take ", no);
+  Config c;
+  c.path = kp.quantized ? KernelPath::quant_decode : KernelPath::decode;
+  c.tile_m = kp.quantized ? decode::gathered_tile_rows(kp, int(quant_decode::kMaxM))
+                          : decode::gathered_tile_rows(kp, int(decode::kMaxM));
+  c.tile_n = down ? 16 : 8;
+  c.vector_loads = true;
+  std::ostringstream os;
+  os << (down ? "down projection, " : "") << "gathered over " << r.gather.experts << " experts on the "
+     << (kp.quantized ? "quantized decode kernel (" + to_string(r.quant) + " weights)" : std::string("decode kernel"))
+     << ": each distinct expert's weights streamed once for its rows, " << c.tile_m << " rows per tile";
+  if (r.glu_input) os << "; the GLU of its input computed into the workspace first";
+  c.reason = os.str();
+  *cfg = c;
+  return Status::Ok();
+}
+
 // The down projection: the decode kernels where they can read it (the
 // quantized one up to its 64 rows, the 16-bit one up to 16), else a
 // cuBLASLt GEMM, which takes any shape. Each decision is made on the
@@ -204,6 +231,9 @@ Status select_down(const Problem& r, const Arguments* a, Config* cfg) {
     ka = *a;
     if (r.glu_input) ka.x = reinterpret_cast<const void*>(uintptr_t(256));
   }
+  if (r.gather.experts > 0)
+    return select_gathered(r, down::kernel_problem(r, r.quantized ? KernelPath::quant_decode : KernelPath::decode),
+                           a ? &ka : nullptr, cfg);
   const char* glu = r.glu_input ? "; the GLU of its input computed into the workspace first" : "";
   Config c;
   c.vector_loads = true;
@@ -247,6 +277,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
   if (is_down(r)) return select_down(r, a, cfg);
+  if (r.gather.experts > 0) return select_gathered(r, r, a, cfg);
   // Quantized weights: the quantized decode kernel up to its kMaxM rows;
   // past them (where the weights are reused across enough rows for the 16-bit
   // kernels' tiles to pay), and for what it cannot read, the weights are

@@ -48,6 +48,9 @@ inline int64_t weight_rows(const Problem& p) {
 
 inline bool is_down(const Problem& p) { return p.op == Operation::down; }
 
+// Rows of x a call reads: m, or a gathered call's m / rows_per_x.
+inline int64_t x_rows(const Problem& p) { return p.gather.experts > 0 ? p.m / p.gather.rows_per_x : p.m; }
+
 bool log_enabled();
 
 // No rows to compute (m = 0 or batch = 0): run() launches nothing.

@@ -89,6 +89,14 @@ const char* to_string(StatusCode c) {
   return "invalid";
 }
 
+const char* to_string(IndexType t) {
+  switch (t) {
+    case IndexType::int32: return "int32";
+    case IndexType::int64: return "int64";
+  }
+  return "invalid";
+}
+
 size_t dtype_size(DType d) { return d == DType::fp32 ? 4 : 2; }
 
 std::string to_string(const WeightLayout& w) {
@@ -115,6 +123,9 @@ std::string to_string(const Problem& p) {
     os << " quant=" << to_string(p.quant);
     if (p.quant.mode != QuantMode::mxfp4) os << " scales=" << to_string(p.scale_dtype);
   }
+  if (p.gather.experts > 0)
+    os << " gather(experts=" << p.gather.experts << " rows_per_x=" << p.gather.rows_per_x
+       << " rows_per_index=" << p.gather.rows_per_index << " indices=" << to_string(p.gather.index_type) << ")";
   os << " alpha=" << p.alpha;
   if (p.has_bias) os << " bias=" << to_string(p.bias_dtype);
   if (p.has_preact) os << " preact=" << to_string(p.preact_dtype) << " ldpre=" << p.ldpre;
@@ -160,7 +171,7 @@ namespace detail {
 
 // A field added to Problem must be added to same_problem too, or run()
 // would reuse a plan made for another call (this size is the x86-64 one).
-static_assert(sizeof(void*) != 8 || sizeof(Problem) == 208, "Problem changed: update same_problem");
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 240, "Problem changed: update same_problem");
 
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
@@ -181,7 +192,11 @@ bool same_problem(const Problem& a, const Problem& b) {
          a.batch_stride_preact == b.batch_stride_preact && a.quantized == b.quantized &&
          (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
                            a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
-                           a.scale_dtype == b.scale_dtype));
+                           a.scale_dtype == b.scale_dtype)) &&
+         a.gather.experts == b.gather.experts &&
+         (a.gather.experts == 0 ||
+          (a.gather.rows_per_x == b.gather.rows_per_x && a.gather.rows_per_index == b.gather.rows_per_index &&
+           a.gather.index_type == b.gather.index_type));
 }
 
 Status extents(const Problem& p, Extents* e) {
@@ -189,14 +204,18 @@ Status extents(const Problem& p, Extents* e) {
   using I = __int128;
   const I L1 = p.batch - 1;
   const I rows = weight_rows(p);
+  // Gathered: the weights, bias and scales of E experts; x has m / rows_per_x rows.
+  const bool g = p.gather.experts > 0;
+  const I E1 = g ? I(p.gather.experts - 1) : L1;
+  const I x_rows = g ? I(p.m / p.gather.rows_per_x) : I(p.m);
   // Quantized rows: ld and the row length in uint32 words.
   const I row_len = p.quantized ? quant_words_per_row(p.quant, p.k) : p.k;
   const I ew = p.weights.storage == WeightStorage::out_in ? (rows - 1) * p.weights.ld + row_len
                                                           : I(p.k - 1) * p.weights.ld + rows;
   const I vals[5] = {
-      L1 * p.batch_stride_x + I(p.m - 1) * p.ldx + p.k,
-      L1 * p.batch_stride_w + ew,
-      L1 * p.batch_stride_bias + rows,
+      L1 * p.batch_stride_x + (x_rows - 1) * p.ldx + p.k,
+      E1 * p.batch_stride_w + ew,
+      E1 * p.batch_stride_bias + rows,
       L1 * p.batch_stride_y + I(p.m - 1) * p.ldy + p.u,
       p.has_preact ? L1 * p.batch_stride_preact + I(p.m - 1) * p.ldpre + 2 * I(p.u) : I(0),
   };
@@ -206,7 +225,7 @@ Status extents(const Problem& p, Extents* e) {
     if (vals[i] > kMax)
       return err(StatusCode::invalid_argument, "tensor '", names[i], "' would span ", static_cast<double>(vals[i]),
                  " elements, more than any device can address: check the sizes and strides");
-  const I scales = p.quantized ? I(quant_scale_rows(p.quant, int64_t(rows))) * quant_groups_per_row(p.quant, p.k) : 0;
+  const I scales = p.quantized ? (E1 + 1) * quant_scale_rows(p.quant, int64_t(rows)) * quant_groups_per_row(p.quant, p.k) : 0;
   *e = {int64_t(vals[0]), int64_t(vals[1]), int64_t(vals[2]), int64_t(vals[3]), int64_t(vals[4]), int64_t(scales)};
   return Status::Ok();
 }
@@ -220,6 +239,33 @@ bool valid_dtype(DType d) { return d == DType::bf16 || d == DType::fp16 || d == 
 Status check_ld(const char* name, int64_t ld, int64_t min) {
   if (ld != 0 && ld < min)
     return err(StatusCode::invalid_argument, name, " must be 0 (dense) or >= ", min, ", got ", ld);
+  return Status::Ok();
+}
+
+// The gather's own rules (Gather in gatedmlp.hpp).
+Status check_gather(const Problem& p) {
+  const StatusCode inv = StatusCode::invalid_argument;
+  const Gather& g = p.gather;
+  if (g.experts < 0) return err(inv, "gather.experts must be >= 0 (0: no gather), got ", g.experts);
+  if (g.experts == 0) return Status::Ok();
+  if (g.index_type != IndexType::int32 && g.index_type != IndexType::int64)
+    return err(inv, "gather.index_type has invalid value ", int(g.index_type));
+  if (g.rows_per_x < 1) return err(inv, "gather.rows_per_x must be >= 1, got ", g.rows_per_x);
+  if (g.rows_per_index < 1) return err(inv, "gather.rows_per_index must be >= 1, got ", g.rows_per_index);
+  if (p.m % g.rows_per_x)
+    return err(inv, "m=", p.m, " must be a multiple of gather.rows_per_x=", g.rows_per_x,
+               " (each row of x feeds that many output rows)");
+  if (p.m % g.rows_per_index)
+    return err(inv, "m=", p.m, " must be a multiple of gather.rows_per_index=", g.rows_per_index,
+               " (each index picks the expert of that many output rows)");
+  if (p.batch > 1) return err(inv, "a gathered call takes batch = 1 (the experts take the batch's place), got batch=", p.batch);
+  if (p.m > INT32_MAX) return err(StatusCode::not_supported, "a gathered call takes at most 2^31-1 rows, got m=", p.m);
+  if (g.experts > kMaxGatherExperts)
+    return err(StatusCode::not_supported, "gather.experts=", g.experts, " is more than the ", kMaxGatherExperts,
+               " experts a gathered call takes");
+  if (p.weights.storage != WeightStorage::out_in)
+    return err(StatusCode::not_supported, "a gathered call reads K-contiguous expert weights (storage out_in); got ",
+               to_string(p.weights.storage), ": convert them once with convert_weights");
   return Status::Ok();
 }
 
@@ -307,6 +353,8 @@ Status check_support(const Problem& p) {
   if (p.has_preact) {
     if (Status s = check_ld("ldpre", p.ldpre, 2 * p.u); !s) return s;
   }
+
+  if (Status s = check_gather(p); !s) return s;
 
   struct Stride { const char* name; int64_t v; };
   const Stride strides[] = {{"batch_stride_x", p.batch_stride_x},     {"batch_stride_w", p.batch_stride_w},

@@ -67,10 +67,10 @@ Status check_device_pointer(const Tensor& t, int device) {
   }
 }
 
-// At most 11 tensors, in place: run() checks them on every call, and a heap
+// At most 13 tensors, in place: run() checks them on every call, and a heap
 // allocation per check is host time for nothing.
 struct TensorList {
-  Tensor items[11];
+  Tensor items[13];
   size_t n = 0;
   void push_back(const Tensor& t) { items[n++] = t; }
   size_t size() const { return n; }
@@ -112,6 +112,11 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   if (r.has_bias && sep) ts.push_back(tensor("bias_up", a.bias_up, e.bias, r.bias_dtype, false));
   ts.push_back(tensor("y", a.y, e.y, r.output_dtype, true));
   if (r.has_preact) ts.push_back(tensor("preact", a.preact, e.preact, r.preact_dtype, true));
+  if (r.gather.experts > 0) {
+    const bool i64 = r.gather.index_type == IndexType::int64;
+    ts.push_back({"indices", a.indices, r.m / r.gather.rows_per_index, size_t(i64 ? 8 : 4), i64 ? "int64" : "int32", false});
+    if (a.index_error) ts.push_back({"index_error", a.index_error, 2, 8, "int64", true});
+  }
   return Status::Ok();
 }
 
@@ -184,6 +189,14 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
       !s)
     return s;
   if (Status s = check_presence("y", a.y, true, "the output y is required", ""); !s) return s;
+  const bool g = r.gather.experts > 0;
+  if (Status s = check_presence("indices", a.indices, g, "a gathered call (gather.experts > 0) needs the expert indices",
+                                "gather.experts is 0 (no gather)");
+      !s)
+    return s;
+  if (!g && a.index_error)
+    return err(StatusCode::invalid_argument, "argument 'index_error' is set (", hex(a.index_error),
+               ") but gather.experts is 0 (no gather)");
   if (Status s = check_presence("preact", a.preact, r.has_preact, "has_preact=true needs preact",
                                 "has_preact=false; set has_preact=true to write it");
       !s)

@@ -64,120 +64,143 @@
 #include "common/device_dtype.cuh"
 #include "common/layout_math.hpp"
 #include "decode_glu/epilogue.cuh"
+#include "decode_glu/gather.cuh"
 #include "decode_glu/ops.cuh"
 #include "decode_glu/params.hpp"
 
 namespace gatedmlp::decode {
 
 
-template <typename T, int NT, int CG, int UNROLL, int MINB>
-__global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const __grid_constant__ Params p) {
+// One tile: this CTA's columns from j0 over all of K for `count` rows of X,
+// then the epilogue. l: the batch, or the expert (gathered); xrows / yrows:
+// the tile's rows of x and y (gathered, shared memory), or null for rows
+// 0 ... count-1 of batch l. Ends with a __syncthreads(): the next tile
+// overwrites the partial sums (and the row map).
+template <typename T, int NT, int CG, int UNROLL>
+__device__ __forceinline__ void decode_tile(const Params& p, float* red, int64_t j0, int64_t l, int count,
+                                            const int* xrows, const int* yrows) {
   using namespace detail_;
-  extern __shared__ float4 smem_f4[];
-  float* red = reinterpret_cast<float*>(smem_f4);
-
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t j0 = int64_t(blockIdx.x) * (p.down ? 16 * CG : 8 * CG);
   constexpr int kBlockK = 32 * UNROLL;
   const int64_t k_blocks = (p.k + kBlockK - 1) / kBlockK;
 
-  for (int l = blockIdx.y; l < p.batch; l += gridDim.y) {
-    // This lane's rows: the gate and up rows of column j0 + 8 cg + g (U-1
-    // past U), and token nt*8 + g of X (M-1 past M), at k = 8t.
-    const T* wrow[CG][2];
+  // This lane's rows: the gate and up rows of column j0 + 8 cg + g (U-1
+  // past U), and token nt*8 + g of X (the last row past count), at k = 8t.
+  const T* wrow[CG][2];
 #pragma unroll
-    for (int cg = 0; cg < CG; ++cg) {
-      const int64_t j = min(j0 + cg * 8 + g, p.u - 1);
+  for (int cg = 0; cg < CG; ++cg) {
+    const int64_t j = min(j0 + cg * 8 + g, p.u - 1);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const T* base = static_cast<const T*>(p.separate && h ? p.w_up : p.w);
-        // 32-bit: blocker() keeps 2U below 2^31. Down: rows j0+g and j0+8+g (U-1 past U).
-        const uint32_t row = p.down       ? uint32_t(min(j0 + cg * 16 + h * 8 + g, p.u - 1))
-                             : p.separate ? uint32_t(j)
-                                          : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
-        wrow[cg][h] = base + int64_t(l) * p.sw + int64_t(row) * p.ldw + 8 * t;
-      }
+    for (int h = 0; h < 2; ++h) {
+      const T* base = static_cast<const T*>(p.separate && h ? p.w_up : p.w);
+      // 32-bit: blocker() keeps 2U below 2^31. Down: rows j0+g and j0+8+g (U-1 past U).
+      const uint32_t row = p.down       ? uint32_t(min(j0 + cg * 16 + h * 8 + g, p.u - 1))
+                           : p.separate ? uint32_t(j)
+                                        : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
+      wrow[cg][h] = base + l * p.sw + int64_t(row) * p.ldw + 8 * t;
     }
-    const T* xrow[NT];
+  }
+  const T* xrow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int mm = min(nt * 8 + g, count - 1);
+    xrow[nt] = static_cast<const T*>(p.x) + l * p.sx + int64_t(xrows ? xrows[mm] : mm) * p.ldx + 8 * t;
+  }
+
+  float acc[CG][NT][4];
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
-      xrow[nt] = static_cast<const T*>(p.x) + int64_t(l) * p.sx + int64_t(min(nt * 8 + g, p.m - 1)) * p.ldx + 8 * t;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
 
-    float acc[CG][NT][4];
-#pragma unroll
-    for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
-
-    for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
-      const int64_t k0 = kb * kBlockK;
-      // The weights first: the long-latency loads, all of the k-block's in
-      // flight together. In the K tail (K is a multiple of 8) pieces past K
-      // are zero-filled, in X too.
-      uint4 wa[UNROLL][CG][2];
-      if (k0 + kBlockK <= p.k) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-          for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) wa[u][cg][h] = ld_weights(wrow[cg][h] + k0 + u * 32);
-      } else {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-          for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              wa[u][cg][h] = ld_weights_if(wrow[cg][h] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
-      }
-      // X, 16 bytes per n-tile and chunk (an L1 or L2 hit), loaded after the
-      // weights so that its latency hides under theirs.
-      uint4 xb[UNROLL][NT];
+  for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
+    const int64_t k0 = kb * kBlockK;
+    // The weights first: the long-latency loads, all of the k-block's in
+    // flight together. In the K tail (K is a multiple of 8) pieces past K
+    // are zero-filled, in X too.
+    uint4 wa[UNROLL][CG][2];
+    if (k0 + kBlockK <= p.k) {
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) xb[u][nt] = ld_x_if(xrow[nt] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
+        for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const uint4(&xu)[NT] = xb[u];
+          for (int h = 0; h < 2; ++h) wa[u][cg][h] = ld_weights(wrow[cg][h] + k0 + u * 32);
+    } else {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
         for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            // Step 0: elements 0-3 of each 16-byte piece; step 1: 4-7.
-            mma_16816<T>(acc[cg][nt], wa[u][cg][0].x, wa[u][cg][1].x, wa[u][cg][0].y, wa[u][cg][1].y, xu[nt].x,
-                         xu[nt].y);
-            mma_16816<T>(acc[cg][nt], wa[u][cg][0].z, wa[u][cg][1].z, wa[u][cg][0].w, wa[u][cg][1].w, xu[nt].z,
-                         xu[nt].w);
-          }
-      }
+          for (int h = 0; h < 2; ++h)
+            wa[u][cg][h] = ld_weights_if(wrow[cg][h] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
     }
+    // X, 16 bytes per n-tile and chunk (an L1 or L2 hit), loaded after the
+    // weights so that its latency hides under theirs.
+    uint4 xb[UNROLL][NT];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) xb[u][nt] = ld_x_if(xrow[nt] + k0 + u * 32, k0 + u * 32 + 8 * t < p.k);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const uint4(&xu)[NT] = xb[u];
+#pragma unroll
+      for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          // Step 0: elements 0-3 of each 16-byte piece; step 1: 4-7.
+          mma_16816<T>(acc[cg][nt], wa[u][cg][0].x, wa[u][cg][1].x, wa[u][cg][0].y, wa[u][cg][1].y, xu[nt].x,
+                       xu[nt].y);
+          mma_16816<T>(acc[cg][nt], wa[u][cg][0].z, wa[u][cg][1].z, wa[u][cg][0].w, wa[u][cg][1].w, xu[nt].z,
+                       xu[nt].w);
+        }
+    }
+  }
 
-    store_partials<NT, CG>(red, acc);
-    __syncthreads();
-    if constexpr (CG == 1) {
-      if (p.down) epilogue_down<NT>(p, red, j0, l);
-      else epilogue<NT, CG>(p, red, j0, l);
-    } else {
-      epilogue<NT, CG>(p, red, j0, l);
-    }
-    __syncthreads();  // the next batch overwrites the partial sums
+  store_partials<NT, CG>(red, acc);
+  __syncthreads();
+  if constexpr (CG == 1) {
+    if (p.down) epilogue_down<NT>(p, red, j0, l, count, yrows);
+    else epilogue<NT, CG>(p, red, j0, l, count, yrows);
+  } else {
+    epilogue<NT, CG>(p, red, j0, l, count, yrows);
+  }
+  __syncthreads();
+}
+
+// GATHER: the rows and experts of a gathered call (gather.cuh); otherwise
+// batch l of gridDim.y's, all p.m rows.
+template <typename T, int NT, int CG, int UNROLL, int MINB, bool GATHER>
+__global__ void __launch_bounds__(kMaxWarps * 32, MINB) decode_glu_kernel(const __grid_constant__ Params p) {
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+  const int64_t j0 = int64_t(blockIdx.x) * (p.down ? 16 * CG : 8 * CG);
+  if constexpr (GATHER) {
+    __shared__ GatherShared sh;
+    for_each_gathered_tile<NT * 8>(p, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
+      decode_tile<T, NT, CG, UNROLL>(p, red, j0, expert, count, xrows, yrows);
+    });
+  } else {
+    for (int l = blockIdx.y; l < p.batch; l += gridDim.y) decode_tile<T, NT, CG, UNROLL>(p, red, j0, l, p.m, nullptr, nullptr);
   }
 }
 
 // Launches decode_glu_kernel<...> with p.warps warps per CTA (0: one per
 // k-block, at most kMaxWarps).
-template <typename T, int NT, int CG, int UNROLL, int MINB>
+template <typename T, int NT, int CG, int UNROLL, int MINB, bool GATHER = false>
 cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   if (p.warps == 0) p.warps = warps_for(p.k, UNROLL);
   const int64_t cols = columns_per_cta(p) * CG;
-  const dim3 grid(static_cast<unsigned>((p.u + cols - 1) / cols), static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
-  decode_glu_kernel<T, NT, CG, UNROLL, MINB><<<grid, p.warps * 32, red_bytes<NT, CG>(p.warps), stream>>>(p);
+  // Gathered: one grid row per slot of a distinct expert, at most min(E, n).
+  const int64_t ys = GATHER ? (p.experts < p.n_indices ? p.experts : p.n_indices) : p.batch;
+  const dim3 grid(static_cast<unsigned>((p.u + cols - 1) / cols),
+                  static_cast<unsigned>(ys < kMaxGridY ? ys : kMaxGridY));
+  decode_glu_kernel<T, NT, CG, UNROLL, MINB, GATHER><<<grid, p.warps * 32, red_bytes<NT, CG>(p.warps), stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -191,6 +214,8 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
 // Measured on an H100 in CUDA-graph replay (launch.cpp has the numbers).
 template <typename T>
 cudaError_t launch_any(const Params& p, Shape s, cudaStream_t stream) {
+  // Gathered: the m <= 8 shape and the bigger grids' m <= 16 one.
+  if (s.gather) return s.nt == 1 ? launch_kernel<T, 1, 1, 4, 3, true>(p, stream) : launch_kernel<T, 2, 1, 4, 2, true>(p, stream);
   if (s.nt == 1) return launch_kernel<T, 1, 1, 4, 3>(p, stream);
   if (s.one_wave) return launch_kernel<T, 2, 1, 3, 3>(p, stream);
   return launch_kernel<T, 2, 1, 4, 2>(p, stream);

@@ -23,6 +23,10 @@ struct Params;
 // starts from them too.
 Params make_params(const Problem& resolved, const Arguments& a);
 
+// A gathered call's rows per tile (8, 16, ... up to max_rows): what a
+// distinct expert gets under uniform routing, with room to spare.
+int gathered_tile_rows(const Problem& resolved, int max_rows);
+
 // Launches it on `stream` for a resolved problem that blocker() accepted.
 // `sms`: the device's multiprocessor count.
 cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream);

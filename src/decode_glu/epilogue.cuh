@@ -50,11 +50,14 @@ __device__ __forceinline__ void store_partials(float* red, const float (&acc)[CG
 // One (token, column) output per thread, columns fastest so neighbouring
 // threads store neighbouring Y elements. Token m sits in n-tile m / 8 at C
 // column m % 8 = 2t + parity; column c of the CTA in group c / 8, C row
-// c % 8 (gate) and 8 + c % 8 (up). j0: the CTA's first column; l: the batch.
+// c % 8 (gate) and 8 + c % 8 (up). j0: the CTA's first column; l: the batch
+// (gathered: the expert, for the bias); count: the tile's rows; yrows: the
+// output row of each (gathered), or null for rows 0 ... count-1 of batch l.
 template <int NT, int CG>
-__device__ __forceinline__ void epilogue(const Params& p, const float* red, int64_t j0, int l) {
+__device__ __forceinline__ void epilogue(const Params& p, const float* red, int64_t j0, int64_t l, int count,
+                                         const int* yrows) {
   const int per_token = 8 * CG;
-  for (int e = threadIdx.x; e < per_token * p.m; e += blockDim.x) {
+  for (int e = threadIdx.x; e < per_token * count; e += blockDim.x) {
     const int c = e % per_token, m = e / per_token;
     const int64_t j = j0 + c;
     if (j >= p.u) continue;
@@ -73,8 +76,9 @@ __device__ __forceinline__ void epilogue(const Params& p, const float* red, int6
       uv += p.separate ? gatedmlp::detail::load_float(p.bias_up, p.bias_dtype, boff + j)
                        : gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
     }
+    const int64_t row = yrows ? yrows[m] : m;
     if (p.has_pre) {
-      const int64_t base = int64_t(l) * p.spre + int64_t(m) * p.ldpre;
+      const int64_t base = l * p.spre + row * p.ldpre;
       gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j), gv);
       gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j), uv);
     }
@@ -91,17 +95,19 @@ __device__ __forceinline__ void epilogue(const Params& p, const float* red, int6
     else
       y = p.out_dtype == 2 ? gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit)
                            : gatedmlp::detail::glu_out16<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
-    gatedmlp::detail::store_float(p.y, p.out_dtype, int64_t(l) * p.sy + int64_t(m) * p.ldy + j, y);
+    gatedmlp::detail::store_float(p.y, p.out_dtype, l * p.sy + row * p.ldy + j, y);
   }
 }
 
 // The down projection's epilogue (Params::down): C rows 0-7 are output
 // columns j0 ... j0+7, rows 8-15 columns j0+8 ... j0+15, so lane (g, t)
 // holds c0, c1 = column j0+g and c2, c3 = column j0+8+g for tokens 2t, 2t+1.
-// One (token, column) per thread: the warps' sums, alpha, bias, Y.
+// One (token, column) per thread: the warps' sums, alpha, bias, Y. l, count,
+// yrows: as epilogue()'s.
 template <int NT>
-__device__ __forceinline__ void epilogue_down(const Params& p, const float* red, int64_t j0, int l) {
-  for (int e = threadIdx.x; e < 16 * p.m; e += blockDim.x) {
+__device__ __forceinline__ void epilogue_down(const Params& p, const float* red, int64_t j0, int64_t l, int count,
+                                              const int* yrows) {
+  for (int e = threadIdx.x; e < 16 * count; e += blockDim.x) {
     const int c = e & 15, m = e >> 4;
     const int64_t j = j0 + c;
     if (j >= p.u) continue;
@@ -114,8 +120,9 @@ __device__ __forceinline__ void epilogue_down(const Params& p, const float* red,
       continue;
     }
     float y = s * p.alpha;
-    if (p.has_bias) y += gatedmlp::detail::load_float(p.bias, p.bias_dtype, int64_t(l) * p.sb + j);
-    gatedmlp::detail::store_float(p.y, p.out_dtype, int64_t(l) * p.sy + int64_t(m) * p.ldy + j, y);
+    if (p.has_bias) y += gatedmlp::detail::load_float(p.bias, p.bias_dtype, l * p.sb + j);
+    const int64_t row = yrows ? yrows[m] : m;
+    gatedmlp::detail::store_float(p.y, p.out_dtype, l * p.sy + row * p.ldy + j, y);
   }
 }
 

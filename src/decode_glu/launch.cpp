@@ -15,7 +15,9 @@
 // costs registers: grids that fit in one wave at 3 CTAs per SM (1024 x
 // 2816) take 3 chunks per warp, larger ones 4 chunks at 2 CTAs per SM,
 // each the faster of the two there.
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 
@@ -35,7 +37,8 @@ std::string blocker(const Problem& r, const Arguments* a) {
   // The kernel reads 16-byte pieces of 8 elements of K-contiguous rows: every
   // row and batch start must be a multiple of 8 elements from a 16-byte
   // aligned base.
-  if (r.m > kMaxM) os << "m=" << r.m << " is more than the decode kernel's " << kMaxM << " rows";
+  // A gathered call runs any m: each slot's rows in tiles (gather.cuh).
+  if (r.m > kMaxM && r.gather.experts == 0) os << "m=" << r.m << " is more than the decode kernel's " << kMaxM << " rows";
   else if (r.input_dtype != DType::bf16 && r.input_dtype != DType::fp16)
     os << "input_dtype " << to_string(r.input_dtype) << " (the decode kernel takes bf16 and fp16)";
   else if (r.weights.storage != WeightStorage::out_in)
@@ -45,7 +48,7 @@ std::string blocker(const Problem& r, const Arguments* a) {
   else if (r.weights.ld % 8) os << "weights.ld=" << r.weights.ld << " is not a multiple of 8 (16-byte weight rows)";
   else if (r.batch > 1 && r.batch_stride_x % 8)
     os << "batch_stride_x=" << r.batch_stride_x << " is not a multiple of 8 (16-byte rows of x)";
-  else if (r.batch > 1 && r.batch_stride_w % 8)
+  else if ((r.batch > 1 || r.gather.experts > 1) && r.batch_stride_w % 8)
     os << "batch_stride_w=" << r.batch_stride_w << " is not a multiple of 8 (16-byte weight rows)";
   // Index math: offsets along K, row x ld and batch x stride are int64
   // (extents past 2^56 elements were refused by check_support); a weight row
@@ -96,7 +99,32 @@ Params make_params(const Problem& r, const Arguments& a) {
   p.pre_dtype = static_cast<int>(r.preact_dtype);
   p.has_bias = r.has_bias;
   p.has_pre = r.has_preact;
+  if (r.gather.experts > 0) {
+    // The expert takes the batch's place in the weights' and bias' strides;
+    // the rows of x, y and pre come from the row map.
+    p.indices = a.indices;
+    p.index_error = a.index_error;
+    p.index_64 = r.gather.index_type == IndexType::int64;
+    p.n_indices = static_cast<int>(r.m / r.gather.rows_per_index);
+    p.experts = static_cast<int>(r.gather.experts);
+    p.x_repeat = static_cast<int>(r.gather.rows_per_x);
+    p.index_repeat = static_cast<int>(r.gather.rows_per_index);
+    p.sx = p.sy = p.spre = 0;
+  }
   return p;
+}
+
+int gathered_tile_rows(const Problem& r, int max_rows) {
+  // The rows a distinct expert gets when n indices choose uniformly among E:
+  // n / E(1 - (1 - 1/E)^n) per index, times rows_per_index; a tile a
+  // quarter larger, so that most slots take one tile. Skewed routing runs
+  // more tiles for its popular experts (gather.cuh).
+  const double n = double(r.m / r.gather.rows_per_index), e = double(r.gather.experts);
+  const double distinct = e * (1.0 - std::pow(1.0 - 1.0 / e, n));
+  const double rows = n / std::max(1.0, distinct) * double(r.gather.rows_per_index);
+  int tile = 8;
+  while (tile < max_rows && tile < 1.25 * rows && tile < r.m) tile *= 2;
+  return tile;
 }
 
 cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream) {
@@ -104,6 +132,8 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
 
   Shape s;
   s.nt = r.m <= 8 ? 1 : 2;
+  s.gather = r.gather.experts > 0;
+  if (s.gather) s.nt = gathered_tile_rows(r, 8 * 2) / 8;
   const int64_t cols = columns_per_cta(p);
   s.one_wave = (r.u + cols - 1) / cols * r.batch <= 3 * int64_t(sms);
   p.warps = 0;  // one per k-block, at most kMaxWarps

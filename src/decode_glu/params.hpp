@@ -46,6 +46,19 @@ struct Params {
   // which down::reduce_splits sums with alpha and the bias. 0 / null: no split.
   int64_t split_k_blocks;
   float* partials;
+
+  // Mixture-of-experts gather (gather.cuh; null indices: none). gridDim.y
+  // CTAs share the distinct experts chosen; a CTA's rows are those that
+  // chose its expert, in tiles of the kernel's rows. The expert takes the
+  // batch's place in the weights' and bias' strides (sw, sb); x, y and pre
+  // rows come from the row map (sx, sy, spre 0).
+  const void* indices;     // n_indices expert ids, int32 or int64 (index_64)
+  int64_t* index_error;    // optional: {-1, 0}, or the first bad index's position and value
+  int index_64;
+  int n_indices;
+  int experts;
+  int x_repeat;            // output rows per row of x
+  int index_repeat;        // output rows per index
 };
 
 // 32-element chunks per k-block: the loads one warp has in flight at once
@@ -67,7 +80,12 @@ inline int warps_for(int64_t k, int unroll = kUnroll) {
 struct Shape {
   int nt = 1;
   bool one_wave = false;
+  bool gather = false;  // Params::indices set: the gathered instantiations
 };
+
+// The most CTAs along y: past it a CTA takes batches (or a gathered call's
+// slots of distinct experts) y, y + gridDim.y, ...
+inline constexpr int kMaxGridY = 65535;
 
 // One translation unit per input dtype (decode_glu_bf16.cu, decode_glu_fp16.cu).
 // grid: (ceil(u / 8), min(batch, 65535)); p.warps warps per CTA (0: chosen

@@ -27,7 +27,7 @@ bool output_via_fp32(const Problem& r, KernelPath path) {
 WorkspaceLayout workspace_layout(const Problem& r, KernelPath path) {
   WorkspaceLayout l;
   const size_t ex = dtype_size(r.input_dtype);
-  if (r.glu_input) l.glu = round256(size_t(r.batch) * size_t(r.m) * size_t(r.k) * ex);
+  if (r.glu_input) l.glu = round256(size_t(r.batch) * size_t(detail::x_rows(r)) * size_t(r.k) * ex);
   if (dequantizes(r, path)) l.weights = round256(size_t(r.u) * size_t(r.k) * ex);
   if (path == KernelPath::cublas) {
     if (output_via_fp32(r, path)) l.out32 = round256(size_t(r.batch) * size_t(r.m) * size_t(r.u) * 4);
@@ -45,7 +45,7 @@ Problem kernel_problem(const Problem& r, KernelPath path) {
   if (r.glu_input) {
     k.glu_input = false;
     k.ldx = r.k;
-    k.batch_stride_x = r.m * r.k;
+    k.batch_stride_x = detail::x_rows(r) * r.k;
   }
   if (dequantizes(r, path)) {
     k.quantized = false;
@@ -91,8 +91,11 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
     return ce == cudaSuccess ? Status::Ok()
                              : err(StatusCode::cuda_error, what, " failed (", to_string(cfg), "): ", cudaGetErrorString(ce));
   };
-  if (r.glu_input)
-    if (Status s = cuda(glu_input(r, a.x, a.x_up, base, stream), "the GLU of the input"); !s) return s;
+  if (r.glu_input) {
+    Problem rx = r;  // a gathered call's GLU: of its rows of x
+    rx.m = detail::x_rows(r);
+    if (Status s = cuda(glu_input(rx, a.x, a.x_up, base, stream), "the GLU of the input"); !s) return s;
+  }
   if (dequantizes(r, cfg.path)) {
     const quant_decode::DequantizeArgs d =
         quant_decode::dequantize_args(r, r.u, a.w, a.w_scales, a.w_biases, base + l.glu);

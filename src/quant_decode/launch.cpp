@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <sstream>
 
+#include "core/internal.hpp"
 #include "decode_glu/decode_glu.hpp"
 #include "gatedmlp/quant.hpp"
 #include "quant_decode/params.hpp"
@@ -31,12 +32,16 @@ std::string blocker(const Problem& r, const Arguments* a) {
   // Each lane reads 16 bytes of a row's words and 16 (or 8) bytes of X: rows
   // of words must start on 16 bytes (ld a multiple of 4 words), rows of X on
   // 16 bytes too (8 elements).
-  if (r.m > kMaxM) os << "m=" << r.m << " is more than the quantized decode kernel's " << kMaxM << " rows";
+  // A gathered call runs any m: each slot's rows in tiles (decode_glu/gather.cuh).
+  if (r.m > kMaxM && r.gather.experts == 0)
+    os << "m=" << r.m << " is more than the quantized decode kernel's " << kMaxM << " rows";
   else if (r.input_dtype != DType::bf16 && r.input_dtype != DType::fp16)
     os << "input_dtype " << to_string(r.input_dtype) << " (the quantized decode kernel takes bf16 and fp16 X)";
   else if (r.ldx % 8) os << "ldx=" << r.ldx << " is not a multiple of 8 (16-byte rows of x)";
   else if (r.k % 16) os << "k=" << r.k << " is not a multiple of 16 (each lane reads 16 bytes of a row)";
   else if (r.weights.ld % 4) os << "weights.ld=" << r.weights.ld << " words is not a multiple of 4 (16-byte rows)";
+  else if (r.gather.experts > 1 && r.batch_stride_w % 4)
+    os << "batch_stride_w=" << r.batch_stride_w << " words (between experts) is not a multiple of 4 (16-byte rows)";
   else if (r.u >= (int64_t(1) << 30))
     os << "u=" << r.u << " is 2^30 or more (the kernel indexes the 2u weight rows in 32 bits)";
   else if (a && !aligned16(a->x)) os << "x (" << a->x << ") is not 16-byte aligned";
@@ -104,6 +109,7 @@ DownSplit down_split(const Problem& r) {
   // at 8B, 3 % at 70B and 7 % faster at Qwen3-32B (H100, whole MLP, h67),
   // so the split is not where the down projection's time goes.
   DownSplit d;
+  if (r.gather.experts > 0) return d;  // gridDim.y holds the experts
   const char* v = r.op == Operation::down ? std::getenv("GATEDMLP_QDECODE_DOWN_SPLIT") : nullptr;
   const int n = v ? std::atoi(v) : 1;
   if (n <= 1 || n > 64) return d;
@@ -132,14 +138,17 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   q.group_shift = r.quant.group_size ? log2_exact(r.quant.group_size) : 63;
   q.row_shift = r.quant.row_block ? log2_exact(r.quant.row_block) : 31;
   q.scale_dtype = static_cast<int>(r.scale_dtype);
+  q.expert_scales = quant_scale_rows(r.quant, detail::weight_rows(r)) * q.groups;
 
   Shape s;
   s.nt = r.m <= 8 ? 1 : r.m <= 16 ? 2 : r.m <= 32 ? 4 : 8;
+  s.gather = r.gather.experts > 0;
+  if (s.gather) s.nt = decode::gathered_tile_rows(r, int(kMaxM)) / 8;
   const bool mx = r.quant.mode == QuantMode::mxfp4, fp8 = r.quant.mode == QuantMode::fp8_e4m3;
   s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
   launch_shape(r, &p.warps, &s.unroll);
-  if (partials && split.splits > 1) {
+  if (partials && split.splits > 1 && !s.gather) {
     p.split_k_blocks = split.k_blocks_per_split;
     p.partials = partials;
   }

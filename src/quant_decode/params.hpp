@@ -30,6 +30,7 @@ struct Params {
   int group_shift;        // log2(group_size); 63 for one scale along all of K
   int row_shift;          // log2(row_block): 0 but for FP8's blocks; 31 for one scale for all rows
   int scale_dtype;        // affine: 0 bf16, 1 fp16, 2 fp32; mxfp4: e8m0 bytes
+  int64_t expert_scales;  // gather: elements from one expert's scales (and biases) to the next's
 };
 
 // Which instantiation runs a launch: the format, NT n-tiles of 8 tokens
@@ -41,6 +42,7 @@ struct Shape {
   int nt = 1;
   bool packed_math = false;
   int unroll = 1;  // chunks per k-block: 1 or 2
+  bool gather = false;  // Params::d.indices set: the gathered instantiations (unroll 1)
 };
 
 // One translation unit per input dtype and format.

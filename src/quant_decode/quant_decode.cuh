@@ -33,6 +33,7 @@
 
 #include "common/layout_math.hpp"
 #include "decode_glu/epilogue.cuh"
+#include "decode_glu/gather.cuh"
 #include "decode_glu/ops.cuh"
 #include "quant_decode/dequant.cuh"
 #include "quant_decode/params.hpp"
@@ -77,13 +78,17 @@ inline constexpr int kMaxWarps = decode::kMaxWarps;
 template <int FMT>
 inline constexpr int kLaneElemsOf = FMT == kInt8 || FMT == kFp8 ? 16 : 32;
 
-template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
-__global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(const __grid_constant__ Params qp) {
+// One tile: this CTA's columns from j0 over its k-blocks for `count` rows
+// of X, then the epilogue. expert: 0, or the gathered call's (its words at
+// expert * sw, its scales and biases at expert * expert_scales, its bias at
+// expert * sb); xrows / yrows: the tile's rows of x and y (gathered), or null
+// for rows 0 ... count-1. Ends with a __syncthreads().
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL>
+__device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t expert, int count, const int* xrows,
+                                           const int* yrows) {
   using namespace detail_;
   using D = Dequant<T, FMT, PACKED>;
   const decode::Params& p = qp.d;
-  extern __shared__ float4 smem_f4[];
-  float* red = reinterpret_cast<float*>(smem_f4);
 
   constexpr int kLaneElems = kLaneElemsOf<FMT>;
   constexpr int kChunk = 4 * kLaneElems;  // k per chunk (4 lanes)
@@ -116,16 +121,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
       const uint32_t row = p.down       ? uint32_t(min(j0 + h * 8 + g, p.u - 1))
                            : p.separate ? uint32_t(j)
                                         : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
-      wrow[h] = static_cast<const uint32_t*>(up_tensor ? p.w_up : p.w) + int64_t(row) * p.ldw + 4 * t;
+      wrow[h] = static_cast<const uint32_t*>(up_tensor ? p.w_up : p.w) + expert * p.sw + int64_t(row) * p.ldw + 4 * t;
       srow[h] = up_tensor ? qp.scales_up : qp.scales;
       brow[h] = up_tensor ? qp.biases_up : qp.biases;
-      sbase[h] = int64_t(row >> qp.row_shift) * qp.groups;
+      sbase[h] = expert * qp.expert_scales + int64_t(row >> qp.row_shift) * qp.groups;
     }
   }
   const T* xrow[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-    xrow[nt] = static_cast<const T*>(p.x) + int64_t(min(nt * 8 + g, p.m - 1)) * p.ldx + kLaneElems * t;
+  for (int nt = 0; nt < NT; ++nt) {
+    const int mm = min(nt * 8 + g, count - 1);
+    xrow[nt] = static_cast<const T*>(p.x) + int64_t(xrows ? xrows[mm] : mm) * p.ldx + kLaneElems * t;
+  }
 
   float acc[1][NT][4];
 #pragma unroll
@@ -219,13 +226,30 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
 
   decode::store_partials<NT, 1>(red, acc);
   __syncthreads();
-  if (p.down) decode::epilogue_down<NT>(p, red, j0, 0);
-  else decode::epilogue<NT, 1>(p, red, j0, 0);
+  if (p.down) decode::epilogue_down<NT>(p, red, j0, expert, count, yrows);
+  else decode::epilogue<NT, 1>(p, red, j0, expert, count, yrows);
+  __syncthreads();
+}
+
+// GATHER: the rows and experts of a gathered call (decode_glu/gather.cuh);
+// otherwise all p.m rows of the one weight.
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER>
+__global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(const __grid_constant__ Params qp) {
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+  if constexpr (GATHER) {
+    __shared__ decode::GatherShared sh;
+    decode::for_each_gathered_tile<NT * 8>(qp.d, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
+      quant_tile<T, FMT, PACKED, NT, UNROLL>(qp, red, expert, count, xrows, yrows);
+    });
+  } else {
+    quant_tile<T, FMT, PACKED, NT, UNROLL>(qp, red, 0, qp.d.m, nullptr, nullptr);
+  }
 }
 
 // Launches quant_decode_kernel<...> with min(p.d.warps, k-blocks) warps per
 // CTA and one CTA per 8 columns (16 for the down projection).
-template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB>
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER = false>
 cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   constexpr int kBlockK = 4 * kLaneElemsOf<FMT> * UNROLL;
   const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
@@ -233,8 +257,11 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   p.d.warps = static_cast<int>(per_cta < p.d.warps ? per_cta : p.d.warps);
   const int64_t cols = decode::columns_per_cta(p.d);
   const unsigned splits = p.d.split_k_blocks ? static_cast<unsigned>((k_blocks + per_cta - 1) / per_cta) : 1u;
-  const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), splits);
-  quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB>
+  // Gathered (never split): one grid row per slot of a distinct expert, at most min(E, n).
+  const int64_t slots = p.d.experts < p.d.n_indices ? p.d.experts : p.d.n_indices;
+  const unsigned ys = GATHER ? static_cast<unsigned>(slots < decode::kMaxGridY ? slots : decode::kMaxGridY) : splits;
+  const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), ys);
+  quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB, GATHER>
       <<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
   return cudaGetLastError();
 }
@@ -247,6 +274,7 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
 template <typename T, int FMT, bool PACKED, int NT>
 cudaError_t launch_unroll(const Params& p, Shape s, cudaStream_t stream) {
   constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
+  if (s.gather) return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks, true>(p, stream);
   if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, NT, 2, kMinBlocks>(p, stream);
   return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks>(p, stream);
 }
