@@ -126,11 +126,11 @@ __device__ __forceinline__ void for_each_gathered_tile(const Params& p, GatherSh
       const int64_t rows = int64_t(listed) * p.index_repeat;
       for (int64_t q0 = 0; q0 < rows; q0 += ROWS) {
         const int count = static_cast<int>(rows - q0 < ROWS ? rows - q0 : ROWS);
-        if (tid < count) {
-          const int64_t q = q0 + tid;
+        for (int i = tid; i < count; i += blockDim.x) {  // a CTA of one warp has fewer threads than rows
+          const int64_t q = q0 + i;
           const int64_t r = int64_t(sh.list[q / p.index_repeat]) * p.index_repeat + q % p.index_repeat;
-          sh.yrow[tid] = static_cast<int>(r);
-          sh.xrow[tid] = static_cast<int>(r / p.x_repeat);
+          sh.yrow[i] = static_cast<int>(r);
+          sh.xrow[i] = static_cast<int>(r / p.x_repeat);
         }
         __syncthreads();
         body(expert, count, sh.xrow, sh.yrow);
