@@ -10,8 +10,10 @@ This package binds the C++ API one to one (``Problem``, ``check_support``,
 ``plan``, ``run``, ``convert_weights``, the enums) and adds :func:`gate_up`,
 :func:`down` and :func:`mlp` (both halves), which take tensors of any
 framework that speaks DLPack or ``__cuda_array_interface__`` (PyTorch, JAX,
-CuPy, ...) without copying them. ``gatedmlp.torch`` has the PyTorch
-operators and the ``GatedMLP`` module.
+CuPy, ...) without copying them. :func:`gather_gate_up`,
+:func:`gather_down` and :func:`fused_swiglu_gather_qmv` are the
+Mixture-of-Experts (gathered) calls: many experts' rows in one launch.
+``gatedmlp.torch`` has the PyTorch operators and the ``GatedMLP`` module.
 
 Errors are the library's own messages, raised as ``gatedmlp.Error``
 subclasses: ``InvalidArgumentError`` (a ``ValueError``), ``NotSupportedError``
@@ -32,7 +34,9 @@ from ._gatedmlp import (
     CudaError,
     DType,
     Error,
+    Gather,
     Half,
+    IndexType,
     InvalidArgumentError,
     KernelPath,
     LibraryError,
@@ -53,6 +57,7 @@ from ._gatedmlp import (
     fused_row,
     fused_row_inverse,
     kAuto,
+    kMaxGatherExperts,
     make_down_problem as _make_down_problem,
     make_problem as _make_problem,
     plan,
@@ -70,9 +75,12 @@ __all__ = [
     "fused_row", "fused_row_inverse", "gate_up", "kAuto", "make_down_problem", "make_problem", "mlp", "plan", "run",
     "to_string", "validate", "workspace_size",
     "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_down", "quantized_gate_up", "quantized_mlp",
+    "Gather", "IndexType", "kMaxGatherExperts", "gather_gate_up", "quantized_gather_gate_up", "gather_down",
+    "fused_swiglu_gather_qmv",
 ]
 
 from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp  # noqa: E402
+from .quant import _format as _quant_format  # noqa: E402
 
 _NO_BACKWARD = (
     "gatedmlp has no backward pass yet: call it under torch.no_grad() or torch.inference_mode(), "
@@ -178,12 +186,15 @@ def _workspace_alloc(like):
 
 def make_problem(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
                  activation=Activation.silu, act_params=None, group=0, first=Half.gate,
-                 storage=WeightStorage.out_in, alpha=1.0) -> Problem:
-    """The Problem that gate_up() would run for these tensors."""
+                 storage=WeightStorage.out_in, alpha=1.0, indices=None, rows_per_x=1, rows_per_index=1) -> Problem:
+    """The Problem that gate_up() would run for these tensors; with
+    `indices`, the gathered call's (x [m / rows_per_x, K], w [E, rows, K],
+    Problem.gather)."""
     return _make_problem(
         _export(x), _export(w), _export(out), _export(w_up), _export(bias), _export(bias_up), _export(preact),
         activation=_enum(Activation, activation, "activation"), act_params=act_params, group=group,
-        first=_enum(Half, first, "first"), storage=_enum(WeightStorage, storage, "storage"), alpha=alpha)
+        first=_enum(Half, first, "first"), storage=_enum(WeightStorage, storage, "storage"), alpha=alpha,
+        indices=_export(indices), rows_per_x=rows_per_x, rows_per_index=rows_per_index)
 
 
 def gate_up(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
@@ -280,13 +291,15 @@ def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, ac
 
 # ---------------------------------------------------------------- the down projection
 def make_down_problem(h, w, bias=None, *, up=None, out=None, activation=Activation.silu, act_params=None,
-                      storage=WeightStorage.out_in, alpha=1.0) -> Problem:
+                      storage=WeightStorage.out_in, alpha=1.0, indices=None, rows_per_x=1,
+                      rows_per_index=1) -> Problem:
     """The Problem that down() would run for these tensors (op = down,
-    glu_input when `up` is given)."""
+    glu_input when `up` is given; gathered with `indices`)."""
     return _make_down_problem(
         _export(h), _export(w), _export(out), _export(up), _export(bias),
         activation=_enum(Activation, activation, "activation"), act_params=act_params,
-        storage=_enum(WeightStorage, storage, "storage"), alpha=alpha)
+        storage=_enum(WeightStorage, storage, "storage"), alpha=alpha, indices=_export(indices),
+        rows_per_x=rows_per_x, rows_per_index=rows_per_index)
 
 
 def down(h, w, bias=None, *, up=None, out=None, activation=Activation.silu, act_params=None,
@@ -386,3 +399,404 @@ def convert_weights(from_w, to_w, *, from_layout, to_layout, from_w_up=None, to_
 def convert_weights_device(from_w, to_w, *, from_layout, to_layout, from_w_up=None, to_w_up=None, stream=None):
     """convert_weights for CUDA tensors only, asynchronously on `stream`."""
     return _conv(_C.convert_weights_device, from_w, to_w, from_layout, to_layout, from_w_up, to_w_up, stream)
+
+
+# ---------------------------------------------------------------- gathered (Mixture-of-Experts) calls
+# One launch computes the rows of many experts: output row r reads row
+# r / rows_per_x of the input and the weights of expert ids[r /
+# rows_per_index], each distinct expert's weights read once (Gather in
+# gatedmlp.hpp). The weights, bias and quantized scales / biases carry a
+# leading expert axis E.
+def _shape(t):
+    return tuple(int(d) for d in t.shape)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _invalid(message):
+    return InvalidArgumentError("gatedmlp: " + message)
+
+
+def _xp(t):
+    """The array module of a tensor that is not a torch tensor: NumPy, CuPy,
+    or its Array API namespace."""
+    fw = _framework(t)
+    if fw in ("numpy", "cupy"):
+        return _sys.modules[fw]
+    if hasattr(t, "__array_namespace__"):
+        return t.__array_namespace__()
+    raise TypeError(f"gatedmlp: cannot reshape a {type(t).__module__}.{type(t).__qualname__} tensor here; "
+                    "pass a PyTorch, CuPy or NumPy tensor, or one with __array_namespace__")
+
+
+def _alloc(like, shape, what):
+    if _framework(like) == "torch":
+        return like.new_empty(shape)
+    return _empty(like, shape, what)
+
+
+def _as_rows(t, rows, form, natural, what):
+    """Output `t`, of shape `natural` or `rows` (2-D), as `rows` without a
+    copy: the kernel must write into t itself."""
+    if t is None:
+        return None
+    ts = _shape(t)
+    if ts == rows:
+        return t
+    if ts != natural:
+        raise _invalid(f"'{what}' must be {form} = {natural} (or {rows} as rows), got shape {ts}")
+    fw = _framework(t)
+    try:
+        v = t.view(rows) if fw == "torch" else t.reshape(rows)
+    except RuntimeError:  # torch: no view of these strides
+        v = None
+    if v is None or (fw in ("numpy", "cupy") and _numel(rows) > 0 and not _xp(t).may_share_memory(v, t)):
+        raise _invalid(f"'{what}' of shape {ts} cannot be viewed as {rows} rows without a copy (an output is "
+                       "written in place): pass a contiguous tensor")
+    return v
+
+
+def _row_strides(t):
+    """Strides in elements, or None where the framework does not say."""
+    if _framework(t) == "torch":
+        return tuple(t.stride())
+    st = getattr(t, "strides", None)
+    if st is None:
+        return None
+    return tuple(s // t.dtype.itemsize for s in st)
+
+
+def _contiguous(t):
+    if _framework(t) == "torch":
+        return t.contiguous()
+    return _xp(t).ascontiguousarray(t) if _framework(t) in ("numpy", "cupy") else t
+
+
+def _same_rows(a, b):
+    """a and b ([R, K]) with one row stride and contiguous rows, as the
+    descriptor reads both halves of a GLU input: copies only where needed."""
+    sa, sb = _row_strides(a), _row_strides(b)
+    if sa is None or sb is None:
+        return a, b
+    rows, k = _shape(a)
+    ok = lambda s: k <= 1 or s[1] == 1  # noqa: E731
+    if ok(sa) and ok(sb) and (rows <= 1 or sa[0] == sb[0]):
+        return a, b
+    return _contiguous(a), _contiguous(b)
+
+
+def _flat_rows(t, rows, k):
+    """Input t [..., K] as [rows, K] (a view where one exists, else a copy)."""
+    return t if len(t.shape) == 2 else t.reshape(rows, k)
+
+
+def _expand(t, shape):
+    """t broadcast to `shape` (a view)."""
+    if _framework(t) == "torch":
+        return t.expand(shape)
+    return _xp(t).broadcast_to(t, shape)
+
+
+def _ids(t):
+    """Expert ids as the kernels take them: int32 or int64, contiguous.
+    Other integer dtypes (MLX's uint32, ...) are converted to int64."""
+    if _framework(t) == "torch":
+        torch = _sys.modules["torch"]
+        if t.dtype not in (torch.int32, torch.int64):
+            if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                return t  # the binding names the dtype
+            t = t.to(torch.int64)
+        return t.contiguous()
+    dt = getattr(t, "dtype", None)
+    if _framework(t) in ("numpy", "cupy"):
+        xp = _xp(t)
+        if dt.kind in "ui" and dt not in (xp.dtype("int32"), xp.dtype("int64")):
+            t = t.astype(xp.int64)
+        return xp.ascontiguousarray(t)
+    return t
+
+
+def _index_error_like(like):
+    """The two int64 a gathered call writes its index check into, allocated
+    with like's framework on its device."""
+    fw = _framework(like)
+    if fw == "torch":
+        return _sys.modules["torch"].empty(2, dtype=_sys.modules["torch"].int64, device=like.device)
+    if fw == "cupy":
+        cupy = _sys.modules["cupy"]
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(2, dtype=cupy.int64)
+    if fw == "numpy":
+        return _sys.modules["numpy"].empty(2, dtype=_sys.modules["numpy"].int64)
+    raise TypeError(
+        f"gatedmlp: cannot allocate the index check's 2 int64 for a {type(like).__module__}."
+        f"{type(like).__qualname__} input; pass check_indices=False (a bad index then leaves the output unwritten)")
+
+
+def _check_index_error(err, stream, name, experts, position=None):
+    """Raises IndexError naming `name` when the call found a bad index
+    (reading err synchronises with `stream`). position(p) maps a position
+    in the ids the kernel read to one in the caller's tensor."""
+    pos, value = _C.read_index_error(_export(err), stream)
+    if pos < 0:
+        return
+    if position is not None:
+        pos = position(pos)
+    raise IndexError(f"gatedmlp: '{name}' holds {value} at position {pos}, outside [0, E={experts}); "
+                     "nothing was written")
+
+
+def _stream_and_alloc(x, stream, workspace):
+    """The raw stream of a call (current_stream(x) when None) and the
+    workspace allocator (None when the caller passes a workspace)."""
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _torch_stream_and_alloc(torch, x, stream, workspace)
+    handle = _stream_handle(current_stream(x) if stream is None else stream)
+    return handle, (None if workspace is not None else _workspace_alloc(x))
+
+
+def _expert_weights(w, form, what="w"):
+    ws = _shape(w)
+    if len(ws) != 3:
+        raise _invalid(f"'{what}' must be {form} (the experts' weights one after another), got shape {ws}")
+    return ws
+
+
+def _gather_gate_up(x, ids, w, w_up, bias, bias_up, out, preact, activation, act_params, group, first, alpha,
+                    stream, workspace, check, fmt=None, scales=None, biases=None, scales_up=None, biases_up=None):
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    first = first if type(first) is Half else _enum(Half, first, "first")
+    _check_no_grad((x, w, w_up, bias, bias_up, out, preact))
+    xs, ks = _shape(x), _shape(ids)
+    if len(xs) != 2:
+        raise _invalid(f"'x' must be [T, K] (2-D), got shape {xs}")
+    if len(ks) != 2 or ks[0] != xs[0]:
+        raise _invalid(f"'topk_ids' must be [T, k] with T = {xs[0]} (x.shape[0]), got shape {ks}")
+    t, k = ks
+    sep = w_up is not None
+    if fmt is None:
+        form = "[E, U, K]" if sep else "[E, 2U, K]"
+    else:
+        form = "[E, U, K * bits / 32]" if sep else "[E, 2U, K * bits / 32]"
+    experts, rows, _ = _expert_weights(w, form)
+    u = rows if sep else rows // 2
+    m = t * k
+    if out is None:
+        out = _alloc(x, (t, k, u), "out")
+    out2 = _as_rows(out, (m, u), "[T, k, U]", (t, k, u), "out")
+    pre2 = _as_rows(preact, (m, 2 * u), "[T, k, 2U]", (t, k, 2 * u), "preact")
+    if k == 0:
+        return out  # no rows to compute (and rows_per_x must be >= 1)
+    handle, alloc = _stream_and_alloc(x, stream, workspace)
+    err = _index_error_like(x) if check and m > 0 else None
+    e = _export
+    _C.gate_up(e(x), e(w), e(out2), e(w_up), e(bias), e(bias_up), e(pre2), activation=activation,
+               act_params=act_params, group=group, first=first, alpha=alpha, stream=handle, workspace=e(workspace),
+               workspace_alloc=alloc, scales=e(scales), biases=e(biases), scales_up=e(scales_up),
+               biases_up=e(biases_up), quant=fmt, indices=e(_ids(ids)), rows_per_x=k, rows_per_index=1,
+               index_error=e(err))
+    if err is not None:
+        _check_index_error(err, handle, "topk_ids", experts)
+    return out
+
+
+def gather_gate_up(x, topk_ids, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
+                   activation=Activation.silu, act_params=None, group=0, first=Half.gate, alpha=1.0, stream=None,
+                   workspace=None, check_indices=True):
+    """gate_up of a Mixture-of-Experts layer, vLLM-style: every token's x
+    row through each of its top-k experts, in one launch.
+
+        out[t, j] = act(alpha * x[t] @ Wg[e]^T + bg[e]) * (alpha * x[t] @ Wu[e]^T + bu[e]),
+                    e = topk_ids[t, j]
+
+    x:        [T, K], bf16 or fp16, rows contiguous.
+    topk_ids: [T, k] expert ids, int32 or int64 (other integer dtypes are
+              converted), in [0, E).
+    w:        the experts' fused gate/up weights [E, 2U, K] (each [2U, K]
+              interleaved by `group` rows, `first` half first, as for
+              gate_up), or with w_up the gate weights, w_up the up weights,
+              [E, U, K] each. K contiguous (storage out_in only).
+    bias:     optional [E, 2U] (fused, weight-row order), or [E, U] with
+              bias_up [E, U].
+    out:      [T, k, U] (or [T * k, U]); allocated like x when None.
+    preact:   optional [T, k, 2U] output of the GEMM results plus bias.
+    check_indices: after the launch, read the kernel's index check (a
+              synchronisation) and raise IndexError naming 'topk_ids' if an
+              id is outside [0, E). False: no check and no sync (CUDA
+              graphs); a bad id then leaves `out` unwritten, silently.
+
+    activation, act_params, alpha, stream, workspace: as for gate_up.
+    Messages from the binding name topk_ids 'indices'. Returns out.
+    """
+    return _gather_gate_up(x, topk_ids, w, w_up, bias, bias_up, out, preact, activation, act_params, group, first,
+                           alpha, stream, workspace, check_indices)
+
+
+def quantized_gather_gate_up(x, topk_ids, wq, scales, biases=None, *, wq_up=None, scales_up=None, biases_up=None,
+                             bias=None, bias_up=None, out=None, preact=None, group_size=None, bits=None,
+                             mode="affine", row_block=None, activation=Activation.silu, act_params=None, group=0,
+                             first=Half.gate, alpha=1.0, stream=None, workspace=None, check_indices=True):
+    """gather_gate_up on quantized expert weights (quantize()'s arrays with
+    a leading expert axis E).
+
+    wq:       [E, 2U, K * bits / 32] uint32 (or int32) words of the fused
+              gate/up rows (by `group` and `first`), with scales / biases
+              [E, 2U, K / group_size]; or, with wq_up, the gate rows in wq
+              and the up rows in wq_up, [E, U, ...] each, with scales_up /
+              biases_up. mxfp4 has no biases; fp8_e4m3 scales are
+              [E, ceil(rows / row_block), ceil(K / group_size)] ([E] for one
+              per expert). Formats, defaults and dtypes as for
+              quantized_gate_up.
+
+    x, topk_ids, bias, bias_up, out, preact, check_indices and the rest:
+    as for gather_gate_up. Returns out [T, k, U].
+    """
+    fmt = _quant_format(group_size, bits, mode, row_block)
+    return _gather_gate_up(x, topk_ids, wq, wq_up, bias, bias_up, out, preact, activation, act_params, group, first,
+                           alpha, stream, workspace, check_indices, fmt, scales, biases, scales_up, biases_up)
+
+
+def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, group_size=None, bits=None,
+                mode="affine", row_block=None, out=None, activation=Activation.silu, act_params=None, alpha=1.0,
+                stream=None, workspace=None, check_indices=True):
+    """The down projection of a Mixture-of-Experts layer: each row of h
+    through the expert its id names, in one launch.
+
+        out[r] = alpha * H[r] @ W[ids[r]]^T + bias[ids[r]],   H = h, or act(h) * up
+
+    h:        [R, K] or [..., K] (gather_gate_up's [T, k, U] output, say),
+              bf16 or fp16; the leading axes are flattened to R rows.
+    ids:      R expert ids (any shape, gather_gate_up's topk_ids [T, k]
+              say), int32 or int64 (other integer dtypes are converted).
+    up:       optional up half of a GLU input, h's shape (h the gate half).
+    w:        the experts' weights [E, U, K] (16-bit, K contiguous); with
+              scales, quantized words [E, U, K * bits / 32] with scales /
+              biases [E, U, K / group_size] in quantized_down's formats.
+    bias:     optional [E, U].
+    out:      [..., U] like h (or [R, U]); allocated like h when None.
+    check_indices: as for gather_gate_up (the message names 'ids').
+
+    activation, act_params, alpha, stream, workspace: as for down. Messages
+    from the binding name h 'x', up 'x_up' and ids 'indices'. Returns out.
+    """
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    _check_no_grad((h, w, up, bias, out))
+    fmt = None if scales is None else _quant_format(group_size, bits, mode, row_block)
+    hs = _shape(h)
+    if len(hs) < 2:
+        raise _invalid(f"'h' must be [R, K] or [..., K], got shape {hs}")
+    lead, k = hs[:-1], hs[-1]
+    rows = _numel(lead)
+    if up is not None and _shape(up) != hs:
+        raise _invalid(f"'up' (the up half of the input) must have the shape of 'h' {hs}, got {_shape(up)}")
+    ids_shape = _shape(ids)
+    if _numel(ids_shape) != rows:
+        raise _invalid(f"'ids' must hold one expert id per row of h, {rows} (h.shape[:-1] = {lead}), got shape "
+                       f"{ids_shape}")
+    experts, u, _ = _expert_weights(w, "[E, U, K]" if fmt is None else "[E, U, K * bits / 32]")
+    if out is None:
+        out = _alloc(h, (*lead, u), "out")
+    out2 = _as_rows(out, (rows, u), "[..., U] like h", (*lead, u), "out")
+    h2, up2 = _flat_rows(h, rows, k), None if up is None else _flat_rows(up, rows, k)
+    if up2 is not None:
+        h2, up2 = _same_rows(h2, up2)
+    handle, alloc = _stream_and_alloc(h, stream, workspace)
+    err = _index_error_like(h) if check_indices and rows > 0 else None
+    e = _export
+    _C.down(e(h2), e(w), e(out2), e(up2), e(bias), activation=activation, act_params=act_params, alpha=alpha,
+            stream=handle, workspace=e(workspace), workspace_alloc=alloc, scales=e(scales), biases=e(biases),
+            quant=fmt, indices=e(_ids(ids)), rows_per_x=1, rows_per_index=1, index_error=e(err))
+    if err is not None:
+        _check_index_error(err, handle, "ids", experts)
+    return out
+
+
+def _broadcast(a, b, names):
+    """NumPy's broadcast of shapes a and b, or an error naming both."""
+    n = max(len(a), len(b))
+    a2, b2 = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a2, b2):
+        if x != y and x != 1 and y != 1:
+            raise _invalid(f"{names[0]} {tuple(a)} and {names[1]} {tuple(b)} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def fused_swiglu_gather_qmv(gate, up, w, scales, biases, rhs_indices, group_size=64, bits=4, mode="affine", *,
+                            activation=Activation.silu, out=None, stream=None, check_indices=True):
+    """MLX's ``gather_qmm(silu(gate) * up, w, scales, biases,
+    rhs_indices=rhs_indices, transpose=True, group_size=..., bits=...,
+    mode=...)`` in one launch: the GLU of the input fused into the gathered
+    quantized down projection.
+
+    gate, up:    (..., M, K), bf16 or fp16 (they broadcast against each
+                 other, as silu(gate) * up does).
+    w:           (E, N, K * bits / 32) uint32 (or int32) words with scales /
+                 biases (E, N, K / group_size), MLX's arrays (mxfp4: biases
+                 None); with scales None, 16-bit weights (E, N, K).
+    rhs_indices: expert ids of the batch: broadcast against gate's batch
+                 shape (gate.shape[:-2]); int32 or int64 (MLX's uint32 and
+                 other integer dtypes are converted).
+    out:         broadcast(gate.shape[:-2], rhs_indices.shape) + (M, N);
+                 allocated like gate (its dtype) when None.
+    activation:  the GLU (default silu: SwiGLU).
+    check_indices: as for gather_gate_up (the message names 'rhs_indices').
+
+    The GLU is computed in fp32 and rounded to gate's dtype, the sums are
+    fp32. Inputs that need broadcasting are expanded with a copy; the rest
+    are read in place. Returns out.
+    """
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    _check_no_grad((gate, up, w, out))
+    fmt = None if scales is None else _quant_format(group_size, bits, mode)
+    gs, us = _shape(gate), _shape(up)
+    xs = _broadcast(gs, us, ("'gate'", "'up'"))
+    if len(xs) < 2:
+        raise _invalid(f"'gate' and 'up' must be (..., M, K), got shapes {gs} and {us}")
+    ids_shape = _shape(rhs_indices)
+    batch = _broadcast(xs[:-2], ids_shape, ("the batch shape of 'gate'", "'rhs_indices'"))
+    m, k = xs[-2], xs[-1]
+    experts, n, _ = _expert_weights(w, "(E, N, K)" if fmt is None else "(E, N, K * bits / 32)")
+    if out is None:
+        out = _alloc(gate, (*batch, m, n), "out")
+    b = _numel(batch)
+    out2 = _as_rows(out, (b * m, n), "broadcast(gate.shape[:-2], rhs_indices.shape) + (M, N)", (*batch, m, n),
+                    "out")
+    if b * m == 0:
+        return out
+    full = (*batch, m, k)
+    g2 = _flat_rows(_expand(gate, full) if gs != full else gate, b * m, k)
+    u2 = _flat_rows(_expand(up, full) if us != full else up, b * m, k)
+    g2, u2 = _same_rows(g2, u2)
+    ids = rhs_indices if ids_shape == batch else _expand(rhs_indices, batch)
+    ids = _ids(ids)
+    if len(batch) != 1:
+        ids = ids.reshape(b)
+    handle, alloc = _stream_and_alloc(gate, stream, None)
+    err = _index_error_like(gate) if check_indices else None
+    e = _export
+    _C.down(e(g2), e(w), e(out2), e(u2), None, activation=activation, stream=handle, workspace_alloc=alloc,
+            scales=e(scales), biases=e(biases), quant=fmt, indices=e(ids), rows_per_x=1, rows_per_index=m,
+            index_error=e(err))
+    if err is not None:
+        def position(p):
+            # p in the broadcast batch -> the same element of rhs_indices
+            idx = []
+            for d in reversed(batch):
+                idx.append(p % d)
+                p //= d
+            idx = idx[::-1][len(batch) - len(ids_shape):]
+            flat = 0
+            for i, d in zip(idx, ids_shape):
+                flat = flat * d + (i if d > 1 else 0)
+            return flat
+
+        _check_index_error(err, handle, "rhs_indices", experts, position)
+    return out

@@ -321,7 +321,7 @@ std::pair<int64_t, int64_t> read_index_error(nb::handle index_error, uintptr_t s
   if (e.code != 0 || e.bits != 64 || e.lanes != 1 || numel(e) != 2 || !is_contiguous(e))
     raise_invalid("'index_error' must be 2 contiguous int64, got " + e.dtype_name() + " of shape " + e.shape_str());
   int64_t v[2] = {-1, 0};
-  if (e.on_host()) {
+  if (e.device_type == kDeviceCPU) {  // nothing a kernel writes (the library refuses it): read as it is
     std::memcpy(v, e.data, sizeof v);
     return {v[0], v[1]};
   }
@@ -335,7 +335,7 @@ std::pair<int64_t, int64_t> read_index_error(nb::handle index_error, uintptr_t s
   cudaError_t ce;
   {
     nb::gil_scoped_release release;
-    ce = cudaMemcpyAsync(v, e.data, sizeof v, cudaMemcpyDeviceToHost, stream);
+    ce = cudaMemcpyAsync(v, e.data, sizeof v, cudaMemcpyDefault, stream);
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(stream);
   }
   if (ce != cudaSuccess) {

@@ -77,6 +77,23 @@ struct QuantArrays {
   std::optional<QuantFormat> format;
 };
 
+// A Mixture-of-Experts gather (Problem::gather), as the entry points take
+// it: the expert ids (None: no gather), rows_per_x, rows_per_index and the
+// optional index_error output (gatedmlp.hpp's Gather says what they mean).
+struct GatherArgs {
+  nb::handle indices, index_error;
+  int64_t rows_per_x = 1, rows_per_index = 1;
+};
+
+// The same, imported.
+struct GatherTensors {
+  std::optional<TensorView> indices, index_error;
+  int64_t rows_per_x = 1, rows_per_index = 1;
+  bool on() const { return indices.has_value(); }
+};
+
+GatherTensors import_gather(const GatherArgs& g);
+
 // ---------------------------------------------------------------- descriptor parts (calls.cpp)
 // The input x, [M, K] or [batch, M, K]: batch, m, k, input_dtype, ldx and
 // batch_stride_x.
@@ -103,8 +120,46 @@ struct QuantTensors {
 // The quantized part of a descriptor (p->k already set): each tensor's
 // words [rows, K * bits / 32], scales [scale rows, groups] and, for affine,
 // biases of the scales' shape and dtype. Sets quantized, quant and
-// scale_dtype.
-void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<QuantTensors>& tensors, Problem* p);
+// scale_dtype. With `experts` (a gathered call's E, 0: none) each has a
+// leading expert axis: words [E, rows, K * bits / 32], scales and biases
+// [E, scale rows, groups], contiguous (a per-tensor FP8 scale: [E], [E, 1]
+// or [E, 1, 1]).
+void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<QuantTensors>& tensors, Problem* p,
+                        int64_t experts = 0);
+
+// ---------------------------------------------------------------- gathered calls (calls.cpp)
+// A call without indices refuses the gather's other arguments.
+void require_no_gather(const GatherTensors& g);
+
+// The input x of a gathered call, [m / rows_per_x, K] (2-D): m = its rows
+// x rows_per_x, k, input_dtype and ldx.
+void describe_gathered_input(const TensorView& x, const GatherTensors& g, Problem* p);
+
+// The experts' weights w (and w_up) of a gathered call, [E, rows, K]
+// (out_in), or quantized [E, rows, K * bits / 32] words (their row length
+// is describe_quantized's to check): sets weights.storage, weights.ld and
+// batch_stride_w (the expert stride). `form` names the shape in messages.
+struct ExpertWeights {
+  int64_t experts, rows;
+};
+ExpertWeights describe_expert_weights(const TensorView& w, const TensorView* w_up, const char* form, bool quantized,
+                                      WeightStorage storage, Problem* p);
+
+// The expert stride of a gathered call's bias, [E, n] (n contiguous);
+// `form` names it in messages ("[E, 2U]").
+int64_t expert_bias_stride(const TensorView& b, int64_t n, const char* form, int64_t experts);
+
+// The gather itself (p->m set): indices (int32 or int64, contiguous, m /
+// rows_per_index of them) and index_error (int64, 2). Sets p->gather.
+void describe_gather(const GatherTensors& g, int64_t experts, Problem* p);
+
+// Arguments::indices and index_error from g.
+void set_gather_arguments(const GatherTensors& g, Arguments* a);
+
+// The two int64 of an index_error tensor, read on `stream` once the work
+// queued there is done (a synchronisation): (-1, 0), or the first bad
+// index's position and value.
+std::pair<int64_t, int64_t> read_index_error(nb::handle index_error, uintptr_t stream_handle);
 
 // ---------------------------------------------------------------- the launch (calls.cpp)
 // Runs p on a, on x's device and `stream_handle`, after the producer
@@ -123,12 +178,14 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
-             nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true);
+             nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true,
+             const GatherArgs& gather = {});
 
 // The Problem gate_up() would run for these tensors (gate_up.cpp).
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
                      nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
-                     int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& quant);
+                     int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& quant,
+                     const GatherArgs& gather = {});
 
 // gatedmlp.down's C++ half (down.cpp): the down projection, op = down, y =
 // alpha * (h @ Wd^T) + bd with h = x, or act(x) * x_up when x_up is given
@@ -136,12 +193,13 @@ Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up
 void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
           std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
           std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream_handle,
-          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true);
+          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true,
+          const GatherArgs& gather = {});
 
 // The Problem down() would run for these tensors (down.cpp).
 Problem make_down_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,
                           Activation activation, std::optional<ActivationParams> act_params, WeightStorage storage,
-                          float alpha, const QuantArrays& quant);
+                          float alpha, const QuantArrays& quant, const GatherArgs& gather = {});
 
 // convert_weights / convert_weights_device (convert.cpp).
 void convert(nb::handle from_w, nb::handle to_w, WeightLayout from, WeightLayout to, nb::handle from_w_up,

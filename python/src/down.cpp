@@ -13,6 +13,7 @@ struct DownTensors {
   std::optional<TensorView> x_up, bias, out;
   // Quantized weights: w's scales and biases.
   std::optional<TensorView> scales, biases;
+  GatherTensors gather;  // indices given: a gathered (MoE) call
 };
 
 struct DownOptions {
@@ -27,7 +28,12 @@ Problem describe(const DownTensors& t, const DownOptions& o) {
   Problem p;
   p.op = Operation::down;
   const TensorView& x = t.x;
-  describe_input(x, &p);
+  const bool gathered = t.gather.on();
+  if (gathered) describe_gathered_input(x, t.gather, &p);
+  else {
+    require_no_gather(t.gather);
+    describe_input(x, &p);
+  }
   const bool batched = x.ndim == 3;
 
   // The up half of a GLU input: read with x's strides (the descriptor has
@@ -57,7 +63,20 @@ Problem describe(const DownTensors& t, const DownOptions& o) {
   const bool in_out = o.storage == WeightStorage::in_out;
   const TensorView& w = t.w;
   p.weights.storage = o.storage;
-  if (o.quant) {
+  int64_t experts = 0;  // gathered: E
+  if (gathered) {
+    // The experts' weights, [E, U, K] (quantized: [E, U, K * bits / 32] words).
+    if (!o.quant && (t.scales || t.biases))
+      raise_invalid("'scales' and 'biases' go with quantized weights (pass quant=); 'w' holds " + w.dtype_name() +
+                    " weights");
+    const ExpertWeights ew = describe_expert_weights(w, nullptr, o.quant ? "[E, U, K * bits / 32]" : "[E, U, K]",
+                                                     o.quant.has_value(), o.storage, &p);
+    experts = ew.experts;
+    p.u = ew.rows;
+    if (o.quant) describe_quantized(*o.quant, p.u, {{&t.w, &t.scales, &t.biases, "scales", "biases"}}, &p, experts);
+    else require_same_dtype(w, x);
+    describe_gather(t.gather, experts, &p);
+  } else if (o.quant) {
     if (w.ndim != 2) raise_invalid("'w' holds quantized weights, [U, K * bits / 32], got shape " + w.shape_str());
     if (in_out) raise_invalid("quantized weights are stored [out, K] (storage=out_in)");
     p.u = w.size(0);
@@ -83,7 +102,8 @@ Problem describe(const DownTensors& t, const DownOptions& o) {
   if (t.bias) {
     p.has_bias = true;
     p.bias_dtype = dtype_of(*t.bias, "bias");
-    p.batch_stride_bias = bias_batch_stride(*t.bias, p.u, "[U]", p.batch);
+    p.batch_stride_bias = gathered ? expert_bias_stride(*t.bias, p.u, "[E, U]", experts)
+                                   : bias_batch_stride(*t.bias, p.u, "[U]", p.batch);
   }
 
   if (t.out) describe_output(*t.out, batched, &p);
@@ -92,8 +112,9 @@ Problem describe(const DownTensors& t, const DownOptions& o) {
 }
 
 DownTensors import_down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,
-                        const QuantArrays& q) {  // q's _up arrays: unused (one weight tensor)
-  DownTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}};
+                        const QuantArrays& q, const GatherArgs& g) {  // q's _up arrays: unused (one weight tensor)
+  DownTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}};
+  t.gather = import_gather(g);
   t.x_up = import_optional(x_up, "x_up", false);
   t.scales = import_optional(q.scales, "scales", false);
   t.biases = import_optional(q.biases, "biases", false);
@@ -118,9 +139,10 @@ DownOptions make_options(Activation activation, std::optional<ActivationParams> 
 void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
           std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
           std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream_handle,
-          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace) {
+          nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace,
+          const GatherArgs& g) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.down allocates it)");
-  DownTensors t = import_down(x, w, out, x_up, bias, q);
+  DownTensors t = import_down(x, w, out, x_up, bias, q, g);
   DownOptions o = make_options(activation, act_params, storage, alpha, q);
   if (clamp_alpha) o.act_params.clamp_alpha = *clamp_alpha;
   if (clamp_limit) o.act_params.clamp_limit = *clamp_limit;
@@ -134,17 +156,20 @@ void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handl
   a.y = t.out->data;
   a.w_scales = ptr(t.scales);
   a.w_biases = ptr(t.biases);
+  set_gather_arguments(t.gather, &a);
 
+  const GatherTensors& gt = t.gather;
   launch(p, a, t.x, stream_handle, workspace, workspace_alloc,
          {&t.x, t.x_up ? &*t.x_up : nullptr, &t.w, t.bias ? &*t.bias : nullptr, &*t.out,
-          t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr},
+          t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr, gt.indices ? &*gt.indices : nullptr,
+          gt.index_error ? &*gt.index_error : nullptr},
          hold_workspace);
 }
 
 Problem make_down_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,
                           Activation activation, std::optional<ActivationParams> act_params, WeightStorage storage,
-                          float alpha, const QuantArrays& q) {
-  DownTensors t = import_down(x, w, out, x_up, bias, q);
+                          float alpha, const QuantArrays& q, const GatherArgs& g) {
+  DownTensors t = import_down(x, w, out, x_up, bias, q, g);
   return describe(t, make_options(activation, act_params, storage, alpha, q));
 }
 

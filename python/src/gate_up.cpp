@@ -11,6 +11,7 @@ struct GateUpTensors {
   std::optional<TensorView> w_up, bias, bias_up, out, preact;
   // Quantized weights: the scales and biases of w and w_up.
   std::optional<TensorView> scales, biases, scales_up, biases_up;
+  GatherTensors gather;  // indices given: a gathered (MoE) call
 };
 
 struct GateUpOptions {
@@ -25,11 +26,11 @@ struct GateUpOptions {
 
 // The quantized half of describe(): w's words (and w_up's) with their
 // scales and biases, [rows, K / group] each.
-void describe_quantized_gate_up(const GateUpTensors& t, const QuantFormat& f, Problem* p) {
+void describe_quantized_gate_up(const GateUpTensors& t, const QuantFormat& f, Problem* p, int64_t experts = 0) {
   const bool sep = t.w_up.has_value();
   std::vector<QuantTensors> tensors = {{&t.w, &t.scales, &t.biases, "scales", "biases"}};
   if (sep) tensors.push_back({&*t.w_up, &t.scales_up, &t.biases_up, "scales_up", "biases_up"});
-  describe_quantized(f, sep ? p->u : 2 * p->u, tensors, p);
+  describe_quantized(f, sep ? p->u : 2 * p->u, tensors, p, experts);
   if (!sep && (t.scales_up || t.biases_up))
     raise_invalid("'scales_up' and 'biases_up' go with separate quantized weights (w_up); w holds both halves");
   if (sep && f.mode != QuantMode::mxfp4 && t.scales && t.scales_up) require_same_dtype(*t.scales_up, *t.scales);
@@ -38,7 +39,12 @@ void describe_quantized_gate_up(const GateUpTensors& t, const QuantFormat& f, Pr
 Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
   Problem p;
   const TensorView& x = t.x;
-  describe_input(x, &p);
+  const bool gathered = t.gather.on();
+  if (gathered) describe_gathered_input(x, t.gather, &p);
+  else {
+    require_no_gather(t.gather);
+    describe_input(x, &p);
+  }
   const bool batched = x.ndim == 3;
 
   p.activation = o.activation;
@@ -49,7 +55,29 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
   const bool sep = t.w_up.has_value();
   const bool in_out = o.storage == WeightStorage::in_out;
   const TensorView& w = t.w;
-  if (o.quant) {
+  int64_t experts = 0;  // gathered: E
+  if (gathered) {
+    // The experts' weights, [E, 2U, K] or [E, U, K] each (quantized: words).
+    const char* wform = o.quant ? (sep ? "[E, U, K * bits / 32]" : "[E, 2U, K * bits / 32]")
+                                : (sep ? "[E, U, K]" : "[E, 2U, K]");
+    const ExpertWeights ew = describe_expert_weights(w, sep ? &*t.w_up : nullptr, wform, o.quant.has_value(),
+                                                     o.storage, &p);
+    experts = ew.experts;
+    if (!sep && ew.rows % 2 != 0)
+      raise_invalid("'w' holds fused gate and up weights, " + std::string(wform) +
+                    ", so needs an even number of rows; got shape " + w.shape_str() +
+                    " (pass w_up for separate gate and up weights)");
+    p.u = sep ? ew.rows : ew.rows / 2;
+    p.weights.format = sep ? WeightFormat::separate : WeightFormat::fused;
+    p.weights.group = o.group;
+    p.weights.first = o.first;
+    if (o.quant) describe_quantized_gate_up(t, *o.quant, &p, experts);
+    else {
+      require_same_dtype(w, x);
+      if (sep) require_same_dtype(*t.w_up, x);
+    }
+    describe_gather(t.gather, experts, &p);
+  } else if (o.quant) {
     // Packed rows along K: the row count from w, K from x.
     if (w.ndim != 2) raise_invalid("'w' holds quantized weights, [rows, K * bits / 32], got shape " + w.shape_str());
     if (in_out) raise_invalid("quantized weights are stored [out, K] (storage=out_in)");
@@ -108,17 +136,18 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
     p.has_bias = true;
     p.bias_dtype = dtype_of(*t.bias, "bias");
     const int64_t n = sep ? p.u : 2 * p.u;
-    const char* bform = sep ? "[U]" : "[2U]";
+    const char* bform = gathered ? (sep ? "[E, U]" : "[E, 2U]") : (sep ? "[U]" : "[2U]");
     std::vector<const TensorView*> biases = {&*t.bias};
     if (sep && t.bias_up) biases.push_back(&*t.bias_up);
     int64_t bs = 0;
     for (size_t i = 0; i < biases.size(); ++i) {
       const TensorView& b = *biases[i];
-      const int64_t s = bias_batch_stride(b, n, bform, p.batch);
+      const int64_t s = gathered ? expert_bias_stride(b, n, bform, experts) : bias_batch_stride(b, n, bform, p.batch);
       require_same_dtype(b, *t.bias);
       if (i == 0) bs = s;
       else if (s != bs)
-        raise_invalid("'bias_up' must have the batch stride of 'bias', got strides " + b.strides_str() + " and " +
+        raise_invalid("'bias_up' must have the " + std::string(gathered ? "expert" : "batch") +
+                      " stride of 'bias', got strides " + b.strides_str() + " and " +
                       t.bias->strides_str());
     }
     p.batch_stride_bias = bs;
@@ -145,8 +174,9 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
 }
 
 GateUpTensors import_gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias,
-                             nb::handle bias_up, nb::handle preact, const QuantArrays& q) {
-  GateUpTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}, {}, {}, {}};
+                             nb::handle bias_up, nb::handle preact, const QuantArrays& q, const GatherArgs& g) {
+  GateUpTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  t.gather = import_gather(g);
   t.scales = import_optional(q.scales, "scales", false);
   t.biases = import_optional(q.biases, "biases", false);
   t.scales_up = import_optional(q.scales_up, "scales_up", false);
@@ -178,9 +208,9 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
-             nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace) {
+             nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace, const GatherArgs& g) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.gate_up allocates it)");
-  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q);
+  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q, g);
   GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha, q);
   if (clamp_alpha) o.act_params.clamp_alpha = *clamp_alpha;
   if (clamp_limit) o.act_params.clamp_limit = *clamp_limit;
@@ -198,18 +228,22 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   a.w_biases = ptr(t.biases);
   a.w_up_scales = ptr(t.scales_up);
   a.w_up_biases = ptr(t.biases_up);
+  set_gather_arguments(t.gather, &a);
 
+  const GatherTensors& gt = t.gather;
   launch(p, a, t.x, stream_handle, workspace, workspace_alloc,
          {&t.x, &t.w, t.w_up ? &*t.w_up : nullptr, t.bias ? &*t.bias : nullptr, t.bias_up ? &*t.bias_up : nullptr,
           &*t.out, t.preact ? &*t.preact : nullptr, t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr,
-          t.scales_up ? &*t.scales_up : nullptr, t.biases_up ? &*t.biases_up : nullptr},
+          t.scales_up ? &*t.scales_up : nullptr, t.biases_up ? &*t.biases_up : nullptr,
+          gt.indices ? &*gt.indices : nullptr, gt.index_error ? &*gt.index_error : nullptr},
          hold_workspace);
 }
 
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
                      nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
-                     int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& q) {
-  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q);
+                     int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& q,
+                     const GatherArgs& g) {
+  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q, g);
   return describe(t, make_options(activation, act_params, group, first, storage, alpha, q));
 }
 

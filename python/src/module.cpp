@@ -128,7 +128,11 @@ const std::array<Field<WeightLayout>, 5> kWeightLayoutFields = {
     GATEDMLP_FIELD(WeightLayout, format), GATEDMLP_FIELD(WeightLayout, group), GATEDMLP_FIELD(WeightLayout, first),
     GATEDMLP_FIELD(WeightLayout, storage), GATEDMLP_FIELD(WeightLayout, ld)};
 
-const std::array<Field<Problem>, 27> kProblemFields = {
+const std::array<Field<Gather>, 4> kGatherFields = {
+    GATEDMLP_FIELD(Gather, experts), GATEDMLP_FIELD(Gather, rows_per_x), GATEDMLP_FIELD(Gather, rows_per_index),
+    GATEDMLP_FIELD(Gather, index_type)};
+
+const std::array<Field<Problem>, 28> kProblemFields = {
     GATEDMLP_FIELD(Problem, op),
     GATEDMLP_FIELD(Problem, m),
     GATEDMLP_FIELD(Problem, k),
@@ -156,6 +160,7 @@ const std::array<Field<Problem>, 27> kProblemFields = {
     GATEDMLP_FIELD(Problem, quantized),
     GATEDMLP_FIELD(Problem, quant),
     GATEDMLP_FIELD(Problem, scale_dtype),
+    GATEDMLP_FIELD(Problem, gather),
 };
 
 #define GATEDMLP_PTR_FIELD(f)                                                                   \
@@ -165,11 +170,12 @@ const std::array<Field<Problem>, 27> kProblemFields = {
     }                                                                                           \
   }
 
-const std::array<Field<Arguments>, 12> kArgumentsFields = {
+const std::array<Field<Arguments>, 14> kArgumentsFields = {
     GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(x_up),     GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
     GATEDMLP_PTR_FIELD(bias),     GATEDMLP_PTR_FIELD(bias_up),  GATEDMLP_PTR_FIELD(y),
     GATEDMLP_PTR_FIELD(preact),   GATEDMLP_PTR_FIELD(w_scales), GATEDMLP_PTR_FIELD(w_biases),
-    GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases)};
+    GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases), GATEDMLP_PTR_FIELD(indices),
+    GATEDMLP_PTR_FIELD(index_error)};
 
 template <typename T>
 void add_copy(nb::class_<T>& c) {
@@ -188,6 +194,11 @@ std::string repr(const WeightLayout& w) {
          ", first=" + to_string(w.first) + ", storage=" + to_string(w.storage) + ", ld=" + str(w.ld) + ")";
 }
 
+std::string repr(const Gather& g) {
+  return "Gather(experts=" + str(g.experts) + ", rows_per_x=" + str(g.rows_per_x) +
+         ", rows_per_index=" + str(g.rows_per_index) + ", index_type=" + to_string(g.index_type) + ")";
+}
+
 std::string hex(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
@@ -203,6 +214,8 @@ std::string repr(const Arguments& a) {
               ? ", w_scales=" + hex(a.w_scales) + ", w_biases=" + hex(a.w_biases) + ", w_up_scales=" +
                     hex(a.w_up_scales) + ", w_up_biases=" + hex(a.w_up_biases)
               : std::string()) +
+         (a.indices || a.index_error ? ", indices=" + hex(a.indices) + ", index_error=" + hex(a.index_error)
+                                     : std::string()) +
          ")";
 }
 
@@ -214,6 +227,14 @@ uintptr_t addr(const T* p) {
 }  // namespace
 }  // namespace gatedmlp::py
 
+// The gathered (MoE) form of gate_up and down, for their docstrings.
+#define GATHER_DOC                                                                                                 \
+  "With `indices` (int32 or int64 expert ids, contiguous, any shape) the call is gathered (Problem.gather): x is " \
+  "[m / rows_per_x, K], out [m, U], and output row r uses row r / rows_per_x of x and the weights of expert "      \
+  "indices[r / rows_per_index]; the weights, bias and quantized scales / biases carry a leading expert axis E "     \
+  "([E, rows, K], [E, rows], [E, scale rows, groups]). index_error (2 int64 on the device), if given, is written " \
+  "by the call: (-1, 0), or the first bad index's position and value (nothing else is written then)."
+
 NB_MODULE(_gatedmlp, m) {
   using namespace gatedmlp;
   using namespace gatedmlp::py;
@@ -221,6 +242,7 @@ NB_MODULE(_gatedmlp, m) {
   m.doc() = "Fused gated-MLP (GEMM + GLU) kernels: the binding of the gatedmlp C++ API.";
   m.attr("__version__") = GATEDMLP_VERSION;
   m.attr("kAuto") = kAuto;
+  m.attr("kMaxGatherExperts") = kMaxGatherExperts;
 
   // ---- errors
   g_errors.base = new_error_class(m, "Error", PyExc_Exception, nullptr,
@@ -277,6 +299,9 @@ NB_MODULE(_gatedmlp, m) {
       .value("decode", KernelPath::decode)
       .value("quant_decode", KernelPath::quant_decode)
       .value("cublas", KernelPath::cublas, "the down projection past the decode kernels' rows: a cuBLASLt GEMM");
+  nb::enum_<IndexType>(m, "IndexType")
+      .value("int32", IndexType::int32)
+      .value("int64", IndexType::int64);
   nb::enum_<Operation>(m, "Operation")
       .value("gate_up", Operation::gate_up, "y = act(x @ Wg^T + bg) * (x @ Wu^T + bu)")
       .value("down", Operation::down, "y = alpha * (h @ Wd^T) + bd, h = x or act(x) * x_up (glu_input)");
@@ -319,6 +344,17 @@ NB_MODULE(_gatedmlp, m) {
                 .def("__str__", [](const WeightLayout& w) { return to_string(w); });
   add_copy(wl);
 
+  auto ga = nb::class_<Gather>(m, "Gather",
+                               "Mixture-of-experts gather (Problem.gather; experts > 0): output row r uses row "
+                               "r / rows_per_x of x and the weights of expert indices[r / rows_per_index].")
+                .def("__init__", [](Gather* self, nb::kwargs kw) { init_from_kwargs(self, kw, kGatherFields, "Gather"); })
+                .def_rw("experts", &Gather::experts)
+                .def_rw("rows_per_x", &Gather::rows_per_x)
+                .def_rw("rows_per_index", &Gather::rows_per_index)
+                .def_rw("index_type", &Gather::index_type)
+                .def("__repr__", [](const Gather& g) { return repr(g); });
+  add_copy(ga);
+
   auto pr = nb::class_<Problem>(m, "Problem")
                 .def("__init__",
                      [](Problem* self, nb::kwargs kw) { init_from_kwargs(self, kw, kProblemFields, "Problem"); })
@@ -349,6 +385,7 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("quantized", &Problem::quantized)
                 .def_rw("quant", &Problem::quant)
                 .def_rw("scale_dtype", &Problem::scale_dtype)
+                .def_rw("gather", &Problem::gather)
                 .def("resolved", &Problem::resolved,
                      "A copy with every 0/kAuto stride and group replaced by its value (after check_support).")
                 .def("__repr__", [](const Problem& p) { return to_string(p); });
@@ -376,6 +413,8 @@ NB_MODULE(_gatedmlp, m) {
   GATEDMLP_PTR_PROP(w_biases);
   GATEDMLP_PTR_PROP(w_up_scales);
   GATEDMLP_PTR_PROP(w_up_biases);
+  GATEDMLP_PTR_PROP(indices);
+  GATEDMLP_PTR_PROP(index_error);
 #undef GATEDMLP_PTR_PROP
   ar.def("__repr__", [](const Arguments& a) { return repr(a); });
   add_copy(ar);
@@ -442,10 +481,12 @@ NB_MODULE(_gatedmlp, m) {
          std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
          WeightStorage storage, float alpha, uintptr_t stream, nb::handle workspace, nb::handle workspace_alloc,
          nb::handle scales, nb::handle biases, nb::handle scales_up, nb::handle biases_up,
-         std::optional<QuantFormat> quant, bool hold_workspace) {
+         std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
+         int64_t rows_per_index, nb::handle index_error) {
         gate_up(x, w, out, w_up, bias, bias_up, preact, activation, act_params, clamp_alpha, clamp_limit, group,
                 first, storage, alpha, stream, workspace, workspace_alloc,
-                QuantArrays{scales, biases, scales_up, biases_up, quant}, hold_workspace);
+                QuantArrays{scales, biases, scales_up, biases_up, quant}, hold_workspace,
+                GatherArgs{indices, index_error, rows_per_x, rows_per_index});
       },
       "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
@@ -453,6 +494,7 @@ NB_MODULE(_gatedmlp, m) {
       "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0, "workspace"_a = nb::none(),
       "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(), "biases"_a = nb::none(),
       "scales_up"_a = nb::none(), "biases_up"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true,
+      "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(),
       "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
       "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
       "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
@@ -460,21 +502,23 @@ NB_MODULE(_gatedmlp, m) {
       "graph is being captured, or with hold_workspace=False: torch ops, whose allocations torch.compile's "
       "CUDA-graph trees must see freed). With `quant` (a QuantFormat), w and w_up are packed uint32 words "
       "[rows, K * bits / 32] and scales / biases (scales_up / biases_up) their [rows, K / group_size] "
-      "scales and biases.");
+      "scales and biases. " GATHER_DOC);
   m.def(
       "make_problem",
       [](nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
          nb::handle preact, Activation activation, std::optional<ActivationParams> act_params, int64_t group,
          Half first, WeightStorage storage, float alpha, nb::handle scales, nb::handle biases, nb::handle scales_up,
-         nb::handle biases_up, std::optional<QuantFormat> quant) {
+         nb::handle biases_up, std::optional<QuantFormat> quant, nb::handle indices, int64_t rows_per_x,
+         int64_t rows_per_index) {
         return make_problem(x, w, out, w_up, bias, bias_up, preact, activation, act_params, group, first, storage,
-                            alpha, QuantArrays{scales, biases, scales_up, biases_up, quant});
+                            alpha, QuantArrays{scales, biases, scales_up, biases_up, quant},
+                            GatherArgs{indices, nb::none(), rows_per_x, rows_per_index});
       },
       "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
       "group"_a = 0, "first"_a = Half::gate, "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f,
       "scales"_a = nb::none(), "biases"_a = nb::none(), "scales_up"_a = nb::none(), "biases_up"_a = nb::none(),
-      "quant"_a = nb::none(),
+      "quant"_a = nb::none(), "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1,
       "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None).");
   m.def(
       "down",
@@ -482,32 +526,42 @@ NB_MODULE(_gatedmlp, m) {
          std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
          std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream,
          nb::handle workspace, nb::handle workspace_alloc, nb::handle scales, nb::handle biases,
-         std::optional<QuantFormat> quant, bool hold_workspace) {
+         std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
+         int64_t rows_per_index, nb::handle index_error) {
         down(x, w, out, x_up, bias, activation, act_params, clamp_alpha, clamp_limit, storage, alpha, stream,
-             workspace, workspace_alloc, QuantArrays{scales, biases, nb::none(), nb::none(), quant}, hold_workspace);
+             workspace, workspace_alloc, QuantArrays{scales, biases, nb::none(), nb::none(), quant}, hold_workspace,
+             GatherArgs{indices, index_error, rows_per_x, rows_per_index});
       },
       "x"_a, "w"_a, "out"_a, "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
       "activation"_a = Activation::silu, "act_params"_a = nb::none(), "clamp_alpha"_a = nb::none(),
       "clamp_limit"_a = nb::none(), "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0,
       "workspace"_a = nb::none(), "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(),
-      "biases"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true,
+      "biases"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true, "indices"_a = nb::none(),
+      "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(),
       "The down projection (Problem.op = down): y = alpha * (h @ w^T) + bias into `out` on `stream`, with h = x, "
       "or act(x) * x_up when x_up is given (glu_input; activation and act_params / clamp_alpha / clamp_limit "
       "say which GLU). w is [U, K] (storage=out_in) or [K, U] (in_out); with `quant` (a QuantFormat), "
       "[U, K * bits / 32] packed words with scales / biases [U, K / group_size]. Low level: gatedmlp.down() "
-      "allocates `out` and picks the stream; workspace and workspace_alloc as for gate_up.");
+      "allocates `out` and picks the stream; workspace and workspace_alloc as for gate_up. " GATHER_DOC);
   m.def(
       "make_down_problem",
       [](nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
          std::optional<ActivationParams> act_params, WeightStorage storage, float alpha, nb::handle scales,
-         nb::handle biases, std::optional<QuantFormat> quant) {
+         nb::handle biases, std::optional<QuantFormat> quant, nb::handle indices, int64_t rows_per_x,
+         int64_t rows_per_index) {
         return make_down_problem(x, w, out, x_up, bias, activation, act_params, storage, alpha,
-                                 QuantArrays{scales, biases, nb::none(), nb::none(), quant});
+                                 QuantArrays{scales, biases, nb::none(), nb::none(), quant},
+                                 GatherArgs{indices, nb::none(), rows_per_x, rows_per_index});
       },
       "x"_a, "w"_a, "out"_a = nb::none(), "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
       "activation"_a = Activation::silu, "act_params"_a = nb::none(), "storage"_a = WeightStorage::out_in,
       "alpha"_a = 1.0f, "scales"_a = nb::none(), "biases"_a = nb::none(), "quant"_a = nb::none(),
+      "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1,
       "The Problem down() would run for these tensors (output dtype = input dtype when out is None).");
+  m.def("read_index_error", &read_index_error, "index_error"_a, "stream"_a = 0,
+        "(position, value) of a gathered call's index_error, read on `stream` after the work queued there (a "
+        "synchronisation): (-1, 0) when every index was in [0, E). Refused while the stream is being captured "
+        "into a CUDA graph.");
   m.def(
       "convert_weights",
       [](nb::handle from_w, nb::handle to_w, const WeightLayout& from, const WeightLayout& to, nb::handle from_w_up,
@@ -561,6 +615,7 @@ NB_MODULE(_gatedmlp, m) {
   m.def("to_string", [](WeightStorage v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](KernelPath v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](StatusCode v) { return std::string(to_string(v)); }, "value"_a);
+  m.def("to_string", [](IndexType v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](const WeightLayout& v) { return to_string(v); }, "value"_a);
   m.def("to_string", [](const Problem& v) { return to_string(v); }, "value"_a);
   m.def("to_string", [](const Config& v) { return to_string(v); }, "value"_a);
