@@ -90,8 +90,11 @@ void launch_shape(const Problem& r, int* warps, int* unroll) {
   // down projection has a few thousand rows of long K (8B: 256 CTAs of 16
   // rows, 14336 of K), so a CTA needs more bytes in flight than gate/up's:
   // GATEDMLP_QDECODE_DOWN=W,U sets its own (h67).
+  // A gathered gate/up (MoE experts: a few thousand rows of short K each)
+  // takes 2 warps: 38-51 % of the read rate at gpt-oss-20b and Qwen3-30B-A3B
+  // shapes against 29-45 % with 4 and 24-32 % with 8 (H100, docs/notes/moe.md h68).
   const bool down = r.op == Operation::down;
-  *warps = down ? 8 : 4;
+  *warps = down ? 8 : r.gather.experts > 0 ? 2 : 4;
   *unroll = down ? 2 : 1;
   if (const char* v = std::getenv(down ? "GATEDMLP_QDECODE_DOWN" : "GATEDMLP_QDECODE")) {
     int w = 0, u = 0;
