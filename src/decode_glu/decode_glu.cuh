@@ -30,6 +30,11 @@
 // columns, and epilogue_down writes each C element as an output (alpha,
 // bias; no activation).
 //
+// A gathered call (Params::indices, gather.cuh: MoE experts chosen per row
+// on the device) runs the same tile on expert e's weights for the rows that
+// chose e: grid row y is the y-th distinct expert, and the tile's rows of X
+// and Y come from a row map in shared memory.
+//
 // Work split: a CTA owns CG groups of 8 output columns (16*CG weight rows;
 // CG = 1 in every instantiation) over the whole of K. K is cut into
 // k-blocks of UNROLL chunks (UNROLL KB of weights per group); the CTA's
