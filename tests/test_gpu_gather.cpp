@@ -84,6 +84,10 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
       p.has_bias = true;
       p.bias_dtype = static_cast<DType>(rng() % 3);
     }
+    if (rng() % 2) {  // the routing weight of each row, after the bias
+      p.has_row_scale = true;
+      p.row_scale_dtype = static_cast<DType>(rng() % 3);
+    }
   }
   p.output_dtype = static_cast<DType>(rng() % 3);
   const float alphas[] = {1.0f, 0.5f, -1.5f};
@@ -124,7 +128,7 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
 }
 
 struct GatherStats {
-  int cases = 0, quantized = 0, down = 0, bad = 0, multi_tile = 0;
+  int cases = 0, quantized = 0, down = 0, bad = 0, multi_tile = 0, row_scale = 0;
   int by_routing[3] = {0, 0, 0};
 };
 
@@ -182,11 +186,12 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
   make_expert_tensor(r, rows, rng, &wg);
   if (sep) make_expert_tensor(r, rows, rng, &wu);
   if (::testing::Test::HasFatalFailure()) return;
-  Tensor x, xu, b, bu, idx, err;
+  Tensor x, xu, b, bu, idx, err, rs;
   fill(x.host, r.input_dtype, (xr - 1) * r.ldx + r.k, rng, -2.f, 2.f);
   if (r.glu_input) fill(xu.host, r.input_dtype, (xr - 1) * r.ldx + r.k, rng, -2.f, 2.f);
   if (r.has_bias) fill(b.host, r.bias_dtype, (E - 1) * r.batch_stride_bias + rows, rng, -0.5f, 0.5f);
   if (r.has_bias && sep) fill(bu.host, r.bias_dtype, (E - 1) * r.batch_stride_bias + rows, rng, -0.5f, 0.5f);
+  if (r.has_row_scale) fill(rs.host, r.row_scale_dtype, r.m, rng, -1.f, 1.f);
   const bool i64 = r.gather.index_type == IndexType::int64;
   std::vector<int64_t> ids = c.idx;
   if (bad_pos >= 0) ids[size_t(bad_pos)] = bad_value;
@@ -199,7 +204,7 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
     }
   }
   err.host.assign(16, 0x5A);
-  for (Tensor* t : {&x, &xu, &b, &bu, &idx, &err}) t->upload();
+  for (Tensor* t : {&x, &xu, &b, &bu, &idx, &err, &rs}) t->upload();
 
   const int64_t y_n = (r.m - 1) * r.ldy + r.u, pre_n = r.has_preact ? (r.m - 1) * r.ldpre + 2 * r.u : 0;
   std::vector<unsigned char> y_poison(size_t(y_n) * dtype_size(r.output_dtype)), pre_poison;
@@ -226,6 +231,7 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
   a.y = y.dev.p;
   a.preact = r.has_preact ? pre.dev.p : nullptr;
   a.indices = idx.dev.p;
+  a.row_scale = r.has_row_scale ? rs.dev.p : nullptr;
   const bool report = bad_pos >= 0 || rng() % 2;
   a.index_error = report ? static_cast<int64_t*>(err.dev.p) : nullptr;
 
@@ -305,7 +311,8 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
     ref::cpu_reference(pe, h, &ye, r.has_preact ? &pree : nullptr);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = rlist[size_t(i)];
-      std::copy(ye.begin() + i * r.u, ye.begin() + (i + 1) * r.u, want.begin() + row * r.u);
+      const double scale = r.has_row_scale ? ref::load_as_double(rs.host.data(), r.row_scale_dtype, row) : 1.0;
+      for (int64_t j = 0; j < r.u; ++j) want[size_t(row * r.u + j)] = scale * ye[size_t(i * r.u + j)];
       if (r.has_preact)
         std::copy(pree.begin() + i * 2 * r.u, pree.begin() + (i + 1) * 2 * r.u, want_pre.begin() + row * 2 * r.u);
     }
@@ -342,6 +349,7 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
   st->cases++;
   st->quantized += r.quantized;
   st->down += down;
+  st->row_scale += r.has_row_scale;
   st->multi_tile += most > cfg.tile_m;
   st->by_routing[int(c.routing)]++;
 }
@@ -359,9 +367,10 @@ TEST(GpuGather, RandomEveryFormatLayoutAndRouting) {
     run_gather_case(c, rng, &st);
     if (HasFailure()) return;
   }
-  std::printf("[ cases ] %d passed (%d quantized, %d down projections; routing uniform %d, skewed %d, distinct per "
-              "token %d; %d with an expert over more than one tile)\n",
-              st.cases, st.quantized, st.down, st.by_routing[0], st.by_routing[1], st.by_routing[2], st.multi_tile);
+  std::printf("[ cases ] %d passed (%d quantized, %d down projections, %d with a row scale; routing uniform %d, "
+              "skewed %d, distinct per token %d; %d with an expert over more than one tile)\n",
+              st.cases, st.quantized, st.down, st.row_scale, st.by_routing[0], st.by_routing[1], st.by_routing[2],
+              st.multi_tile);
 }
 
 // An index outside [0, E), anywhere in the list: nothing written, and the

@@ -538,6 +538,22 @@ TEST(Validation, Gather) {
   q.gather.index_type = IndexType::int64;
   a.indices = static_cast<char*>(fake(9)) + 4;
   expect_error(validate(q, a), StatusCode::invalid_argument, {"'indices'", "int64 element size of 8"});
+  // The row scale: a gathered down projection's, and only there.
+  q = p;
+  q.has_row_scale = true;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"has_row_scale applies to a gathered down projection", "op=gate_up"});
+  q.op = Operation::down;
+  q.gather.experts = 0;
+  q.gather.rows_per_x = 1;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"has_row_scale", "gather.experts=0"});
+  q.gather.experts = 8;
+  EXPECT_TRUE(check_support(q).ok()) << check_support(q).message();
+  Arguments ra = args_for(q);
+  ra.indices = fake(9);
+  expect_error(validate(q, ra), StatusCode::invalid_argument, {"'row_scale' is null", "has_row_scale=true"});
+  q.has_row_scale = false;
+  ra.row_scale = fake(11);
+  expect_error(validate(q, ra), StatusCode::invalid_argument, {"'row_scale' is set", "has_row_scale=false"});
   // Empty work.
   q = p;
   q.m = 0;

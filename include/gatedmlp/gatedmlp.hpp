@@ -209,6 +209,12 @@ struct Problem {
   // out_in; runs on the decode kernels (16-bit or quantized), whatever m.
   Gather gather;
 
+  // A gathered down projection only: output row r is multiplied by
+  // Arguments::row_scale[r] after alpha and the bias (the MoE routing
+  // weight, applied where models apply it: to the expert's whole output).
+  bool has_row_scale = false;
+  DType row_scale_dtype = DType::fp32;
+
   // A copy with every 0/kAuto stride and group replaced by its value. Only
   // meaningful for a problem that passed check_support.
   Problem resolved() const;
@@ -240,6 +246,7 @@ struct Arguments {
   // first position of one that is not and its value (nothing else written).
   const void* indices = nullptr;
   int64_t* index_error = nullptr;
+  const void* row_scale = nullptr;  // has_row_scale: m values of row_scale_dtype
 };
 
 // ---------------------------------------------------------------- config

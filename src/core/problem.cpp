@@ -128,6 +128,7 @@ std::string to_string(const Problem& p) {
        << " rows_per_index=" << p.gather.rows_per_index << " indices=" << to_string(p.gather.index_type) << ")";
   os << " alpha=" << p.alpha;
   if (p.has_bias) os << " bias=" << to_string(p.bias_dtype);
+  if (p.has_row_scale) os << " row_scale=" << to_string(p.row_scale_dtype);
   if (p.has_preact) os << " preact=" << to_string(p.preact_dtype) << " ldpre=" << p.ldpre;
   os << " ldx=" << p.ldx << " ldy=" << p.ldy;
   if (p.batch > 1)
@@ -171,7 +172,7 @@ namespace detail {
 
 // A field added to Problem must be added to same_problem too, or run()
 // would reuse a plan made for another call (this size is the x86-64 one).
-static_assert(sizeof(void*) != 8 || sizeof(Problem) == 240, "Problem changed: update same_problem");
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 248, "Problem changed: update same_problem");
 
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
@@ -193,7 +194,8 @@ bool same_problem(const Problem& a, const Problem& b) {
          (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
                            a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
                            a.scale_dtype == b.scale_dtype)) &&
-         a.gather.experts == b.gather.experts &&
+         a.gather.experts == b.gather.experts && a.has_row_scale == b.has_row_scale &&
+         (!a.has_row_scale || a.row_scale_dtype == b.row_scale_dtype) &&
          (a.gather.experts == 0 ||
           (a.gather.rows_per_x == b.gather.rows_per_x && a.gather.rows_per_index == b.gather.rows_per_index &&
            a.gather.index_type == b.gather.index_type));
@@ -247,6 +249,12 @@ Status check_gather(const Problem& p) {
   const StatusCode inv = StatusCode::invalid_argument;
   const Gather& g = p.gather;
   if (g.experts < 0) return err(inv, "gather.experts must be >= 0 (0: no gather), got ", g.experts);
+  if (p.has_row_scale) {
+    if (p.op != Operation::down || g.experts == 0)
+      return err(inv, "has_row_scale applies to a gathered down projection (op=down, gather.experts > 0: the "
+                 "routing weight of each row), got op=", to_string(p.op), " gather.experts=", g.experts);
+    if (!valid_dtype(p.row_scale_dtype)) return err(inv, "row_scale_dtype has invalid value ", int(p.row_scale_dtype));
+  }
   if (g.experts == 0) return Status::Ok();
   if (g.index_type != IndexType::int32 && g.index_type != IndexType::int64)
     return err(inv, "gather.index_type has invalid value ", int(g.index_type));

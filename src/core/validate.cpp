@@ -67,10 +67,10 @@ Status check_device_pointer(const Tensor& t, int device) {
   }
 }
 
-// At most 13 tensors, in place: run() checks them on every call, and a heap
+// At most 14 tensors, in place: run() checks them on every call, and a heap
 // allocation per check is host time for nothing.
 struct TensorList {
-  Tensor items[13];
+  Tensor items[14];
   size_t n = 0;
   void push_back(const Tensor& t) { items[n++] = t; }
   size_t size() const { return n; }
@@ -116,6 +116,7 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
     const bool i64 = r.gather.index_type == IndexType::int64;
     ts.push_back({"indices", a.indices, r.m / r.gather.rows_per_index, size_t(i64 ? 8 : 4), i64 ? "int64" : "int32", false});
     if (a.index_error) ts.push_back({"index_error", a.index_error, 2, 8, "int64", true});
+    if (r.has_row_scale) ts.push_back(tensor("row_scale", a.row_scale, r.m, r.row_scale_dtype, false));
   }
   return Status::Ok();
 }
@@ -192,6 +193,10 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
   const bool g = r.gather.experts > 0;
   if (Status s = check_presence("indices", a.indices, g, "a gathered call (gather.experts > 0) needs the expert indices",
                                 "gather.experts is 0 (no gather)");
+      !s)
+    return s;
+  if (Status s = check_presence("row_scale", a.row_scale, r.has_row_scale, "has_row_scale=true needs row_scale",
+                                "has_row_scale=false; set has_row_scale=true to use it");
       !s)
     return s;
   if (!g && a.index_error)

@@ -122,6 +122,7 @@ __device__ __forceinline__ void epilogue_down(const Params& p, const float* red,
     float y = s * p.alpha;
     if (p.has_bias) y += gatedmlp::detail::load_float(p.bias, p.bias_dtype, l * p.sb + j);
     const int64_t row = yrows ? yrows[m] : m;
+    if (p.row_scale) y *= gatedmlp::detail::load_float(p.row_scale, p.row_scale_dtype, row);
     gatedmlp::detail::store_float(p.y, p.out_dtype, l * p.sy + row * p.ldy + j, y);
   }
 }

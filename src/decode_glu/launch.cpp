@@ -110,6 +110,8 @@ Params make_params(const Problem& r, const Arguments& a) {
     p.x_repeat = static_cast<int>(r.gather.rows_per_x);
     p.index_repeat = static_cast<int>(r.gather.rows_per_index);
     p.sx = p.sy = p.spre = 0;
+    p.row_scale = r.has_row_scale ? a.row_scale : nullptr;
+    p.row_scale_dtype = static_cast<int>(r.row_scale_dtype);
   }
   return p;
 }

@@ -59,6 +59,8 @@ struct Params {
   int experts;
   int x_repeat;            // output rows per row of x
   int index_repeat;        // output rows per index
+  const void* row_scale;   // down only: Y row r times row_scale[r] after the bias (null: none)
+  int row_scale_dtype;
 };
 
 // 32-element chunks per k-block: the loads one warp has in flight at once
