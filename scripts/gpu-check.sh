@@ -3,6 +3,8 @@
 #   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|gather|quantbench|mlpbench|moebench|host|small|dropin] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
+# BUILD_TARGETS: build only these targets (default: all). PYTEST_FILES: the
+# pyext step's test files or folders (default: tests/python).
 # SANITIZE_FILTER: the gtest filter the sanitizers run (default: the random
 # suites of every kernel). ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
 # half the time, for a quick `build fastpath` of a Hopper kernel change).
@@ -24,7 +26,7 @@ for step in "${steps[@]}"; do
     rm -rf "$build"
     t0=$(date +%s)
     if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${ARCHS:-80;90a}" -DGATEDMLP_WERROR=ON >"$out/build.log" 2>&1 &&
-       cmake --build "$build" -j"$(nproc)" >>"$out/build.log" 2>&1; then
+       cmake --build "$build" -j"$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >>"$out/build.log" 2>&1; then
       note "build: ok in $(( $(date +%s) - t0 )) s"
     else
       tail -30 "$out/build.log"; note "build: FAILED"; break
@@ -175,7 +177,7 @@ for step in "${steps[@]}"; do
     fi
     if cmake -S . -B "$build" -DGATEDMLP_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" >>"$out/build.log" 2>&1 &&
        cmake --build "$build" --target _gatedmlp -j"$(nproc)" >>"$out/build.log" 2>&1; then
-      (cd /tmp && PYTHONPATH="$pypath" python3 -m pytest "$OLDPWD/tests/python" -q -p no:cacheprovider -rs) >"$out/pytest.log" 2>&1
+      (cd /tmp && PYTHONPATH="$pypath" python3 -m pytest $(for f in ${PYTEST_FILES:-tests/python}; do echo "$OLDPWD/$f"; done) -q -p no:cacheprovider -rs) >"$out/pytest.log" 2>&1
       rc=$?
       grep -E "FAILED|Error" "$out/pytest.log" | head -20
       grep -E "^SKIPPED" "$out/pytest.log" | sed -E 's/^SKIPPED \[[0-9]+\] //' | sort | uniq -c | sort -rn | head -8
