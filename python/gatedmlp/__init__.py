@@ -12,8 +12,10 @@ This package binds the C++ API one to one (``Problem``, ``check_support``,
 framework that speaks DLPack or ``__cuda_array_interface__`` (PyTorch, JAX,
 CuPy, ...) without copying them. :func:`gather_gate_up`,
 :func:`gather_down` and :func:`fused_swiglu_gather_qmv` are the
-Mixture-of-Experts (gathered) calls: many experts' rows in one launch.
-``gatedmlp.torch`` has the PyTorch operators and the ``GatedMLP`` module.
+Mixture-of-Experts (gathered) calls: many experts' rows in one launch;
+:func:`moe_mlp` is a whole MoE layer's experts (both halves, the routing
+weights and the sum over the top-k). ``gatedmlp.torch`` has the PyTorch
+operators and the ``GatedMLP`` and ``MoEExperts`` modules.
 
 Errors are the library's own messages, raised as ``gatedmlp.Error``
 subclasses: ``InvalidArgumentError`` (a ``ValueError``), ``NotSupportedError``
@@ -76,7 +78,7 @@ __all__ = [
     "to_string", "validate", "workspace_size",
     "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_down", "quantized_gate_up", "quantized_mlp",
     "Gather", "IndexType", "kMaxGatherExperts", "gather_gate_up", "quantized_gather_gate_up", "gather_down",
-    "fused_swiglu_gather_qmv",
+    "fused_swiglu_gather_qmv", "moe_mlp",
 ]
 
 from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp  # noqa: E402
@@ -292,14 +294,15 @@ def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, ac
 # ---------------------------------------------------------------- the down projection
 def make_down_problem(h, w, bias=None, *, up=None, out=None, activation=Activation.silu, act_params=None,
                       storage=WeightStorage.out_in, alpha=1.0, indices=None, rows_per_x=1,
-                      rows_per_index=1) -> Problem:
+                      rows_per_index=1, row_scale=None) -> Problem:
     """The Problem that down() would run for these tensors (op = down,
-    glu_input when `up` is given; gathered with `indices`)."""
+    glu_input when `up` is given; gathered with `indices`, has_row_scale
+    with `row_scale`)."""
     return _make_down_problem(
         _export(h), _export(w), _export(out), _export(up), _export(bias),
         activation=_enum(Activation, activation, "activation"), act_params=act_params,
         storage=_enum(WeightStorage, storage, "storage"), alpha=alpha, indices=_export(indices),
-        rows_per_x=rows_per_x, rows_per_index=rows_per_index)
+        rows_per_x=rows_per_x, rows_per_index=rows_per_index, row_scale=_export(row_scale))
 
 
 def down(h, w, bias=None, *, up=None, out=None, activation=Activation.silu, act_params=None,
@@ -664,11 +667,12 @@ def quantized_gather_gate_up(x, topk_ids, wq, scales, biases=None, *, wq_up=None
 
 def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, group_size=None, bits=None,
                 mode="affine", row_block=None, out=None, activation=Activation.silu, act_params=None, alpha=1.0,
-                stream=None, workspace=None, check_indices=True):
+                stream=None, workspace=None, check_indices=True, row_scale=None):
     """The down projection of a Mixture-of-Experts layer: each row of h
     through the expert its id names, in one launch.
 
-        out[r] = alpha * H[r] @ W[ids[r]]^T + bias[ids[r]],   H = h, or act(h) * up
+        out[r] = s[r] * (alpha * H[r] @ W[ids[r]]^T + bias[ids[r]]),   H = h, or act(h) * up
+        s = row_scale (1 without it)
 
     h:        [R, K] or [..., K] (gather_gate_up's [T, k, U] output, say),
               bf16 or fp16; the leading axes are flattened to R rows.
@@ -679,6 +683,10 @@ def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, grou
               scales, quantized words [E, U, K * bits / 32] with scales /
               biases [E, U, K / group_size] in quantized_down's formats.
     bias:     optional [E, U].
+    row_scale: optional R per-row scales, float32, bfloat16 or float16 (any
+              shape, made contiguous): the MoE routing weights, e.g.
+              topk_weights [T, k] for h [T, k, K]. Applied in the kernel's
+              epilogue, after alpha and the bias, before the one rounding.
     out:      [..., U] like h (or [R, U]); allocated like h when None.
     check_indices: as for gather_gate_up (the message names 'ids').
 
@@ -686,7 +694,7 @@ def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, grou
     from the binding name h 'x', up 'x_up' and ids 'indices'. Returns out.
     """
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
-    _check_no_grad((h, w, up, bias, out))
+    _check_no_grad((h, w, up, bias, out, row_scale))
     fmt = None if scales is None else _quant_format(group_size, bits, mode, row_block)
     hs = _shape(h)
     if len(hs) < 2:
@@ -699,6 +707,9 @@ def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, grou
     if _numel(ids_shape) != rows:
         raise _invalid(f"'ids' must hold one expert id per row of h, {rows} (h.shape[:-1] = {lead}), got shape "
                        f"{ids_shape}")
+    if row_scale is not None and _numel(_shape(row_scale)) != rows:
+        raise _invalid(f"'row_scale' must hold one scale per row of h, {rows} (h.shape[:-1] = {lead}), got shape "
+                       f"{_shape(row_scale)}")
     experts, u, _ = _expert_weights(w, "[E, U, K]" if fmt is None else "[E, U, K * bits / 32]")
     if out is None:
         out = _alloc(h, (*lead, u), "out")
@@ -711,7 +722,8 @@ def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, grou
     e = _export
     _C.down(e(h2), e(w), e(out2), e(up2), e(bias), activation=activation, act_params=act_params, alpha=alpha,
             stream=handle, workspace=e(workspace), workspace_alloc=alloc, scales=e(scales), biases=e(biases),
-            quant=fmt, indices=e(_ids(ids)), rows_per_x=1, rows_per_index=1, index_error=e(err))
+            quant=fmt, indices=e(_ids(ids)), rows_per_x=1, rows_per_index=1, index_error=e(err),
+            row_scale=None if row_scale is None else e(_contiguous(row_scale)))
     if err is not None:
         _check_index_error(err, handle, "ids", experts)
     return out
@@ -800,3 +812,176 @@ def fused_swiglu_gather_qmv(gate, up, w, scales, biases, rhs_indices, group_size
 
         _check_index_error(err, handle, "rhs_indices", experts, position)
     return out
+
+
+# ---------------------------------------------------------------- a whole MoE layer's experts
+_ROUTING_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtype_name(t) -> str:
+    """'bfloat16', 'float32', ... for a torch, NumPy, CuPy or JAX tensor."""
+    d = getattr(t, "dtype", None)
+    name = getattr(d, "name", None)
+    return name if isinstance(name, str) else str(d).replace("torch.", "")
+
+
+def _stream_scope(x, stream):
+    """(context, stream to pass on) for a call of several launches and
+    framework ops on `stream`: for torch and CuPy the context makes it the
+    framework's current stream (its allocations and its own ops then go to
+    it, and the gatedmlp calls inside pick it up: None); for others the
+    stream is passed on as it is."""
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext(), None
+    fw = _framework(x)
+    if fw == "torch":
+        torch = _sys.modules["torch"]
+        if not isinstance(stream, torch.cuda.Stream):
+            stream = torch.cuda.ExternalStream(_stream_handle(stream), device=x.device)
+        return torch.cuda.stream(stream), None
+    if fw == "cupy":
+        cupy = _sys.modules["cupy"]
+        if not isinstance(stream, cupy.cuda.Stream):
+            stream = cupy.cuda.ExternalStream(_stream_handle(stream))
+        return stream, None
+    return contextlib.nullcontext(), stream
+
+
+def _alloc_float32(like, shape):
+    fw = _framework(like)
+    if fw == "torch":
+        return like.new_empty(shape, dtype=_sys.modules["torch"].float32)
+    if fw == "cupy":
+        cupy = _sys.modules["cupy"]
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(shape, dtype=cupy.float32)
+    if fw == "numpy":
+        return _sys.modules["numpy"].empty(shape, dtype=_sys.modules["numpy"].float32)
+    raise TypeError(f"gatedmlp: moe_mlp cannot allocate its float32 [T, k, H] scratch for a "
+                    f"{type(like).__module__}.{type(like).__qualname__} input; pass PyTorch or CuPy tensors")
+
+
+def _sum_topk(y, x, out):
+    """y [T, k, H] float32 summed over k, in x's dtype (into out if given)."""
+    if _framework(y) == "torch":
+        s = y.sum(dim=1)
+        if out is None:
+            return s.to(x.dtype)
+        out.copy_(s)
+        return out
+    s = _xp(y).sum(y, axis=1)
+    if out is None:
+        return s.astype(x.dtype)
+    out[...] = s
+    return out
+
+
+def _zeros_into(x, shape, out):
+    if out is None:
+        out = _alloc(x, shape, "out")
+    if _framework(out) == "torch":
+        out.zero_()
+    else:
+        out[...] = 0
+    return out
+
+
+def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation=Activation.silu,
+            act_params=None, group=0, first=Half.gate, out=None, stream=None, workspace=None, check_indices=True):
+    """The experts of a Mixture-of-Experts layer: every token through its
+    top-k experts' gated MLPs, weighted by its routing weights and summed.
+
+        y[t] = sum_j topk_weights[t, j] * (act(g) * u @ W2[e]^T + b2[e]),  e = topk_ids[t, j]
+        g, u = the gate and up halves of x[t] @ W13[e]^T + b13[e]
+
+    Three launches: h = gather_gate_up(x, topk_ids, w13, bias=b13) [T, k, I]
+    in x's dtype; gather_down(h, topk_ids, w2, b2, row_scale=topk_weights)
+    into float32 [T, k, H], the routing weight applied in its epilogue
+    after the bias; then the sum over k (a framework op), rounded once to
+    x's dtype. With k = 1 the down projection writes the result directly.
+
+    Routing stays with the model: the router, its top-k and the softmax
+    (or whatever normalisation the model uses) make topk_ids and
+    topk_weights; this computes what transformers' experts modules
+    (Qwen3MoeExperts, MixtralExperts, GptOssExperts) compute from them.
+
+    x:            [T, H], bfloat16 or float16, rows contiguous.
+    topk_ids:     [T, k] expert ids, int32 or int64 (other integer dtypes
+                  are converted), each in [0, E). An id outside it (such
+                  as the "masking index" E that transformers' eager
+                  forwards skip) is refused: IndexError, nothing written
+                  (check_indices=False: unchecked, `out` left unwritten).
+    topk_weights: [T, k] routing weights, float32, bfloat16 or float16.
+    w13:          [E, 2I, H] the experts' fused gate/up weights, in any
+                  fused layout: rows interleaved in blocks of `group` rows
+                  (0: I, the stacked [gate; up] of Qwen3-MoE and Mixtral;
+                  1: gpt-oss's even/odd), `first` half first; x's dtype.
+    w2:           [E, H, I] the experts' down weights (out_in), x's dtype.
+    b13, b2:      optional biases [E, 2I] (w13's row order) and [E, H].
+    activation, act_params: the GLU ("silu", "gelu_tanh", "gelu_erf",
+                  "relu", "swiglu_clamped" with ActivationParams'
+                  clamp_alpha / clamp_limit).
+    out:          [T, H] (any dtype the framework copies into); allocated
+                  in x's dtype when None.
+    stream:       None: the current stream of x's framework; otherwise
+                  every launch, allocation and the sum run on it.
+    workspace, check_indices: as for gather_gate_up (the index check is
+                  done once, on the first launch).
+
+    Shapes and dtypes are checked, naming these arguments, before anything
+    is allocated or launched. Torch and CuPy tensors (the float32 scratch
+    and the sum are theirs). Returns out.
+    """
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    first = first if type(first) is Half else _enum(Half, first, "first")
+    _check_no_grad((x, topk_weights, w13, w2, b13, b2, out))
+    xs, ks, ws = _shape(x), _shape(topk_ids), _shape(topk_weights)
+    if len(xs) != 2:
+        raise _invalid(f"'x' must be [T, H] (2-D), got shape {xs}")
+    t, hidden = xs
+    if _dtype_name(x) not in ("bfloat16", "float16"):
+        raise _invalid(f"'x' must be bfloat16 or float16, got {_dtype_name(x)}")
+    if len(ks) != 2 or ks[0] != t:
+        raise _invalid(f"'topk_ids' must be [T, k] with T = {t} (x.shape[0]), got shape {ks}")
+    k = ks[1]
+    if ws != ks:
+        raise _invalid(f"'topk_weights' must be [T, k] = {ks}, the shape of 'topk_ids', got shape {ws}")
+    if _dtype_name(topk_weights) not in _ROUTING_DTYPES:
+        raise _invalid(f"'topk_weights' must be float32, bfloat16 or float16, got {_dtype_name(topk_weights)}")
+    experts, rows, wk = _expert_weights(w13, "[E, 2I, H]", "w13")
+    if rows % 2 or wk != hidden:
+        raise _invalid(f"'w13' must be [E, 2I, H] (gate and up rows) with H = {hidden} (x.shape[1]), got shape "
+                       f"{_shape(w13)}")
+    inter = rows // 2
+    if _expert_weights(w2, "[E, H, I]", "w2") != (experts, hidden, inter):
+        raise _invalid(f"'w2' must be [E, H, I] = {(experts, hidden, inter)} (E and I from 'w13', H = x.shape[1]), "
+                       f"got shape {_shape(w2)}")
+    for name, w in (("w13", w13), ("w2", w2)):
+        if _dtype_name(w) != _dtype_name(x):
+            raise _invalid(f"'{name}' has dtype {_dtype_name(w)} but 'x' has {_dtype_name(x)}; the weights must "
+                           "be in the activations' dtype")
+    for name, b, want in (("b13", b13, (experts, rows)), ("b2", b2, (experts, hidden))):
+        if b is not None and _shape(b) != want:
+            raise _invalid(f"'{name}' must be [E, {'2I' if name == 'b13' else 'H'}] = {want}, got shape {_shape(b)}")
+    if out is not None and _shape(out) != (t, hidden):
+        raise _invalid(f"'out' must be [T, H] = {(t, hidden)}, got shape {_shape(out)}")
+
+    scope, stream = _stream_scope(x, stream)
+    with scope:
+        if t * k == 0:
+            return _zeros_into(x, (t, hidden), out)
+        ids = _ids(topk_ids)
+        h = gather_gate_up(x, ids, w13, bias=b13, activation=activation, act_params=act_params, group=group,
+                           first=first, stream=stream, workspace=workspace, check_indices=check_indices)
+        if k == 1:  # nothing to sum: the kernel's one rounding is the result's
+            if out is None:
+                out = _alloc(x, (t, hidden), "out")
+            gather_down(h, ids, w2, b2, out=out, row_scale=topk_weights, stream=stream, workspace=workspace,
+                        check_indices=False)
+            return out
+        y = _alloc_float32(x, (t, k, hidden))
+        gather_down(h, ids, w2, b2, out=y, row_scale=topk_weights, stream=stream, workspace=workspace,
+                    check_indices=False)
+        return _sum_topk(y, x, out)

@@ -22,8 +22,19 @@ A module is swapped only when it is shown to compute
   a known torch or transformers activation class, checked by evaluating it
   against the formula.
 
-Nothing here imports transformers: recognition is by structure and source,
-so it works for any transformers version whose MLPs keep these forms.
+Mixture-of-Experts layers: transformers' experts modules ``Qwen3MoeExperts``,
+``MixtralExperts`` and ``GptOssExperts`` (every expert's weights in 3-D
+parameters, called with the router's top-k ids and weights) are swapped for
+a :class:`gatedmlp.torch.MoEExperts` (``MoEExperts.from_module``), when
+they are those classes themselves with transformers' own forward, the
+parameters (and nothing else) of their layout, a known activation (act_fn,
+as above; gpt-oss: its clamped SwiGLU with the module's alpha and limit),
+no hooks, bf16 or fp16 on one device. The router stays the model's. Other
+experts classes are left alone.
+
+Nothing here imports transformers: recognition is by structure and source
+(MoE experts: by class name and attributes), so it works for any
+transformers version whose modules keep these forms.
 """
 
 from __future__ import annotations
@@ -466,14 +477,21 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     reuses the original ``down_proj`` (and Phi-3's ``gate_up_proj``) module,
     and stacks gate and up into one new weight (the separate tensors are no
     longer referenced and are freed). A module shared under several names
-    is swapped once and stays shared. MoE expert banks (3-D parameters, no
-    ``nn.Linear`` children) are not gated MLPs of this kind and are left
-    alone.
+    is swapped once and stays shared.
+
+    MoE experts modules (transformers' ``Qwen3MoeExperts``,
+    ``MixtralExperts``, ``GptOssExperts``; see the module docstring) are
+    swapped for ``MoEExperts.from_module(experts)``: Qwen3-MoE's and
+    Mixtral's expert weights are kept as they are (the same parameters),
+    gpt-oss's are copied once into gatedmlp's layout. Their routers are left
+    alone, as are other expert banks (3-D parameters of classes gatedmlp
+    does not know).
 
     The patched model's ``state_dict()`` and ``save_pretrained()`` write the
     checkpoint's own keys (``mlp.gate_proj.weight``, ``mlp.up_proj.weight``,
-    ...; Phi-3 ``mlp.gate_up_proj.weight``), so an unpatched model loads
-    them.
+    ...; Phi-3 ``mlp.gate_up_proj.weight``; ``mlp.experts.gate_up_proj``,
+    ``mlp.experts.down_proj``, ... in the transformers module's shapes), so
+    an unpatched model loads them.
 
     strict=True (the default): raises ``gatedmlp.NotSupportedError`` naming
     the first module it cannot swap faithfully and why, before swapping
@@ -481,10 +499,14 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     ``UserWarning`` listing them with the reasons.
 
     Returns the qualified names (as in ``model.named_modules()``) of the
-    modules swapped -- with strict=False, only those; an empty list when the
-    model has no gated MLP. Inference only: as for GatedMLP, the patched
-    model's forward raises where a gradient through gate/up would be needed.
+    modules swapped, dense MLPs and MoE experts alike, in the model's
+    order -- with strict=False, only those; an empty list when the model
+    has no gated MLP. Inference only: as for GatedMLP, the patched model's
+    forward raises where a gradient through gate/up (MoE experts: through
+    any of their weights or the routing weights) would be needed.
     """
+    from gatedmlp.moe_module import MoEExperts, _experts_kind, _plan as _plan_experts
+
     # Plans hold no tensors: the old modules must be free to go as soon as
     # each is swapped, so that peak memory is one layer's gate/up, not all.
     owners: Dict[int, set] = {}
@@ -498,17 +520,21 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     for name, m in model.named_modules(remove_duplicate=False):
         if any(name.startswith(p + ".") for p in seen_inside):
             continue  # inside a gated MLP already handled
-        if isinstance(m, GatedMLP):
+        if isinstance(m, (GatedMLP, MoEExperts)):
             seen_inside.append(name)  # swapped already, by an earlier call or by hand
             continue
-        if not _is_candidate(m):
+        experts = _experts_kind(m) is not None
+        if not experts and not _is_candidate(m):
             continue
         seen_inside.append(name)
         if id(m) in plans:
             plans[id(m)][1].append(name)
             continue
         if name == "":
-            plan, why = None, "it is the model itself; build one with HFGatedMLP.from_hf instead"
+            plan, why = None, ("it is the model itself; build one with "
+                               f"{'MoEExperts.from_module' if experts else 'HFGatedMLP.from_hf'} instead")
+        elif experts:
+            plan, why = _plan_experts(m, owners)
         else:
             plan, why = _plan(m, owners)
         if plan is None:
@@ -524,7 +550,7 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     swapped: List[str] = []
     for plan, names in plans.values():
         old = model.get_submodule(names[0])
-        new = HFGatedMLP._from_plan(old, plan)
+        new = HFGatedMLP._from_plan(old, plan) if isinstance(plan, _Plan) else MoEExperts._from_plan(old, plan)
         for name in names:
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name), attr, new)

@@ -7,6 +7,10 @@ torch.compile graphs without graph breaks and can be captured in CUDA
 graphs. They launch on ``torch.cuda.current_stream()``. ``mlp`` and
 ``quantized_mlp`` are a gate/up op followed by a down op.
 
+``MoEExperts`` (gatedmlp.moe_module) stands in for the experts module of a
+Mixture-of-Experts layer (transformers' Qwen3MoeExperts, MixtralExperts,
+GptOssExperts), with the op ``gatedmlp::moe_mlp`` under it.
+
 ``GatedMLP`` is a drop-in for the MLP of Llama/Qwen-style models
 (gate_proj, up_proj, down_proj): it loads their state dict, stacking the gate
 and up weights once into one [2U, K] tensor, and computes
@@ -29,7 +33,7 @@ from gatedmlp import _gatedmlp as _C
 from gatedmlp.quant import _down_format
 
 __all__ = ["gate_up", "quantized_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
-           "QuantizedGatedMLP", "activation_name", "patch_model"]
+           "QuantizedGatedMLP", "MoEExperts", "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
 _HALVES = dict(_C.Half.__members__)
@@ -582,3 +586,4 @@ class GatedMLP(nn.Module):
 # `hidden_act` names is activation_name's too.
 from gatedmlp.hf import HF_ACTIVATIONS as _HF_ACTIVATIONS, patch_model  # noqa: E402
 from gatedmlp.quantized_module import QuantizedGatedMLP  # noqa: E402,F401
+from gatedmlp.moe_module import MoEExperts  # noqa: E402,F401

@@ -316,6 +316,22 @@ void set_gather_arguments(const GatherTensors& g, Arguments* a) {
   a->index_error = g.index_error ? static_cast<int64_t*>(g.index_error->data) : nullptr;
 }
 
+void describe_row_scale(const TensorView& s, Problem* p) {
+  if (p->gather.experts == 0)
+    raise_invalid("'row_scale' (a per-row scale, the MoE routing weight) goes with a gathered down projection "
+                  "(pass 'indices'); none was given");
+  const std::optional<DType> dtype = s.dtype();
+  if (!dtype) raise_invalid("'row_scale' must be float32, bfloat16 or float16, got " + s.dtype_name());
+  if (numel(s) != p->m)
+    raise_invalid("'row_scale' must hold m = " + str(p->m) + " values, one per output row, got shape " +
+                  s.shape_str());
+  if (!is_contiguous(s))
+    raise_invalid("'row_scale' must be contiguous, got shape " + s.shape_str() + " with strides " +
+                  s.strides_str());
+  p->has_row_scale = true;
+  p->row_scale_dtype = *dtype;
+}
+
 std::pair<int64_t, int64_t> read_index_error(nb::handle index_error, uintptr_t stream_handle) {
   const TensorView e = import_tensor(index_error, "index_error", false);
   if (e.code != 0 || e.bits != 64 || e.lanes != 1 || numel(e) != 2 || !is_contiguous(e))

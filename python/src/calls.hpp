@@ -156,6 +156,11 @@ void describe_gather(const GatherTensors& g, int64_t experts, Problem* p);
 // Arguments::indices and index_error from g.
 void set_gather_arguments(const GatherTensors& g, Arguments* a);
 
+// The per-row scale of a gathered down projection (Problem::has_row_scale,
+// p->m and p->gather set): m values (any shape, contiguous), fp32, bf16 or
+// fp16. Sets has_row_scale and row_scale_dtype; refused without a gather.
+void describe_row_scale(const TensorView& s, Problem* p);
+
 // The two int64 of an index_error tensor, read on `stream` once the work
 // queued there is done (a synchronisation): (-1, 0), or the first bad
 // index's position and value.
@@ -189,17 +194,19 @@ Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up
 
 // gatedmlp.down's C++ half (down.cpp): the down projection, op = down, y =
 // alpha * (h @ Wd^T) + bd with h = x, or act(x) * x_up when x_up is given
-// (glu_input). Only quant's scales and biases are used (one weight tensor).
+// (glu_input); gathered, each row times row_scale[r] when row_scale is
+// given. Only quant's scales and biases are used (one weight tensor).
 void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
           std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
           std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream_handle,
           nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true,
-          const GatherArgs& gather = {});
+          const GatherArgs& gather = {}, nb::handle row_scale = nb::none());
 
 // The Problem down() would run for these tensors (down.cpp).
 Problem make_down_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,
                           Activation activation, std::optional<ActivationParams> act_params, WeightStorage storage,
-                          float alpha, const QuantArrays& quant, const GatherArgs& gather = {});
+                          float alpha, const QuantArrays& quant, const GatherArgs& gather = {},
+                          nb::handle row_scale = nb::none());
 
 // convert_weights / convert_weights_device (convert.cpp).
 void convert(nb::handle from_w, nb::handle to_w, WeightLayout from, WeightLayout to, nb::handle from_w_up,

@@ -1,5 +1,6 @@
 // gatedmlp.down's C++ half: the down projection (Problem::op = down), a
-// Problem from the tensors and the call. What it shares with gate_up (the
+// Problem from the tensors and the call (gathered: with the per-row scale,
+// the MoE routing weight, when row_scale is given). What it shares with gate_up (the
 // input, the output, a bias vector, quantized weights, the launch and its
 // scratch) is in calls.cpp.
 #include "calls.hpp"
@@ -14,6 +15,7 @@ struct DownTensors {
   // Quantized weights: w's scales and biases.
   std::optional<TensorView> scales, biases;
   GatherTensors gather;  // indices given: a gathered (MoE) call
+  std::optional<TensorView> row_scale;  // gathered only: y[r] *= row_scale[r] after the bias
 };
 
 struct DownOptions {
@@ -106,20 +108,24 @@ Problem describe(const DownTensors& t, const DownOptions& o) {
                                    : bias_batch_stride(*t.bias, p.u, "[U]", p.batch);
   }
 
+  if (t.row_scale) describe_row_scale(*t.row_scale, &p);
+
   if (t.out) describe_output(*t.out, batched, &p);
   else p.output_dtype = p.input_dtype;
   return p;
 }
 
 DownTensors import_down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,
-                        const QuantArrays& q, const GatherArgs& g) {  // q's _up arrays: unused (one weight tensor)
-  DownTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}};
+                        const QuantArrays& q, const GatherArgs& g,
+                        nb::handle row_scale) {  // q's _up arrays: unused (one weight tensor)
+  DownTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}, {}};
   t.gather = import_gather(g);
   t.x_up = import_optional(x_up, "x_up", false);
   t.scales = import_optional(q.scales, "scales", false);
   t.biases = import_optional(q.biases, "biases", false);
   t.bias = import_optional(bias, "bias", false);
   t.out = import_optional(out, "out", true);
+  t.row_scale = import_optional(row_scale, "row_scale", false);
   return t;
 }
 
@@ -140,9 +146,9 @@ void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handl
           std::optional<ActivationParams> act_params, std::optional<float> clamp_alpha,
           std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream_handle,
           nb::handle workspace, nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace,
-          const GatherArgs& g) {
+          const GatherArgs& g, nb::handle row_scale) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.down allocates it)");
-  DownTensors t = import_down(x, w, out, x_up, bias, q, g);
+  DownTensors t = import_down(x, w, out, x_up, bias, q, g, row_scale);
   DownOptions o = make_options(activation, act_params, storage, alpha, q);
   if (clamp_alpha) o.act_params.clamp_alpha = *clamp_alpha;
   if (clamp_limit) o.act_params.clamp_limit = *clamp_limit;
@@ -157,19 +163,20 @@ void down(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handl
   a.w_scales = ptr(t.scales);
   a.w_biases = ptr(t.biases);
   set_gather_arguments(t.gather, &a);
+  a.row_scale = ptr(t.row_scale);
 
   const GatherTensors& gt = t.gather;
   launch(p, a, t.x, stream_handle, workspace, workspace_alloc,
          {&t.x, t.x_up ? &*t.x_up : nullptr, &t.w, t.bias ? &*t.bias : nullptr, &*t.out,
           t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr, gt.indices ? &*gt.indices : nullptr,
-          gt.index_error ? &*gt.index_error : nullptr},
+          gt.index_error ? &*gt.index_error : nullptr, t.row_scale ? &*t.row_scale : nullptr},
          hold_workspace);
 }
 
 Problem make_down_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias,
                           Activation activation, std::optional<ActivationParams> act_params, WeightStorage storage,
-                          float alpha, const QuantArrays& q, const GatherArgs& g) {
-  DownTensors t = import_down(x, w, out, x_up, bias, q, g);
+                          float alpha, const QuantArrays& q, const GatherArgs& g, nb::handle row_scale) {
+  DownTensors t = import_down(x, w, out, x_up, bias, q, g, row_scale);
   return describe(t, make_options(activation, act_params, storage, alpha, q));
 }
 

@@ -132,7 +132,7 @@ const std::array<Field<Gather>, 4> kGatherFields = {
     GATEDMLP_FIELD(Gather, experts), GATEDMLP_FIELD(Gather, rows_per_x), GATEDMLP_FIELD(Gather, rows_per_index),
     GATEDMLP_FIELD(Gather, index_type)};
 
-const std::array<Field<Problem>, 28> kProblemFields = {
+const std::array<Field<Problem>, 30> kProblemFields = {
     GATEDMLP_FIELD(Problem, op),
     GATEDMLP_FIELD(Problem, m),
     GATEDMLP_FIELD(Problem, k),
@@ -161,6 +161,8 @@ const std::array<Field<Problem>, 28> kProblemFields = {
     GATEDMLP_FIELD(Problem, quant),
     GATEDMLP_FIELD(Problem, scale_dtype),
     GATEDMLP_FIELD(Problem, gather),
+    GATEDMLP_FIELD(Problem, has_row_scale),
+    GATEDMLP_FIELD(Problem, row_scale_dtype),
 };
 
 #define GATEDMLP_PTR_FIELD(f)                                                                   \
@@ -170,12 +172,12 @@ const std::array<Field<Problem>, 28> kProblemFields = {
     }                                                                                           \
   }
 
-const std::array<Field<Arguments>, 14> kArgumentsFields = {
+const std::array<Field<Arguments>, 15> kArgumentsFields = {
     GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(x_up),     GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
     GATEDMLP_PTR_FIELD(bias),     GATEDMLP_PTR_FIELD(bias_up),  GATEDMLP_PTR_FIELD(y),
     GATEDMLP_PTR_FIELD(preact),   GATEDMLP_PTR_FIELD(w_scales), GATEDMLP_PTR_FIELD(w_biases),
     GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases), GATEDMLP_PTR_FIELD(indices),
-    GATEDMLP_PTR_FIELD(index_error)};
+    GATEDMLP_PTR_FIELD(index_error), GATEDMLP_PTR_FIELD(row_scale)};
 
 template <typename T>
 void add_copy(nb::class_<T>& c) {
@@ -216,7 +218,7 @@ std::string repr(const Arguments& a) {
               : std::string()) +
          (a.indices || a.index_error ? ", indices=" + hex(a.indices) + ", index_error=" + hex(a.index_error)
                                      : std::string()) +
-         ")";
+         (a.row_scale ? ", row_scale=" + hex(a.row_scale) : std::string()) + ")";
 }
 
 template <typename T>
@@ -386,6 +388,8 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("quant", &Problem::quant)
                 .def_rw("scale_dtype", &Problem::scale_dtype)
                 .def_rw("gather", &Problem::gather)
+                .def_rw("has_row_scale", &Problem::has_row_scale)
+                .def_rw("row_scale_dtype", &Problem::row_scale_dtype)
                 .def("resolved", &Problem::resolved,
                      "A copy with every 0/kAuto stride and group replaced by its value (after check_support).")
                 .def("__repr__", [](const Problem& p) { return to_string(p); });
@@ -415,6 +419,7 @@ NB_MODULE(_gatedmlp, m) {
   GATEDMLP_PTR_PROP(w_up_biases);
   GATEDMLP_PTR_PROP(indices);
   GATEDMLP_PTR_PROP(index_error);
+  GATEDMLP_PTR_PROP(row_scale);
 #undef GATEDMLP_PTR_PROP
   ar.def("__repr__", [](const Arguments& a) { return repr(a); });
   add_copy(ar);
@@ -527,36 +532,38 @@ NB_MODULE(_gatedmlp, m) {
          std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream,
          nb::handle workspace, nb::handle workspace_alloc, nb::handle scales, nb::handle biases,
          std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index, nb::handle index_error) {
+         int64_t rows_per_index, nb::handle index_error, nb::handle row_scale) {
         down(x, w, out, x_up, bias, activation, act_params, clamp_alpha, clamp_limit, storage, alpha, stream,
              workspace, workspace_alloc, QuantArrays{scales, biases, nb::none(), nb::none(), quant}, hold_workspace,
-             GatherArgs{indices, index_error, rows_per_x, rows_per_index});
+             GatherArgs{indices, index_error, rows_per_x, rows_per_index}, row_scale);
       },
       "x"_a, "w"_a, "out"_a, "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
       "activation"_a = Activation::silu, "act_params"_a = nb::none(), "clamp_alpha"_a = nb::none(),
       "clamp_limit"_a = nb::none(), "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f, "stream"_a = 0,
       "workspace"_a = nb::none(), "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(),
       "biases"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true, "indices"_a = nb::none(),
-      "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(),
+      "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(), "row_scale"_a = nb::none(),
       "The down projection (Problem.op = down): y = alpha * (h @ w^T) + bias into `out` on `stream`, with h = x, "
       "or act(x) * x_up when x_up is given (glu_input; activation and act_params / clamp_alpha / clamp_limit "
       "say which GLU). w is [U, K] (storage=out_in) or [K, U] (in_out); with `quant` (a QuantFormat), "
       "[U, K * bits / 32] packed words with scales / biases [U, K / group_size]. Low level: gatedmlp.down() "
-      "allocates `out` and picks the stream; workspace and workspace_alloc as for gate_up. " GATHER_DOC);
+      "allocates `out` and picks the stream; workspace and workspace_alloc as for gate_up. " GATHER_DOC
+      " row_scale (gathered only: m float32, bfloat16 or float16 values, contiguous, any shape) multiplies "
+      "output row r by row_scale[r] after alpha and the bias (Problem.has_row_scale: the MoE routing weight).");
   m.def(
       "make_down_problem",
       [](nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
          std::optional<ActivationParams> act_params, WeightStorage storage, float alpha, nb::handle scales,
          nb::handle biases, std::optional<QuantFormat> quant, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index) {
+         int64_t rows_per_index, nb::handle row_scale) {
         return make_down_problem(x, w, out, x_up, bias, activation, act_params, storage, alpha,
                                  QuantArrays{scales, biases, nb::none(), nb::none(), quant},
-                                 GatherArgs{indices, nb::none(), rows_per_x, rows_per_index});
+                                 GatherArgs{indices, nb::none(), rows_per_x, rows_per_index}, row_scale);
       },
       "x"_a, "w"_a, "out"_a = nb::none(), "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
       "activation"_a = Activation::silu, "act_params"_a = nb::none(), "storage"_a = WeightStorage::out_in,
       "alpha"_a = 1.0f, "scales"_a = nb::none(), "biases"_a = nb::none(), "quant"_a = nb::none(),
-      "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1,
+      "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1, "row_scale"_a = nb::none(),
       "The Problem down() would run for these tensors (output dtype = input dtype when out is None).");
   m.def("read_index_error", &read_index_error, "index_error"_a, "stream"_a = 0,
         "(position, value) of a gathered call's index_error, read on `stream` after the work queued there (a "
