@@ -78,6 +78,22 @@ HF_ACTIVATIONS: Dict[str, str] = {
 _SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def _weights_dtype(tensors, require_16bit: bool = True):
+    """(the one dtype of a module's weights, "") if they share a device and a
+    dtype (bf16 or fp16 unless require_16bit is off), else (None, why)."""
+    devices = {t.device for t in tensors}
+    dtypes = {t.dtype for t in tensors}
+    if len(devices) > 1:
+        return None, f"its weights are on several devices ({', '.join(sorted(map(str, devices)))})"
+    if len(dtypes) > 1:
+        return None, f"its weights differ in dtype ({', '.join(sorted(map(str, dtypes)))})"
+    dtype = dtypes.pop()
+    if require_16bit and dtype not in _SUPPORTED_DTYPES:
+        return None, (f"its weights are {dtype}; gatedmlp runs bfloat16 and float16 "
+                      "(cast the model first, e.g. model.to(torch.bfloat16))")
+    return dtype, ""
+
+
 def _not_supported(message: str) -> Exception:
     e = _g.NotSupportedError(message)
     e.code = _g.StatusCode.not_supported
@@ -447,16 +463,9 @@ def _plan(mlp: nn.Module, owners: Dict[int, set]) -> Tuple[Optional[_Plan], str]
     if down.in_features != u:
         return None, f"down_proj takes {down.in_features} features but the gate/up half gives {u}"
     tensors = stacked + [down.weight] + ([down.bias] if down.bias is not None else [])
-    dtypes = {t.dtype for t in tensors}
-    devices = {t.device for t in tensors}
-    if len(devices) > 1:
-        return None, f"its weights are on several devices ({', '.join(sorted(map(str, devices)))})"
-    if len(dtypes) > 1:
-        return None, f"its weights differ in dtype ({', '.join(sorted(map(str, dtypes)))})"
-    dtype = dtypes.pop()
-    if dtype not in _SUPPORTED_DTYPES:
-        return None, (f"its weights are {dtype}; gatedmlp runs bfloat16 and float16 "
-                      "(cast the model first, e.g. model.to(torch.bfloat16))")
+    dtype, why = _weights_dtype(tensors)
+    if dtype is None:
+        return None, why
     return _Plan(layout, activation, k, u, bias, dropout_p, type(mlp).__qualname__), ""
 
 

@@ -70,7 +70,6 @@ _CHECKPOINT_NAMES = {
 }
 _LAYOUTS = {"stacked": (0, "gate"), "gpt_oss": (1, "gate")}  # (group, first) of w13
 
-_SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _not_supported(message: str) -> Exception:
@@ -456,17 +455,11 @@ def _plan(m: nn.Module, owners: Optional[Dict[int, set]] = None, activation=None
             return None, f"its alpha ({a!r}) and limit ({lim!r}) are not finite numbers with limit > 0"
         clamp_alpha, clamp_limit = float(a), float(lim)
 
-    tensors = list(own.values())
-    devices = {t.device for t in tensors}
-    dtypes = {t.dtype for t in tensors}
-    if len(devices) > 1:
-        return None, f"its weights are on several devices ({', '.join(sorted(map(str, devices)))})"
-    if len(dtypes) > 1:
-        return None, f"its weights differ in dtype ({', '.join(sorted(map(str, dtypes)))})"
-    dtype = dtypes.pop()
-    if require_16bit and dtype not in _SUPPORTED_DTYPES:
-        return None, (f"its weights are {dtype}; gatedmlp runs bfloat16 and float16 "
-                      "(cast the model first, e.g. model.to(torch.bfloat16))")
+    from gatedmlp.hf import _weights_dtype  # (gatedmlp.hf imports this module)
+
+    dtype, why = _weights_dtype(list(own.values()), require_16bit)
+    if dtype is None:
+        return None, why
     if not dtype.is_floating_point:
         return None, f"its weights are {dtype}, not floating point"
     if kind == "gpt_oss" and owners is not None:

@@ -61,3 +61,24 @@ def act64(name, g, u, clamp_alpha=1.702, clamp_limit=7.0):
         u = np.clip(u, -clamp_limit, clamp_limit)
         return g / (1.0 + np.exp(-clamp_alpha * g)) * (u + 1.0)
     raise ValueError(name)
+
+
+def act_torch(name, g, u, ca=1.702, cl=7.0):
+    """The GLU in PyTorch at the precision of g and u (the unfused path a
+    model runs): act(g) * u, gpt-oss's clamped form for swiglu_clamped."""
+    import torch
+    import torch.nn.functional as F
+
+    if name == "silu":
+        return F.silu(g) * u
+    if name == "gelu_tanh":
+        return F.gelu(g, approximate="tanh") * u
+    if name == "gelu_erf":
+        return F.gelu(g) * u
+    if name == "relu":
+        return F.relu(g) * u
+    if name == "swiglu_clamped":
+        g = g.clamp(max=cl)
+        u = u.clamp(min=-cl, max=cl)
+        return g * torch.sigmoid(ca * g) * (u + 1)
+    raise ValueError(name)

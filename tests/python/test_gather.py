@@ -44,9 +44,9 @@ def on_gpu(test):
 
 if HAS_CUDA:
     # The fused suite's reference activation and tolerance rule.
-    from test_gpu import act_torch, assert_within_rule
+    from test_gpu import assert_within_rule
 
-from refs import fused_rows  # noqa: E402
+from refs import act_torch, fused_rows  # noqa: E402
 
 rng = np.random.default_rng(2468)
 ACTS = ["silu", "gelu_tanh", "gelu_erf", "relu", "swiglu_clamped"]

@@ -22,6 +22,7 @@ from torch import nn  # noqa: E402
 
 import gatedmlp  # noqa: E402
 import gatedmlp.torch as gt  # noqa: E402
+from refs import act_torch  # noqa: E402,F401 - the shared reference activation
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -31,23 +32,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 # ---------------------------------------------------------------- reference
-def act_torch(name, g, u, ca=1.702, cl=7.0):
-    """The activation in PyTorch, at the precision of g and u."""
-    if name == "silu":
-        return F.silu(g) * u
-    if name == "gelu_tanh":
-        return F.gelu(g, approximate="tanh") * u
-    if name == "gelu_erf":
-        return F.gelu(g) * u
-    if name == "relu":
-        return F.relu(g) * u
-    if name == "swiglu_clamped":
-        g = g.clamp(max=cl)
-        u = u.clamp(min=-cl, max=cl)
-        return g * torch.sigmoid(ca * g) * (u + 1)
-    raise ValueError(name)
-
-
 def errors(out, ref):
     d = (out.double() - ref).flatten()
     return (d.norm() / ref.norm().clamp_min(1e-300)).item(), d.abs().max().item()

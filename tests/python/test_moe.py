@@ -35,14 +35,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gatedmlp  # noqa: E402
 import gatedmlp.torch as gt  # noqa: E402
 from gatedmlp import DType  # noqa: E402
 from gatedmlp.torch import MoEExperts  # noqa: E402
-from refs import fused_rows  # noqa: E402
+from refs import act_torch, fused_rows  # noqa: E402
 
 try:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,23 +66,6 @@ needs_transformers = pytest.mark.skipif(transformers is None, reason="transforme
 
 
 # ================================================================ references
-def act_ref(name, g, u, ca=1.702, cl=7.0):
-    """The GLU at the precision of g and u."""
-    if name == "silu":
-        return F.silu(g) * u
-    if name == "gelu_tanh":
-        return F.gelu(g, approximate="tanh") * u
-    if name == "gelu_erf":
-        return F.gelu(g) * u
-    if name == "relu":
-        return F.relu(g) * u
-    if name == "swiglu_clamped":
-        g = g.clamp(max=cl)
-        u = u.clamp(min=-cl, max=cl)
-        return g * torch.sigmoid(ca * g) * (u + 1)
-    raise ValueError(name)
-
-
 def halves(i, group, first):
     """Physical rows of the gate and the up half of a fused [2I] weight, in
     logical order (refs.fused_rows)."""
@@ -109,7 +91,7 @@ def moe_reference(x, ids, wts, w13, w2, b13, b2, act, group, first, ca=1.702, cl
         p = x[tok].to(dtype) @ w13[e].to(dtype).T
         if b13 is not None:
             p = p + b13[e].to(dtype)
-        h = act_ref(act, p[:, gi], p[:, ui], ca, cl)
+        h = act_torch(act, p[:, gi], p[:, ui], ca, cl)
         o = h @ w2[e].to(dtype).T
         if b2 is not None:
             o = o + b2[e].to(dtype)
