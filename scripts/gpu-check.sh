@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|gather|quantbench|mlpbench|moebench|host|small|dropin] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|gather|grouped|quantbench|mlpbench|moebench|moeprefill|moeblock|host|small|dropin] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 # BUILD_TARGETS: build only these targets (default: all). PYTEST_FILES: the
@@ -65,7 +65,7 @@ for step in "${steps[@]}"; do
   sanitize)
     for tool in memcheck racecheck synccheck; do
       GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*:GpuGather.*}" \
+        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*:GpuGather.*:GpuGrouped.Random*:GpuGrouped.Bad*}" \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)"
@@ -203,12 +203,32 @@ for step in "${steps[@]}"; do
     rc=$?
     grep -E "^\[  (FAILED|PASSED) |cases \]|Failure|error" "$out/gather.log" | head -30
     note "gather: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/gather.log" | tail -1)" ;;
+  grouped)
+    # The grouped (MoE prefill) suites only: rows sorted by expert, on the
+    # Hopper kernel's grouped form (the whole suite runs them too).
+    "$build/tests/test_gpu" --gtest_filter='GpuGrouped.*' >"$out/grouped.log" 2>&1
+    rc=$?
+    grep -E "^\[  (FAILED|PASSED) |cases \]|Failure|error" "$out/grouped.log" | head -30
+    note "grouped: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/grouped.log" | tail -1)" ;;
   moebench)
     # Gathered gate/up decode (needs the pyext step first): the MoE issue's
     # read-rate bar on the distinct experts' bytes, against grouped_mm + GLU.
     PYTHONPATH="$PWD/$build/python" python3 scripts/bench_moe.py ${MOE_ARGS:-} --json "$out/moe_bench.json" 2>&1 |
       tee "$out/moe_bench.txt" | tail -40
     note "moebench: rc=${PIPESTATUS[0]} (table in moe_bench.txt)" ;;
+  moeprefill)
+    # Grouped gate/up + GLU on rows sorted by expert (needs the pyext step
+    # first): uniform and skewed routings against torch._grouped_mm alone,
+    # + GLU eager and compiled; the bar 1.1x the faster grouped_mm + GLU.
+    PYTHONPATH="$PWD/$build/python" python3 scripts/bench_moe.py --mode prefill ${MOE_PREFILL_ARGS:-} --json "$out/moe_prefill.json" 2>&1 |
+      tee "$out/moe_prefill.txt" | tail -40
+    note "moeprefill: rc=${PIPESTATUS[0]} (table in moe_prefill.txt)" ;;
+  moeblock)
+    # The whole MoE experts block (needs the pyext step first): MoEExperts
+    # and moe_mlp against transformers' experts modules, eager and compiled.
+    PYTHONPATH="$PWD/$build/python" python3 scripts/bench_moe.py --mode block ${MOE_BLOCK_ARGS:-} --json "$out/moe_block.json" 2>&1 |
+      tee "$out/moe_block.txt" | tail -40
+    note "moeblock: rc=${PIPESTATUS[0]} (table in moe_block.txt)" ;;
   mlpbench)
     # Whole-MLP decode (needs the pyext step first): gate/up + down from
     # bf16 and int4 weights against the PyTorch chains and the roofline.

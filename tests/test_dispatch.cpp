@@ -571,3 +571,42 @@ TEST(Dispatch, Gather) {
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
   EXPECT_NE(s.message().find("k=100 is not a multiple of 8"), std::string::npos) << s.message();
 }
+
+// Grouped calls: the Hopper kernel's grouped form on sm_90 (at any m), and
+// refused by name where it cannot run.
+TEST(Dispatch, Grouped) {
+  Problem p;
+  p.m = 65536;  // Qwen3-30B-A3B's experts, 512 rows each
+  p.k = 2048;
+  p.u = 768;
+  p.gather.experts = 128;
+  p.gather.grouped = true;
+  Config c;
+  Status s = detail::select_config(p.resolved(), nullptr, h200(), &c);
+  if (!sm90::compiled()) {
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+    return;
+  }
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(c.path, KernelPath::sm90_wgmma) << to_string(c);
+  EXPECT_EQ(c.tile_n, 128);
+  EXPECT_FALSE(c.pingpong);
+  EXPECT_NE(c.reason.find("grouped over 128 experts"), std::string::npos) << c.reason;
+  // 512 + 128 units of at most 128 rows: the table's bound.
+  EXPECT_NE(c.reason.find("at most 640 row units"), std::string::npos) << c.reason;
+  EXPECT_EQ(sm90::grouped_workspace_bytes(p.resolved()), size_t(640 * 16));
+  // One row: still the grouped kernel (no decode kernel reads offsets).
+  p.m = 1;
+  ASSERT_TRUE(detail::select_config(p.resolved(), nullptr, h200(), &c).ok());
+  EXPECT_EQ(c.path, KernelPath::sm90_wgmma);
+  // Not Hopper: refused, naming why.
+  s = detail::select_config(p.resolved(), nullptr, a100(), &c);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+  EXPECT_NE(s.message().find("Hopper"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("not an sm_90 device"), std::string::npos) << s.message();
+  // An expert stride the copy engine cannot step.
+  p.batch_stride_w = 2 * 768 * 2048 + 4;
+  s = detail::select_config(p.resolved(), nullptr, h200(), &c);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+  EXPECT_NE(s.message().find("batch_stride_w=3145732"), std::string::npos) << s.message();
+}

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/internal.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 #include "gatedmlp/layout.hpp"
 #include "gatedmlp/quant.hpp"
@@ -561,4 +562,35 @@ TEST(Validation, Gather) {
   // Printed.
   const std::string s = to_string(p);
   EXPECT_NE(s.find("gather(experts=8 rows_per_x=4 rows_per_index=1 indices=int32)"), std::string::npos) << s;
+}
+
+// Grouped (rows sorted by expert, E offsets): gate_up on 16-bit weights only,
+// each refusal by name; the offsets are E values.
+TEST(Validation, Grouped) {
+  Problem p = base();  // m = 33
+  p.gather.experts = 8;
+  p.gather.grouped = true;
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  EXPECT_NE(to_string(p).find("grouped"), std::string::npos) << to_string(p);
+  Problem q = p;
+  q.gather.rows_per_x = 3;
+  q.m = 33;
+  expect_error(check_support(q), StatusCode::invalid_argument, {"grouped", "rows_per_x = rows_per_index = 1", "rows_per_x=3"});
+  q = p;
+  q.has_preact = true;
+  expect_error(check_support(q), StatusCode::not_supported, {"grouped", "no pre-activation"});
+  q = p;
+  q.op = Operation::down;
+  expect_error(check_support(q), StatusCode::not_supported, {"grouped", "gate_up only"});
+  q = p;
+  q.quantized = true;
+  expect_error(check_support(q), StatusCode::not_supported, {"grouped", "16-bit weights"});
+  // The offsets: E int32 values, aligned.
+  Arguments a = args_for(p);
+  a.indices = static_cast<char*>(fake(9)) + 2;
+  expect_error(validate(p, a), StatusCode::invalid_argument, {"'indices'", "int32 element size of 4"});
+  // Grouped and plain gathers are different problems (the plan cache's key).
+  q = p;
+  q.gather.grouped = false;
+  EXPECT_FALSE(detail::same_problem(p, q));
 }

@@ -138,11 +138,22 @@ enum class IndexType : int { int32 = 0, int64 = 1 };
 // chosen ones in shared memory).
 inline constexpr int64_t kMaxGatherExperts = 8192;
 
+// Grouped (Gather::grouped, prefill): the m rows of x are already sorted by
+// expert, and Arguments::indices holds E cumulative row ends instead of
+// per-row ids, as torch._grouped_mm's `offs`: expert e owns rows
+// [offsets[e-1], offsets[e]) (offsets[-1] read as 0), and offsets[E-1] must
+// be m. Output row r is x row r through its expert's weights. gate_up only,
+// 16-bit weights, no pre-activation, rows_per_x = rows_per_index = 1; it
+// runs on the Hopper TMA + wgmma kernel (sm_90), which needs a workspace
+// (workspace_size) for its table of tiles. Offsets that are not
+// nondecreasing in [0, m] ending at m write nothing; index_error then holds
+// the first bad expert e and offsets[e].
 struct Gather {
   int64_t experts = 0;  // E; 0: no gather (the weights are one tensor)
   int64_t rows_per_x = 1;
   int64_t rows_per_index = 1;
   IndexType index_type = IndexType::int32;
+  bool grouped = false;  // rows sorted by expert, indices = E cumulative row ends (above)
 };
 
 // Strides left at kAuto are packed (dense). Batch stride 0 on weights or bias
@@ -241,9 +252,11 @@ struct Arguments {
   const void* w_up_scales = nullptr;
   const void* w_up_biases = nullptr;
   // Gather only (Problem::gather.experts > 0): m / rows_per_index expert
-  // indices (int32 or int64, Problem::gather.index_type), and optionally two
-  // int64 the call writes: {-1, 0} when every index is in [0, E), else the
-  // first position of one that is not and its value (nothing else written).
+  // indices (int32 or int64, Problem::gather.index_type), or for a grouped
+  // call the E cumulative row ends; and optionally two int64 the call
+  // writes: {-1, 0} when every index is in [0, E) (grouped: the offsets are
+  // good), else the first position of one that is not and its value
+  // (nothing else written).
   const void* indices = nullptr;
   int64_t* index_error = nullptr;
   const void* row_scale = nullptr;  // has_row_scale: m values of row_scale_dtype
@@ -290,7 +303,8 @@ Status check_support(const Problem& problem);
 // refused without enough (the error names the bytes): quantized weights
 // past the quantized decode kernel (dequantized into it), and the down
 // projection's passes (the GLU of its input; dequantized weights; cuBLASLt's
-// fp32 result where a pass adds the bias or rounds to the other 16-bit type).
+// fp32 result where a pass adds the bias or rounds to the other 16-bit type),
+// and grouped calls (their table of row units, 16 bytes per unit).
 // workspace_size() covers them.
 size_t workspace_size(const Problem& problem);
 

@@ -13,6 +13,9 @@ framework that speaks DLPack or ``__cuda_array_interface__`` (PyTorch, JAX,
 CuPy, ...) without copying them. :func:`gather_gate_up`,
 :func:`gather_down` and :func:`fused_swiglu_gather_qmv` are the
 Mixture-of-Experts (gathered) calls: many experts' rows in one launch;
+:func:`grouped_gate_up` is the grouped (prefill) gate/up call: rows sorted
+by expert, each expert's rows a contiguous range given by cumulative
+offsets, and :func:`moe_sort` sorts a routing into that form.
 :func:`moe_mlp` is a whole MoE layer's experts (both halves, the routing
 weights and the sum over the top-k). ``gatedmlp.torch`` has the PyTorch
 operators and the ``GatedMLP`` and ``MoEExperts`` modules.
@@ -25,7 +28,9 @@ subclasses: ``InvalidArgumentError`` (a ``ValueError``), ``NotSupportedError``
 
 from __future__ import annotations
 
+import os as _os
 import sys as _sys
+from typing import NamedTuple as _NamedTuple
 
 from . import _gatedmlp as _C
 from ._gatedmlp import (
@@ -78,7 +83,7 @@ __all__ = [
     "to_string", "validate", "workspace_size",
     "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_down", "quantized_gate_up", "quantized_mlp",
     "Gather", "IndexType", "kMaxGatherExperts", "gather_gate_up", "quantized_gather_gate_up", "gather_down",
-    "fused_swiglu_gather_qmv", "moe_mlp",
+    "fused_swiglu_gather_qmv", "moe_mlp", "MoESort", "moe_sort", "grouped_gate_up",
 ]
 
 from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp  # noqa: E402
@@ -188,15 +193,19 @@ def _workspace_alloc(like):
 
 def make_problem(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
                  activation=Activation.silu, act_params=None, group=0, first=Half.gate,
-                 storage=WeightStorage.out_in, alpha=1.0, indices=None, rows_per_x=1, rows_per_index=1) -> Problem:
+                 storage=WeightStorage.out_in, alpha=1.0, indices=None, rows_per_x=1, rows_per_index=1,
+                 grouped=False) -> Problem:
     """The Problem that gate_up() would run for these tensors; with
     `indices`, the gathered call's (x [m / rows_per_x, K], w [E, rows, K],
-    Problem.gather)."""
+    Problem.gather); with grouped=True as well, grouped_gate_up's (indices
+    the E cumulative row ends; workspace_size() of it is the scratch that
+    call needs)."""
     return _make_problem(
         _export(x), _export(w), _export(out), _export(w_up), _export(bias), _export(bias_up), _export(preact),
         activation=_enum(Activation, activation, "activation"), act_params=act_params, group=group,
         first=_enum(Half, first, "first"), storage=_enum(WeightStorage, storage, "storage"), alpha=alpha,
-        indices=_export(indices), rows_per_x=rows_per_x, rows_per_index=rows_per_index)
+        indices=_export(indices), rows_per_x=rows_per_x, rows_per_index=rows_per_index,
+        **({"grouped": True} if grouped else {}))
 
 
 def gate_up(x, w, w_up=None, bias=None, bias_up=None, *, out=None, preact=None,
@@ -814,6 +823,229 @@ def fused_swiglu_gather_qmv(gate, up, w, scales, biases, rhs_indices, group_size
     return out
 
 
+# ---------------------------------------------------------------- grouped (prefill) calls
+# The rows come sorted by expert: expert e owns rows [offsets[e-1],
+# offsets[e]) (offsets[-1] read as 0), torch._grouped_mm's `offs`. One launch
+# computes every expert's rows, each expert's weights read once for all its
+# rows (the Hopper path only).
+def _integer_dtype(t) -> bool:
+    return _dtype_name(t).startswith(("int", "uint"))
+
+
+def _check_offsets_error(err, stream, rows, experts):
+    """Raises ValueError naming 'offsets' when the grouped call found them
+    malformed (reading err synchronises with `stream`)."""
+    pos, value = _C.read_index_error(_export(err), stream)
+    if pos < 0:
+        return
+    if value < 0:
+        why = "a negative row end"
+    elif value > rows:
+        why = f"past R = {rows} (x.shape[0])"
+    elif pos == experts - 1:
+        why = f"the last one must be R = {rows} (x.shape[0])"
+    elif pos > 0:
+        why = f"less than offsets[{pos - 1}]"
+    else:
+        why = "refused by the kernel's check"
+    raise ValueError(f"gatedmlp: 'offsets' holds {value} at position {pos}: {why} (offsets must be E = {experts} "
+                     f"non-decreasing row ends in [0, R = {rows}], the last one R); nothing was written")
+
+
+def _refuse_check_while_capturing(t, what):
+    """A check that reads its result back cannot run while t's (current)
+    stream is being captured into a CUDA graph: refused before anything is
+    queued, naming the way out."""
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise _invalid(f"the {what} check reads its result back to the host, which a stream being captured into a "
+                       f"CUDA graph cannot do: pass check_{what}=False")
+
+
+def grouped_gate_up(x, offsets, w, w_up=None, bias=None, bias_up=None, *, out=None, activation=Activation.silu,
+                    act_params=None, group=0, first=Half.gate, alpha=1.0, stream=None, workspace=None,
+                    check_offsets=True):
+    """gate_up of a Mixture-of-Experts layer at prefill, grouped: the rows
+    come sorted by expert and each expert's rows are one contiguous range,
+    all of them computed in one launch (Hopper, sm_90, only).
+
+        out[r] = act(alpha * x[r] @ Wg[e]^T + bg[e]) * (alpha * x[r] @ Wu[e]^T + bu[e]),
+                 offsets[e-1] <= r < offsets[e]   (offsets[-1] read as 0)
+
+    x:        [R, K] rows sorted by expert (moe_sort's order, say), bf16 or
+              fp16, rows contiguous.
+    offsets:  [E] cumulative row ends, int32 or int64 (other integer dtypes
+              are converted; made contiguous): torch._grouped_mm's `offs`,
+              moe_sort's offsets. Non-decreasing, in [0, R], the last one R;
+              an expert with no rows repeats the end before it.
+    w:        the experts' fused gate/up weights [E, 2U, K] (each [2U, K]
+              interleaved by `group` rows, `first` half first, as for
+              gate_up), or with w_up the gate weights, w_up the up weights,
+              [E, U, K] each. K contiguous (storage out_in only); 16-bit
+              only (quantized weights are not supported grouped).
+    bias:     optional [E, 2U] (fused, weight-row order), or [E, U] with
+              bias_up [E, U].
+    out:      [R, U]; allocated like x (in x's dtype) when None.
+    check_offsets: after the launch, read the kernel's offsets check (a
+              synchronisation) and raise ValueError naming 'offsets', the
+              first bad position and its value, if they decrease, are
+              negative, pass R or do not end at R; nothing is written then.
+              False: no check and no sync (CUDA graphs); bad offsets then
+              leave `out` unwritten, silently.
+
+    workspace: device scratch (any dtype) of workspace_size(make_problem(x,
+              w, ..., indices=offsets, grouped=True)) bytes: the kernel's
+              table of row tiles, which it needs (a smaller one is
+              refused). None: allocated like x (PyTorch, CuPy).
+
+    activation, act_params, alpha, stream: as for gate_up. No preact.
+    R = 0 launches nothing. Shapes are checked, naming these arguments,
+    before anything is allocated or launched. Messages from the binding
+    name offsets 'indices'. Returns out.
+    """
+    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
+    first = first if type(first) is Half else _enum(Half, first, "first")
+    _check_no_grad((x, w, w_up, bias, bias_up, out))
+    xs = _shape(x)
+    if len(xs) != 2:
+        raise _invalid(f"'x' must be [R, K] (2-D, the rows sorted by expert), got shape {xs}")
+    rows, k = xs
+    sep = w_up is not None
+    form = "[E, U, K]" if sep else "[E, 2U, K]"
+    experts, wrows, wk = ws = _expert_weights(w, form)
+    if wk != k:
+        raise _invalid(f"'w' must be {form} with K = {k} (x.shape[1]), got shape {ws}")
+    if not sep and wrows % 2:
+        raise _invalid(f"'w' must be [E, 2U, K] (the gate and up rows, an even number), got shape {ws}")
+    if experts == 0:
+        raise _invalid("'w' holds no experts (E = 0)")
+    if sep and _shape(w_up) != ws:
+        raise _invalid(f"'w_up' must have the shape of 'w' {ws}, got {_shape(w_up)}")
+    u = wrows if sep else wrows // 2
+    offs_shape = _shape(offsets)
+    if offs_shape != (experts,):
+        raise _invalid(f"'offsets' must be [E] = ({experts},) cumulative row ends, one per expert of 'w', got shape "
+                       f"{offs_shape}")
+    if not _integer_dtype(offsets):
+        raise _invalid(f"'offsets' must be int32 or int64 (cumulative row ends), got {_dtype_name(offsets)}")
+    if bias is not None and _shape(bias) != (experts, u if sep else 2 * u):
+        raise _invalid(f"'bias' must be [E, {'U' if sep else '2U'}] = {(experts, u if sep else 2 * u)} (one bias "
+                       f"per expert), got shape {_shape(bias)}")
+    if bias_up is not None and _shape(bias_up) != (experts, u):
+        raise _invalid(f"'bias_up' must be [E, U] = {(experts, u)}, got shape {_shape(bias_up)}")
+    if out is not None and _shape(out) != (rows, u):
+        raise _invalid(f"'out' must be [R, U] = {(rows, u)}, got shape {_shape(out)}")
+    if check_offsets and rows > 0:
+        _refuse_check_while_capturing(x, "offsets")
+    if out is None:
+        out = _alloc(x, (rows, u), "out")
+    if rows == 0:
+        return out  # no rows: nothing to launch (the offsets are then all 0, unread)
+    handle, alloc = _stream_and_alloc(x, stream, workspace)
+    err = _index_error_like(x) if check_offsets else None
+    e = _export
+    _C.gate_up(e(x), e(w), e(out), e(w_up), e(bias), e(bias_up), None, activation=activation, act_params=act_params,
+               group=group, first=first, alpha=alpha, stream=handle, workspace=e(workspace), workspace_alloc=alloc,
+               indices=e(_ids(offsets)), rows_per_x=1, rows_per_index=1, grouped=True, index_error=e(err))
+    if err is not None:
+        _check_offsets_error(err, handle, rows, experts)
+    return out
+
+
+class MoESort(_NamedTuple):
+    """A routing sorted by expert (moe_sort's result), for T tokens, top-k
+    and E experts.
+
+    order:   int64 [T*k]: the flat positions p = t*k + j of topk_ids in
+             expert order, stable (within an expert, in position order).
+             Sorted row i comes from token order[i] // k.
+    offsets: int32 [E]: cumulative row ends, torch._grouped_mm's `offs`:
+             expert e owns sorted rows [offsets[e-1], offsets[e]).
+    inverse: int64 [T*k]: the sorted row of each flat position,
+             inverse[order[i]] = i.
+    """
+
+    order: object
+    offsets: object
+    inverse: object
+
+
+def _first_bad_id(torch, flat, experts):
+    """(position, value) of the first id outside [0, experts) in flat, or
+    None: one small read back (a synchronisation)."""
+    bad = (flat < 0) | (flat >= experts)
+    pos = torch.argmax(bad.to(torch.int32)).reshape(1)  # the first True (0 when none)
+    # index_select, not bad[pos]: indexing with a 0-d tensor reads it back
+    found, p, v = torch.cat((bad.index_select(0, pos).to(torch.int64), pos,
+                             flat.index_select(0, pos).to(torch.int64))).tolist()
+    return (p, v) if found else None
+
+
+def _moe_sort(torch, ids, experts, check, tail=""):
+    """(MoESort, the sorted ids) of ids [T, k] (int32 or int64, contiguous),
+    already checked for shape and dtype."""
+    flat = ids.reshape(-1)
+    if check and flat.numel() > 0:
+        _refuse_check_while_capturing(flat, "indices")
+        bad = _first_bad_id(torch, flat, experts)
+        if bad is not None:
+            raise IndexError(f"gatedmlp: 'topk_ids' holds {bad[1]} at position {bad[0]}, outside [0, E={experts})"
+                             + tail)
+    sorted_ids, order = torch.sort(flat, stable=True)
+    # offsets[e] = the number of ids <= e: no count kernel that reads its
+    # size back (bincount does), so none of this synchronises.
+    bounds = torch.arange(experts, device=flat.device, dtype=sorted_ids.dtype)
+    offsets = torch.searchsorted(sorted_ids, bounds, right=True, out_int32=True)
+    inverse = torch.empty_like(order)
+    inverse.scatter_(0, order, torch.arange(order.numel(), device=order.device, dtype=order.dtype))
+    return MoESort(order, offsets, inverse), sorted_ids
+
+
+def moe_sort(topk_ids, num_experts, *, check_indices=True):
+    """Sorts a Mixture-of-Experts routing by expert, for the grouped calls
+    (grouped_gate_up, torch._grouped_mm).
+
+    topk_ids:    [T, k] expert ids, a PyTorch tensor (CPU or CUDA) of an
+                 integer dtype (int32 and int64 are used as they are, others
+                 converted to int64), each in [0, num_experts).
+    num_experts: E, the number of experts (>= 1).
+    check_indices: first check every id (one small read back: a
+                 synchronisation with the current stream) and raise
+                 IndexError naming 'topk_ids', the flat position t*k + j and
+                 the value of the first outside [0, E). Refused while the
+                 current stream is being captured into a CUDA graph. False:
+                 no check, no sync; offsets[e] is then the number of ids
+                 <= e (a negative id counts with expert 0, an id >= E falls
+                 past offsets[E-1], which grouped_gate_up refuses).
+
+    Returns MoESort(order, offsets, inverse): order, int64 [T*k], the flat
+    positions in expert order (stable: ties in position order; sorted row i
+    comes from token order[i] // k); offsets, int32 [E], cumulative row ends
+    (torch._grouped_mm's offs); inverse, int64 [T*k], inverse[order[i]] = i.
+    Nothing else synchronises (no bincount, whose CUDA kernel reads its size
+    back), so with check_indices=False it can be captured into a graph.
+    """
+    torch = _sys.modules.get("torch")
+    if torch is None or not isinstance(topk_ids, torch.Tensor):
+        raise TypeError(f"gatedmlp: moe_sort takes a PyTorch tensor 'topk_ids', got "
+                        f"{type(topk_ids).__module__}.{type(topk_ids).__qualname__}")
+    ks = _shape(topk_ids)
+    if len(ks) != 2:
+        raise _invalid(f"'topk_ids' must be [T, k] (2-D), got shape {ks}")
+    if not _integer_dtype(topk_ids):
+        raise _invalid(f"'topk_ids' must hold integer expert ids (int32 or int64), got {_dtype_name(topk_ids)}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int):
+        try:
+            num_experts = num_experts.__index__()
+        except AttributeError:
+            raise TypeError(f"gatedmlp: 'num_experts' must be an int, got {type(num_experts).__name__}") from None
+    if not 1 <= num_experts < 2**31:
+        raise _invalid(f"'num_experts' must be in [1, 2**31), got {num_experts}")
+    if ks[0] * ks[1] >= 2**31:
+        raise _invalid(f"'topk_ids' {ks} holds {ks[0] * ks[1]} ids; the int32 offsets hold fewer than 2**31")
+    return _moe_sort(torch, _ids(topk_ids), num_experts, check_indices)[0]
+
+
 # ---------------------------------------------------------------- a whole MoE layer's experts
 _ROUTING_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -888,6 +1120,63 @@ def _zeros_into(x, shape, out):
     return out
 
 
+# The grouped (prefill) path of moe_mlp: from this many rows (T * k) per
+# expert on, on average; GATEDMLP_MOE_GROUPED=0 / 1 overrides the choice.
+_GROUPED_MIN_ROWS_PER_EXPERT = 32
+# torch._grouped_mm sets its groups up with one thread block of E threads.
+_GROUPED_MM_MAX_EXPERTS = 1024
+# Per CUDA device index: is it sm_90?
+_SM90 = {}
+
+
+def _is_sm90(torch, device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    hopper = _SM90.get(index)
+    if hopper is None:
+        hopper = _SM90[index] = tuple(torch.cuda.get_device_capability(index)) == (9, 0)
+    return hopper
+
+
+def _use_grouped(x, w13, w2, rows, experts, hidden, inter) -> bool:
+    """Whether moe_mlp takes the grouped path (see there)."""
+    force = _os.environ.get("GATEDMLP_MOE_GROUPED", "").strip()
+    if force == "0":
+        return False
+    torch = _sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "_grouped_mm"):
+        return False
+    if not (isinstance(x, torch.Tensor) and isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)):
+        return False
+    if not x.is_cuda or x.dtype != torch.bfloat16 or not _is_sm90(torch, x.device):
+        return False
+    # torch._grouped_mm's operands: h [R, I] row-major, w2 read as [E, I, H]
+    # with I contiguous, every row and expert 16-byte aligned.
+    if hidden % 8 or inter % 8 or experts > _GROUPED_MM_MAX_EXPERTS:
+        return False
+    if w2.stride(2) != 1 or w2.stride(1) % 8 or w2.stride(0) % 8 or w2.data_ptr() % 16:
+        return False
+    return force == "1" or rows >= _GROUPED_MIN_ROWS_PER_EXPERT * experts
+
+
+def _moe_grouped(x, ids, topk_weights, w13, w2, b13, b2, activation, act_params, group, first, out, workspace,
+                 check_indices):
+    """moe_mlp's grouped path (PyTorch tensors; on the current stream)."""
+    torch = _sys.modules["torch"]
+    t, k = _shape(ids)
+    experts, hidden = _shape(w2)[:2]
+    s, sorted_ids = _moe_sort(torch, ids, experts, check_indices, "; nothing was written")
+    xs = x.index_select(0, s.order // k if k > 1 else s.order)
+    h = grouped_gate_up(xs, s.offsets, w13, bias=b13, activation=activation, act_params=act_params, group=group,
+                        first=first, workspace=workspace, check_offsets=False)  # offsets good by construction
+    y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=s.offsets).float()  # [T*k, H] in expert order
+    if b2 is not None:
+        if not check_indices:  # an unchecked bad id must not index out of b2
+            sorted_ids = sorted_ids.clamp(0, experts - 1)
+        y += b2.index_select(0, sorted_ids)
+    y *= topk_weights.reshape(-1).index_select(0, s.order).float()[:, None]
+    return _sum_topk(y.index_select(0, s.inverse).view(t, k, hidden), x, out)
+
+
 def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation=Activation.silu,
             act_params=None, group=0, first=Half.gate, out=None, stream=None, workspace=None, check_indices=True):
     """The experts of a Mixture-of-Experts layer: every token through its
@@ -896,11 +1185,29 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
         y[t] = sum_j topk_weights[t, j] * (act(g) * u @ W2[e]^T + b2[e]),  e = topk_ids[t, j]
         g, u = the gate and up halves of x[t] @ W13[e]^T + b13[e]
 
-    Three launches: h = gather_gate_up(x, topk_ids, w13, bias=b13) [T, k, I]
-    in x's dtype; gather_down(h, topk_ids, w2, b2, row_scale=topk_weights)
+    Two paths compute it; both round h to x's dtype and sum the top-k in
+    float32, rounding the result once to x's dtype.
+
+    Gathered (decode, and whatever the grouped path does not take): three
+    launches. h = gather_gate_up(x, topk_ids, w13, bias=b13) [T, k, I] in
+    x's dtype; gather_down(h, topk_ids, w2, b2, row_scale=topk_weights)
     into float32 [T, k, H], the routing weight applied in its epilogue
-    after the bias; then the sum over k (a framework op), rounded once to
-    x's dtype. With k = 1 the down projection writes the result directly.
+    after the bias; then the sum over k (a framework op). With k = 1 the
+    down projection writes the result directly.
+
+    Grouped (prefill): taken when x is a bfloat16 CUDA PyTorch tensor on an
+    sm_90 (Hopper) device and T * k / E >= _GROUPED_MIN_ROWS_PER_EXPERT
+    (32), with H and I multiples of 8, w2's rows of I contiguous and
+    16-byte aligned and E <= 1024 (what torch._grouped_mm takes). s =
+    moe_sort(topk_ids, E); the x rows in expert order (x[s.order // k]);
+    h = grouped_gate_up(those rows, s.offsets, w13, bias=b13) [T*k, I];
+    the down projection on torch._grouped_mm(h, w2^T, offs=s.offsets)
+    (bf16, rounded once there), then in float32 plus b2 of each row's
+    expert, times its routing weight; unsorted with s.inverse and summed
+    over k. Within bf16 rounding of the gathered path. The environment
+    variable GATEDMLP_MOE_GROUPED=0 forces the gathered path, =1 the
+    grouped one wherever the conditions other than T * k / E hold (tests,
+    timing).
 
     Routing stays with the model: the router, its top-k and the softmax
     (or whatever normalisation the model uses) make topk_ids and
@@ -912,7 +1219,10 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
                   are converted), each in [0, E). An id outside it (such
                   as the "masking index" E that transformers' eager
                   forwards skip) is refused: IndexError, nothing written
-                  (check_indices=False: unchecked, `out` left unwritten).
+                  (the gathered path finds it in its first launch, the
+                  grouped one before any, with one small read back).
+                  check_indices=False: unchecked, no read back (CUDA
+                  graphs); a bad id then leaves the result undefined.
     topk_weights: [T, k] routing weights, float32, bfloat16 or float16.
     w13:          [E, 2I, H] the experts' fused gate/up weights, in any
                   fused layout: rows interleaved in blocks of `group` rows
@@ -927,12 +1237,12 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
                   in x's dtype when None.
     stream:       None: the current stream of x's framework; otherwise
                   every launch, allocation and the sum run on it.
-    workspace, check_indices: as for gather_gate_up (the index check is
-                  done once, on the first launch).
+    workspace:    as for gather_gate_up (the gate/up launch's scratch).
+    check_indices: see topk_ids; the ids are checked once.
 
     Shapes and dtypes are checked, naming these arguments, before anything
     is allocated or launched. Torch and CuPy tensors (the float32 scratch
-    and the sum are theirs). Returns out.
+    and the sum are theirs; the grouped path is PyTorch's). Returns out.
     """
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
     first = first if type(first) is Half else _enum(Half, first, "first")
@@ -946,6 +1256,8 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
     if len(ks) != 2 or ks[0] != t:
         raise _invalid(f"'topk_ids' must be [T, k] with T = {t} (x.shape[0]), got shape {ks}")
     k = ks[1]
+    if not _integer_dtype(topk_ids):
+        raise _invalid(f"'topk_ids' must hold integer expert ids (int32 or int64), got {_dtype_name(topk_ids)}")
     if ws != ks:
         raise _invalid(f"'topk_weights' must be [T, k] = {ks}, the shape of 'topk_ids', got shape {ws}")
     if _dtype_name(topk_weights) not in _ROUTING_DTYPES:
@@ -973,6 +1285,9 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
         if t * k == 0:
             return _zeros_into(x, (t, hidden), out)
         ids = _ids(topk_ids)
+        if _use_grouped(x, w13, w2, t * k, experts, hidden, inter):
+            return _moe_grouped(x, ids, topk_weights, w13, w2, b13, b2, activation, act_params, group, first, out,
+                                workspace, check_indices)
         h = gather_gate_up(x, ids, w13, bias=b13, activation=activation, act_params=act_params, group=group,
                            first=first, stream=stream, workspace=workspace, check_indices=check_indices)
         if k == 1:  # nothing to sum: the kernel's one rounding is the result's

@@ -204,6 +204,7 @@ GatherTensors import_gather(const GatherArgs& g) {
   t.index_error = import_optional(g.index_error, "index_error", true);
   t.rows_per_x = g.rows_per_x;
   t.rows_per_index = g.rows_per_index;
+  t.grouped = g.grouped;
   return t;
 }
 
@@ -215,6 +216,7 @@ void require_no_gather(const GatherTensors& g) {
     raise_invalid("'rows_per_index' = " + str(g.rows_per_index) +
                   " goes with 'indices' (a gathered call); none was given");
   if (g.index_error) raise_invalid("'index_error' goes with 'indices' (a gathered call); none was given");
+  if (g.grouped) raise_invalid("'grouped' = True goes with 'indices' (the experts' row offsets); none was given");
 }
 
 void describe_gathered_input(const TensorView& x, const GatherTensors& g, Problem* p) {
@@ -289,10 +291,18 @@ void describe_gather(const GatherTensors& g, int64_t experts, Problem* p) {
   if (!is_contiguous(idx))
     raise_invalid("'indices' must be contiguous, got shape " + idx.shape_str() + " with strides " +
                   idx.strides_str());
-  if (p->m % g.rows_per_index != 0)
+  if (g.grouped) {
+    // Rows sorted by expert: indices are the E cumulative row ends.
+    if (g.rows_per_x != 1 || g.rows_per_index != 1)
+      raise_invalid("a grouped call ('grouped' = True) takes rows_per_x = rows_per_index = 1, got " +
+                    str(g.rows_per_x) + " and " + str(g.rows_per_index));
+    if (numel(idx) != experts)
+      raise_invalid("'indices' of a grouped call must hold the E = " + str(experts) +
+                    " experts' cumulative row ends (w.shape[0]), got shape " + idx.shape_str());
+  } else if (p->m % g.rows_per_index != 0)
     raise_invalid("m = " + str(p->m) + " output rows (x's " + str(p->m / g.rows_per_x) + " rows x rows_per_x = " +
                   str(g.rows_per_x) + ") must be a multiple of rows_per_index = " + str(g.rows_per_index));
-  if (numel(idx) != p->m / g.rows_per_index)
+  if (!g.grouped && numel(idx) != p->m / g.rows_per_index)
     raise_invalid("'indices' must hold m / rows_per_index = " + str(p->m / g.rows_per_index) +
                   " expert ids (m = " + str(p->m) + ": x's " + str(p->m / g.rows_per_x) + " rows x rows_per_x = " +
                   str(g.rows_per_x) + ", rows_per_index = " + str(g.rows_per_index) + "), got shape " +
@@ -309,6 +319,7 @@ void describe_gather(const GatherTensors& g, int64_t experts, Problem* p) {
   p->gather.rows_per_x = g.rows_per_x;
   p->gather.rows_per_index = g.rows_per_index;
   p->gather.index_type = idx.bits == 64 ? IndexType::int64 : IndexType::int32;
+  p->gather.grouped = g.grouped;
 }
 
 void set_gather_arguments(const GatherTensors& g, Arguments* a) {

@@ -79,16 +79,19 @@ struct QuantArrays {
 
 // A Mixture-of-Experts gather (Problem::gather), as the entry points take
 // it: the expert ids (None: no gather), rows_per_x, rows_per_index and the
-// optional index_error output (gatedmlp.hpp's Gather says what they mean).
+// optional index_error output (gatedmlp.hpp's Gather says what they mean);
+// grouped: indices holds the E cumulative row ends of rows sorted by expert.
 struct GatherArgs {
   nb::handle indices, index_error;
   int64_t rows_per_x = 1, rows_per_index = 1;
+  bool grouped = false;
 };
 
 // The same, imported.
 struct GatherTensors {
   std::optional<TensorView> indices, index_error;
   int64_t rows_per_x = 1, rows_per_index = 1;
+  bool grouped = false;
   bool on() const { return indices.has_value(); }
 };
 

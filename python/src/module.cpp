@@ -128,9 +128,9 @@ const std::array<Field<WeightLayout>, 5> kWeightLayoutFields = {
     GATEDMLP_FIELD(WeightLayout, format), GATEDMLP_FIELD(WeightLayout, group), GATEDMLP_FIELD(WeightLayout, first),
     GATEDMLP_FIELD(WeightLayout, storage), GATEDMLP_FIELD(WeightLayout, ld)};
 
-const std::array<Field<Gather>, 4> kGatherFields = {
+const std::array<Field<Gather>, 5> kGatherFields = {
     GATEDMLP_FIELD(Gather, experts), GATEDMLP_FIELD(Gather, rows_per_x), GATEDMLP_FIELD(Gather, rows_per_index),
-    GATEDMLP_FIELD(Gather, index_type)};
+    GATEDMLP_FIELD(Gather, index_type), GATEDMLP_FIELD(Gather, grouped)};
 
 const std::array<Field<Problem>, 30> kProblemFields = {
     GATEDMLP_FIELD(Problem, op),
@@ -198,7 +198,8 @@ std::string repr(const WeightLayout& w) {
 
 std::string repr(const Gather& g) {
   return "Gather(experts=" + str(g.experts) + ", rows_per_x=" + str(g.rows_per_x) +
-         ", rows_per_index=" + str(g.rows_per_index) + ", index_type=" + to_string(g.index_type) + ")";
+         ", rows_per_index=" + str(g.rows_per_index) + ", index_type=" + to_string(g.index_type) +
+         (g.grouped ? ", grouped=True" : "") + ")";
 }
 
 std::string hex(const void* p) {
@@ -354,6 +355,7 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("rows_per_x", &Gather::rows_per_x)
                 .def_rw("rows_per_index", &Gather::rows_per_index)
                 .def_rw("index_type", &Gather::index_type)
+                .def_rw("grouped", &Gather::grouped)
                 .def("__repr__", [](const Gather& g) { return repr(g); });
   add_copy(ga);
 
@@ -487,11 +489,11 @@ NB_MODULE(_gatedmlp, m) {
          WeightStorage storage, float alpha, uintptr_t stream, nb::handle workspace, nb::handle workspace_alloc,
          nb::handle scales, nb::handle biases, nb::handle scales_up, nb::handle biases_up,
          std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index, nb::handle index_error) {
+         int64_t rows_per_index, nb::handle index_error, bool grouped) {
         gate_up(x, w, out, w_up, bias, bias_up, preact, activation, act_params, clamp_alpha, clamp_limit, group,
                 first, storage, alpha, stream, workspace, workspace_alloc,
                 QuantArrays{scales, biases, scales_up, biases_up, quant}, hold_workspace,
-                GatherArgs{indices, index_error, rows_per_x, rows_per_index});
+                GatherArgs{indices, index_error, rows_per_x, rows_per_index, grouped});
       },
       "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
@@ -500,6 +502,7 @@ NB_MODULE(_gatedmlp, m) {
       "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(), "biases"_a = nb::none(),
       "scales_up"_a = nb::none(), "biases_up"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true,
       "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(),
+      "grouped"_a = false,
       "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
       "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
       "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
@@ -507,23 +510,27 @@ NB_MODULE(_gatedmlp, m) {
       "graph is being captured, or with hold_workspace=False: torch ops, whose allocations torch.compile's "
       "CUDA-graph trees must see freed). With `quant` (a QuantFormat), w and w_up are packed uint32 words "
       "[rows, K * bits / 32] and scales / biases (scales_up / biases_up) their [rows, K / group_size] "
-      "scales and biases. " GATHER_DOC);
+      "scales and biases. " GATHER_DOC
+      " With grouped=True (gate_up only, 16-bit weights, sm_90) x [m, K] holds rows sorted by expert and `indices` "
+      "the E cumulative row ends (torch._grouped_mm's offs; the last must be m); index_error then names the first "
+      "bad offset.");
   m.def(
       "make_problem",
       [](nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
          nb::handle preact, Activation activation, std::optional<ActivationParams> act_params, int64_t group,
          Half first, WeightStorage storage, float alpha, nb::handle scales, nb::handle biases, nb::handle scales_up,
          nb::handle biases_up, std::optional<QuantFormat> quant, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index) {
+         int64_t rows_per_index, bool grouped) {
         return make_problem(x, w, out, w_up, bias, bias_up, preact, activation, act_params, group, first, storage,
                             alpha, QuantArrays{scales, biases, scales_up, biases_up, quant},
-                            GatherArgs{indices, nb::none(), rows_per_x, rows_per_index});
+                            GatherArgs{indices, nb::none(), rows_per_x, rows_per_index, grouped});
       },
       "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
       "group"_a = 0, "first"_a = Half::gate, "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f,
       "scales"_a = nb::none(), "biases"_a = nb::none(), "scales_up"_a = nb::none(), "biases_up"_a = nb::none(),
       "quant"_a = nb::none(), "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1,
+      "grouped"_a = false,
       "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None).");
   m.def(
       "down",

@@ -182,7 +182,8 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
   }
   t_plans.next = (t_plans.next + 1) % kPlanCacheSize;
   fill_key(&e, p, device, a, env);
-  e.ws_threshold = cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong ? sm90::workspace_bytes(dev.sms)
+  e.ws_threshold = r.gather.grouped                                   ? sm90::grouped_workspace_bytes(r)
+                   : cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong ? sm90::workspace_bytes(dev.sms)
                    : cfg.path == KernelPath::cublas                    ? dl.total()
                                                                         : 0;
   e.ws_enough = ws != nullptr && ws_bytes >= e.ws_threshold;
@@ -255,6 +256,8 @@ size_t workspace_size(const Problem& p) {
       bytes = down::workspace_layout(r, cfg.path).total();
     else if (r.quantized && cfg.path != KernelPath::quant_decode)  // dequantized first: the weights, then the 16-bit call's
       bytes = quant_decode::dequantized_bytes(r) + workspace_size(quant_decode::dequantized_problem(r));
+    else if (r.gather.grouped)  // the table of row units
+      bytes = sm90::grouped_workspace_bytes(r);
     else if (cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong && r.k > sm90::kTile.tile_k)  // one k-block: nothing to split
       bytes = sm90::workspace_bytes(dev.sms);
   }

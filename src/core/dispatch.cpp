@@ -219,6 +219,35 @@ Status select_gathered(const Problem& r, const Problem& kp, const Arguments* a, 
   return Status::Ok();
 }
 
+// A grouped call (rows sorted by expert, E offsets; prefill): the Hopper
+// kernel's grouped form only, which runs each expert's rows as GEMM tiles
+// against that expert's weights. No other kernel reads the offsets.
+Status select_grouped(const Problem& r, const Arguments* a, const DeviceInfo& dev, Config* cfg) {
+  std::string no;
+  if (dev.major != 9 || dev.minor != 0) no = "not an sm_90 device";
+  else if (size_t(sm90::kTile.smem_bytes) > dev.smem_optin) no = "too little shared memory per block";
+  else no = sm90::grouped_blocker(r, a);
+  if (!no.empty())
+    return err(StatusCode::not_supported, "a grouped call (gather.grouped) runs on the Hopper TMA + wgmma kernel "
+               "only, which cannot take it: ", no, " (device ", dev.device, ": ", dev.name, ")");
+  Config c;
+  c.path = KernelPath::sm90_wgmma;
+  c.tile_m = sm90::kTile.tile_m;
+  c.tile_n = sm90::kTile.tile_n;
+  c.tile_k = sm90::kTile.tile_k;
+  c.stages = sm90::kTile.stages;
+  c.threads = sm90::kTile.threads;
+  c.vector_loads = true;
+  std::ostringstream os;
+  os << "grouped over " << r.gather.experts << " experts on the Hopper TMA + wgmma path: rows sorted by expert, "
+     << "each expert's rows in " << c.tile_m << "-row tiles of its own against its weights; " << c.tile_n
+     << "-column tiles, one CTA per SM, a table of at most " << sm90::grouped_units(r.m, r.gather.experts, c.tile_m)
+     << " row units written from the offsets first";
+  c.reason = os.str();
+  *cfg = c;
+  return Status::Ok();
+}
+
 // The down projection: the decode kernels where they can read it (the
 // quantized one up to its 64 rows, the 16-bit one up to 16), else a
 // cuBLASLt GEMM, which takes any shape. Each decision is made on the
@@ -277,6 +306,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
   if (is_down(r)) return select_down(r, a, cfg);
+  if (r.gather.grouped) return select_grouped(r, a, dev, cfg);
   if (r.gather.experts > 0) return select_gathered(r, r, a, cfg);
   // Quantized weights: the quantized decode kernel up to its kMaxM rows;
   // past them (where the weights are reused across enough rows for the 16-bit

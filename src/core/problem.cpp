@@ -125,7 +125,8 @@ std::string to_string(const Problem& p) {
   }
   if (p.gather.experts > 0)
     os << " gather(experts=" << p.gather.experts << " rows_per_x=" << p.gather.rows_per_x
-       << " rows_per_index=" << p.gather.rows_per_index << " indices=" << to_string(p.gather.index_type) << ")";
+       << " rows_per_index=" << p.gather.rows_per_index << " indices=" << to_string(p.gather.index_type)
+       << (p.gather.grouped ? " grouped" : "") << ")";
   os << " alpha=" << p.alpha;
   if (p.has_bias) os << " bias=" << to_string(p.bias_dtype);
   if (p.has_row_scale) os << " row_scale=" << to_string(p.row_scale_dtype);
@@ -198,7 +199,7 @@ bool same_problem(const Problem& a, const Problem& b) {
          (!a.has_row_scale || a.row_scale_dtype == b.row_scale_dtype) &&
          (a.gather.experts == 0 ||
           (a.gather.rows_per_x == b.gather.rows_per_x && a.gather.rows_per_index == b.gather.rows_per_index &&
-           a.gather.index_type == b.gather.index_type));
+           a.gather.index_type == b.gather.index_type && a.gather.grouped == b.gather.grouped));
 }
 
 Status extents(const Problem& p, Extents* e) {
@@ -274,6 +275,20 @@ Status check_gather(const Problem& p) {
   if (p.weights.storage != WeightStorage::out_in)
     return err(StatusCode::not_supported, "a gathered call reads K-contiguous expert weights (storage out_in); got ",
                to_string(p.weights.storage), ": convert them once with convert_weights");
+  if (g.grouped) {
+    // Rows sorted by expert, E offsets: the Hopper GEMM kernel's form of the
+    // gather (prefill), which has no down projection, no quantized weights
+    // and no pre-activation yet.
+    const StatusCode ns = StatusCode::not_supported;
+    if (g.rows_per_x != 1 || g.rows_per_index != 1)
+      return err(inv, "a grouped call (gather.grouped) takes rows_per_x = rows_per_index = 1 (x holds the sorted "
+                 "rows themselves), got rows_per_x=", g.rows_per_x, " rows_per_index=", g.rows_per_index);
+    if (p.op != Operation::gate_up)
+      return err(ns, "a grouped call (gather.grouped) is gate_up only; a grouped down projection is not built "
+                 "(gathered down projections run with per-row ids)");
+    if (p.quantized) return err(ns, "a grouped call (gather.grouped) takes 16-bit weights, not quantized ones");
+    if (p.has_preact) return err(ns, "a grouped call (gather.grouped) writes no pre-activation");
+  }
   return Status::Ok();
 }
 

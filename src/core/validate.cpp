@@ -114,7 +114,8 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   if (r.has_preact) ts.push_back(tensor("preact", a.preact, e.preact, r.preact_dtype, true));
   if (r.gather.experts > 0) {
     const bool i64 = r.gather.index_type == IndexType::int64;
-    ts.push_back({"indices", a.indices, r.m / r.gather.rows_per_index, size_t(i64 ? 8 : 4), i64 ? "int64" : "int32", false});
+    const int64_t n = r.gather.grouped ? r.gather.experts : r.m / r.gather.rows_per_index;  // grouped: the offsets
+    ts.push_back({"indices", a.indices, n, size_t(i64 ? 8 : 4), i64 ? "int64" : "int32", false});
     if (a.index_error) ts.push_back({"index_error", a.index_error, 2, 8, "int64", true});
     if (r.has_row_scale) ts.push_back(tensor("row_scale", a.row_scale, r.m, r.row_scale_dtype, false));
   }

@@ -165,12 +165,12 @@ __device__ __forceinline__ void park_glu_chunk(const float (&d)[128], float* buf
 // Writes a parked 64 x 32 chunk of Y. Each thread stores 4 consecutive
 // columns of a row.
 __device__ __forceinline__ void store_chunk(const Params& p, const float* buf, int tid, int l, int64_t row0,
-                                            int64_t col0) {
+                                            int64_t col0, int64_t m_end) {
   for (int idx = tid; idx < 64 * (Traits::kChunk / 4); idx += 128) {
     const int r = idx / (Traits::kChunk / 4);
     const int c = (idx % (Traits::kChunk / 4)) * 4;
     const int64_t row = row0 + r, j0 = col0 + c;
-    if (row >= p.m || j0 >= p.u) continue;
+    if (row >= m_end || j0 >= p.u) continue;
     const float4 v = *reinterpret_cast<const float4*>(buf + r * Traits::kStageLd + c);
     const float vs[4] = {v.x, v.y, v.z, v.w};
     const int64_t yi = int64_t(l) * p.sy + row * p.ldy + j0;
@@ -580,12 +580,12 @@ __device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N],
 }
 
 // Fast Y: registers -> swizzled shared tile -> two TMA stores (rows row0 ...
-// row0 + 63, clipped at M and U), issued by one thread and left in flight
+// row0 + 63, clipped at M and U; none at all from m_end on), issued by one thread and left in flight
 // while the warpgroup goes on. The tile must be free (its previous stores
 // have read it: bulk_wait_read and a barrier of the warpgroup before).
 template <int ACT, bool DONE, int N>
 __device__ __forceinline__ void store_y_tma(const Params& p, const float (&d)[N], unsigned char* tile, int bar,
-                                            int tid, int l, int64_t row0, int64_t col0) {
+                                            int tid, int l, int64_t row0, int64_t col0, int64_t m_end) {
   const int warp = tid / 32, lane = tid % 32;
   if (p.out_dtype == 0)
     park_y_swizzled<ACT, DONE, __nv_bfloat16, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
@@ -593,7 +593,7 @@ __device__ __forceinline__ void store_y_tma(const Params& p, const float (&d)[N]
     park_y_swizzled<ACT, DONE, __half, N>(d, tile, warp, lane, p.clamp_alpha, p.clamp_limit);
   fence_proxy_async();
   named_barrier(bar, 128);
-  if (tid == 0 && row0 < p.m) {
+  if (tid == 0 && row0 < m_end) {
     // Columns 64 on: the second 64-column box, or (N = 88, 96) the 24- or
     // 32-column one.
     const CUtensorMap* second = N == 128 ? &p.tma_y : &p.tma_y_tail;
@@ -606,16 +606,20 @@ __device__ __forceinline__ void store_y_tma(const Params& p, const float (&d)[N]
 // N output columns per tile (N accumulators per thread). The narrow tile (N
 // = 88) takes neither a pre-activation nor a Y the copy engine cannot
 // address (the host picks it only without them: dispatch.cpp).
+// row0: the warpgroup's first row; m_end: the end of the rows it may store
+// (M, or a grouped unit's last row + 1); yl: Y's batch (tc.l is the bias's:
+// a grouped call's expert); y_tma: Y by TMA stores (p.y_tma, but for a
+// grouped unit that ends inside the warpgroup's rows).
 // PRE = 1: `spare` is the warpgroup's 16 KB of a held ring stage, `early`
 // whether the other warpgroup may say it is done with that stage without a
 // barrier of both (see store_pre_tma); the other kernels ignore them.
 template <typename T, int ACT, int PRE, int N>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, unsigned char* spare,
-                                         bool early, float* sbias, int cw, int tid, const TileCoord& tc) {
+                                         bool early, float* sbias, int cw, int tid, const TileCoord& tc,
+                                         int64_t row0, int64_t m_end, int yl, bool y_tma) {
   static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
-  const int64_t row0 = int64_t(tc.mb) * Traits::BM + 64 * cw;
   const int64_t col0 = int64_t(tc.nb) * N;
   float* buf = reinterpret_cast<float*>(tile);
 
@@ -665,8 +669,8 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
 
   // With PRE = 1, store_pre_tma has already computed Y (in d[0 ... 63]).
   constexpr bool kDone = PRE == 1;
-  if (p.y_tma) {
-    store_y_tma<ACT, kDone>(p, d, tile, bar, tid, tc.l, row0, col0);
+  if (y_tma) {
+    store_y_tma<ACT, kDone>(p, d, tile, bar, tid, yl, row0, col0, m_end);
     return;
   }
   if constexpr (N != 128) {
@@ -675,7 +679,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
 #define GATEDMLP_Y_CHUNK(Q)                                                          \
   park_glu_chunk<ACT, kDone, Q>(d, buf, warp, lane, p.clamp_alpha, p.clamp_limit);   \
   named_barrier(bar, 128);                                                           \
-  store_chunk(p, buf, tid, tc.l, row0, col0 + Q * Traits::kChunk);                   \
+  store_chunk(p, buf, tid, yl, row0, col0 + Q * Traits::kChunk, m_end);             \
   if (Q < 3) named_barrier(bar, 128);
   GATEDMLP_Y_CHUNK(0)
   GATEDMLP_Y_CHUNK(1)

@@ -159,6 +159,22 @@ std::string blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
+std::string grouped_blocker(const Problem& r, const Arguments* a) {
+  if (std::string no = blocker(r, a); !no.empty()) return no;
+  std::ostringstream os;
+  const int64_t units = grouped_units(r.m, r.gather.experts, kTile.tile_m);
+  if (r.batch_stride_w % 8 || r.batch_stride_w == 0)
+    os << "the expert stride batch_stride_w=" << r.batch_stride_w << " is not a nonzero multiple of 8";
+  else if (r.gather.experts > kMaxCoord) os << "gather.experts exceeds 2^31-1 (TMA coordinates)";
+  else if (units * ((r.u + kTile.tile_n - 1) / kTile.tile_n) > kMaxCoord)
+    os << "m and u make 2^31 or more tiles (the kernel's schedule counts them in 32 bits)";
+  return os.str();
+}
+
+size_t grouped_workspace_bytes(const Problem& r) {
+  return size_t(grouped_units(r.m, r.gather.experts, kTile.tile_m)) * 4 * sizeof(int32_t);
+}
+
 namespace {
 
 // A driver entry point, looked up once per process (no driver library is
@@ -281,6 +297,11 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
       return err(StatusCode::not_supported, "sm90::launch: the narrow tile cannot take this call: ", no);
   }
 
+  // A grouped call: the GROUPED kernels, one CTA, 128 columns (grouped_blocker).
+  const bool grouped = r.gather.grouped;
+  if (grouped && (tile_n != kTile.tile_n || pingpong))
+    return err(StatusCode::not_supported, "sm90::launch: a grouped call runs on the ", kTile.tile_n,
+               "-column cooperative kernels");
   Params& p = out->p;
   p = Params{};
   constexpr int BM = kTile.tile_m, BK = kTile.tile_k;
@@ -296,13 +317,13 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   p.k_blocks = static_cast<int>((r.k + BK - 1) / BK);
   // Clusters of CTAs sharing the weight tile through multicast: see
   // kClusterM.
-  const int cluster_m = cluster_size(r);
+  const int cluster_m = grouped ? 1 : cluster_size(r);
   // Items handed out at run time need the workspace's counter. Only the
   // cooperative kernels in clusters of two have them (the kernel says why);
   // the ping-pong ones, whose warpgroups take a CTA's items in turn, keep
   // the static order.
   const bool tickets =
-      !pingpong && cluster_m == 2 && workspace && ws_bytes >= workspace_bytes(sms) && use_tickets(p.k_blocks);
+      !pingpong && !grouped && cluster_m == 2 && workspace && ws_bytes >= workspace_bytes(sms) && use_tickets(p.k_blocks);
   // Tuning knob: GATEDMLP_SM90_GROUP_M row units per raster group (default
   // 16; 4 with tickets, where the items that share a column-block's weights
   // start together and those that share X rows only 4 items apart: docs/notes/split-tail-and-schedule.md,
@@ -311,6 +332,9 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   p.group_m = gm ? std::max(1, std::atoi(gm)) : tickets ? 4 : 16;
   // GATEDMLP_SM90_PAIR_COLS=0: an odd row-block count rounded up to whole
   // units of two, as before the column pairs (timing knob).
+  // Grouped: the schedule walks the table's upper bound of row units;
+  // those past the last expert's are empty and skipped.
+  if (grouped) p.m_tiles = static_cast<int>(grouped_units(r.m, r.gather.experts, BM));
   plan_items(p, cluster_m, r.batch, !env_off("GATEDMLP_SM90_PAIR_COLS"));
 
   // X: (K, M, L).
@@ -335,7 +359,9 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   const int64_t blocks = r.u / g;
   const int64_t row_bytes = r.weights.ld * 2;
   p.w_group = g;
-  p.w_batched = r.batch > 1 && r.batch_stride_w != 0;
+  // Grouped: the experts take the batch's place (the weights' L coordinate).
+  p.w_batched = grouped || (r.batch > 1 && r.batch_stride_w != 0);
+  const int64_t w_l = grouped ? r.gather.experts : r.batch;
   p.gate_half = sep ? 0 : (r.weights.first == Half::gate ? 0 : 1);
   p.up_half = sep ? 0 : 1 - p.gate_half;
   {
@@ -353,7 +379,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
     if (sub && (!pingpong || g % kSubBoxRows != 0))
       return err(StatusCode::not_supported, "sm90::launch: ", BN, "-column tiles cannot gather weights in blocks of G=", g);
     const cuuint64_t dims[5] = {cuuint64_t(r.k), cuuint64_t(g), cuuint64_t(halves), cuuint64_t(blocks),
-                                cuuint64_t(p.w_batched ? r.batch : 1)};
+                                cuuint64_t(p.w_batched ? w_l : 1)};
     const cuuint64_t strides[4] = {cuuint64_t(row_bytes), cuuint64_t(g * row_bytes),
                                    cuuint64_t(halves * g * row_bytes),
                                    cuuint64_t(p.w_batched ? r.batch_stride_w * 2 : blocks * halves * g * row_bytes)};
@@ -486,7 +512,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   // Split-tail workspace: flags first, then the partial tiles. (The
   // ping-pong kernels run every item whole.) launch_prepared points them at
   // each call's workspace.
-  const bool ws_ok = !pingpong && workspace && ws_bytes >= workspace_bytes(sms);
+  const bool ws_ok = !pingpong && !grouped && workspace && ws_bytes >= workspace_bytes(sms);
   if (ws_ok) {
     p.sk_flag = static_cast<uint64_t*>(workspace);
     p.sk_part = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms));
@@ -495,12 +521,18 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   if (tickets)
     p.tickets = reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms) + partial_bytes(sms));
 
+  p.grouped = grouped;
   const int act = static_cast<int>(r.activation);
   const cudaError_t e = r.input_dtype == DType::bf16 ? setup_bf16(p, act, cluster_m, sms, &out->k)
                                                      : setup_fp16(p, act, cluster_m, sms, &out->k);
   if (e != cudaSuccess) return err(StatusCode::cuda_error, "Hopper kernel set-up failed: ", cudaGetErrorString(e));
-  out->uses_workspace = out->k.split || p.tickets != nullptr;
+  out->uses_workspace = out->k.split || p.tickets != nullptr || grouped;
   out->sms = sms;
+  if (grouped) {
+    out->experts = r.gather.experts;
+    out->index64 = r.gather.index_type == IndexType::int64;
+    out->units = p.m_tiles;
+  }
   out->x = a.x;
   out->w = a.w;
   out->w_up = a.w_up;
@@ -550,7 +582,19 @@ Status launch_prepared(Prepared& pr, const Arguments& a, void* workspace, size_t
   p.bias_up = a.bias_up;
   p.y = a.y;
   p.pre = a.preact;
-  if (pr.uses_workspace) {
+  if (p.grouped) {
+    // The plan kernel writes the table of row units from this call's
+    // offsets (and checks them), then the kernel walks it.
+    const size_t need = size_t(pr.units) * 4 * sizeof(int32_t);
+    if (!workspace || ws_bytes < need)
+      return err(StatusCode::invalid_argument, "a grouped call needs ", need,
+                 " bytes of workspace for its table of row units (workspace_size()), got ", ws_bytes);
+    p.items = static_cast<const int32_t*>(workspace);
+    if (const cudaError_t e = launch_grouped_plan(a.indices, pr.index64, pr.experts, p.m, pr.units, kTile.tile_m,
+                                                  static_cast<int32_t*>(workspace), a.index_error, stream);
+        e != cudaSuccess)
+      return err(StatusCode::cuda_error, "the grouped call's plan kernel failed to launch: ", cudaGetErrorString(e));
+  } else if (pr.uses_workspace) {
     if (!workspace || ws_bytes < workspace_bytes(pr.sms))
       return err(StatusCode::invalid_argument, "sm90: this call was prepared with a workspace of ",
                  workspace_bytes(pr.sms), " bytes, got ", ws_bytes);

@@ -204,6 +204,44 @@ cudaError_t setup_cm(Params& p, int cluster_m, int sms, KernelLaunch* k) {
   }
 }
 
+template <typename T, int ACT>
+cudaError_t launch_grouped(const KernelLaunch& k, const Params& p, cudaStream_t stream) {
+  const cudaLaunchConfig_t cfg = launch_config(k, stream);
+  return cudaLaunchKernelEx(&cfg, sm90_gemm_glu_kernel<T, ACT, 1, 0, 128, true>, p);
+}
+
+// A grouped call (p.grouped): one CTA per SM, at most one per row unit of
+// the table's upper bound, every item whole, no cluster attribute.
+template <typename T, int ACT>
+cudaError_t setup_grouped(Params& p, int sms, KernelLaunch* k) {
+  using Tr = TileTraits<128>;
+  if (cudaError_t e = detail::allow_smem(sm90_gemm_glu_kernel<T, ACT, 1, 0, 128, true>, Tr::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  int ctas = sms;
+  if (const char* v = std::getenv("GATEDMLP_SM90_CLUSTERS")) ctas = std::max(1, std::atoi(v));  // tuning and test knob
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(p.tiles, ctas));
+  if (const char* v = std::getenv("GATEDMLP_LOG"); v && *v && *v != '0')
+    std::fprintf(stderr, "[gatedmlp] sm90: grouped, 128-column tiles; at most %lld items on %lld CTAs\n",
+                 static_cast<long long>(p.tiles), static_cast<long long>(grid));
+  k->grid = dim3(static_cast<unsigned>(grid));
+  k->block = dim3(Tr::kThreads);
+  k->smem = Tr::kSmemBytes;
+  k->cluster_attr = false;
+  k->split = false;
+  k->launch = &launch_grouped<T, ACT>;
+  return cudaSuccess;
+}
+
+// The grouped kernels, all five activations of one dtype, in a TU of their
+// own (sm90_grouped_<dtype>.cu), declared `extern` in the dispatch TU.
+#define GATEDMLP_SM90_GROUPED(EXTERN, T)                                         \
+  EXTERN template cudaError_t setup_grouped<T, 0>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_grouped<T, 1>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_grouped<T, 2>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_grouped<T, 3>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_grouped<T, 4>(Params&, int, KernelLaunch*);
+
 // Explicit instantiation (in a kernel TU) or declaration (`extern`, in the
 // dispatch TU) of setup_cm for both dtypes and activation ACT.
 #define GATEDMLP_SM90_LAUNCHERS(EXTERN, ACT)                                                        \

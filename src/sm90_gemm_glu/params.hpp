@@ -123,6 +123,22 @@ struct Params {
   // kTicketRingSlots slots per cluster (the kernel's TicketRing, docs/notes/split-tail-and-schedule.md
   // h59). nullptr: cluster c runs items c, c + clusters, ...
   uint32_t* tickets;
+
+  // Grouped calls (Gather::grouped; the GROUPED kernels only): row unit mb
+  // of the schedule is entry mb of this table in the workspace, four int32
+  // {first row, end row, expert, 0} written by the plan kernel
+  // (grouped.cu) from the offsets just before; first >= end: no rows (the
+  // schedule counts an upper bound of units). X rows come from the first
+  // row on, the weights and bias are the expert's, Y rows stop at the end.
+  const int32_t* items;
+  int grouped;  // the GROUPED kernels (launch.cuh's setup_grouped)
 };
+
+// A grouped call's table: the row units it may need, an upper bound known
+// on the host. An expert of c rows takes ceil(c / 128) units, so E experts
+// over m rows take at most floor(m / 128) + min(E, m) of them.
+inline int64_t grouped_units(int64_t m, int64_t experts, int tile_m) {
+  return m / tile_m + (experts < m ? experts : m);
+}
 
 }  // namespace gatedmlp::sm90

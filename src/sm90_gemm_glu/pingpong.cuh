@@ -253,13 +253,13 @@ __device__ __forceinline__ void epilogue_pingpong(const Params& p, float (&d0)[N
   }
   apply_alpha_bias(p, d0, sbias, lane);
   if constexpr (PRE == 1) store_pre_pingpong<T, N>(p, d0, tile, bar, tid, tc.l, row0, col0);
-  store_y_tma<ACT, false>(p, d0, tile, bar, tid, tc.l, row0, col0);
+  store_y_tma<ACT, false>(p, d0, tile, bar, tid, tc.l, row0, col0, p.m);
   if (row0 + 64 >= p.m) return;  // rows 64-127 all past M: computed, never stored
   if (tid == 0) bulk_wait_read();
   named_barrier(bar, 128);
   apply_alpha_bias(p, d1, sbias, lane);
   if constexpr (PRE == 1) store_pre_pingpong<T, N>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
-  store_y_tma<ACT, false>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0);
+  store_y_tma<ACT, false>(p, d1, tile, bar, tid, tc.l, row0 + 64, col0, p.m);
 }
 
 }  // namespace detail_

@@ -111,9 +111,15 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
 // pre-activation, Y by TMA, clusters of one or two: each CTA of a pair loads
 // one 88-row half, where a quarter of it, 44 rows, would not start on a
 // swizzle atom).
-template <typename T, int ACT, int CM, int PRE, int BNO>
+// GROUPED: a grouped (MoE prefill) call, rows sorted by expert: row unit mb
+// is entry mb of p.items (params.hpp), whose rows start anywhere and end at
+// their expert's last row; its weights and bias are the expert's. One-CTA
+// clusters (two CTAs of a unit would need two experts' weights), 128-column
+// tiles, no pre-activation, no split tail.
+template <typename T, int ACT, int CM, int PRE, int BNO, bool GROUPED = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
+  static_assert(!GROUPED || (CM == 1 && PRE == 0 && BNO == 128), "grouped kernels: one CTA, 128 columns, no PRE");
   static_assert(BNO == 128 || (CM <= 2 && PRE == 0), "narrow kernels: clusters of one or two, no pre-activation");
   static_assert(PRE == 0 || TileTraits<BNO>::kSpareStride + 16384 <= TileTraits<BNO>::kStageBytes,
                 "PRE = 1: each consumer warpgroup parks 16 KB in the held stage");
@@ -186,7 +192,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         const uint32_t n0 = uint32_t(tc.nb < p.n_tiles ? tc.nb : p.n_tiles - 1) * Tr::BNO;
         const uint32_t wgrp = static_cast<uint32_t>(p.w_group);
         const int c3 = static_cast<int>(n0 / wgrp), c1 = static_cast<int>(n0 - uint32_t(c3) * wgrp);
-        const int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
+        int xl = p.x_batched ? tc.l : 0, wl = p.w_batched ? tc.l : 0;
+        int xrow = tc.mb * Tr::BM;
+        if constexpr (GROUPED) {
+          const int4 it = *reinterpret_cast<const int4*>(p.items + 4 * tc.mb);
+          if (it.x >= it.y) continue;  // a unit past the last expert's rows (the consumers skip it too)
+          xrow = it.x;
+          xl = 0;
+          wl = it.z;
+        }
         GATEDMLP_TL_PIECE(0, timeline::kLoad, w, wk.item, wk.kb0, wk.kb1, wk.role);
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
           const int s = pos.stage;
@@ -194,7 +208,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           mbar_wait(&empty[s], pos.phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
-          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, tc.mb * Tr::BM, xl);
+          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, xrow, xl);
           if (CM == 1 || (CM == 2 && tc.pair_cols)) {
             // The whole weight tile, for this CTA alone (with column pairs
             // each CTA also loads the shared X tile itself: no multicast).
@@ -275,14 +289,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       return sched.at_dynamic(p, w, item, &wk);
     };
     for (int w = 0; next_piece(w); ++w) {
-      const TileCoord tc = tile_coord<CM>(p, wk.item, rank);
-      const int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
+      TileCoord tc = tile_coord<CM>(p, wk.item, rank);
+      // This warpgroup's first row, the end of its rows (M, or its expert's
+      // last row + 1), and the batch of Y (grouped: tc.l is the expert, for
+      // the bias).
+      int64_t row0 = int64_t(tc.mb) * Tr::BM + 64 * cw, m_end = p.m;
+      int yl = tc.l;
+      if constexpr (GROUPED) {
+        const int4 it = *reinterpret_cast<const int4*>(p.items + 4 * tc.mb);
+        if (it.x >= it.y) continue;  // no rows: the producer loaded nothing for it
+        row0 = int64_t(it.x) + 64 * cw;
+        m_end = it.y;
+        tc.l = it.z;
+        yl = 0;
+      }
       // A warpgroup whose 64 rows all lie past M (M <= 64, or the second half
       // of a last row-block), or whose columns lie past U (the second CTA of
       // the last pair_cols item when n_tiles is odd), only frees the stages:
       // its sums would never be stored, and its MMAs would read the shared
       // tiles for nothing.
-      const bool idle = row0 >= p.m || int64_t(tc.nb) * Tr::BNO >= p.u;
+      const bool idle = row0 >= m_end || int64_t(tc.nb) * Tr::BNO >= p.u;
       int prev = -1;
       // The item's first k-step, peeled: its first wgmma overwrites the
       // accumulators and says so (wgmma_tile<..., true>), so that they are
@@ -366,9 +392,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // The warpgroup's 16 KB of the held stage (read by the PRE = 1
       // kernels only; the others ignore it).
       unsigned char* spare = smem + (prev >= 0 ? prev : 0) * Tr::kStageBytes + cw * Tr::kSpareStride;
+      // Y by TMA stores where the call's Y can take them, but for a grouped
+      // unit's rows that end inside this warpgroup's 64 (the box would write
+      // the next expert's rows, which another CTA owns): those go from
+      // registers.
+      const bool y_tma = p.y_tma && (!GROUPED || row0 + 64 <= m_end);
       detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare,
                                           CM == 1 && wk.role == kWhole && p.k_blocks >= Tr::kStages, sbias, cw,
-                                          tid, tc);
+                                          tid, tc, row0, m_end, yl, y_tma);
       if (hold) {
         // Round 1's stores (all but the Y tile's group) have read the stage.
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_WAIT)

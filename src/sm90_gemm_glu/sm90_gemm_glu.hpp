@@ -62,6 +62,20 @@ std::string blocker(const Problem& resolved, const Arguments* args);
 // counter and slots (Params::tickets).
 size_t workspace_bytes(int ctas);
 
+// A grouped call (Gather::grouped): why the Hopper kernel cannot take it
+// (blocker() and the expert stride), or "". `args` may be null.
+std::string grouped_blocker(const Problem& resolved, const Arguments* args);
+
+// A grouped call's workspace: the table of row units (Params::items), 16
+// bytes per unit of grouped_units()' bound. It needs no other.
+size_t grouped_workspace_bytes(const Problem& resolved);
+
+// The plan kernel (grouped.cu): checks the E offsets (int32 or int64) of a
+// grouped call of m rows and writes its table of `units` entries (the
+// bound) for tile_m-row units into `items`, and index_error if given.
+cudaError_t launch_grouped_plan(const void* offsets, bool index64, int64_t experts, int64_t m, int64_t units,
+                                int tile_m, int32_t* items, int64_t* index_error, cudaStream_t stream);
+
 // How a prepared kernel is launched: grid, block, shared memory, whether
 // with a cluster attribute, whether its tail is split (a fresh token per
 // launch), and the typed launcher of its kernel.
@@ -82,6 +96,11 @@ struct Prepared {
   KernelLaunch k;
   bool uses_workspace = false;  // the split tail or the tickets: the call's workspace must be given
   int sms = 0;
+  // A grouped call: its experts, the offsets' type, the table's units
+  // (the plan kernel runs first, on each call's offsets).
+  int64_t experts = 0;
+  bool index64 = false;
+  int64_t units = 0;
   // The addresses the tensor maps hold now.
   const void* x = nullptr;
   const void* w = nullptr;

@@ -9,11 +9,22 @@ GATEDMLP_SM90_LAUNCHERS(extern, 1)
 GATEDMLP_SM90_LAUNCHERS(extern, 2)
 GATEDMLP_SM90_LAUNCHERS(extern, 3)
 GATEDMLP_SM90_LAUNCHERS(extern, 4)
+GATEDMLP_SM90_GROUPED(extern, __nv_bfloat16)
+GATEDMLP_SM90_GROUPED(extern, __half)
 
 namespace {
 
 template <typename T>
 cudaError_t setup_any(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k) {
+  if (p.grouped) {
+    switch (activation) {
+      case 0: return setup_grouped<T, 0>(p, sms, k);
+      case 1: return setup_grouped<T, 1>(p, sms, k);
+      case 2: return setup_grouped<T, 2>(p, sms, k);
+      case 3: return setup_grouped<T, 3>(p, sms, k);
+      default: return setup_grouped<T, 4>(p, sms, k);
+    }
+  }
   switch (activation) {
     case 0: return setup_cm<T, 0>(p, cluster_m, sms, k);
     case 1: return setup_cm<T, 1>(p, cluster_m, sms, k);
