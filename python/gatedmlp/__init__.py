@@ -550,6 +550,19 @@ def _index_error_like(like):
         f"{type(like).__qualname__} input; pass check_indices=False (a bad index then leaves the output unwritten)")
 
 
+_ASYNC = "async"
+
+
+def _assert_no_index_error(err, name, experts):
+    """check_indices="async" (PyTorch tensors): a device-side assertion on
+    the kernel's index check, queued after it, no read back. A bad index
+    then fails the stream as an out-of-range index in a PyTorch kernel does
+    (a device-side assert, reported at the next synchronisation; the CUDA
+    context is lost), instead of raising IndexError here."""
+    torch = _sys.modules["torch"]
+    torch._assert_async(err[0] < 0, f"gatedmlp: '{name}' holds an expert id outside [0, E={experts})")
+
+
 def _check_index_error(err, stream, name, experts, position=None):
     """Raises IndexError naming `name` when the call found a bad index
     (reading err synchronises with `stream`). position(p) maps a position
@@ -614,7 +627,10 @@ def _gather_gate_up(x, ids, w, w_up, bias, bias_up, out, preact, activation, act
                biases_up=e(biases_up), quant=fmt, indices=e(_ids(ids)), rows_per_x=k, rows_per_index=1,
                index_error=e(err))
     if err is not None:
-        _check_index_error(err, handle, "topk_ids", experts)
+        if check == _ASYNC and _framework(x) == "torch":
+            _assert_no_index_error(err, "topk_ids", experts)
+        else:
+            _check_index_error(err, handle, "topk_ids", experts)
     return out
 
 
@@ -642,6 +658,10 @@ def gather_gate_up(x, topk_ids, w, w_up=None, bias=None, bias_up=None, *, out=No
               synchronisation) and raise IndexError naming 'topk_ids' if an
               id is outside [0, E). False: no check and no sync (CUDA
               graphs); a bad id then leaves `out` unwritten, silently.
+              "async" (PyTorch tensors): no read back; a device-side
+              assertion queued after the kernel (torch._assert_async)
+              fails the stream on a bad id, reported at the next
+              synchronisation (see moe_mlp).
 
     activation, act_params, alpha, stream, workspace: as for gate_up.
     Messages from the binding name topk_ids 'indices'. Returns out.
@@ -985,7 +1005,10 @@ def _moe_sort(torch, ids, experts, check, tail=""):
     """(MoESort, the sorted ids) of ids [T, k] (int32 or int64, contiguous),
     already checked for shape and dtype."""
     flat = ids.reshape(-1)
-    if check and flat.numel() > 0:
+    if check == _ASYNC and flat.numel() > 0:
+        torch._assert_async(((flat >= 0) & (flat < experts)).all(),
+                            f"gatedmlp: 'topk_ids' holds an expert id outside [0, E={experts})")
+    elif check and flat.numel() > 0:
         _refuse_check_while_capturing(flat, "indices")
         bad = _first_bad_id(torch, flat, experts)
         if bad is not None:
@@ -1168,13 +1191,26 @@ def _moe_grouped(x, ids, topk_weights, w13, w2, b13, b2, activation, act_params,
     xs = x.index_select(0, s.order // k if k > 1 else s.order)
     h = grouped_gate_up(xs, s.offsets, w13, bias=b13, activation=activation, act_params=act_params, group=group,
                         first=first, workspace=workspace, check_offsets=False)  # offsets good by construction
-    y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=s.offsets).float()  # [T*k, H] in expert order
+    y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=s.offsets)  # [T*k, H] in expert order, x's dtype
     if b2 is not None:
-        if not check_indices:  # an unchecked bad id must not index out of b2
+        if check_indices is not True:  # an unchecked bad id must not index out of b2
             sorted_ids = sorted_ids.clamp(0, experts - 1)
         y += b2.index_select(0, sorted_ids)
-    y *= topk_weights.reshape(-1).index_select(0, s.order).float()[:, None]
-    return _sum_topk(y.index_select(0, s.inverse).view(t, k, hidden), x, out)
+    # Back to token order, then each token's k rows weighted and summed as
+    # one batched [1, k] x [k, H] product (fp32 sums, one rounding), the
+    # routing weights in x's dtype as transformers' blocks apply them. (In
+    # float32 [T*k, H] passes, this tail took twice the two GEMMs' time at
+    # Qwen3-30B-A3B T = 8192.)
+    yt = y.index_select(0, s.inverse).view(t, k, hidden)
+    wts = topk_weights.reshape(t, 1, k).to(x.dtype)
+    if out is not None and out.dtype == x.dtype and out.is_contiguous():
+        torch.bmm(wts, yt, out=out.view(t, 1, hidden))
+        return out
+    res = torch.bmm(wts, yt).view(t, hidden)
+    if out is None:
+        return res
+    out.copy_(res)
+    return out
 
 
 def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation=Activation.silu,
@@ -1202,9 +1238,11 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
     moe_sort(topk_ids, E); the x rows in expert order (x[s.order // k]);
     h = grouped_gate_up(those rows, s.offsets, w13, bias=b13) [T*k, I];
     the down projection on torch._grouped_mm(h, w2^T, offs=s.offsets)
-    (bf16, rounded once there), then in float32 plus b2 of each row's
-    expert, times its routing weight; unsorted with s.inverse and summed
-    over k. Within bf16 rounding of the gathered path. The environment
+    (bf16, rounded once there), plus b2 of each row's expert; unsorted
+    with s.inverse, and each token's k rows weighted by its routing weights
+    (in x's dtype, as transformers' blocks apply them) and summed in one
+    batched product (fp32 sums, rounded once). Within bf16 rounding of the
+    gathered path. The environment
     variable GATEDMLP_MOE_GROUPED=0 forces the gathered path, =1 the
     grouped one wherever the conditions other than T * k / E hold (tests,
     timing).
@@ -1223,6 +1261,13 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
                   grouped one before any, with one small read back).
                   check_indices=False: unchecked, no read back (CUDA
                   graphs); a bad id then leaves the result undefined.
+                  check_indices="async" (PyTorch): checked on the device
+                  without a read back, by a device-side assertion queued
+                  after the check (torch._assert_async): a bad id fails
+                  the stream as an out-of-range index in a PyTorch kernel
+                  does, reported at the next synchronisation. What
+                  gatedmlp.torch.MoEExperts uses: no synchronisation per
+                  layer, and never a silently wrong result.
     topk_weights: [T, k] routing weights, float32, bfloat16 or float16.
     w13:          [E, 2I, H] the experts' fused gate/up weights, in any
                   fused layout: rows interleaved in blocks of `group` rows

@@ -81,10 +81,13 @@ def _not_supported(message: str) -> Exception:
 # ---------------------------------------------------------------- the operator
 def _moe_direct(x, topk_ids, topk_weights, w13, w2, b13, b2, activation, clamp_alpha, clamp_limit, group, first,
                 check_indices):
-    # The index check reads its result back, which a stream being captured
-    # into a CUDA graph cannot do: there the ids go unchecked (a bad one
-    # leaves its token's output unwritten).
-    check = check_indices and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+    # check_indices: 0 off, 1 read back (IndexError), 2 on the device
+    # (moe_mlp's "async": a device-side assertion, no synchronisation).
+    # The read back cannot run while a stream is being captured into a CUDA
+    # graph: there it checks on the device instead.
+    check = {0: False, 1: True}.get(int(check_indices), _g._ASYNC)
+    if check is True and x.is_cuda and torch.cuda.is_current_stream_capturing():
+        check = _g._ASYNC
     params = None
     if activation == "swiglu_clamped":
         params = _g.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit)
@@ -95,7 +98,7 @@ def _moe_direct(x, topk_ids, topk_weights, w13, w2, b13, b2, activation, clamp_a
 @torch.library.custom_op("gatedmlp::moe_mlp", mutates_args=())
 def _moe_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w13: Tensor, w2: Tensor, b13: Optional[Tensor],
             b2: Optional[Tensor], activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str,
-            check_indices: bool) -> Tensor:
+            check_indices: int) -> Tensor:
     return _moe_direct(x, topk_ids, topk_weights, w13, w2, b13, b2, activation, clamp_alpha, clamp_limit, group,
                        first, check_indices)
 
@@ -104,6 +107,15 @@ def _moe_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w13: Tensor, w2: 
 def _moe_fake(x, topk_ids, topk_weights, w13, w2, b13, b2, activation, clamp_alpha, clamp_limit, group, first,
               check_indices):
     return x.new_empty(x.shape)
+
+
+def _check_code(check) -> int:
+    """The op's check_indices: 0 off, 1 read back, 2 on the device."""
+    if isinstance(check, str):
+        if check != _g._ASYNC:
+            raise ValueError(f"gatedmlp: check_indices must be True, False or 'async', got {check!r}")
+        return 2
+    return 1 if check else 0
 
 
 def _no_backward(ctx, *grads):
@@ -140,12 +152,17 @@ class MoEExperts(nn.Module):
     down_proj [E, I, H], down_proj_bias; group 1, first gate). from_module
     sets it.
 
-    Every expert id must be in [0, E): by default each forward checks
-    (a synchronisation) and raises IndexError on one that is not -- such
-    as the "masking index" E that transformers' eager forwards skip --
-    except while a CUDA graph is being captured, when the check cannot
-    read its result back; check_indices=False (an attribute) drops it, and
-    a bad id then leaves its token's output unwritten.
+    Every expert id must be in [0, E). By default (check_indices =
+    "async", an attribute) each forward checks on the device, with no
+    synchronisation: a bad id -- such as the "masking index" E that
+    transformers' eager forwards skip -- fails the stream with a
+    device-side assertion, as an out-of-range index does in PyTorch's own
+    kernels (reported at the next synchronisation; the CUDA context is
+    lost). check_indices = True reads the check back instead (one
+    synchronisation per forward, ~0.1 ms at one token) and raises
+    IndexError, a recoverable error (on the device, as "async", while a CUDA
+    graph is being captured); False drops the check, and a bad id then
+    leaves the result undefined.
 
     Inference only: forward raises when a gradient would be needed (grad
     enabled and the input, the routing weights or a parameter requiring
@@ -190,7 +207,7 @@ class MoEExperts(nn.Module):
         self.first = first
         self.checkpoint_layout = checkpoint_layout
         self.replaces = replaces
-        self.check_indices = True
+        self.check_indices = "async"
         e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
         kw = dict(device=device, dtype=dtype)
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, **kw))
@@ -255,7 +272,7 @@ class MoEExperts(nn.Module):
         ids = top_k_index if top_k_index.dim() == 2 else top_k_index.reshape(-1, k)
         weights = top_k_weights if top_k_weights.dim() == 2 else top_k_weights.reshape(-1, k)
         args = (x, ids, weights, w13, w2, b13, b2, self.activation, self.clamp_alpha, self.clamp_limit, self.group,
-                self.first, bool(self.check_indices))
+                self.first, _check_code(self.check_indices))
         if x.is_cuda and type(x) is Tensor and not _traced():
             y = _moe_direct(*args)
         else:

@@ -835,8 +835,41 @@ def test_moe_mlp_bad_id_raises_and_writes_nothing():
     torch.cuda.synchronize()
     assert torch.isnan(out).all()
     m = MoEExperts(e, h, i, device=DEV, dtype=dt).requires_grad_(False)
+    assert m.check_indices == "async"  # the default: no synchronisation per forward
+    m.check_indices = True  # read back: a recoverable IndexError
     with pytest.raises(IndexError, match=r"'topk_ids' holds -1"):
         m(x, ids, wts)
+
+
+_ASYNC_BAD_ID = """
+import sys, torch
+sys.path[:0] = {path!r}
+from gatedmlp.torch import MoEExperts
+e, h, i, t, k = 8, 128, 64, {t}, 2
+m = MoEExperts(e, h, i, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+ids = torch.randint(0, e, (t, k), device="cuda")
+ids[t // 2, 1] = {bad}
+y = m(x, ids, torch.rand(t, k, device="cuda"))
+torch.cuda.synchronize()
+print("NOT REPORTED", float(y.float().abs().sum()))
+"""
+
+
+@on_gpu
+@pytest.mark.parametrize("t,bad", [(3, 8), (3, -1), (4096, 8)])  # the gathered path; the grouped one (large T)
+def test_moe_experts_async_check_fails_the_stream(t, bad):
+    """MoEExperts' default check (on the device, no read back): a bad id
+    is a device-side assertion, reported at the next synchronisation, as
+    PyTorch's own kernels report an out-of-range index. It kills the CUDA
+    context, so it runs in a process of its own."""
+    import subprocess
+    import sys
+
+    code = _ASYNC_BAD_ID.format(path=[p for p in sys.path if p], t=t, bad=bad)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "NOT REPORTED" not in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert "assert" in r.stderr.lower(), r.stderr[-2000:]
 
 
 def _module_errors(family, dtype_w=torch.bfloat16, t=7, seed=0):
