@@ -9,7 +9,8 @@ and has the call signature of transformers' experts modules::
     experts(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]
         = sum_j top_k_weights[:, j] * down_e(act(gate_e(x)) * up_e(x)),  e = top_k_index[:, j]
 
-computed by :func:`gatedmlp.moe_mlp` (three launches; see there). The
+computed by :func:`gatedmlp.moe_mlp` (the gathered decode path, or the grouped
+prefill path from 32 rows per expert; see there). The
 router stays the model's.
 
 ``MoEExperts.from_module`` builds one from transformers'
