@@ -37,6 +37,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gatedmlp  # noqa: E402
+from binding_recorder import Recorder, record  # noqa: E402,F401
 from refs import act_torch, fused_rows  # noqa: E402
 from test_moe import assert_within_rule as moe_rule  # noqa: E402
 from test_moe import errors, moe_reference  # noqa: E402
@@ -84,45 +85,6 @@ def test_names():
         assert name in gatedmlp.__all__ and hasattr(gatedmlp, name), name
     assert gatedmlp.MoESort._fields == ("order", "offsets", "inverse")
     assert gatedmlp._GROUPED_MIN_ROWS_PER_EXPERT == 32
-
-
-def _imported(v):
-    """A DLPack capsule the wrappers hand the binding, as the tensor it
-    shares memory with (a capsule can be consumed once: done here)."""
-    return torch.utils.dlpack.from_dlpack(v) if type(v).__name__ == "PyCapsule" else v
-
-
-class Recorder:
-    """Stands in for the binding's launches: records what they were given
-    (capsules as tensors), runs `compute` on them if given, and reports the
-    check (position, value) it is told to."""
-
-    def __init__(self, bad=(-1, 0), fail=False, compute=None):
-        self.calls = []
-        self.bad = bad
-        self.fail = fail
-        self.compute = compute
-
-    def launch(self, name):
-        def call(*args, **kw):
-            if self.fail:
-                raise AssertionError(f"_C.{name} was called: an argument error must come before any launch")
-            args, kw = [_imported(a) for a in args], {k: _imported(v) for k, v in kw.items()}
-            self.calls.append((name, args, kw))
-            if self.compute is not None:
-                self.compute(name, args, kw)
-        return call
-
-    def read(self, index_error, stream=0):
-        return self.bad
-
-
-def record(monkeypatch, **kw):
-    rec = Recorder(**kw)
-    for name in ("gate_up", "down"):
-        monkeypatch.setattr(gatedmlp._C, name, rec.launch(name))
-    monkeypatch.setattr(gatedmlp._C, "read_index_error", rec.read)
-    return rec
 
 
 def _grouped_args(r=10, e=3, kk=64, u=32, dtype=torch.bfloat16):

@@ -41,6 +41,7 @@ import gatedmlp  # noqa: E402
 import gatedmlp.torch as gt  # noqa: E402
 from gatedmlp import DType  # noqa: E402
 from gatedmlp.torch import MoEExperts  # noqa: E402
+from binding_recorder import Recorder, record  # noqa: E402,F401
 from refs import act_torch, fused_rows  # noqa: E402
 
 try:
@@ -180,41 +181,6 @@ def test_binding_refuses_row_scale_by_name():
     # the gate/up half has no row_scale at all
     with pytest.raises(TypeError):
         gatedmlp._C.gate_up(h, f16(e, 2 * u, kk).numpy(), out, indices=ids, row_scale=np.ones(r, np.float32))
-
-
-def _imported(v):
-    """A DLPack capsule the wrappers hand the binding, as the tensor it
-    shares memory with (a capsule can be consumed once: done here)."""
-    return torch.utils.dlpack.from_dlpack(v) if type(v).__name__ == "PyCapsule" else v
-
-
-class Recorder:
-    """Stands in for the binding's launches: records what they were given
-    (capsules as tensors) and reports the index check (position, value) it
-    is told to."""
-
-    def __init__(self, bad=(-1, 0), fail=False):
-        self.calls = []
-        self.bad = bad
-        self.fail = fail
-
-    def launch(self, name):
-        def call(*args, **kw):
-            if self.fail:
-                raise AssertionError(f"_C.{name} was called: an argument error must come before any launch")
-            self.calls.append((name, [_imported(a) for a in args], {k: _imported(v) for k, v in kw.items()}))
-        return call
-
-    def read(self, index_error, stream=0):
-        return self.bad
-
-
-def record(monkeypatch, **kw):
-    rec = Recorder(**kw)
-    for name in ("gate_up", "down"):
-        monkeypatch.setattr(gatedmlp._C, name, rec.launch(name))
-    monkeypatch.setattr(gatedmlp._C, "read_index_error", rec.read)
-    return rec
 
 
 def test_gather_down_hands_the_binding_row_scale(monkeypatch):
