@@ -147,7 +147,10 @@ inline constexpr int64_t kMaxGatherExperts = 8192;
 // runs on the Hopper TMA + wgmma kernel (sm_90), which needs a workspace
 // (workspace_size) for its table of tiles. Offsets that are not
 // nondecreasing in [0, m] ending at m write nothing; index_error then holds
-// the first bad expert e and offsets[e].
+// the first bad expert e and offsets[e]. The caller sorts: from vLLM-style
+// [T, k] top-k ids, Python's gatedmlp.moe_sort gives the order of the rows,
+// the offsets and the inverse permutation (a stable sort on the device, no
+// read back); this API takes the rows already sorted.
 struct Gather {
   int64_t experts = 0;  // E; 0: no gather (the weights are one tensor)
   int64_t rows_per_x = 1;
