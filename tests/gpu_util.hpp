@@ -107,6 +107,14 @@ inline void fill(std::vector<unsigned char>& buf, DType dtype, int64_t n, std::m
   for (int64_t i = 0; i < n; ++i) ref::store_from_double(buf.data(), dtype, i, d(rng));
 }
 
+// n elements of dtype, every one NaN: an output's contents before a call,
+// so that any element the call should have written and did not shows.
+inline std::vector<unsigned char> nan_filled(DType dtype, int64_t n) {
+  std::vector<unsigned char> buf(size_t(n) * dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) ref::store_from_double(buf.data(), dtype, i, NAN);
+  return buf;
+}
+
 // ---------------------------------------------------------------- one case, end to end
 
 struct Err {
@@ -278,9 +286,7 @@ inline void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, c
 
   const int64_t y_n = extent(r.batch_stride_y, one_batch_extent(r.m, r.ldy, r.u));
   const int64_t pre_n = r.has_preact ? extent(r.batch_stride_preact, one_batch_extent(r.m, r.ldpre, 2 * r.u)) : 0;
-  std::vector<unsigned char> y_poison(size_t(y_n) * dtype_size(r.output_dtype)), pre_poison(size_t(pre_n) * dtype_size(r.preact_dtype));
-  for (int64_t i = 0; i < y_n; ++i) ref::store_from_double(y_poison.data(), r.output_dtype, i, NAN);
-  for (int64_t i = 0; i < pre_n; ++i) ref::store_from_double(pre_poison.data(), r.preact_dtype, i, NAN);
+  const std::vector<unsigned char> y_poison = nan_filled(r.output_dtype, y_n), pre_poison = nan_filled(r.preact_dtype, pre_n);
 
   auto args_with = [&](Tensor& y, Tensor& pre) {
     Arguments a;

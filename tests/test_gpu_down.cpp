@@ -113,8 +113,7 @@ void run_down_case(const Problem& p, std::mt19937_64& rng, DownStats* st) {
   for (Tensor* t : {&x, &xu, &b, &w16}) t->upload();
 
   const int64_t y_n = (r.batch - 1) * r.batch_stride_y + one_batch_extent(r.m, r.ldy, r.u);
-  std::vector<unsigned char> y_poison(size_t(y_n) * dtype_size(r.output_dtype));
-  for (int64_t i = 0; i < y_n; ++i) ref::store_from_double(y_poison.data(), r.output_dtype, i, NAN);
+  const std::vector<unsigned char> y_poison = nan_filled(r.output_dtype, y_n);
   Tensor y;
   y.host = y_poison;
   y.upload();

@@ -207,10 +207,7 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
   for (Tensor* t : {&x, &xu, &b, &bu, &idx, &err, &rs}) t->upload();
 
   const int64_t y_n = (r.m - 1) * r.ldy + r.u, pre_n = r.has_preact ? (r.m - 1) * r.ldpre + 2 * r.u : 0;
-  std::vector<unsigned char> y_poison(size_t(y_n) * dtype_size(r.output_dtype)), pre_poison;
-  for (int64_t i = 0; i < y_n; ++i) ref::store_from_double(y_poison.data(), r.output_dtype, i, NAN);
-  pre_poison.assign(size_t(pre_n) * dtype_size(r.preact_dtype), 0);
-  for (int64_t i = 0; i < pre_n; ++i) ref::store_from_double(pre_poison.data(), r.preact_dtype, i, NAN);
+  const std::vector<unsigned char> y_poison = nan_filled(r.output_dtype, y_n), pre_poison = nan_filled(r.preact_dtype, pre_n);
   Tensor y, pre;
   y.host = y_poison;
   pre.host = pre_poison;

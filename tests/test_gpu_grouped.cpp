@@ -161,8 +161,7 @@ void run_grouped_case(const GroupedCase& c, std::mt19937_64& rng, Stats* st, int
   for (Tensor* t : {&x, &wg, &wu, &b, &bu, &off, &err}) t->upload();
 
   const int64_t y_n = (r.m - 1) * r.ldy + r.u;
-  std::vector<unsigned char> y_poison(size_t(y_n) * dtype_size(r.output_dtype));
-  for (int64_t i = 0; i < y_n; ++i) ref::store_from_double(y_poison.data(), r.output_dtype, i, NAN);
+  const std::vector<unsigned char> y_poison = nan_filled(r.output_dtype, y_n);
   Tensor y;
   y.host = y_poison;
   y.upload();

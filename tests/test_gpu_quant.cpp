@@ -106,10 +106,7 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
 
   const int64_t y_n = one_batch_extent(r.m, r.ldy, r.u);
   const int64_t pre_n = r.has_preact ? one_batch_extent(r.m, r.ldpre, 2 * r.u) : 0;
-  std::vector<unsigned char> y_poison(size_t(y_n) * dtype_size(r.output_dtype)),
-      pre_poison(size_t(pre_n) * dtype_size(r.preact_dtype));
-  for (int64_t i = 0; i < y_n; ++i) ref::store_from_double(y_poison.data(), r.output_dtype, i, NAN);
-  for (int64_t i = 0; i < pre_n; ++i) ref::store_from_double(pre_poison.data(), r.preact_dtype, i, NAN);
+  const std::vector<unsigned char> y_poison = nan_filled(r.output_dtype, y_n), pre_poison = nan_filled(r.preact_dtype, pre_n);
 
   // The yardstick: the dequantized weights through the unfused path.
   Problem pd = p;
