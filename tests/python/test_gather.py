@@ -514,6 +514,25 @@ SEED = int(os.environ.get("GATEDMLP_TEST_SEED", "20261128"))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32} if torch is not None else {}
 
 
+def expert_weights(c, e, kk, u, dt):
+    """A random case's expert weights on the GPU: w [E, 2U, K] (or w and
+    w_up [E, U, K] each when c["sep"]) in dt, scaled by 1/sqrt(K), and
+    biases [E, 2U] (or [E, U] each) when c["bias"] ("fp32": float32, else
+    dt). Returns (w, w_up, b, b_up), None where absent."""
+    std = 1 / math.sqrt(kk)
+    if c["sep"]:
+        w, w_up = [(torch.randn(e, u, kk, device=DEV) * std).to(dt) for _ in range(2)]
+    else:
+        w, w_up = (torch.randn(e, 2 * u, kk, device=DEV) * std).to(dt), None
+    b = b_up = None
+    if c["bias"]:
+        bdt = torch.float32 if c["bias"] == "fp32" else dt
+        n = u if c["sep"] else 2 * u
+        b = torch.randn(e, n, device=DEV).to(bdt)
+        b_up = torch.randn(e, n, device=DEV).to(bdt) if c["sep"] else None
+    return w, w_up, b, b_up
+
+
 def routing(r, t, k, e, kind):
     """[T, k] expert ids: uniform; skewed (nine rows in ten on two experts);
     dup (a token's k ids all one expert); sparse (ids from a few experts,
@@ -633,17 +652,7 @@ def test_random_gather_gate_up(case):
     t, k, e, kk, u = c["t"], c["k"], c["e"], c["kk"], c["u"]
     scale = 4.0 if c["act"] == "swiglu_clamped" else 1.0  # reach the clamps
     x = (torch.randn(t, kk, device=DEV) * scale).to(dt)
-    std = 1 / math.sqrt(kk)
-    if c["sep"]:
-        w, w_up = [(torch.randn(e, u, kk, device=DEV) * std).to(dt) for _ in range(2)]
-    else:
-        w, w_up = (torch.randn(e, 2 * u, kk, device=DEV) * std).to(dt), None
-    b = b_up = None
-    if c["bias"]:
-        bdt = torch.float32 if c["bias"] == "fp32" else dt
-        n = u if c["sep"] else 2 * u
-        b = torch.randn(e, n, device=DEV).to(bdt)
-        b_up = torch.randn(e, n, device=DEV).to(bdt) if c["sep"] else None
+    w, w_up, b, b_up = expert_weights(c, e, kk, u, dt)
     ids = ids_tensor(routing(r, t, k, e, c["route"]), c["ids"])
     ref, unf, pre64, pre16 = gate_up_references(x, ids, w, w_up, b, b_up, c["act"], c["alpha"], odt, c["group"],
                                                 c["first"])

@@ -39,6 +39,7 @@ torch = pytest.importorskip("torch")
 import gatedmlp  # noqa: E402
 from binding_recorder import Recorder, record  # noqa: E402,F401
 from refs import act_torch, fused_rows  # noqa: E402
+from test_gather import expert_weights  # noqa: E402
 from test_moe import assert_within_rule as moe_rule  # noqa: E402
 from test_moe import errors, moe_reference  # noqa: E402
 
@@ -528,17 +529,7 @@ def test_random_grouped_gate_up(case):
     rows, e, kk, u = c["r"], c["e"], c["kk"], c["u"]
     clamped = c["act"] == "swiglu_clamped"
     x = (torch.randn(rows, kk, device=DEV) * (4.0 if clamped else 1.0)).to(dt)  # reach the clamps
-    std = 1 / math.sqrt(kk)
-    if c["sep"]:
-        w, w_up = [(torch.randn(e, u, kk, device=DEV) * std).to(dt) for _ in range(2)]
-    else:
-        w, w_up = (torch.randn(e, 2 * u, kk, device=DEV) * std).to(dt), None
-    b = b_up = None
-    if c["bias"]:
-        bdt = torch.float32 if c["bias"] == "fp32" else dt
-        n = u if c["sep"] else 2 * u
-        b = torch.randn(e, n, device=DEV).to(bdt)
-        b_up = torch.randn(e, n, device=DEV).to(bdt) if c["sep"] else None
+    w, w_up, b, b_up = expert_weights(c, e, kk, u, dt)
     counts = route_counts(r, rows, e, c["route"])
     offs = cumulative(counts, c["offs"])
     ca, cl = (1.5, 5.0) if clamped else (1.702, 7.0)
