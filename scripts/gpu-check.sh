@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a kernel change must pass on a GPU machine, from a clean build:
-#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|gather|grouped|quantbench|mlpbench|moebench|moeprefill|moeblock|host|small|dropin] ...
+#   scripts/gpu-check.sh [all|build|smoke|fastpath|test|sanitize|accuracy|bench|bars|portable|resources|layouts|soak|preact|split|python|pyext|quant|down|gather|grouped|fp8test|quantbench|mlpbench|moebench|moeprefill|moeblock|fp8|host|small|dropin] ...
 # Steps run in the order given (default: all). Logs and JSON go to $OUT if set,
 # else to ./gpu-check-out. The last lines printed are a summary.
 # BUILD_TARGETS: build only these targets (default: all). PYTEST_FILES: the
@@ -65,7 +65,7 @@ for step in "${steps[@]}"; do
   sanitize)
     for tool in memcheck racecheck synccheck; do
       GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*:GpuGather.*:GpuGrouped.Random*:GpuGrouped.Bad*}" \
+        "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*:GpuGather.*:GpuGrouped.Random*:GpuGrouped.Bad*:GpuFp8.Random*:GpuFp8.Bad*}" \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1)"
@@ -210,6 +210,12 @@ for step in "${steps[@]}"; do
     rc=$?
     grep -E "^\[  (FAILED|PASSED) |cases \]|Failure|error" "$out/grouped.log" | head -30
     note "grouped: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/grouped.log" | tail -1)" ;;
+  fp8test)
+    # The FP8 (e4m3) suites only: the Hopper kernel's FP8 form (the whole suite runs them too).
+    "$build/tests/test_gpu" --gtest_filter='GpuFp8.*' >"$out/fp8test.log" 2>&1
+    rc=$?
+    grep -E "^\[  (FAILED|PASSED) |cases \]|error \]|Failure|error" "$out/fp8test.log" | head -30
+    note "fp8test: rc=$rc; $(grep -E 'PASSED|FAILED' "$out/fp8test.log" | tail -1)" ;;
   moebench)
     # Gathered gate/up decode (needs the pyext step first): the MoE issue's
     # read-rate bar on the distinct experts' bytes, against grouped_mm + GLU.
@@ -229,6 +235,15 @@ for step in "${steps[@]}"; do
     PYTHONPATH="$PWD/$build/python" python3 scripts/bench_moe.py --mode block ${MOE_BLOCK_ARGS:-} --json "$out/moe_block.json" 2>&1 |
       tee "$out/moe_block.txt" | tail -40
     note "moeblock: rc=${PIPESTATUS[0]} (table in moe_block.txt)" ;;
+  fp8)
+    # FP8 activations on the gate/up kernel (needs the pyext step first):
+    # fp8_gate_up, per-tensor and row-wise scales, against bf16 gatedmlp and
+    # torch._scaled_mm alone and + GLU eager and compiled at prefill sizes
+    # (the bars 1.75x bf16 at M >= 2048, 1.0x _scaled_mm at M >= 1024), and
+    # the accuracy table. FP8_BENCH_ARGS: extra args (--model, --m, ...).
+    PYTHONPATH="$PWD/$build/python" python3 scripts/bench_fp8.py ${FP8_BENCH_ARGS:-} --json "$out/fp8_bench.json" 2>&1 |
+      tee "$out/fp8_bench.txt" | tail -60
+    note "fp8: rc=${PIPESTATUS[0]} (tables in fp8_bench.txt)" ;;
   mlpbench)
     # Whole-MLP decode (needs the pyext step first): gate/up + down from
     # bf16 and int4 weights against the PyTorch chains and the roofline.

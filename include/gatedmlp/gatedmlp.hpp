@@ -64,7 +64,16 @@ class Status {
 };
 
 // ---------------------------------------------------------------- enums
-enum class DType : int { bf16 = 0, fp16 = 1, fp32 = 2 };
+// fp8_e4m3 (OCP e4m3fn, one byte) is an input dtype only: X of an FP8
+// gate_up call (Problem::x_scale says how it is scaled).
+enum class DType : int { bf16 = 0, fp16 = 1, fp32 = 2, fp8_e4m3 = 3 };
+
+// How the fp32 scales in Arguments::x_scales dequantize FP8 activations:
+// x = e4m3 value * scale.
+enum class XScale : int {
+  tensor = 0,  // one scale for all of X: x_scales[0]
+  row = 1,     // one per row of X (per token): x_scales[r], m of them
+};
 
 enum class Activation : int {
   silu = 0,       // SwiGLU:  silu(g) * u
@@ -174,7 +183,7 @@ struct Problem {
   int64_t m = 0, k = 0, u = 0;  // down: k input features (the MLP's intermediate), u output features
   int64_t batch = 1;
 
-  DType input_dtype = DType::bf16;   // X and W: bf16 or fp16
+  DType input_dtype = DType::bf16;   // X and W: bf16 or fp16; or X FP8 (fp8_e4m3, below)
   DType output_dtype = DType::bf16;  // Y: bf16, fp16 or fp32
 
   Activation activation = Activation::silu;
@@ -218,6 +227,20 @@ struct Problem {
   bool quantized = false;
   QuantFormat quant;
   DType scale_dtype = DType::bf16;  // affine and fp8_e4m3 scales (and affine biases); mxfp4's are e8m0 bytes
+
+  // FP8 activations (input_dtype = fp8_e4m3; gate_up, sm_90a): X holds
+  // e4m3fn bytes [M, ldx] and Arguments::x_scales its fp32 scales (x_scale
+  // says which); the weights must be FP8 too: quantized with quant =
+  // {fp8_e4m3, 8, group_size 0, row_block 0 (one scale per weight tensor)
+  // or 1 (one per output channel, `weight_scale` [N, 1])}, w_scales of
+  // scale_dtype. The kernel multiplies the e4m3 values exactly (wgmma, fp32
+  // sums) and applies both scales to the sums, then alpha, the bias and the
+  // activation:  g = alpha * sx * sw_g * (Xq Wgq^T) + bg, u likewise.
+  // A checkpoint whose gate and up carry different per-tensor scales keeps
+  // them: separate weights (w_scales, w_up_scales), or per-channel scales
+  // of the fused tensor. Batch 1, weights out_in, no gather; K a multiple
+  // of 16 (TMA rows of 16 bytes).
+  XScale x_scale = XScale::tensor;
 
   // Mixture-of-experts gather (see Gather above): batch 1, weights stored
   // out_in; runs on the decode kernels (16-bit or quantized), whatever m.
@@ -263,6 +286,9 @@ struct Arguments {
   const void* indices = nullptr;
   int64_t* index_error = nullptr;
   const void* row_scale = nullptr;  // has_row_scale: m values of row_scale_dtype
+  // FP8 activations only (input_dtype = fp8_e4m3): fp32 scales of X, one
+  // (XScale::tensor) or m (XScale::row).
+  const void* x_scales = nullptr;
 };
 
 // ---------------------------------------------------------------- config
@@ -332,6 +358,7 @@ const char* to_string(WeightStorage);
 const char* to_string(KernelPath);
 const char* to_string(StatusCode);
 const char* to_string(IndexType);
+const char* to_string(XScale);
 std::string to_string(const WeightLayout&);
 std::string to_string(const Problem&);
 std::string to_string(const Config&);

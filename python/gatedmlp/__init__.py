@@ -58,6 +58,7 @@ from ._gatedmlp import (
     WeightFormat,
     WeightLayout,
     WeightStorage,
+    XScale,
     __version__,
     check_support,
     dtype_size,
@@ -84,10 +85,12 @@ __all__ = [
     "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_down", "quantized_gate_up", "quantized_mlp",
     "Gather", "IndexType", "kMaxGatherExperts", "gather_gate_up", "quantized_gather_gate_up", "gather_down",
     "fused_swiglu_gather_qmv", "moe_mlp", "MoESort", "moe_sort", "grouped_gate_up",
+    "XScale", "fp8_gate_up", "quantize_fp8",
 ]
 
 from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp  # noqa: E402
 from .quant import _format as _quant_format  # noqa: E402
+from .fp8 import fp8_gate_up, quantize_fp8  # noqa: E402
 
 _NO_BACKWARD = (
     "gatedmlp has no backward pass yet: call it under torch.no_grad() or torch.inference_mode(), "

@@ -96,15 +96,50 @@ void require_same_dtype(const TensorView& t, const TensorView& ref) {
 }
 
 // ---------------------------------------------------------------- descriptor parts
-void describe_input(const TensorView& x, Problem* p) {
+void describe_input(const TensorView& x, Problem* p, bool fp8) {
+  if (fp8 && x.ndim != 2)
+    raise(StatusCode::not_supported,
+          "gatedmlp: FP8 activations take 'x' [M, K] (batch 1), got shape " + x.shape_str());
   if (x.ndim != 2 && x.ndim != 3) raise_invalid("'x' must be [M, K] or [batch, M, K], got shape " + x.shape_str());
   const bool batched = x.ndim == 3;
   p->batch = batched ? x.size(0) : 1;
   p->m = x.size(-2);
   p->k = x.size(-1);
-  p->input_dtype = dtype_of(x, "input");
+  p->input_dtype = fp8 ? DType::fp8_e4m3 : dtype_of(x, "input");
   p->ldx = row_stride(x);
   p->batch_stride_x = batched ? batch_stride(x, 2, p->batch, false, "[M, K]") : kAuto;
+}
+
+bool fp8_input(const TensorView& x, bool x_fp8, const std::optional<TensorView>& x_scales) {
+  if (x_fp8 && !x.is_fp8_e4m3() && !x.is_byte())
+    raise_invalid("x_fp8=True reads 'x' as float8_e4m3fn bytes, so 'x' must be float8_e4m3fn, uint8 or int8 (the "
+                  "bytes: x.view(torch.uint8)), got " + x.dtype_name());
+  const bool fp8 = x_fp8 || x.is_fp8_e4m3();
+  if (fp8 && !x_scales)
+    raise_invalid("'x_scales' is required with FP8 activations ('x' " + x.dtype_name() +
+                  (x_fp8 ? " with x_fp8=True" : "") +
+                  "): float32, 1 value (per tensor) or M values (one per row of x)");
+  if (!fp8 && x_scales) {
+    if (x.is_byte())
+      raise_invalid("'x_scales' goes with FP8 activations; 'x' is " + x.dtype_name() +
+                    ": pass x_fp8=True to read its bytes as float8_e4m3fn");
+    raise_invalid("'x_scales' goes with FP8 activations ('x' float8_e4m3fn, or its bytes as uint8 with "
+                  "x_fp8=True); 'x' has dtype " + x.dtype_name());
+  }
+  return fp8;
+}
+
+void describe_x_scales(const TensorView& s, Problem* p) {
+  if (s.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Float) || s.bits != 32 || s.lanes != 1)
+    raise_invalid("'x_scales' (the scales of FP8 x) must be float32, got " + s.dtype_name());
+  const int64_t n = numel(s);
+  if (n == 1) p->x_scale = XScale::tensor;
+  else if (n == p->m) p->x_scale = XScale::row;
+  else
+    raise_invalid("'x_scales' must hold 1 value (per tensor) or M = " + str(p->m) +
+                  " (one per row of x: [M] or [M, 1]), got shape " + s.shape_str());
+  if (!is_contiguous(s))
+    raise_invalid("'x_scales' must be contiguous, got shape " + s.shape_str() + " with strides " + s.strides_str());
 }
 
 void describe_output(const TensorView& y, bool batched, Problem* p) {

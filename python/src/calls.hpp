@@ -99,8 +99,29 @@ GatherTensors import_gather(const GatherArgs& g);
 
 // ---------------------------------------------------------------- descriptor parts (calls.cpp)
 // The input x, [M, K] or [batch, M, K]: batch, m, k, input_dtype, ldx and
-// batch_stride_x.
-void describe_input(const TensorView& x, Problem* p);
+// batch_stride_x. fp8: x holds FP8 activations (fp8_input() said so), read
+// as e4m3fn bytes whatever its 8-bit dtype.
+void describe_input(const TensorView& x, Problem* p, bool fp8 = false);
+
+// FP8 activations (gate_up, Problem::input_dtype = fp8_e4m3), as the entry
+// points take them: x float8_e4m3fn, or its bytes as uint8 / int8 with
+// x_fp8 = True (a framework whose DLPack export has no float8 dtype), and
+// x_scales, x's fp32 scales (None: a 16-bit call).
+struct Fp8Args {
+  nb::handle x_scales;
+  bool x_fp8 = false;
+};
+
+// Whether x holds FP8 activations: float8_e4m3fn, or 8-bit integers with
+// x_fp8. Raises, naming the argument, when x_fp8 is set on another dtype,
+// when FP8 x comes without x_scales, or x_scales without FP8 x.
+bool fp8_input(const TensorView& x, bool x_fp8, const std::optional<TensorView>& x_scales);
+
+// The fp32 scales of FP8 x (p->m set): 1 value (XScale::tensor) or m
+// (XScale::row, one per row: [M] or [M, 1], torch._scaled_mm's row-wise
+// scale_a), contiguous; with m = 1 the two mean the same and it is read as
+// per tensor. Sets p->x_scale.
+void describe_x_scales(const TensorView& s, Problem* p);
 
 // The output `out`, [M, U] or [batch, M, U] like x (p's batch, m and u
 // already set): output_dtype, ldy and batch_stride_y.
@@ -182,18 +203,20 @@ void launch(const Problem& p, const Arguments& a, const TensorView& x, uintptr_t
 
 // gatedmlp.gate_up's C++ half (gate_up.cpp): fills a Problem from the
 // tensors and calls run().
+// With fp8.x_scales (FP8 activations) x is e4m3 and the weights FP8
+// quantized (quant's fp8_e4m3 mode, w / w_up their bytes as words).
 void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
              nb::handle workspace_alloc, const QuantArrays& quant, bool hold_workspace = true,
-             const GatherArgs& gather = {});
+             const GatherArgs& gather = {}, const Fp8Args& fp8 = {});
 
 // The Problem gate_up() would run for these tensors (gate_up.cpp).
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
                      nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
                      int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& quant,
-                     const GatherArgs& gather = {});
+                     const GatherArgs& gather = {}, const Fp8Args& fp8 = {});
 
 // gatedmlp.down's C++ half (down.cpp): the down projection, op = down, y =
 // alpha * (h @ Wd^T) + bd with h = x, or act(x) * x_up when x_up is given

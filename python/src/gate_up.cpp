@@ -12,6 +12,7 @@ struct GateUpTensors {
   // Quantized weights: the scales and biases of w and w_up.
   std::optional<TensorView> scales, biases, scales_up, biases_up;
   GatherTensors gather;  // indices given: a gathered (MoE) call
+  std::optional<TensorView> x_scales;  // FP8 activations: x's fp32 scales
 };
 
 struct GateUpOptions {
@@ -22,6 +23,7 @@ struct GateUpOptions {
   WeightStorage storage = WeightStorage::out_in;
   float alpha = 1.0f;
   std::optional<QuantFormat> quant;  // set: w (and w_up) are packed words
+  bool x_fp8 = false;                // x's 8-bit integers are float8_e4m3fn bytes
 };
 
 // The quantized half of describe(): w's words (and w_up's) with their
@@ -40,11 +42,21 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
   Problem p;
   const TensorView& x = t.x;
   const bool gathered = t.gather.on();
+  // FP8 activations (x e4m3, with its scales): FP8 weights only, no gather.
+  const bool fp8 = fp8_input(x, o.x_fp8, t.x_scales);
+  if (fp8 && gathered)
+    raise(StatusCode::not_supported, "gatedmlp: FP8 activations ('x_scales') take no gather ('indices')");
+  if (fp8 && (!o.quant || o.quant->mode != QuantMode::fp8_e4m3))
+    raise_invalid("FP8 activations need FP8 weights: quant=QuantFormat(mode=QuantMode.fp8_e4m3, bits=8, "
+                  "group_size=0, row_block=0 (one scale per weight tensor) or 1 (one per weight row)), with 'w' "
+                  "(and 'w_up') the e4m3 bytes as uint32 or int32 words [rows, K / 4] and their 'scales'; got " +
+                  (o.quant ? "quant=" + to_string(*o.quant) : std::string("no quant (16-bit weights)")));
   if (gathered) describe_gathered_input(x, t.gather, &p);
   else {
     require_no_gather(t.gather);
-    describe_input(x, &p);
+    describe_input(x, &p, fp8);
   }
+  if (fp8) describe_x_scales(*t.x_scales, &p);
   const bool batched = x.ndim == 3;
 
   p.activation = o.activation;
@@ -156,7 +168,8 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
   if (t.out) {
     describe_output(*t.out, batched, &p);
   } else {
-    p.output_dtype = p.input_dtype;
+    // FP8 activations have no 16-bit input dtype to follow: bf16 then.
+    p.output_dtype = fp8 ? DType::bf16 : p.input_dtype;
   }
 
   if (t.preact) {
@@ -174,8 +187,11 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
 }
 
 GateUpTensors import_gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias,
-                             nb::handle bias_up, nb::handle preact, const QuantArrays& q, const GatherArgs& g) {
-  GateUpTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+                             nb::handle bias_up, nb::handle preact, const QuantArrays& q, const GatherArgs& g,
+                             const Fp8Args& f) {
+  GateUpTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}, {}, {}, {}, {},
+                  {}};
+  t.x_scales = import_optional(f.x_scales, "x_scales", false);
   t.gather = import_gather(g);
   t.scales = import_optional(q.scales, "scales", false);
   t.biases = import_optional(q.biases, "biases", false);
@@ -190,9 +206,10 @@ GateUpTensors import_gate_up(nb::handle x, nb::handle w, nb::handle out, nb::han
 }
 
 GateUpOptions make_options(Activation activation, std::optional<ActivationParams> act_params, int64_t group,
-                           Half first, WeightStorage storage, float alpha, const QuantArrays& q) {
+                           Half first, WeightStorage storage, float alpha, const QuantArrays& q, const Fp8Args& f) {
   GateUpOptions o;
   o.quant = q.format;
+  o.x_fp8 = f.x_fp8;
   o.activation = activation;
   if (act_params) o.act_params = *act_params;
   o.group = group;
@@ -208,10 +225,11 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
              nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
              std::optional<float> clamp_alpha, std::optional<float> clamp_limit, int64_t group, Half first,
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
-             nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace, const GatherArgs& g) {
+             nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace, const GatherArgs& g,
+             const Fp8Args& f) {
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.gate_up allocates it)");
-  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q, g);
-  GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha, q);
+  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q, g, f);
+  GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha, q, f);
   if (clamp_alpha) o.act_params.clamp_alpha = *clamp_alpha;
   if (clamp_limit) o.act_params.clamp_limit = *clamp_limit;
   const Problem p = describe(t, o);
@@ -228,6 +246,7 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   a.w_biases = ptr(t.biases);
   a.w_up_scales = ptr(t.scales_up);
   a.w_up_biases = ptr(t.biases_up);
+  a.x_scales = ptr(t.x_scales);
   set_gather_arguments(t.gather, &a);
 
   const GatherTensors& gt = t.gather;
@@ -235,16 +254,17 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
          {&t.x, &t.w, t.w_up ? &*t.w_up : nullptr, t.bias ? &*t.bias : nullptr, t.bias_up ? &*t.bias_up : nullptr,
           &*t.out, t.preact ? &*t.preact : nullptr, t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr,
           t.scales_up ? &*t.scales_up : nullptr, t.biases_up ? &*t.biases_up : nullptr,
-          gt.indices ? &*gt.indices : nullptr, gt.index_error ? &*gt.index_error : nullptr},
+          gt.indices ? &*gt.indices : nullptr, gt.index_error ? &*gt.index_error : nullptr,
+          t.x_scales ? &*t.x_scales : nullptr},
          hold_workspace);
 }
 
 Problem make_problem(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
                      nb::handle preact, Activation activation, std::optional<ActivationParams> act_params,
                      int64_t group, Half first, WeightStorage storage, float alpha, const QuantArrays& q,
-                     const GatherArgs& g) {
-  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q, g);
-  return describe(t, make_options(activation, act_params, group, first, storage, alpha, q));
+                     const GatherArgs& g, const Fp8Args& f) {
+  GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q, g, f);
+  return describe(t, make_options(activation, act_params, group, first, storage, alpha, q, f));
 }
 
 }  // namespace gatedmlp::py

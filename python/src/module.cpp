@@ -132,7 +132,7 @@ const std::array<Field<Gather>, 5> kGatherFields = {
     GATEDMLP_FIELD(Gather, experts), GATEDMLP_FIELD(Gather, rows_per_x), GATEDMLP_FIELD(Gather, rows_per_index),
     GATEDMLP_FIELD(Gather, index_type), GATEDMLP_FIELD(Gather, grouped)};
 
-const std::array<Field<Problem>, 30> kProblemFields = {
+const std::array<Field<Problem>, 31> kProblemFields = {
     GATEDMLP_FIELD(Problem, op),
     GATEDMLP_FIELD(Problem, m),
     GATEDMLP_FIELD(Problem, k),
@@ -160,6 +160,7 @@ const std::array<Field<Problem>, 30> kProblemFields = {
     GATEDMLP_FIELD(Problem, quantized),
     GATEDMLP_FIELD(Problem, quant),
     GATEDMLP_FIELD(Problem, scale_dtype),
+    GATEDMLP_FIELD(Problem, x_scale),
     GATEDMLP_FIELD(Problem, gather),
     GATEDMLP_FIELD(Problem, has_row_scale),
     GATEDMLP_FIELD(Problem, row_scale_dtype),
@@ -172,12 +173,12 @@ const std::array<Field<Problem>, 30> kProblemFields = {
     }                                                                                           \
   }
 
-const std::array<Field<Arguments>, 15> kArgumentsFields = {
+const std::array<Field<Arguments>, 16> kArgumentsFields = {
     GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(x_up),     GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
     GATEDMLP_PTR_FIELD(bias),     GATEDMLP_PTR_FIELD(bias_up),  GATEDMLP_PTR_FIELD(y),
     GATEDMLP_PTR_FIELD(preact),   GATEDMLP_PTR_FIELD(w_scales), GATEDMLP_PTR_FIELD(w_biases),
     GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases), GATEDMLP_PTR_FIELD(indices),
-    GATEDMLP_PTR_FIELD(index_error), GATEDMLP_PTR_FIELD(row_scale)};
+    GATEDMLP_PTR_FIELD(index_error), GATEDMLP_PTR_FIELD(row_scale), GATEDMLP_PTR_FIELD(x_scales)};
 
 template <typename T>
 void add_copy(nb::class_<T>& c) {
@@ -219,7 +220,8 @@ std::string repr(const Arguments& a) {
               : std::string()) +
          (a.indices || a.index_error ? ", indices=" + hex(a.indices) + ", index_error=" + hex(a.index_error)
                                      : std::string()) +
-         (a.row_scale ? ", row_scale=" + hex(a.row_scale) : std::string()) + ")";
+         (a.row_scale ? ", row_scale=" + hex(a.row_scale) : std::string()) +
+         (a.x_scales ? ", x_scales=" + hex(a.x_scales) : std::string()) + ")";
 }
 
 template <typename T>
@@ -237,6 +239,15 @@ uintptr_t addr(const T* p) {
   "indices[r / rows_per_index]; the weights, bias and quantized scales / biases carry a leading expert axis E "     \
   "([E, rows, K], [E, rows], [E, scale rows, groups]). index_error (2 int64 on the device), if given, is written " \
   "by the call: (-1, 0), or the first bad index's position and value (nothing else is written then)."
+
+// FP8 activations on gate_up, for its docstring.
+#define FP8_DOC                                                                                                     \
+  "FP8 activations (Problem.input_dtype = fp8_e4m3; sm_90): x float8_e4m3fn [M, K], or its bytes as uint8 / "     \
+  "int8 with x_fp8=True, and x_scales its float32 scales, 1 value (XScale.tensor) or M (XScale.row, [M] or "      \
+  "[M, 1]); the weights FP8 too: quant=QuantFormat(mode=fp8_e4m3, bits=8, group_size=0, row_block=0 (a scale "    \
+  "per tensor) or 1 (per weight row)), w (and w_up) the e4m3 bytes as uint32 / int32 words [rows, K / 4], "       \
+  "scales (scales_up) 1 value or [rows, 1] (bf16, fp16 or fp32). g = alpha * sx * sw * (xq @ wq^T) + bias, "     \
+  "u likewise; out defaults to bf16 in make_problem."
 
 NB_MODULE(_gatedmlp, m) {
   using namespace gatedmlp;
@@ -280,7 +291,12 @@ NB_MODULE(_gatedmlp, m) {
   nb::enum_<DType>(m, "DType")
       .value("bf16", DType::bf16)
       .value("fp16", DType::fp16)
-      .value("fp32", DType::fp32);
+      .value("fp32", DType::fp32)
+      .value("fp8_e4m3", DType::fp8_e4m3,
+             "OCP e4m3fn, one byte: an input dtype only, X of an FP8 gate_up call (Problem.x_scale)");
+  nb::enum_<XScale>(m, "XScale", "How the fp32 scales in Arguments.x_scales dequantize FP8 activations")
+      .value("tensor", XScale::tensor, "one scale for all of X: x_scales[0]")
+      .value("row", XScale::row, "one per row of X (per token): x_scales[r], m of them");
   nb::enum_<Activation>(m, "Activation")
       .value("silu", Activation::silu, "SwiGLU: silu(g) * u")
       .value("gelu_tanh", Activation::gelu_tanh, "GeGLU, tanh approximation")
@@ -389,6 +405,7 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("quantized", &Problem::quantized)
                 .def_rw("quant", &Problem::quant)
                 .def_rw("scale_dtype", &Problem::scale_dtype)
+                .def_rw("x_scale", &Problem::x_scale)
                 .def_rw("gather", &Problem::gather)
                 .def_rw("has_row_scale", &Problem::has_row_scale)
                 .def_rw("row_scale_dtype", &Problem::row_scale_dtype)
@@ -422,6 +439,7 @@ NB_MODULE(_gatedmlp, m) {
   GATEDMLP_PTR_PROP(indices);
   GATEDMLP_PTR_PROP(index_error);
   GATEDMLP_PTR_PROP(row_scale);
+  GATEDMLP_PTR_PROP(x_scales);
 #undef GATEDMLP_PTR_PROP
   ar.def("__repr__", [](const Arguments& a) { return repr(a); });
   add_copy(ar);
@@ -489,11 +507,11 @@ NB_MODULE(_gatedmlp, m) {
          WeightStorage storage, float alpha, uintptr_t stream, nb::handle workspace, nb::handle workspace_alloc,
          nb::handle scales, nb::handle biases, nb::handle scales_up, nb::handle biases_up,
          std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index, nb::handle index_error, bool grouped) {
+         int64_t rows_per_index, nb::handle index_error, bool grouped, nb::handle x_scales, bool x_fp8) {
         gate_up(x, w, out, w_up, bias, bias_up, preact, activation, act_params, clamp_alpha, clamp_limit, group,
                 first, storage, alpha, stream, workspace, workspace_alloc,
                 QuantArrays{scales, biases, scales_up, biases_up, quant}, hold_workspace,
-                GatherArgs{indices, index_error, rows_per_x, rows_per_index, grouped});
+                GatherArgs{indices, index_error, rows_per_x, rows_per_index, grouped}, Fp8Args{x_scales, x_fp8});
       },
       "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
@@ -502,7 +520,7 @@ NB_MODULE(_gatedmlp, m) {
       "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(), "biases"_a = nb::none(),
       "scales_up"_a = nb::none(), "biases_up"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true,
       "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(),
-      "grouped"_a = false,
+      "grouped"_a = false, "x_scales"_a = nb::none(), "x_fp8"_a = false,
       "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
       "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
       "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
@@ -513,25 +531,27 @@ NB_MODULE(_gatedmlp, m) {
       "scales and biases. " GATHER_DOC
       " With grouped=True (gate_up only, 16-bit weights, sm_90) x [m, K] holds rows sorted by expert and `indices` "
       "the E cumulative row ends (torch._grouped_mm's offs; the last must be m); index_error then names the first "
-      "bad offset.");
+      "bad offset. " FP8_DOC);
   m.def(
       "make_problem",
       [](nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::handle bias, nb::handle bias_up,
          nb::handle preact, Activation activation, std::optional<ActivationParams> act_params, int64_t group,
          Half first, WeightStorage storage, float alpha, nb::handle scales, nb::handle biases, nb::handle scales_up,
          nb::handle biases_up, std::optional<QuantFormat> quant, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index, bool grouped) {
+         int64_t rows_per_index, bool grouped, nb::handle x_scales, bool x_fp8) {
         return make_problem(x, w, out, w_up, bias, bias_up, preact, activation, act_params, group, first, storage,
                             alpha, QuantArrays{scales, biases, scales_up, biases_up, quant},
-                            GatherArgs{indices, nb::none(), rows_per_x, rows_per_index, grouped});
+                            GatherArgs{indices, nb::none(), rows_per_x, rows_per_index, grouped},
+                            Fp8Args{x_scales, x_fp8});
       },
       "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
       "group"_a = 0, "first"_a = Half::gate, "storage"_a = WeightStorage::out_in, "alpha"_a = 1.0f,
       "scales"_a = nb::none(), "biases"_a = nb::none(), "scales_up"_a = nb::none(), "biases_up"_a = nb::none(),
       "quant"_a = nb::none(), "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1,
-      "grouped"_a = false,
-      "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None).");
+      "grouped"_a = false, "x_scales"_a = nb::none(), "x_fp8"_a = false,
+      "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None; bf16 for "
+      "FP8 activations).");
   m.def(
       "down",
       [](nb::handle x, nb::handle w, nb::handle out, nb::handle x_up, nb::handle bias, Activation activation,
@@ -630,6 +650,7 @@ NB_MODULE(_gatedmlp, m) {
   m.def("to_string", [](KernelPath v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](StatusCode v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](IndexType v) { return std::string(to_string(v)); }, "value"_a);
+  m.def("to_string", [](XScale v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](const WeightLayout& v) { return to_string(v); }, "value"_a);
   m.def("to_string", [](const Problem& v) { return to_string(v); }, "value"_a);
   m.def("to_string", [](const Config& v) { return to_string(v); }, "value"_a);

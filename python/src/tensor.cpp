@@ -131,7 +131,16 @@ std::string TensorView::dtype_name() const {
     case C::Bfloat: base = "bfloat"; break;
     case C::Complex: base = "complex"; break;
     case C::Bool: return "bool";
-    default: base = "dlpack_code" + std::to_string(code) + "_bits"; break;
+    default: {
+      // DLPack 1.1's 8-bit floats, by number (nanobind >= 2.0 need not name
+      // them): PyTorch's float8_* tensors export these codes.
+      static const char* const kFloat8[] = {"float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+                                            "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"};
+      if (code >= kDLFloat8First && code < kDLFloat8First + 8 && bits == 8 && lanes == 1)
+        return kFloat8[code - kDLFloat8First];
+      base = "dlpack_code" + std::to_string(code) + "_bits";
+      break;
+    }
   }
   std::string s = base + std::to_string(bits);
   if (lanes != 1) s += "x" + std::to_string(lanes);
@@ -201,6 +210,14 @@ TensorView import_tensor(nb::handle obj, const char* name, bool writable) {
 std::optional<TensorView> import_optional(nb::handle obj, const char* name, bool writable) {
   if (!obj.is_valid() || obj.is_none()) return std::nullopt;
   return import_tensor(obj, name, writable);
+}
+
+bool TensorView::is_fp8_e4m3() const { return code == kDLFloat8E4M3FN && bits == 8 && lanes == 1; }
+
+bool TensorView::is_byte() const {
+  return (code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ||
+          code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt)) &&
+         bits == 8 && lanes == 1;
 }
 
 DType dtype_of(const TensorView& t, const char* what) {

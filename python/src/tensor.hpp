@@ -23,6 +23,12 @@ inline constexpr int kDeviceCUDA = 2;
 inline constexpr int kDeviceCUDAHost = 3;
 inline constexpr int kDeviceCUDAManaged = 13;
 
+// DLPack (1.1) dtype codes of the 8-bit floats: kDLFloat8_e3m4 = 7 ...
+// kDLFloat8_e8m0fnu = 14, among them kDLFloat8_e4m3fn = 10, PyTorch's
+// float8_e4m3fn (the FP8 activations' format).
+inline constexpr uint8_t kDLFloat8First = 7;
+inline constexpr uint8_t kDLFloat8E4M3FN = 10;
+
 // Thrown by the binding for a Status that is not ok; the module turns it into
 // the Python exception class of its code.
 struct StatusError {
@@ -64,7 +70,9 @@ struct TensorView {
   int64_t stride(int i) const { return strides[static_cast<size_t>(i < 0 ? ndim + i : i)]; }
 
   std::optional<DType> dtype() const;
-  std::string dtype_name() const;  // "bfloat16", "float16", "float64", ...
+  std::string dtype_name() const;  // "bfloat16", "float16", "float64", "float8_e4m3fn", ...
+  bool is_fp8_e4m3() const;        // float8_e4m3fn (DLPack kDLFloat8_e4m3fn)
+  bool is_byte() const;            // uint8 or int8 (e.g. FP8 bytes viewed as integers)
   std::string shape_str() const;   // "(4, 8)"
   std::string strides_str() const;
   bool on_host() const { return device_type == kDeviceCPU || device_type == kDeviceCUDAHost; }

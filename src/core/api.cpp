@@ -166,7 +166,7 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
   Planned& e = t_plans.entries[t_plans.next];
   e.valid = false;
   e.linear.reset();
-  if (cfg.path == KernelPath::sm90_wgmma && !r.quantized) {  // quantized: the 16-bit call plans its own
+  if (cfg.path == KernelPath::sm90_wgmma && !detail::dequantized_first(r, cfg.path)) {  // else the 16-bit call plans its own
     if (Status s = sm90::prepare(r, a, cfg.tile_n, cfg.pingpong, dev.sms, ws, ws_bytes, &e.sm90); !s) return s;
   }
   // The down projection's cuBLASLt plan: its workspace is what the passes
@@ -254,11 +254,11 @@ size_t workspace_size(const Problem& p) {
       detail::select_config(r, nullptr, dev, &cfg)) {
     if (detail::is_down(r))  // the passes' scratch and cuBLASLt's
       bytes = down::workspace_layout(r, cfg.path).total();
-    else if (r.quantized && cfg.path != KernelPath::quant_decode)  // dequantized first: the weights, then the 16-bit call's
+    else if (detail::dequantized_first(r, cfg.path))  // the weights, then the 16-bit call's
       bytes = quant_decode::dequantized_bytes(r) + workspace_size(quant_decode::dequantized_problem(r));
     else if (r.gather.grouped)  // the table of row units
       bytes = sm90::grouped_workspace_bytes(r);
-    else if (cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong && r.k > sm90::kTile.tile_k)  // one k-block: nothing to split
+    else if (cfg.path == KernelPath::sm90_wgmma && !cfg.pingpong && r.k > cfg.tile_k)  // one k-block: nothing to split
       bytes = sm90::workspace_bytes(dev.sms);
   }
   cache[next] = {true, p, device, env, bytes};
@@ -293,7 +293,7 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
     std::fprintf(stderr, "[gatedmlp] %s -> %s\n", to_string(p).c_str(), to_string(cfg).c_str());
 
   if (detail::is_down(r)) return down::run(r, cfg, a, e->linear.get(), e->sms, workspace, workspace_bytes, stream);
-  if (r.quantized && cfg.path != KernelPath::quant_decode) return run_dequantized(r, a, workspace, workspace_bytes, stream);
+  if (detail::dequantized_first(r, cfg.path)) return run_dequantized(r, a, workspace, workspace_bytes, stream);
   if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch_prepared(e->sm90, a, workspace, workspace_bytes, stream);
   if (cfg.path == KernelPath::decode || cfg.path == KernelPath::quant_decode) {
     const cudaError_t ce = cfg.path == KernelPath::decode ? decode::launch(r, a, e->sms, stream)

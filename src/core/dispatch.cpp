@@ -248,6 +248,38 @@ Status select_grouped(const Problem& r, const Arguments* a, const DeviceInfo& de
   return Status::Ok();
 }
 
+// FP8 activations and weights: the Hopper kernel's e4m3 form only (wgmma
+// reads FP8 operands as they are, K-major); no other kernel takes FP8 X.
+Status select_fp8(const Problem& r, const Arguments* a, const DeviceInfo& dev, Config* cfg) {
+  std::string no;
+  if (dev.major != 9 || dev.minor != 0) no = "not an sm_90 device";
+  else if (portable_forced()) no = "GATEDMLP_FORCE_PATH=portable (the portable kernel has no FP8 form)";
+  else if (size_t(sm90::kTileFp8.smem_bytes) > dev.smem_optin) no = "too little shared memory per block";
+  else no = sm90::fp8_blocker(r, a);
+  if (!no.empty())
+    return err(StatusCode::not_supported, "FP8 activations (input_dtype=fp8_e4m3) run on the Hopper TMA + wgmma "
+               "kernel only, which cannot take this call: ", no, " (device ", dev.device, ": ", dev.name, ")");
+  const sm90::Tile& t = sm90::kTileFp8;
+  Config c;
+  c.path = KernelPath::sm90_wgmma;
+  c.tile_m = t.tile_m;
+  c.tile_n = t.tile_n;
+  c.tile_k = t.tile_k;
+  c.stages = t.stages;
+  c.threads = t.threads;
+  c.vector_loads = true;
+  std::ostringstream os;
+  os << "FP8 e4m3 on the Hopper TMA + wgmma path (m64n256k32, fp32 sums): x scaled per "
+     << (r.x_scale == XScale::row ? "row" : "tensor") << ", weights per "
+     << (r.quant.row_block == 1 ? "output channel" : "tensor")
+     << ", both scales applied to the sums in the epilogue; persistent, one CTA per SM, " << t.tile_n
+     << "-column cooperative tiles, " << t.tile_k << "-deep k-blocks, clusters of "
+     << std::min(sm90::cluster_size(r), 2);
+  c.reason = os.str();
+  *cfg = c;
+  return Status::Ok();
+}
+
 // The down projection: the decode kernels where they can read it (the
 // quantized one up to its 64 rows, the 16-bit one up to 16), else a
 // cuBLASLt GEMM, which takes any shape. Each decision is made on the
@@ -308,6 +340,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (is_down(r)) return select_down(r, a, cfg);
   if (r.gather.grouped) return select_grouped(r, a, dev, cfg);
   if (r.gather.experts > 0) return select_gathered(r, r, a, cfg);
+  if (fp8_input(r)) return select_fp8(r, a, dev, cfg);
   // Quantized weights: the quantized decode kernel up to its kMaxM rows;
   // past them (where the weights are reused across enough rows for the 16-bit
   // kernels' tiles to pay), and for what it cannot read, the weights are

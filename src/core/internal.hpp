@@ -48,6 +48,17 @@ inline int64_t weight_rows(const Problem& p) {
 
 inline bool is_down(const Problem& p) { return p.op == Operation::down; }
 
+// FP8 activations (and FP8 weights) on the Hopper kernel's e4m3 form: the
+// weights are read as they are, never dequantized first.
+inline bool fp8_input(const Problem& p) { return p.input_dtype == DType::fp8_e4m3; }
+
+// Quantized weights that run() dequantizes into the workspace first (for a
+// 16-bit kernel): those that neither the quantized decode kernel nor the
+// FP8 kernels read.
+inline bool dequantized_first(const Problem& p, KernelPath path) {
+  return p.quantized && !fp8_input(p) && path != KernelPath::quant_decode;
+}
+
 // Rows of x a call reads: m, or a gathered call's m / rows_per_x.
 inline int64_t x_rows(const Problem& p) { return p.gather.experts > 0 ? p.m / p.gather.rows_per_x : p.m; }
 

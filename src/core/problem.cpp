@@ -18,6 +18,15 @@ const char* to_string(DType d) {
     case DType::bf16: return "bf16";
     case DType::fp16: return "fp16";
     case DType::fp32: return "fp32";
+    case DType::fp8_e4m3: return "fp8_e4m3";
+  }
+  return "invalid";
+}
+
+const char* to_string(XScale x) {
+  switch (x) {
+    case XScale::tensor: return "tensor";
+    case XScale::row: return "row";
   }
   return "invalid";
 }
@@ -97,7 +106,7 @@ const char* to_string(IndexType t) {
   return "invalid";
 }
 
-size_t dtype_size(DType d) { return d == DType::fp32 ? 4 : 2; }
+size_t dtype_size(DType d) { return d == DType::fp32 ? 4 : d == DType::fp8_e4m3 ? 1 : 2; }
 
 std::string to_string(const WeightLayout& w) {
   std::ostringstream os;
@@ -111,7 +120,9 @@ std::string to_string(const Problem& p) {
   std::ostringstream os;
   const bool down = p.op == Operation::down;
   os << "Problem{" << (down ? "down " : "") << "m=" << p.m << " k=" << p.k << " u=" << p.u << " batch=" << p.batch
-     << " in=" << to_string(p.input_dtype) << " out=" << to_string(p.output_dtype);
+     << " in=" << to_string(p.input_dtype);
+  if (p.input_dtype == DType::fp8_e4m3) os << "(x_scale=" << to_string(p.x_scale) << ")";
+  os << " out=" << to_string(p.output_dtype);
   if (!down || p.glu_input) {
     os << (down ? " glu_input=" : " act=") << to_string(p.activation);
     if (p.activation == Activation::swiglu_clamped)
@@ -173,7 +184,7 @@ namespace detail {
 
 // A field added to Problem must be added to same_problem too, or run()
 // would reuse a plan made for another call (this size is the x86-64 one).
-static_assert(sizeof(void*) != 8 || sizeof(Problem) == 248, "Problem changed: update same_problem");
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 256, "Problem changed: update same_problem");
 
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
@@ -195,6 +206,7 @@ bool same_problem(const Problem& a, const Problem& b) {
          (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
                            a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
                            a.scale_dtype == b.scale_dtype)) &&
+         (a.input_dtype != DType::fp8_e4m3 || a.x_scale == b.x_scale) &&
          a.gather.experts == b.gather.experts && a.has_row_scale == b.has_row_scale &&
          (!a.has_row_scale || a.row_scale_dtype == b.row_scale_dtype) &&
          (a.gather.experts == 0 ||
@@ -292,6 +304,26 @@ Status check_gather(const Problem& p) {
   return Status::Ok();
 }
 
+// FP8 activations (input_dtype = fp8_e4m3): the Hopper kernel's e4m3 form,
+// with FP8 weights scaled per tensor or per output channel (gatedmlp.hpp).
+Status check_fp8_input(const Problem& p) {
+  if (p.input_dtype != DType::fp8_e4m3) return Status::Ok();
+  const StatusCode inv = StatusCode::invalid_argument, ns = StatusCode::not_supported;
+  if (p.x_scale != XScale::tensor && p.x_scale != XScale::row)
+    return err(inv, "x_scale has invalid value ", int(p.x_scale));
+  if (p.op != Operation::gate_up)
+    return err(ns, "input_dtype=fp8_e4m3 (FP8 activations) is gate_up only; the down projection takes 16-bit input");
+  if (!p.quantized || p.quant.mode != QuantMode::fp8_e4m3)
+    return err(inv, "input_dtype=fp8_e4m3 (FP8 activations) needs FP8 weights: quantized=true with "
+               "quant.mode=fp8_e4m3, got ", p.quantized ? "quant=" + to_string(p.quant) : std::string("quantized=false"));
+  if (p.quant.group_size != 0 || (p.quant.row_block != 0 && p.quant.row_block != 1))
+    return err(ns, "FP8 activations take weight scales per tensor or per output channel (quant.group_size=0, "
+               "row_block=0 or 1); got group_size=", p.quant.group_size, " row_block=", p.quant.row_block,
+               " (128 x 128 blocked scales are not built for FP8 activations)");
+  if (p.gather.experts > 0) return err(ns, "FP8 activations take no gather (gather.experts=", p.gather.experts, ")");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status check_support(const Problem& p) {
@@ -303,9 +335,10 @@ Status check_support(const Problem& p) {
   if (p.u < 1) return err(inv, "u must be >= 1, got ", p.u);
   if (p.batch < 0) return err(inv, "batch must be >= 0, got ", p.batch);
 
-  if (!valid_dtype(p.input_dtype)) return err(inv, "input_dtype has invalid value ", int(p.input_dtype));
+  if (!valid_dtype(p.input_dtype) && p.input_dtype != DType::fp8_e4m3)
+    return err(inv, "input_dtype has invalid value ", int(p.input_dtype));
   if (p.input_dtype == DType::fp32)
-    return err(StatusCode::not_supported, "input_dtype must be bf16 or fp16 (X and W), got fp32");
+    return err(StatusCode::not_supported, "input_dtype must be bf16 or fp16 (X and W), or fp8_e4m3 (X), got fp32");
   if (!valid_dtype(p.output_dtype)) return err(inv, "output_dtype has invalid value ", int(p.output_dtype));
   if (p.has_bias && !valid_dtype(p.bias_dtype)) return err(inv, "bias_dtype has invalid value ", int(p.bias_dtype));
   if (p.has_preact && !valid_dtype(p.preact_dtype))
@@ -378,6 +411,7 @@ Status check_support(const Problem& p) {
   }
 
   if (Status s = check_gather(p); !s) return s;
+  if (Status s = check_fp8_input(p); !s) return s;
 
   struct Stride { const char* name; int64_t v; };
   const Stride strides[] = {{"batch_stride_x", p.batch_stride_x},     {"batch_stride_w", p.batch_stride_w},

@@ -108,6 +108,8 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
     ts.push_back(tensor("w", a.w, e.w, r.input_dtype, false));
     if (sep) ts.push_back(tensor("w_up", a.w_up, e.w, r.input_dtype, false));
   }
+  if (r.input_dtype == DType::fp8_e4m3)
+    ts.push_back(tensor("x_scales", a.x_scales, r.x_scale == XScale::row ? r.m : 1, DType::fp32, false));
   if (r.has_bias) ts.push_back(tensor("bias", a.bias, e.bias, r.bias_dtype, false));
   if (r.has_bias && sep) ts.push_back(tensor("bias_up", a.bias_up, e.bias, r.bias_dtype, false));
   ts.push_back(tensor("y", a.y, e.y, r.output_dtype, true));
@@ -188,6 +190,11 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
   if (Status s = check_presence("w_up_biases", a.w_up_biases, affine && sep,
                                 "separate affine quantized weights need the up weights' biases in w_up_biases",
                                 "w_up_biases is used only with separate affine quantized weights");
+      !s)
+    return s;
+  if (Status s = check_presence("x_scales", a.x_scales, r.input_dtype == DType::fp8_e4m3,
+                                "input_dtype=fp8_e4m3 needs the scales of x in x_scales (fp32)",
+                                "x_scales is used only with input_dtype=fp8_e4m3");
       !s)
     return s;
   if (Status s = check_presence("y", a.y, true, "the output y is required", ""); !s) return s;

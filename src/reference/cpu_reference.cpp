@@ -10,11 +10,38 @@
 
 namespace gatedmlp::ref {
 
+namespace {
+
+// OCP e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
+// 0x7F / 0xFF NaN.
+double e4m3_to_double(uint8_t q) {
+  const int e = (q >> 3) & 15, m = q & 7;
+  if (e == 15 && m == 7) return NAN;
+  const double mag = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return q & 0x80u ? -mag : mag;
+}
+
+// Round to nearest e4m3fn value, ties to the even code; saturates at 448.
+uint8_t double_to_e4m3(double v) {
+  if (std::isnan(v)) return 0x7F;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const double a = std::fabs(v);
+  uint8_t best = 0;
+  for (uint8_t c = 1; c < 0x7F; ++c) {
+    const double da = std::fabs(e4m3_to_double(c) - a), db = std::fabs(e4m3_to_double(best) - a);
+    if (da < db || (da == db && c % 2 == 0)) best = c;
+  }
+  return sign | best;
+}
+
+}  // namespace
+
 double load_as_double(const void* base, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::fp16: return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::fp32: return static_cast<const float*>(base)[i];
+    case DType::fp8_e4m3: return e4m3_to_double(static_cast<const uint8_t*>(base)[i]);
   }
   return NAN;
 }
@@ -24,6 +51,7 @@ void store_from_double(void* base, DType dtype, int64_t i, double v) {
     case DType::bf16: static_cast<uint16_t*>(base)[i] = float_to_bf16(float(v)); break;
     case DType::fp16: static_cast<uint16_t*>(base)[i] = float_to_fp16(float(v)); break;
     case DType::fp32: static_cast<float*>(base)[i] = float(v); break;
+    case DType::fp8_e4m3: static_cast<uint8_t*>(base)[i] = double_to_e4m3(v); break;
   }
 }
 
@@ -36,9 +64,7 @@ double quantized_weight(const Problem& p, const void* words, const void* scales,
     const int64_t groups = p.quant.group_size ? (p.k + p.quant.group_size - 1) / p.quant.group_size : 1;
     const int64_t gi = (p.quant.row_block ? row / p.quant.row_block : 0) * groups +
                        (p.quant.group_size ? k / p.quant.group_size : 0);
-    const int e = int(q >> 3) & 15, m = int(q) & 7;
-    const double mag = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-    return (q & 0x80u ? -mag : mag) * load_as_double(scales, p.scale_dtype, gi);
+    return e4m3_to_double(uint8_t(q)) * load_as_double(scales, p.scale_dtype, gi);
   }
   const int64_t gi = row * (p.k / p.quant.group_size) + k / p.quant.group_size;
   if (p.quant.mode == QuantMode::mxfp4) {

@@ -111,6 +111,7 @@ Status fill_random(void* p, DType dtype, int64_t n, uint64_t seed, float lo, flo
     case DType::fp32:
       fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float*>(p), n, key, lo, hi, normal);
       break;
+    case DType::fp8_e4m3: break;  // refused by check_fill_args
   }
   return launch_status("fill_random");
 }
@@ -130,6 +131,7 @@ Status fill_nan(void* p, DType dtype, int64_t n, cudaStream_t stream) {
     case DType::fp32:
       fill_bits_kernel<<<grid, kThreads, 0, stream>>>(static_cast<uint32_t*>(p), n, uint32_t{0x7FC00000u});
       break;
+    case DType::fp8_e4m3: break;  // refused by check_fill_args
   }
   return launch_status("fill_nan");
 }

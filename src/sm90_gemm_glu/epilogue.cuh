@@ -579,6 +579,54 @@ __device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N],
   }
 }
 
+// FP8 calls: the sums times X's scale of the row and the weights' scale of
+// the column's half (Params::fp8). Per-channel weight scales are first
+// staged by the warpgroup in `stage` (2N floats: gate columns, then up;
+// the Y tile's bytes, free at this point), so each is loaded and its
+// weight row computed once per tile, not once per thread.
+template <int N>
+__device__ __forceinline__ void apply_fp8_scales(const Params& p, float (&d)[N], float* stage, int bar, int tid,
+                                                 int64_t row0, int64_t col0) {
+  const int warp = tid / 32, lane = tid % 32;
+  const float* xs = static_cast<const float*>(p.x_scale);
+  const int64_t r = row0 + 16 * warp + lane / 4;  // the thread's rows: r, and r + 8 for (i / 2) % 2 == 1
+  float sx0 = 0.f, sx1 = 0.f;  // rows past M are never stored
+  if (!p.x_scale_row) sx0 = sx1 = xs[0];
+  else {
+    if (r < p.m) sx0 = xs[r];
+    if (r + 8 < p.m) sx1 = xs[r + 8];
+  }
+  if (!p.w_scale_col) {
+    const float sg = load_float(p.w_scale, p.scale_dtype, 0);
+    const float su = load_float(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, 0);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float sx = (i / 2) % 2 ? sx1 : sx0;
+      d[i] *= sx * sg;
+      d[i + N / 2] *= sx * su;
+    }
+    return;
+  }
+  for (int c = tid; c < 2 * N; c += 128) {
+    const int half = c / N;
+    const int64_t j = col0 + c % N;
+    float v = 0.f;
+    if (j < p.u)
+      v = p.separate ? load_float(half ? p.w_scale_up : p.w_scale, p.scale_dtype, j)
+                     : load_float(p.w_scale, p.scale_dtype, pre_col(p, half, j));
+    stage[c] = v;
+  }
+  named_barrier(bar, 128);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const float sx = (i / 2) % 2 ? sx1 : sx0;
+    const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+    d[i] *= sx * stage[col];
+    d[i + N / 2] *= sx * stage[N + col];
+  }
+  named_barrier(bar, 128);  // the stage's bytes are the Y tile's next
+}
+
 // Fast Y: registers -> swizzled shared tile -> two TMA stores (rows row0 ...
 // row0 + 63, clipped at M and U; none at all from m_end on), issued by one thread and left in flight
 // while the warpgroup goes on. The tile must be free (its previous stores
@@ -629,6 +677,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
   named_barrier(bar, 128);
   GATEDMLP_WD_MARK(watchdog::kEpiBar, tc.mb, tc.nb);
 
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) apply_fp8_scales(p, d, buf, bar, tid, row0, col0);
   if (p.has_bias) {
     // Bias depends only on the columns, which both warpgroups share.
     named_barrier(kBothBar, 256);  // both are done reading the previous tile's

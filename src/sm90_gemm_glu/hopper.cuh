@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -326,18 +327,24 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   C(d[112]), C(d[113]), C(d[114]), C(d[115]), C(d[116]), C(d[117]), C(d[118]), C(d[119]), \
   C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127])
 
-// SHAPE: "m64n256k16", "m64n192k16" or "m64n176k16"; DREGS, OPS: the
-// matching lists; A, B, SCALE: the operand numbers after the accumulators.
-#define GATEDMLP_WGMMA(SHAPE, TYPES, DREGS, OPS, A, B, SCALE, C) \
+// SHAPE: "m64n256k16", "m64n192k16" or "m64n176k16" (FP8: "m64n256k32");
+// DREGS, OPS: the matching lists; A, B, SCALE: the operand numbers after the
+// accumulators; IMM: the immediates after scale-d: the scales of A and B
+// (1), and for 16-bit types their transposes (0: both K-major; FP8
+// operands have no transpose, they are always K-major).
+#define GATEDMLP_WGMMA(SHAPE, TYPES, DREGS, OPS, A, B, SCALE, C, IMM) \
   asm volatile( \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n" \
-  "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPES " {" DREGS "}, %" A ", %" B ", p, 1, 1, 0, 0;\n}\n" \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPES " {" DREGS "}, %" A ", %" B ", p, " IMM ";\n}\n" \
   : OPS(C) \
   : "l"(a_desc), "l"(b_desc), "r"(scale_d))
 // One wgmma of N accumulators per thread (2N weight rows).
 #define GATEDMLP_WGMMA_N(N, SHAPE, TYPES, C)                                           \
   GATEDMLP_WGMMA(SHAPE, TYPES, GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, #N, GATEDMLP_WGMMA_B##N, \
-                 GATEDMLP_WGMMA_S##N, C)
+                 GATEDMLP_WGMMA_S##N, C, "1, 1, 0, 0")
+#define GATEDMLP_WGMMA_N_FP8(N, SHAPE, C)                                              \
+  GATEDMLP_WGMMA(SHAPE, "e4m3.e4m3", GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, #N, GATEDMLP_WGMMA_B##N, \
+                 GATEDMLP_WGMMA_S##N, C, "1, 1")
 #define GATEDMLP_WGMMA_B88 "89"
 #define GATEDMLP_WGMMA_S88 "90"
 #define GATEDMLP_WGMMA_B96 "97"
@@ -347,7 +354,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 
 // One wgmma of a consumer warpgroup's tile: N accumulators per thread, 2N
 // weight rows (m64n256k16 for N = 128, m64n192k16 for 96, m64n176k16 for
-// 88), T's type.
+// 88), T's type; for e4m3 (N = 128 only) m64n256k32. Either way one wgmma
+// reads 32 bytes of each operand row: a 128-byte k-block row is 4 of them.
 // FIRST: D = A * B^T (scale_d 0), and the compiler told that D's old values
 // are not read ("=f"): once the previous tile's epilogue has read them, their
 // registers are free (docs/notes/hopper-epilogue.md, h22). Otherwise D += A * B^T.
@@ -355,6 +363,11 @@ template <typename T, int N, bool FIRST>
 __device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint64_t b_desc) {
   static_assert(N == 128 || N == 96 || N == 88, "m64n256k16, m64n192k16 and m64n176k16 only");
   const int scale_d = FIRST ? 0 : 1;
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) {
+    static_assert(N == 128, "e4m3: m64n256k32 only");
+    if constexpr (FIRST) GATEDMLP_WGMMA_N_FP8(128, "m64n256k32", "=f");
+    else GATEDMLP_WGMMA_N_FP8(128, "m64n256k32", "+f");
+  } else {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
 #define GATEDMLP_WGMMA_ANY(NN, SHAPE)                                   \
   if constexpr (kBf16 && FIRST) GATEDMLP_WGMMA_N(NN, SHAPE, "bf16.bf16", "=f"); \
@@ -369,9 +382,11 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint6
     GATEDMLP_WGMMA_ANY(88, "m64n176k16")
   }
 #undef GATEDMLP_WGMMA_ANY
+  }
 }
 
 #undef GATEDMLP_WGMMA_N
+#undef GATEDMLP_WGMMA_N_FP8
 #undef GATEDMLP_WGMMA_B88
 #undef GATEDMLP_WGMMA_S88
 #undef GATEDMLP_WGMMA_B96

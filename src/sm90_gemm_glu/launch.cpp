@@ -136,13 +136,18 @@ std::string blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
   const int64_t g = map_group(r);
   const int64_t halves = r.weights.format == WeightFormat::separate ? 1 : 2;
-  const int64_t ldw_bytes = r.weights.ld * 2;
+  // Bytes per X element (1 for FP8), and per weight row (FP8 weights: ld
+  // counts uint32 words); TMA rows and strides must be 16-byte multiples.
+  const int64_t xe = int64_t(dtype_size(r.input_dtype));
+  const bool words = r.quantized;
+  const int64_t ldw_bytes = r.weights.ld * (words ? 4 : 2);
+  const int64_t per16 = 16 / xe;  // elements of X per 16 bytes
   if (!compiled()) os << "this build has no sm_90a kernel";
   else if (r.weights.storage != WeightStorage::out_in) os << "weights stored in_out ([K, out]); convert_weights() to out_in";
-  else if (r.k % 8) os << "k=" << r.k << " is not a multiple of 8 (TMA rows must be 16-byte multiples)";
-  else if (r.ldx % 8) os << "ldx=" << r.ldx << " is not a multiple of 8";
-  else if (r.weights.ld % 8) os << "weights.ld=" << r.weights.ld << " is not a multiple of 8";
-  else if (r.batch > 1 && r.batch_stride_x % 8) os << "batch_stride_x=" << r.batch_stride_x << " is not a multiple of 8";
+  else if (r.k % per16) os << "k=" << r.k << " is not a multiple of " << per16 << " (TMA rows must be 16-byte multiples)";
+  else if (r.ldx % per16) os << "ldx=" << r.ldx << " is not a multiple of " << per16;
+  else if (ldw_bytes % 16) os << "weights.ld=" << r.weights.ld << " is not a multiple of " << (words ? "4 words" : "8");
+  else if (r.batch > 1 && r.batch_stride_x % per16) os << "batch_stride_x=" << r.batch_stride_x << " is not a multiple of " << per16;
   else if (r.batch > 1 && r.batch_stride_w % 8) os << "batch_stride_w=" << r.batch_stride_w << " is not a multiple of 8";
   else if (!(g == r.u || g % 128 == 0 || 128 % g == 0))
     os << "weights.group=" << g << " neither divides nor is a multiple of the 128-column tile";
@@ -151,12 +156,18 @@ std::string blocker(const Problem& r, const Arguments* a) {
   else if ((r.m + kTile.tile_m - 1) / kTile.tile_m * ((r.u + kTile.tile_n - 1) / kTile.tile_n) > kMaxCoord / r.batch)
     os << "batch x m x u make 2^31 or more tiles (the kernel's schedule counts them in 32 bits)";
   else if (halves * g * ldw_bytes * (r.u / g) >= kMaxStrideBytes || r.batch_stride_w * 2 >= kMaxStrideBytes ||
-           r.batch_stride_x * 2 >= kMaxStrideBytes || r.m * r.ldx * 2 >= kMaxStrideBytes)
+           r.batch_stride_x * xe >= kMaxStrideBytes || r.m * r.ldx * xe >= kMaxStrideBytes)
     os << "a stride exceeds the tensor map's 2^40-byte limit";
   else if (a && !aligned16(a->x)) os << "x is not 16-byte aligned";
   else if (a && !aligned16(a->w)) os << "w is not 16-byte aligned";
   else if (a && a->w_up && !aligned16(a->w_up)) os << "w_up is not 16-byte aligned";
   return os.str();
+}
+
+std::string fp8_blocker(const Problem& r, const Arguments* a) {
+  if (r.input_dtype != DType::fp8_e4m3 || !r.quantized || r.quant.mode != QuantMode::fp8_e4m3)
+    return "not an FP8 call (fp8_e4m3 X and weights)";
+  return blocker(r, a);
 }
 
 std::string grouped_blocker(const Problem& r, const Arguments* a) {
@@ -206,14 +217,18 @@ PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s) {
   return driver_entry<PFN_cuTensorMapReplaceAddress_v12000>("cuTensorMapReplaceAddress", s);
 }
 
-// A row-major 16-bit tensor with 128-byte-swizzled boxes whose inner extent
-// is 64 elements (64-byte swizzle: 32; unswizzled: any multiple of 8).
+// A row-major 16-bit (or FP8) tensor with 128-byte-swizzled boxes whose
+// inner extent is 128 bytes (64-byte swizzle: 64; unswizzled: any multiple
+// of 16 bytes).
 // dims[0] is the contiguous one; strides in bytes, for dims 1...
 Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
               const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what,
               CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult res = fn(map, dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+  const CUtensorMapDataType type = dt == DType::bf16       ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : dt == DType::fp8_e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8  // bytes, read as e4m3 by wgmma
+                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult res = fn(map, type,
                           static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims, strides, box, elem_strides,
                           CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -302,9 +317,20 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   if (grouped && (tile_n != kTile.tile_n || pingpong))
     return err(StatusCode::not_supported, "sm90::launch: a grouped call runs on the ", kTile.tile_n,
                "-column cooperative kernels");
+  // FP8: the e4m3 kernels, cooperative with 128-column tiles and 128-deep
+  // k-blocks (a stage's rows are 128 bytes either way).
+  const bool fp8 = r.input_dtype == DType::fp8_e4m3;
+  if (fp8 && (tile_n != kTileFp8.tile_n || pingpong))
+    return err(StatusCode::not_supported, "sm90::launch: an FP8 call runs on the ", kTileFp8.tile_n,
+               "-column cooperative e4m3 kernels");
+  if (fp8)
+    if (const std::string no = fp8_blocker(r, &a); !no.empty())
+      return err(StatusCode::not_supported, "sm90::launch: the e4m3 kernels cannot take this call: ", no);
+  const int64_t xe = int64_t(dtype_size(r.input_dtype));  // bytes per X element
   Params& p = out->p;
   p = Params{};
-  constexpr int BM = kTile.tile_m, BK = kTile.tile_k;
+  constexpr int BM = kTile.tile_m;
+  const int BK = fp8 ? kTileFp8.tile_k : kTile.tile_k;
   const int BN = tile_n;
   p.tile_n = tile_n;
   p.pingpong = pingpong;
@@ -317,7 +343,8 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   p.k_blocks = static_cast<int>((r.k + BK - 1) / BK);
   // Clusters of CTAs sharing the weight tile through multicast: see
   // kClusterM.
-  const int cluster_m = grouped ? 1 : cluster_size(r);
+  // (The e4m3 kernels come in clusters of one and two.)
+  const int cluster_m = grouped ? 1 : fp8 ? std::min(cluster_size(r), 2) : cluster_size(r);
   // Items handed out at run time need the workspace's counter. Only the
   // cooperative kernels in clusters of two have them (the kernel says why);
   // the ping-pong ones, whose warpgroups take a CTA's items in turn, keep
@@ -345,8 +372,8 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   p.x_batched = r.batch > 1 && r.batch_stride_x != 0;
   {
     const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(r.m), cuuint64_t(p.x_batched ? r.batch : 1)};
-    const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2),
-                                   cuuint64_t(p.x_batched ? r.batch_stride_x * 2 : r.m * r.ldx * 2)};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldx * xe),
+                                   cuuint64_t(p.x_batched ? r.batch_stride_x * xe : r.m * r.ldx * xe)};
     // M < BM: boxes of only the rows there are (rounded up to 8, the
     // swizzle's period), not boxes mostly past the tensor's edge: with those,
     // 8B M = 1 and 16 took 16 % longer than M = 128 (docs/notes/hopper-kernel.md, h16).
@@ -361,7 +388,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   const int64_t g = map_group(r);
   const int64_t halves = sep ? 1 : 2;
   const int64_t blocks = r.u / g;
-  const int64_t row_bytes = r.weights.ld * 2;
+  const int64_t row_bytes = r.weights.ld * (r.quantized ? 4 : 2);  // FP8 weights: ld counts uint32 words
   p.w_group = g;
   // Grouped: the experts take the batch's place (the weights' L coordinate).
   p.w_batched = grouped || (r.batch > 1 && r.batch_stride_w != 0);
@@ -467,7 +494,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   // GATEDMLP_SM90_PRE_TMA=0 turns it off (for timing comparisons). Y must
   // go by TMA too: these kernels compute Y in the 16-bit output's form of
   // the activation (glu_out16), so they never feed an fp32 Y.
-  p.pre_tma = !pingpong && r.has_preact && p.y_tma && !env_off("GATEDMLP_SM90_PRE_TMA") &&
+  p.pre_tma = !pingpong && !fp8 && r.has_preact && p.y_tma && !env_off("GATEDMLP_SM90_PRE_TMA") &&
               r.preact_dtype == r.input_dtype && r.u % kTile.tile_n == 0 && cluster_m <= 2 &&
               r.activation != Activation::gelu_erf &&
               r.ldpre % 8 == 0 && (r.batch == 1 || r.batch_stride_preact % 8 == 0) && aligned16(a.preact) &&
@@ -526,9 +553,19 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
     p.tickets = reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(workspace) + flag_bytes(sms) + partial_bytes(sms));
 
   p.grouped = grouped;
+  if (fp8) {
+    p.fp8 = 1;
+    p.x_scale = a.x_scales;
+    p.w_scale = a.w_scales;
+    p.w_scale_up = a.w_up_scales;
+    p.x_scale_row = r.x_scale == XScale::row;
+    p.w_scale_col = r.quant.row_block == 1;
+    p.scale_dtype = static_cast<int>(r.scale_dtype);
+  }
   const int act = static_cast<int>(r.activation);
-  const cudaError_t e = r.input_dtype == DType::bf16 ? setup_bf16(p, act, cluster_m, sms, &out->k)
-                                                     : setup_fp16(p, act, cluster_m, sms, &out->k);
+  const cudaError_t e = fp8                            ? setup_fp8(p, act, cluster_m, sms, &out->k)
+                        : r.input_dtype == DType::bf16 ? setup_bf16(p, act, cluster_m, sms, &out->k)
+                                                       : setup_fp16(p, act, cluster_m, sms, &out->k);
   if (e != cudaSuccess) return err(StatusCode::cuda_error, "Hopper kernel set-up failed: ", cudaGetErrorString(e));
   out->uses_workspace = out->k.split || p.tickets != nullptr || grouped;
   out->sms = sms;
@@ -586,6 +623,11 @@ Status launch_prepared(Prepared& pr, const Arguments& a, void* workspace, size_t
   p.bias_up = a.bias_up;
   p.y = a.y;
   p.pre = a.preact;
+  if (p.fp8) {
+    p.x_scale = a.x_scales;
+    p.w_scale = a.w_scales;
+    p.w_scale_up = a.w_up_scales;
+  }
   if (p.grouped) {
     // The plan kernel writes the table of row units from this call's
     // offsets (and checks them), then the kernel walks it.

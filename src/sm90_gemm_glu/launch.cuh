@@ -242,6 +242,22 @@ cudaError_t setup_grouped(Params& p, int sms, KernelLaunch* k) {
   EXTERN template cudaError_t setup_grouped<T, 3>(Params&, int, KernelLaunch*); \
   EXTERN template cudaError_t setup_grouped<T, 4>(Params&, int, KernelLaunch*);
 
+// The e4m3 kernels of activation ACT in clusters of CM (1 or 2):
+// cooperative, 128 columns, PRE = 0 (launch.cpp clears p.pre_tma for FP8).
+template <int ACT, int CM>
+cudaError_t setup_fp8_cm(Params& p, int sms, KernelLaunch* k) {
+  return setup_cooperative<__nv_fp8_e4m3, ACT, CM, 0, 128>(p, sms, k);
+}
+
+// The e4m3 kernels of one cluster size, all five activations, in a TU of
+// their own (sm90_fp8_cm<CM>.cu), declared `extern` in the dispatch TU.
+#define GATEDMLP_SM90_FP8(EXTERN, CM)                                         \
+  EXTERN template cudaError_t setup_fp8_cm<0, CM>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<1, CM>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<2, CM>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<3, CM>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<4, CM>(Params&, int, KernelLaunch*);
+
 // Explicit instantiation (in a kernel TU) or declaration (`extern`, in the
 // dispatch TU) of setup_cm for both dtypes and activation ACT.
 #define GATEDMLP_SM90_LAUNCHERS(EXTERN, ACT)                                                        \

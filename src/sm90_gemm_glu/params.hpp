@@ -132,6 +132,18 @@ struct Params {
   // row on, the weights and bias are the expert's, Y rows stop at the end.
   const int32_t* items;
   int grouped;  // the GROUPED kernels (launch.cuh's setup_grouped)
+
+  // FP8 calls (the e4m3 kernels): the fp32 sums of gate and up are
+  // multiplied by X's scale (fp32: x_scale[0], or x_scale[row] with
+  // x_scale_row) and the weights' (scale_dtype: w_scale[0] for both halves
+  // of fused weights, w_scale[0] and w_scale_up[0] for separate ones; with
+  // w_scale_col one per weight row, at the row's pre_col index for fused
+  // weights, at j in each tensor for separate ones) before alpha and the bias.
+  int fp8;
+  const void* x_scale;
+  const void* w_scale;
+  const void* w_scale_up;
+  int x_scale_row, w_scale_col, scale_dtype;
 };
 
 // A grouped call's table: the row units it may need, an upper bound known

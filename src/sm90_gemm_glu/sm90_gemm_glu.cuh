@@ -116,6 +116,10 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
 // their expert's last row; its weights and bias are the expert's. One-CTA
 // clusters (two CTAs of a unit would need two experts' weights), 128-column
 // tiles, no pre-activation, no split tail.
+// T: the operands' type, bf16 or fp16, or __nv_fp8_e4m3 (FP8 calls: the
+// same 128-byte rows, so 128-deep k-blocks, m64n256k32, and the scales on
+// the sums in the epilogue; 128-column tiles, PRE = 0, clusters of one or
+// two, no grouping).
 template <typename T, int ACT, int CM, int PRE, int BNO, bool GROUPED = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
@@ -123,6 +127,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   static_assert(BNO == 128 || (CM <= 2 && PRE == 0), "narrow kernels: clusters of one or two, no pre-activation");
   static_assert(PRE == 0 || TileTraits<BNO>::kSpareStride + 16384 <= TileTraits<BNO>::kStageBytes,
                 "PRE = 1: each consumer warpgroup parks 16 KB in the held stage");
+  constexpr bool kFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
+  static_assert(!kFp8 || (PRE == 0 && BNO == 128 && CM <= 2 && !GROUPED), "e4m3 kernels: 128 columns, PRE = 0");
+  // Elements per 128-byte k-block row (the ring's rows are 128 bytes for
+  // every type), and the wgmmas per k-block: each reads 32 bytes of a row.
+  constexpr int kBK = 128 / int(sizeof(T));
+  constexpr int kSlices = 4;
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = TileTraits<BNO>;
   extern __shared__ unsigned char smem_raw[];
@@ -207,13 +217,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           GATEDMLP_WD_MARK(watchdog::kLoad, w, watchdog::wait_code(kb, s, pos.phase ^ 1));
           mbar_wait(&empty[s], pos.phase ^ 1);  // a fresh barrier passes parity 1 at once
           unsigned char* st = smem + s * Tr::kStageBytes;
-          mbar_arrive_expect_tx(&full[s], p.x_rows * Tr::BK * 2 + Tr::kBBytes);
-          tma_load_3d(st, &p.tma_x, &full[s], kb * Tr::BK, xrow, xl);
+          mbar_arrive_expect_tx(&full[s], p.x_rows * 128 + Tr::kBBytes);  // 128-byte X rows
+          tma_load_3d(st, &p.tma_x, &full[s], kb * kBK, xrow, xl);
           if (CM == 1 || (CM == 2 && tc.pair_cols)) {
             // The whole weight tile, for this CTA alone (with column pairs
             // each CTA also loads the shared X tile itself: no multicast).
-            tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * Tr::BK, c1, p.gate_half, c3, wl);
-            tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * Tr::BK, c1, p.up_half, c3, wl);
+            tma_load_5d(st + Tr::kABytes, &p.tma_wg, &full[s], kb * kBK, c1, p.gate_half, c3, wl);
+            tma_load_5d(st + Tr::kABytes + Tr::kBBytes / 2, &p.tma_wu, &full[s], kb * kBK, c1, p.up_half, c3, wl);
           } else {
             // This CTA's part of the weight tile: half rank / kParts (gate,
             // up), rows (rank % kParts) * 128 / kParts onwards, multicast to
@@ -221,7 +231,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
             constexpr int kParts = CM > 1 ? CM / 2 : 1;  // (CM = 1 never comes here)
             const int h = static_cast<int>(rank) / kParts, q = static_cast<int>(rank) % kParts;
             tma_load_5d_multicast(st + Tr::kABytes + h * (Tr::kBBytes / 2) + q * (Tr::kBBytes / 2 / kParts),
-                                  h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * Tr::BK,
+                                  h == 0 ? &p.tma_wg : &p.tma_wu, &full[s], (1u << CM) - 1, kb * kBK,
                                   c1 + q * p.w_part_c1, h == 0 ? p.gate_half : p.up_half, c3 + q * p.w_part_c3, wl);
           }
         }
@@ -253,7 +263,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // X boxes of x_rows rows (M < BM): the A rows after them are never
       // loaded. Zero them once, so that the MMAs read what a full box's zero
       // fill would have given (those rows are past M and never stored).
-      const int off = p.x_rows * Tr::BK * 2, bytes = Tr::kABytes - off;
+      const int off = p.x_rows * 128, bytes = Tr::kABytes - off;  // 128-byte rows
       for (int s = 0; s < Tr::kStages; ++s)
         for (int o = (cw * 128 + tid) * 16; o < bytes; o += 256 * 16)
           *reinterpret_cast<uint4*>(smem + s * Tr::kStageBytes + off + o) = make_uint4(0u, 0u, 0u, 0u);
@@ -324,7 +334,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           wgmma_fence();
           wgmma_tile<T, BNO, true>(d, da, db);
 #pragma unroll
-          for (int kk = 1; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
+          for (int kk = 1; kk < kSlices; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
           wgmma_commit();
           fence_regs(d);
         }
@@ -340,7 +350,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           fence_regs(d);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < Tr::BK / 16; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
+          for (int kk = 0; kk < kSlices; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
           wgmma_commit();
           fence_regs(d);
           // The previous k-step's wgmma has retired: its stage can be refilled.

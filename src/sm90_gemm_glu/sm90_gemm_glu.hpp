@@ -37,6 +37,10 @@ inline constexpr Tile kTilePingPong{128, 88, 64, 5, 384, 5 * 38912 + 2 * 11264 +
 // 232032 of the 232448 bytes a block may have.
 inline constexpr Tile kTilePingPong96{128, 96, 64, 5, 384, 5 * 40960 + 2 * 12288 + 2 * 768 + 96 + 1024};
 
+// The e4m3 kernels (FP8 activations and weights): the 128-column tile with
+// 128-deep k-blocks, the same 128-byte rows and shared-memory plan.
+inline constexpr Tile kTileFp8{128, 128, 128, 4, 384, kTile.smem_bytes};
+
 // CTAs per cluster (along M) for this problem: 2 for K > 8192, else 1 (and
 // 1 with a single row-block); GATEDMLP_SM90_CLUSTER=1|2|4 overrides it.
 int cluster_size(const Problem& resolved);
@@ -56,6 +60,10 @@ bool compiled();
 // Why the fast path cannot take this (resolved) problem, or "" if it can.
 // `args` may be null (plan() without pointers assumes aligned pointers).
 std::string blocker(const Problem& resolved, const Arguments* args);
+
+// An FP8 call (fp8_e4m3 X and weights, scales per tensor, row or channel):
+// why the e4m3 kernels cannot take it, or "". `args` may be null.
+std::string fp8_blocker(const Problem& resolved, const Arguments* args);
 
 // Workspace for the split tail of `ctas` CTAs: a flag and a 64 x 256 fp32
 // partial tile per consumer warpgroup (128 KB per CTA); and the ticket
@@ -134,5 +142,8 @@ Status launch(const Problem& resolved, const Arguments& args, int tile_n, bool p
 // count units of it), reads its launch knobs and plans the split tail into p.
 cudaError_t setup_bf16(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k);
 cudaError_t setup_fp16(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k);
+// The e4m3 kernels: cooperative, 128 columns, no TMA pre-activation,
+// clusters of one or two.
+cudaError_t setup_fp8(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k);
 
 }  // namespace gatedmlp::sm90

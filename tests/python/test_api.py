@@ -22,7 +22,7 @@ def f16(*shape):
 # ---------------------------------------------------------------- names
 def test_version_and_names():
     assert isinstance(gatedmlp.__version__, str) and gatedmlp.__version__
-    assert [m for m in DType.__members__] == ["bf16", "fp16", "fp32"]
+    assert [m for m in DType.__members__] == ["bf16", "fp16", "fp32", "fp8_e4m3"]
     assert list(Activation.__members__) == ["silu", "gelu_tanh", "gelu_erf", "relu", "swiglu_clamped"]
     assert list(WeightFormat.__members__) == ["fused", "separate"]
     assert list(Half.__members__) == ["gate", "up"]

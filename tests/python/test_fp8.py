@@ -1,0 +1,727 @@
+"""FP8 activations on the gate/up kernel from Python: gatedmlp.fp8_gate_up,
+gatedmlp.quantize_fp8 and the binding's FP8 form of gate_up (x_scales,
+x_fp8).
+
+Without a GPU (PyTorch CPU tensors): the names and printing (DType.fp8_e4m3,
+XScale, Problem.x_scale, Arguments.x_scales); the Problem the binding builds
+from FP8 tensors (make_problem: x float8_e4m3fn or its uint8 bytes with
+x_fp8=True, the x scale's granularity from its size, the weights' words and
+scales, the bf16 default output) and each of its refusals by name; what
+fp8_gate_up hands the binding (the binding replaced by a recorder: x's
+bytes and x_fp8, x_scales, the QuantFormat with row_block from the weight
+scale's size, the words, scales reshaped to [rows, 1], layouts, bias,
+out / out_dtype, preact), checked by computing the call's result from what
+the binding received, as gatedmlp.hpp defines it, against a float64
+reference on the caller's tensors; every malformed call refused by name
+with its values before anything is launched; quantize_fp8's round trip.
+
+On an sm_90 GPU: random cases (odd M, K a multiple of 16, odd U) of every
+x-scale granularity (per tensor, per token) x weight-scale granularity (per
+tensor, per output channel) x layout (stacked, even/odd with up first,
+group 32, separate gate and up with their own scales) x activation x
+output dtype, with bias, alpha, preact and padded rows on some, against a
+float64 reference on the dequantized inputs (x_e4m3 * x_scale, w_e4m3 *
+w_scale): the error (relative Frobenius and max abs) at most 2x that of
+torch._scaled_mm (fp32 out; an fp32 GEMM of the e4m3 values where
+_scaled_mm refuses the scaling) + the GLU in fp32, the suite's rule, plus a
+tiny atol. Outputs are poisoned with NaN first; a CUDA graph replay gives
+the eager bits. On a GPU that is not sm_90, NotSupportedError.
+"""
+
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gatedmlp  # noqa: E402
+from binding_recorder import record  # noqa: E402
+from refs import act_torch, fused_rows  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+HOPPER = HAS_CUDA and tuple(torch.cuda.get_device_capability()) == (9, 0)
+DEV = "cuda"
+SEED = int(os.environ.get("GATEDMLP_TEST_SEED", "20261203"))
+ACTS = ["silu", "gelu_tanh", "gelu_erf", "relu", "swiglu_clamped"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+F8 = torch.float8_e4m3fn
+C = gatedmlp._C
+E = gatedmlp.InvalidArgumentError
+
+
+def on_hopper(test):
+    """Marked gpu, skipped unless the device has compute capability 9.0 (the
+    FP8 kernel is Hopper's)."""
+    return pytest.mark.gpu(pytest.mark.skipif(not HOPPER, reason="no sm_90 (Hopper) CUDA device")(test))
+
+
+def fp8(*shape, scale=1.0, device="cpu"):
+    return (torch.randn(*shape, device=device) * scale).to(F8)
+
+
+def halves(u, group, first, device="cpu"):
+    """Physical rows of the gate and the up half of a fused [2U] weight, in
+    logical order (refs.fused_rows)."""
+    rows = fused_rows(u, group, 0 if first in ("gate", gatedmlp.Half.gate) else 1)
+    gate = [f for f, (h, _) in enumerate(rows) if h == 0]
+    up = [f for f, (h, _) in enumerate(rows) if h == 1]
+    return torch.tensor(gate, device=device), torch.tensor(up, device=device)
+
+
+def fmt(row_block):
+    return C.QuantFormat(mode=C.QuantMode.fp8_e4m3, bits=8, group_size=0, row_block=row_block)
+
+
+def dl(t):
+    return None if t is None else torch.utils.dlpack.to_dlpack(t)
+
+
+# ---------------------------------------------------------------- float64 reference
+def reference(xq, sx, w, sw, w_up=None, sw_up=None, bias=None, bias_up=None, act="silu", alpha=1.0, group=0,
+              first="gate", ca=1.702, cl=7.0):
+    """(y, g, u) in float64 from the caller's tensors, as gatedmlp.hpp
+    defines an FP8 call: x = x_e4m3 * sx (1 value or one per row), each
+    weight row = w_e4m3 * its scale (1 value or one per row), g = alpha *
+    x @ Wg^T + bg, u likewise, y = act(g) * u."""
+    m = xq.shape[0]
+    xd = xq.double() * (sx.double().reshape(-1, 1) if sx.numel() == m and m > 1 else sx.double().reshape(()))
+
+    def deq(q, s):
+        return q.double() * (s.double().reshape(-1, 1) if s.numel() == q.shape[0] and q.shape[0] > 1
+                             else s.double().reshape(()))
+
+    if w_up is None:
+        wd = deq(w, sw)
+        u_ = w.shape[0] // 2
+        gi, ui = halves(u_, group, first, w.device)
+        wg, wu = wd[gi], wd[ui]
+        bg = bias.double()[gi] if bias is not None else None
+        bu = bias.double()[ui] if bias is not None else None
+    else:
+        wg, wu = deq(w, sw), deq(w_up, sw_up)
+        bg = bias.double() if bias is not None else None
+        bu = bias_up.double() if bias_up is not None else None
+    g = alpha * (xd @ wg.T)
+    u = alpha * (xd @ wu.T)
+    if bg is not None:
+        g, u = g + bg, u + bu
+    return act_torch(act, g, u, ca, cl), g, u
+
+
+def from_binding(args, kw):
+    """The result of a recorded _C.gate_up call computed from what the
+    binding received, as gatedmlp.hpp defines it (x's bytes as e4m3 times
+    x_scales, 1 value or m; the words' bytes as e4m3 [rows, K] times the
+    scales, per tensor (row_block 0) or per row (1); rows grouped by group
+    and first; separate weights in w and w_up)."""
+    x, w, out, w_up, bias, bias_up, preact = args
+    q = kw["quant"]
+    assert kw["x_fp8"] is True and x.dtype == torch.uint8
+    assert q.mode == C.QuantMode.fp8_e4m3 and q.bits == 8 and q.group_size == 0 and q.row_block in (0, 1)
+    xq = x.view(F8)
+    m = xq.shape[0]
+    xs = kw["x_scales"]
+    assert xs.dtype == torch.float32 and xs.numel() in (1, m)
+
+    def weights(words, s):
+        assert words.dtype in (torch.int32, torch.uint32) and words.dim() == 2
+        wq = words.view(torch.uint8).view(F8)
+        if q.row_block == 0:
+            assert s.numel() == 1
+        else:
+            assert tuple(s.shape) == (wq.shape[0], 1) and s.is_contiguous()
+        return wq, s
+
+    wq, sw = weights(w, kw["scales"])
+    act = kw["activation"].name
+    if w_up is None:
+        assert kw.get("scales_up") is None
+        y, g, u = reference(xq, xs, wq, sw, bias=bias, act=act, alpha=kw["alpha"], group=kw["group"],
+                            first=kw["first"])
+    else:
+        wuq, swu = weights(w_up, kw["scales_up"])
+        y, g, u = reference(xq, xs, wq, sw, wuq, swu, bias, bias_up, act=act, alpha=kw["alpha"])
+    return y
+
+
+# ================================================================ without a GPU
+def test_names_and_printing():
+    for name in ("fp8_gate_up", "quantize_fp8", "XScale"):
+        assert name in gatedmlp.__all__ and hasattr(gatedmlp, name), name
+    assert list(gatedmlp.XScale.__members__) == ["tensor", "row"]
+    assert gatedmlp.DType.fp8_e4m3 in gatedmlp.DType.__members__.values()
+    assert gatedmlp.dtype_size(gatedmlp.DType.fp8_e4m3) == 1
+    assert gatedmlp.to_string(gatedmlp.DType.fp8_e4m3) == "fp8_e4m3"
+    assert gatedmlp.to_string(gatedmlp.XScale.row) == "row"
+    p = gatedmlp.Problem(m=5, k=64, u=8, input_dtype=gatedmlp.DType.fp8_e4m3, x_scale=gatedmlp.XScale.row)
+    assert p.x_scale == gatedmlp.XScale.row
+    assert "fp8_e4m3" in repr(p) and "x_scale=row" in repr(p), repr(p)
+    a = gatedmlp.Arguments(x_scales=0x100)
+    assert a.x_scales == 0x100 and "x_scales=0x100" in repr(a)
+    a.x_scales = 0x200
+    assert a.x_scales == 0x200
+
+
+# ---------------------------------------------------------------- the binding's descriptor
+def _problem(x, w, x_scales=None, scales=None, w_up=None, scales_up=None, row_block=0, quant=True, **kw):
+    return C.make_problem(dl(x), dl(w), None, dl(w_up), scales=dl(scales), scales_up=dl(scales_up),
+                          quant=fmt(row_block) if quant else None, x_scales=dl(x_scales), **kw)
+
+
+def test_binding_describes_fp8_calls():
+    m, k, u = 5, 64, 24
+    x, w = fp8(m, k), fp8(2 * u, k)
+    words = w.view(torch.int32)
+    one, rows = torch.ones(1), torch.ones(m)
+    # x float8_e4m3fn as it is (DLPack's float8), or its bytes with x_fp8.
+    for xv, extra in ((x, {}), (x.view(torch.uint8), dict(x_fp8=True)), (x.view(torch.int8), dict(x_fp8=True)),
+                      (x, dict(x_fp8=True))):
+        p = _problem(xv, words, one, torch.ones(1), **extra)
+        assert (p.m, p.k, p.u, p.batch) == (m, k, u, 1)
+        assert p.input_dtype == gatedmlp.DType.fp8_e4m3 and p.x_scale == gatedmlp.XScale.tensor
+        assert p.output_dtype == gatedmlp.DType.bf16  # no 16-bit input dtype to follow
+        assert p.quantized and p.quant.mode == C.QuantMode.fp8_e4m3 and p.quant.row_block == 0
+        assert p.weights.ld in (0, k // 4) and p.ldx in (0, k)
+        assert gatedmlp.check_support(p), gatedmlp.check_support(p)
+        assert "fp8_e4m3(x_scale=tensor)" in repr(p)
+    # The x scale's granularity from its size: M values ([M] or [M, 1]) per row.
+    for xs in (rows, rows.reshape(m, 1)):
+        p = _problem(x, words, xs, torch.ones(2 * u, 1), row_block=1)
+        assert p.x_scale == gatedmlp.XScale.row and p.quant.row_block == 1
+        assert "x_scale=row" in repr(p)
+    for xs in (torch.ones(()), torch.ones(1, 1)):
+        assert _problem(x, words, xs, torch.ones(1)).x_scale == gatedmlp.XScale.tensor
+    # M = 1: one value is either, read as per tensor.
+    assert _problem(x[:1], words, torch.ones(1, 1), torch.ones(1)).x_scale == gatedmlp.XScale.tensor
+    # Weight scales of any 16/32-bit float dtype; separate weights with their own.
+    for dt, gd in ((torch.bfloat16, gatedmlp.DType.bf16), (torch.float16, gatedmlp.DType.fp16)):
+        assert _problem(x, words, one, torch.ones(1, dtype=dt)).scale_dtype == gd
+    wg, wu = fp8(u, k).view(torch.int32), fp8(u, k).view(torch.int32)
+    p = _problem(x, wg, rows, torch.ones(u, 1), w_up=wu, scales_up=torch.ones(u, 1), row_block=1)
+    assert p.weights.format == gatedmlp.WeightFormat.separate and p.u == u
+    # Layout, alpha and the activation go through.
+    p = _problem(x, words, one, torch.ones(1), group=8, first=gatedmlp.Half.up, alpha=0.5,
+                 activation=gatedmlp.Activation.relu)
+    assert (p.weights.group, p.weights.first, p.alpha, p.activation) == (8, gatedmlp.Half.up, 0.5,
+                                                                         gatedmlp.Activation.relu)
+    # out picks the output dtype.
+    p = C.make_problem(dl(x), dl(words), dl(torch.empty(m, u, dtype=torch.float16)), scales=dl(one), quant=fmt(0),
+                       x_scales=dl(one))
+    assert p.output_dtype == gatedmlp.DType.fp16
+
+
+def test_binding_refuses_malformed_fp8_calls():
+    m, k, u = 5, 64, 24
+    x, w = fp8(m, k), fp8(2 * u, k)
+    words = w.view(torch.int32)
+    one = torch.ones(1)
+    cases = [
+        (lambda: _problem(x, words, None, one), r"'x_scales' is required with FP8 activations \('x' float8_e4m3fn\)"),
+        (lambda: _problem(x.view(torch.uint8), words, None, one, x_fp8=True),
+         r"'x_scales' is required with FP8 activations \('x' uint8 with x_fp8=True\)"),
+        (lambda: _problem(x.view(torch.uint8), words, one, one),
+         r"'x_scales' goes with FP8 activations; 'x' is uint8: pass x_fp8=True"),
+        (lambda: _problem(torch.zeros(m, k, dtype=torch.bfloat16), words, one, one),
+         r"'x_scales' goes with FP8 activations .*'x' has dtype bfloat16"),
+        (lambda: _problem(torch.zeros(m, k, dtype=torch.bfloat16), words, one, one, x_fp8=True),
+         r"x_fp8=True reads 'x' as float8_e4m3fn bytes, so 'x' must be float8_e4m3fn, uint8 or int8 .*got bfloat16"),
+        (lambda: _problem(x, words, torch.ones(m + 1), one),
+         r"'x_scales' must hold 1 value \(per tensor\) or M = 5 \(one per row of x: \[M\] or \[M, 1\]\), got shape "
+         r"\(6,\)"),
+        (lambda: _problem(x, words, torch.ones(2), one), r"'x_scales' must hold 1 value .*got shape \(2,\)"),
+        (lambda: _problem(x, words, torch.ones(1, dtype=torch.float16), one),
+         r"'x_scales' \(the scales of FP8 x\) must be float32, got float16"),
+        (lambda: _problem(x, words, torch.ones(2 * m)[::2], one), r"'x_scales' must be contiguous"),
+        (lambda: _problem(x, words, one, one, quant=False),
+         r"FP8 activations need FP8 weights: quant=QuantFormat\(mode=QuantMode.fp8_e4m3.*got no quant"),
+        (lambda: C.make_problem(dl(x), dl(words), scales=dl(one), biases=dl(one),
+                                quant=C.QuantFormat(mode=C.QuantMode.affine, bits=8, group_size=64),
+                                x_scales=dl(one)),
+         r"FP8 activations need FP8 weights: .*got quant=.*affine"),
+        (lambda: _problem(x, words, one, torch.ones(2 * u)), r"'scales' must be \[scale rows, scale columns\]"),
+        (lambda: _problem(x, w.view(torch.int16), one, one), r"'w' holds quantized weights, so must be uint32"),
+    ]
+    for call, pattern in cases:
+        with pytest.raises(E, match=pattern):
+            call()
+    # Batched x and a gathered call are not supported FP8.
+    with pytest.raises(gatedmlp.NotSupportedError, match=r"FP8 activations take 'x' \[M, K\] \(batch 1\), got shape "
+                                                         r"\(2, 5, 64\)"):
+        _problem(fp8(2, m, k), words, one, one)
+    with pytest.raises(gatedmlp.NotSupportedError, match=r"FP8 activations \('x_scales'\) take no gather"):
+        C.make_problem(dl(x), dl(fp8(3, 2 * u, k).view(torch.int32)), scales=dl(torch.ones(3)), quant=fmt(0),
+                       x_scales=dl(one), indices=dl(torch.zeros(m, dtype=torch.int32)))
+    # Another float8 is named as such.
+    with pytest.raises(E, match=r"float8_e5m2"):
+        _problem(torch.zeros(m, k, dtype=torch.float8_e5m2), words, one, one)
+
+
+# ---------------------------------------------------------------- what fp8_gate_up hands the binding
+def _inputs(m=5, k=64, u=24, sep=False, x_gran="tensor", w_gran="tensor", sdt=torch.float32):
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k), x_gran)
+    if sep:
+        wg, sg = gatedmlp.quantize_fp8(torch.randn(u, k) / 8, w_gran)
+        wu, su = gatedmlp.quantize_fp8(torch.randn(u, k) / 8, w_gran)
+        return xq, sx, wg, sg.to(sdt), wu, su.to(sdt)
+    w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k) / 8, w_gran)
+    return xq, sx, w, sw.to(sdt), None, None
+
+
+def test_fp8_gate_up_hands_the_binding(monkeypatch):
+    rec = record(monkeypatch)
+    m, k, u = 5, 64, 24
+    xq, sx, w, sw, _, _ = _inputs(m, k, u)
+    y = gatedmlp.fp8_gate_up(xq, sx, w, sw)
+    (name, args, kw), = rec.calls
+    assert name == "gate_up"
+    x_, w_, out_, w_up_, bias_, bias_up_, pre_ = args
+    assert x_.dtype == torch.uint8 and x_.data_ptr() == xq.data_ptr() and tuple(x_.shape) == (m, k)
+    assert kw["x_fp8"] is True
+    assert torch.equal(kw["x_scales"], sx.reshape(1))
+    assert w_.dtype == torch.int32 and tuple(w_.shape) == (2 * u, k // 4) and w_.data_ptr() == w.data_ptr()
+    q = kw["quant"]
+    assert (q.mode, q.bits, q.group_size, q.row_block) == (C.QuantMode.fp8_e4m3, 8, 0, 0)
+    assert kw["scales"].numel() == 1 and kw["scales_up"] is None and kw.get("biases") is None
+    assert out_ is not None and out_.dtype == torch.bfloat16 and tuple(out_.shape) == (m, u)
+    assert out_.data_ptr() == y.data_ptr()
+    assert w_up_ is None and bias_ is None and bias_up_ is None and pre_ is None
+    assert kw["group"] == 0 and kw["first"] == gatedmlp.Half.gate and kw["alpha"] == 1.0
+    assert kw["activation"] == gatedmlp.Activation.silu and kw["workspace"] is None
+    assert kw["workspace_alloc"] is not None
+
+    # Per token x ([M] or [M, 1]), per channel weights ([2U] or [2U, 1]):
+    # row_block 1, the scales as [2U, 1]; out_dtype; the layout.
+    for xs, ws in ((sx.expand(m, 1).contiguous(), sw.expand(2 * u).contiguous()),
+                   (torch.rand(m) + 0.5, torch.rand(2 * u, 1) + 0.5)):
+        rec.calls.clear()
+        y = gatedmlp.fp8_gate_up(xq, xs, w, ws, out_dtype=torch.float16, group=8, first="up", alpha=0.25,
+                                 activation="gelu_erf")
+        (_, args, kw), = rec.calls
+        assert y.dtype == torch.float16 and args[2].dtype == torch.float16
+        assert torch.equal(kw["x_scales"].flatten(), xs.flatten()) and kw["x_scales"].numel() == m
+        assert kw["quant"].row_block == 1 and tuple(kw["scales"].shape) == (2 * u, 1)
+        assert torch.equal(kw["scales"].flatten(), ws.flatten())
+        assert (kw["group"], kw["first"], kw["alpha"], kw["activation"]) == (8, gatedmlp.Half.up, 0.25,
+                                                                             gatedmlp.Activation.gelu_erf)
+
+    # Separate weights with their own scales, biases, out and preact given.
+    rec.calls.clear()
+    xq, sx, wg, sg, wu, su = _inputs(m, k, u, sep=True, x_gran="row", w_gran="row", sdt=torch.bfloat16)
+    bg, bu = torch.randn(u), torch.randn(u)
+    out = torch.empty(m, u, dtype=torch.float32)
+    pre = torch.empty(m, 2 * u)
+    y = gatedmlp.fp8_gate_up(xq, sx, wg, sg, w_up=wu, w_up_scale=su, bias=bg, bias_up=bu, out=out, preact=pre)
+    assert y is out
+    (_, args, kw), = rec.calls
+    assert args[3].data_ptr() == wu.data_ptr() and args[3].dtype == torch.int32
+    assert args[4].data_ptr() == bg.data_ptr() and args[5].data_ptr() == bu.data_ptr()
+    assert args[6].data_ptr() == pre.data_ptr() and args[2].data_ptr() == out.data_ptr()
+    assert kw["quant"].row_block == 1 and tuple(kw["scales_up"].shape) == (u, 1)
+    assert kw["scales"].dtype == torch.bfloat16 and kw["x_scales"].numel() == m
+
+
+@pytest.mark.parametrize("layout", ["stacked", "g1-up", "g8", "separate"])
+@pytest.mark.parametrize("grans", [("tensor", "tensor"), ("row", "tensor"), ("tensor", "row"), ("row", "row")])
+def test_fp8_gate_up_means_what_the_header_says(monkeypatch, layout, grans):
+    """The call's result computed from what the binding received equals the
+    float64 reference on the caller's tensors: the scales reach the rows
+    they belong to."""
+    results = []
+    record(monkeypatch, compute=lambda name, args, kw: results.append(from_binding(args, kw)))
+    m, k, u = 7, 48, 24
+    sep = layout == "separate"
+    xq, sx, w, sw, wu, su = _inputs(m, k, u, sep, *grans)
+    group, first = {"stacked": (0, "gate"), "g1-up": (1, "up"), "g8": (8, "gate"), "separate": (None, "gate")}[layout]
+    bias = torch.randn(u if sep else 2 * u)
+    bias_up = torch.randn(u) if sep else None
+    if grans[0] == "row":
+        sx = sx.flatten()  # [M] as well as [M, 1]
+    gatedmlp.fp8_gate_up(xq, sx, w, sw, w_up=wu, w_up_scale=su, bias=bias, bias_up=bias_up, group=group,
+                         first=first, alpha=0.5, activation="gelu_tanh")
+    want, _, _ = reference(xq, sx, w, sw, wu, su, bias, bias_up, "gelu_tanh", 0.5, group or 0, first)
+    got, = results
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
+    record(monkeypatch, fail=True)
+    m, k, u = 5, 64, 24
+    xq, sx, w, sw, _, _ = _inputs(m, k, u)
+    wg, sg, wu, su = fp8(u, k), torch.ones(1), fp8(u, k), torch.ones(1)
+    bf = torch.randn(m, k).to(torch.bfloat16)
+
+    def call(**over):
+        a = dict(x=xq, x_scale=sx, w=w, w_scale=sw)
+        a.update(over)
+        return lambda: gatedmlp.fp8_gate_up(a.pop("x"), a.pop("x_scale"), a.pop("w"), a.pop("w_scale"), **a)
+
+    cases = [
+        (call(x=bf), r"'x' must be float8_e4m3fn \(FP8 activations\), got bfloat16"),
+        (call(x=xq.view(torch.uint8)), r"'x' must be float8_e4m3fn .*got uint8"),
+        (call(x=xq[None]), r"'x' must be \[M, K\] \(2-D\), got shape \(1, 5, 64\)"),
+        (call(x=fp8(m, 40), w=fp8(2 * u, 40)), r"'x' must have K a multiple of 16 .*got K = 40"),
+        (call(x_scale=sx.double()), r"'x_scale' must be float32, got float64"),
+        (call(x_scale=torch.ones(m + 1)), r"'x_scale' must hold 1 value \(per tensor: \[\], \[1\] or \[1, 1\]\) or 5 "
+                                          r"\(per token, one per row of x: \[5\] or \[5, 1\]\), got shape \(6,\)"),
+        (call(x_scale=torch.ones(1, m)), r"'x_scale' must hold 1 value .*got shape \(1, 5\)"),
+        (call(w=w.to(torch.bfloat16)), r"'w' must be float8_e4m3fn \(FP8 weights\), got bfloat16"),
+        (call(w=fp8(2 * u, 32)), r"'w' must be \[2U, K\] with K = 64 \(x.shape\[1\]\), got shape \(48, 32\)"),
+        (call(w=fp8(2 * u + 1, k)), r"'w' holds fused gate and up weights, \[2U, K\], so needs an even number of "
+                                    r"rows; got shape \(49, 64\)"),
+        (call(w=fp8(k, 2 * u).t()), r"'w' of shape \(48, 64\) and strides \(1, 48\) cannot be read as rows of "
+                                    r"4-byte words"),
+        (call(w_scale=torch.ones(2 * u, dtype=torch.int32)), r"'w_scale' must be float32, bfloat16 or float16, got "
+                                                             r"int32"),
+        (call(w_scale=torch.ones(u)), r"'w_scale' must hold 1 value \(per tensor.*or 48 \(per output channel, one "
+                                      r"per row of w: \[48\] or \[48, 1\]\), got shape \(24,\)"),
+        (call(w_scale=torch.ones(1, 2 * u)), r"'w_scale' must hold 1 value .*got shape \(1, 48\)"),
+        (call(w_up_scale=torch.ones(1)), r"'w_up_scale' goes with separate weights \(w_up\)"),
+        (call(bias_up=torch.ones(u)), r"'bias_up' goes with separate weights \(w_up\)"),
+        (call(w=wg, w_scale=sg, w_up=wu), r"'w_up_scale' is required with separate weights \(w_up\)"),
+        (call(w=wg, w_scale=sg, w_up=fp8(u + 1, k), w_up_scale=su), r"'w_up' must have the shape of 'w' \(24, 64\), "
+                                                                    r"got \(25, 64\)"),
+        (call(w=wg, w_scale=sg, w_up=wu.to(torch.bfloat16), w_up_scale=su), r"'w_up' must be float8_e4m3fn"),
+        (call(w=wg, w_scale=sg, w_up=wu, w_up_scale=torch.ones(u)),
+         r"'w_scale' and 'w_up_scale' must both hold 1 value or both one per row .*got 1 value and 24 values"),
+        (call(w=wg, w_scale=sg, w_up=wu, w_up_scale=su.to(torch.bfloat16)),
+         r"'w_up_scale' must have the dtype of 'w_scale' \(float32\), got bfloat16"),
+        (call(bias=torch.ones(u)), r"'bias' must be \[2U\] = \(48,\), got shape \(24,\)"),
+        (call(bias=torch.ones(2 * u, dtype=torch.int64)), r"'bias' must be bfloat16, float16 or float32, got int64"),
+        (call(w=wg, w_scale=sg, w_up=wu, w_up_scale=su, bias=torch.ones(u)),
+         r"'bias' and 'bias_up' go together with separate weights"),
+        (call(w=wg, w_scale=sg, w_up=wu, w_up_scale=su, bias=torch.ones(u), bias_up=torch.ones(u + 1)),
+         r"'bias_up' must be \[U\] = \(24,\), got shape \(25,\)"),
+        (call(out=torch.empty(m, u + 1)), r"'out' must be \[M, U\] = \(5, 24\), got shape \(5, 25\)"),
+        (call(out=torch.empty(m, u, dtype=torch.float64)), r"'out' must be bfloat16, float16 or float32, got float64"),
+        (call(out=torch.empty(m, u), out_dtype=torch.bfloat16), r"'out' has dtype float32 but out_dtype is bfloat16"),
+        (call(out_dtype=torch.float64), r"'out_dtype' must be torch.bfloat16, torch.float16 or torch.float32"),
+        (call(preact=torch.empty(m, u)), r"'preact' must be \[M, 2U\] = \(5, 48\), got shape \(5, 24\)"),
+        (call(activation="swish"), r"activation='swish' is not one of"),
+        (call(first="down"), r"first='down' is not one of"),
+    ]
+    for fn, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            fn()
+    with pytest.raises(TypeError, match=r"'x' must be a torch.Tensor"):
+        gatedmlp.fp8_gate_up([1.0], sx, w, sw)
+    with pytest.raises(TypeError, match=r"'w_scale' must be a torch.Tensor"):
+        gatedmlp.fp8_gate_up(xq, sx, w, 1.0)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_fp8_gate_up_refuses_tensors_on_other_devices(monkeypatch):
+    record(monkeypatch, fail=True)
+    xq, sx, w, sw, _, _ = _inputs()
+    with pytest.raises(ValueError, match=r"'x_scale' is on cpu but 'x' is on cuda"):
+        gatedmlp.fp8_gate_up(xq.to(DEV), sx, w.to(DEV), sw.to(DEV))
+    with pytest.raises(ValueError, match=r"'w' is on cpu but 'x' is on cuda"):
+        gatedmlp.fp8_gate_up(xq.to(DEV), sx.to(DEV), w, sw.to(DEV))
+
+
+# ---------------------------------------------------------------- quantize_fp8
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_fp8_round_trip(dtype):
+    t = (torch.randn(37, 80) * torch.logspace(-3, 2, 37).reshape(37, 1)).to(dtype)
+    tf = t.float()
+    for gran in ("tensor", "row"):
+        q, s = gatedmlp.quantize_fp8(t, gran)
+        assert q.dtype == F8 and q.shape == t.shape and s.dtype == torch.float32
+        assert tuple(s.shape) == ((1,) if gran == "tensor" else (37, 1))
+        amax = tf.abs().amax() if gran == "tensor" else tf.abs().amax(dim=1, keepdim=True)
+        assert torch.equal(s, (amax / 448.0).reshape(s.shape))
+        back = q.float() * s
+        # e4m3: 3 mantissa bits, a relative error of at most 2^-4 on normals;
+        # subnormals (below 2^-6) are spaced 2^-9 apart.
+        bound = tf.abs() * 2.0 ** -4 + s * 2.0 ** -10
+        assert ((back - tf).abs() <= bound).all()
+        # Each amax lands on 448 exactly.
+        qmax = q.float().abs().amax() if gran == "tensor" else q.float().abs().amax(dim=1)
+        assert torch.all(qmax == 448.0)
+    # A 3-D tensor per row: [..., 1] scales; zeros get the floor's tiny
+    # scale, not 0 (no division by zero); NaN stays NaN.
+    q, s = gatedmlp.quantize_fp8(torch.zeros(2, 3, 16), "row")
+    assert tuple(s.shape) == (2, 3, 1) and torch.all(s > 0) and torch.all(q.float() == 0)
+    q, s = gatedmlp.quantize_fp8(torch.tensor([1.0, float("nan")]))
+    assert torch.isnan(q.float()[1])
+
+
+def test_quantize_fp8_refuses():
+    with pytest.raises(ValueError, match=r"granularity='block' is not one of 'tensor', 'row'"):
+        gatedmlp.quantize_fp8(torch.ones(4), "block")
+    with pytest.raises(ValueError, match=r"'t' must be float32, bfloat16 or float16 .*got int32"):
+        gatedmlp.quantize_fp8(torch.ones(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"'t' must have at least one axis"):
+        gatedmlp.quantize_fp8(torch.tensor(1.0))
+    with pytest.raises(TypeError, match=r"'t' must be a torch.Tensor"):
+        gatedmlp.quantize_fp8([1.0, 2.0])
+
+
+# ================================================================ on a GPU
+def errors(out, ref):
+    d = (out.double() - ref).flatten()
+    return (d.norm() / ref.norm().clamp_min(1e-300)).item(), d.abs().max().item()
+
+
+def acc_allowance(k):
+    """The FP8 wgmma's own accumulation error per unit of sum(|x w|): the
+    tensor core adds each k = 32 slice with its addends aligned to the
+    largest and kept to ~14 bits, truncated (the kernel has no promotion to
+    fp32 per k-block yet); 2^-11 per slice up to 4, as
+    tests/test_gpu_fp8.cpp models it (measured 2^-12.6 for one slice)."""
+    return 2.0 ** -11 * min(-(-k // 32), 4)
+
+
+def magnitudes(xq, sx, w, sw, w_up, sw_up, alpha, group, first):
+    """sum_k |alpha x w| of each gate and up sum: the size the accumulation
+    error is measured against."""
+    ab = lambda t: None if t is None else t.double().abs()  # noqa: E731
+    _, ag, au = reference(ab(xq), ab(sx), ab(w), ab(sw), ab(w_up), ab(sw_up), None, None, "relu", abs(alpha),
+                          group, first)
+    return ag, au
+
+
+def assert_within_rule(got, base, ref, what, acc=None):
+    """The suite's rule (test_gpu.py): at most 2x the baseline's error
+    against the float64 reference, by relative Frobenius norm and by max
+    abs, plus a tiny atol; NaN never passes. acc: (g, u, A_g, A_u, k) of the
+    reference, which adds the FP8 accumulation's modelled error (through
+    the GLU: 1.2 (|u| + 1) dg + |g| du, dg = acc_allowance(k) A_g) on top:
+    the baseline (_scaled_mm, fp32 promotion) has none of it."""
+    assert torch.isfinite(got).all(), f"{what}: non-finite output (an element not written, or NaN)"
+    rel, mx = errors(got, ref)
+    rel_b, mx_b = errors(base, ref)
+    scale = ref.abs().max().item()
+    extra_rel = extra_max = 0.0
+    if acc is not None:
+        g, u, ag, au, k = acc
+        dg, du = acc_allowance(k) * ag, acc_allowance(k) * au
+        dy = 1.2 * (u.abs() + 1 + du) * dg + (g.abs() + dg) * du
+        extra_rel = (dy.norm() / ref.norm().clamp_min(1e-300)).item()
+        extra_max = dy.max().item()
+    assert rel <= 2 * rel_b + extra_rel + 1e-6, f"{what}: rel err {rel:.3e} > 2 x baseline {rel_b:.3e} + {extra_rel:.3e}"
+    assert mx <= 2 * mx_b + extra_max + 1e-6 * scale + 1e-30, \
+        f"{what}: max err {mx:.3e} > 2 x baseline {mx_b:.3e} + {extra_max:.3e}"
+
+
+def _pad16(n):
+    return -(-n // 16) * 16
+
+
+def scaled_mm_fp32(xq, sx, w, sw):
+    """(x_e4m3 * sx) @ (w_e4m3 * sw)^T in fp32, [M, rows] in w's row order,
+    as torch._scaled_mm computes it (fp32 out; per-tensor scales as scalars,
+    others row-wise [M, 1] x [1, N]; M and N padded with zero rows to the
+    multiples of 16 it needs), or where _scaled_mm refuses this scaling an
+    fp32 GEMM of the exact e4m3 values with the scales applied after (what
+    _scaled_mm's epilogue does). Returns (result, which)."""
+    m, k = xq.shape
+    n = w.shape[0]
+    per_tensor = sx.numel() == 1 and sw.numel() == 1
+    mp, np_ = _pad16(m), _pad16(n)
+    a = torch.zeros(mp, k, device=xq.device, dtype=F8)
+    a[:m] = xq
+    b = torch.zeros(np_, k, device=w.device, dtype=F8)
+    b[:n] = w
+    try:
+        if per_tensor:
+            sa, sb = sx.float().reshape(()), sw.float().reshape(())
+        else:
+            sa = torch.ones(mp, 1, device=xq.device)
+            sa[:m] = sx.float().reshape(-1, 1).expand(m, 1)
+            sb = torch.ones(1, np_, device=xq.device)
+            sb[0, :n] = sw.float().reshape(-1).expand(n)
+        h = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+        return h[:m, :n], "_scaled_mm"
+    except (RuntimeError, TypeError):
+        h = xq.float() @ w.float().T
+        return h * sx.float().reshape(-1, 1) * sw.float().reshape(1, -1), "fp32 GEMM of the e4m3 values"
+
+
+def baseline(xq, sx, w, sw, w_up, sw_up, bias, bias_up, act, alpha, group, first, out_dtype):
+    """_scaled_mm + the GLU in fp32 (alpha, bias, activation), rounded to
+    out_dtype: the bar's baseline."""
+    if w_up is None:
+        h, which = scaled_mm_fp32(xq, sx, w, sw)
+        gi, ui = halves(w.shape[0] // 2, group, first, w.device)
+        g, u = h[:, gi] * alpha, h[:, ui] * alpha
+        if bias is not None:
+            g, u = g + bias.float()[gi], u + bias.float()[ui]
+    else:
+        hg, which = scaled_mm_fp32(xq, sx, w, sw)
+        hu, _ = scaled_mm_fp32(xq, sx, w_up, sw_up)
+        g, u = hg * alpha, hu * alpha
+        if bias is not None:
+            g, u = g + bias.float(), u + bias_up.float()
+    return act_torch(act, g, u).to(out_dtype), which
+
+
+LAYOUTS = ["stacked", "g1-up", "g32", "separate"]
+
+
+def gpu_cases():
+    r = random.Random(SEED)
+    cases = []
+    for xg in ("tensor", "row"):
+        for wg in ("tensor", "row"):
+            for layout in LAYOUTS:
+                for act in ACTS:
+                    for out in DTYPES:
+                        u = 32 * r.choice([1, 3, 5, 7]) if layout == "g32" else r.choice([1, 3, 37, 101, 199, 333])
+                        cases.append(dict(
+                            xg=xg, wg=wg, layout=layout, act=act, out=out, u=u,
+                            m=r.choice([1, 3, 7, 63, 65, 129, 255, 511]), k=16 * r.randint(1, 48),
+                            sdt=r.choice(["fp32", "fp32", "bf16", "fp16"]),
+                            bias=r.choice([None, None, "fp32", "bf16"]),
+                            alpha=r.choice([1.0, 1.0, 0.5]),
+                            preact=r.random() < 0.2,
+                            pad_x=r.choice([0, 0, 16]),
+                            pad_y=r.choice([0, 0, 3]),
+                            x_shape=r.choice(["[M, 1]", "[M]"]),
+                        ))
+    return cases
+
+
+GPU_CASES = gpu_cases()
+
+
+def _id(c):
+    return f"x{c['xg']}-w{c['wg']}-{c['layout']}-{c['act']}-{c['out']}-m{c['m']}k{c['k']}u{c['u']}"
+
+
+@on_hopper
+@pytest.mark.parametrize("case", GPU_CASES, ids=_id)
+def test_random_fp8_problem(case):
+    c = case
+    torch.manual_seed(SEED + GPU_CASES.index(c))
+    m, k, u = c["m"], c["k"], c["u"]
+    odt, sdt = DTYPES[c["out"]], DTYPES[c["sdt"]]
+    sep = c["layout"] == "separate"
+    group, first = {"stacked": (0, "gate"), "g1-up": (1, "up"), "g32": (32, "gate"), "separate": (0, "gate")}[
+        c["layout"]]
+    wscale = 4.0 if c["act"] == "swiglu_clamped" else 1.0  # reach the clamps
+    x_full = torch.randn(m, k + c["pad_x"], device=DEV) * torch.logspace(-1, 1, m, device=DEV).reshape(m, 1)
+    xq_full, sx = gatedmlp.quantize_fp8(x_full, c["xg"])
+    xq = xq_full[:, :k]
+    if c["xg"] == "row" and c["x_shape"] == "[M]":
+        sx = sx.flatten()
+    if sep:
+        wg, swg = gatedmlp.quantize_fp8(torch.randn(u, k, device=DEV) * wscale / k ** 0.5, c["wg"])
+        wu, swu = gatedmlp.quantize_fp8(torch.randn(u, k, device=DEV) * wscale / k ** 0.5 * 0.7, c["wg"])
+        w, sw, w_up, sw_up = wg, swg.to(sdt), wu, swu.to(sdt)
+    else:
+        w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) * wscale / k ** 0.5, c["wg"])
+        sw, w_up, sw_up = sw.to(sdt), None, None
+    bias = bias_up = None
+    if c["bias"]:
+        bdt = DTYPES[c["bias"]]
+        bias = torch.randn(u if sep else 2 * u, device=DEV).to(bdt)
+        bias_up = torch.randn(u, device=DEV).to(bdt) if sep else None
+    ref, g64, u64 = reference(xq, sx, w, sw, w_up, sw_up, bias, bias_up, c["act"], c["alpha"], group, first)
+    base, which = baseline(xq, sx, w, sw, w_up, sw_up, bias, bias_up, c["act"], c["alpha"], group, first, odt)
+
+    y_full = torch.full((m, u + c["pad_y"]), float("nan"), device=DEV, dtype=odt)
+    y = y_full[:, :u]
+    pre = torch.full((m, 2 * u), float("nan"), device=DEV) if c["preact"] else None
+    got = gatedmlp.fp8_gate_up(xq, sx, w, sw, w_up=w_up, w_up_scale=sw_up, bias=bias, bias_up=bias_up, out=y,
+                               preact=pre, activation=c["act"], group=None if sep else group, first=first,
+                               alpha=c["alpha"])
+    torch.cuda.synchronize()
+    assert got is y
+    ag, au = magnitudes(xq, sx, w, sw, w_up, sw_up, c["alpha"], group, first)
+    assert_within_rule(y, base, ref, f"{_id(c)} against {which} + GLU", acc=(g64, u64, ag, au, k))
+    if c["pad_y"]:
+        assert torch.isnan(y_full[:, u:]).all(), "wrote outside out's columns"
+    if pre is not None:
+        assert torch.isfinite(pre).all()
+        if sep:
+            pre_ref = torch.cat([g64, u64], dim=1)
+        else:
+            gi, ui = halves(u, group, first, DEV)
+            pre_ref = torch.empty(m, 2 * u, device=DEV, dtype=torch.float64)
+            pre_ref[:, gi], pre_ref[:, ui] = g64, u64
+        # fp32 pre-activation: the accumulation's error only.
+        if sep:
+            a_ref = torch.cat([ag, au], dim=1)
+        else:
+            a_ref = torch.empty(m, 2 * u, device=DEV, dtype=torch.float64)
+            a_ref[:, gi], a_ref[:, ui] = ag, au
+        rel, _ = errors(pre, pre_ref)
+        allow = (acc_allowance(k) * a_ref.norm() / pre_ref.norm().clamp_min(1e-300)).item()
+        assert rel < 1e-5 + allow, f"preact rel err {rel:.3e} > 1e-5 + {allow:.3e}"
+
+
+@on_hopper
+def test_fp8_larger_shapes_and_default_out():
+    """Several tiles and k-blocks (and the split tail where the workspace
+    allows it), out allocated here (bf16 by default, out_dtype otherwise)."""
+    for m, k, u in ((1000, 4096, 1000), (4097, 1024, 768), (128, 8192, 3)):
+        xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "row")
+        w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / k ** 0.5, "row")
+        ref, g64, u64 = reference(xq, sx, w, sw)
+        acc = (g64, u64, *magnitudes(xq, sx, w, sw, None, None, 1.0, 0, "gate"), k)
+        y = gatedmlp.fp8_gate_up(xq, sx, w, sw)
+        assert y.dtype == torch.bfloat16 and tuple(y.shape) == (m, u)
+        base, which = baseline(xq, sx, w, sw, None, None, None, None, "silu", 1.0, 0, "gate", torch.bfloat16)
+        assert_within_rule(y, base, ref, f"m{m}k{k}u{u} against {which}", acc=acc)
+        y32 = gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=torch.float32)
+        assert y32.dtype == torch.float32
+        base32, _ = baseline(xq, sx, w, sw, None, None, None, None, "silu", 1.0, 0, "gate", torch.float32)
+        assert_within_rule(y32, base32, ref, f"m{m}k{k}u{u} fp32 out", acc=acc)
+
+
+@on_hopper
+def test_fp8_m0_and_cuda_graph():
+    k, u = 256, 96
+    w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / 16, "tensor")
+    x0 = torch.empty(0, k, device=DEV, dtype=F8)
+    y0 = gatedmlp.fp8_gate_up(x0, torch.ones(1, device=DEV), w, sw)
+    assert tuple(y0.shape) == (0, u)
+    # A CUDA graph replay gives the eager call's bits.
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(300, k, device=DEV), "row")
+    eager = gatedmlp.fp8_gate_up(xq, sx, w, sw)
+    out = torch.full_like(eager, float("nan"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, out=out)  # warm-up: plan and workspace outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    out.fill_(float("nan"))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, out=out)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@on_hopper
+def test_fp8_binding_direct_and_plan():
+    """The binding itself: x as float8_e4m3fn through DLPack and as its
+    uint8 bytes with x_fp8=True give the same bits; plan() names the FP8
+    path."""
+    m, k, u = 200, 512, 160
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "row")
+    w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / 16, "row")
+    words = w.view(torch.int32)
+    outs = []
+    for xv, flag in ((xq, False), (xq.view(torch.uint8), True)):
+        out = torch.full((m, u), float("nan"), device=DEV, dtype=torch.bfloat16)
+        C.gate_up(dl(xv), dl(words), dl(out), scales=dl(sw), quant=fmt(1), x_scales=dl(sx), x_fp8=flag,
+                  stream=torch.cuda.current_stream().cuda_stream)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], gatedmlp.fp8_gate_up(xq, sx, w, sw))
+    p = C.make_problem(dl(xq), dl(words), dl(outs[0]), scales=dl(sw), quant=fmt(1), x_scales=dl(sx))
+    cfg = gatedmlp.plan(p)
+    assert cfg.path == gatedmlp.KernelPath.sm90_wgmma and "FP8" in cfg.reason, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or HOPPER, reason="needs a CUDA device that is not sm_90")
+def test_fp8_not_supported_off_hopper():
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(16, 64, device=DEV))
+    w, sw = gatedmlp.quantize_fp8(torch.randn(64, 64, device=DEV))
+    with pytest.raises(gatedmlp.NotSupportedError, match=r"FP8 activations"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw)

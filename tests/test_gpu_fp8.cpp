@@ -1,0 +1,1036 @@
+// FP8 activations on the Hopper gate/up kernel (input_dtype = fp8_e4m3, sm_90a)
+// on fresh random cases: X scaled per tensor or per row (x_scales), FP8
+// weights scaled per tensor or per output channel (row_block 0 / 1) in every
+// scale dtype, every fused layout the Hopper kernel takes (stacked, either
+// half first, interleaved in blocks of G = 1 ... 256) and separate weights,
+// every activation (the clamped SwiGLU with its parameters), bias in every
+// dtype, alpha, the pre-activation, every output dtype, padded rows of X, of
+// the weights' words and of Y, M = 1 ... 600 (several 128-row tiles, partial
+// ones), K = 16 ... 2048 in steps of 16, U odd and even (U % 8 != 0: Y stored
+// without TMA). Then K > 8192 (clusters of two), the split tail forced, and
+// the knobs that change the schedule (one cluster, clusters of two).
+//
+// Data: e4m3 bytes drawn by rounding uniform floats of a random range (1, 2,
+// 16 or 448) to the nearest e4m3fn value, with zeros (+0 and -0), subnormals
+// and the smallest normals sprinkled in; now and then only extremes (+-448,
+// +-0, subnormals). Never the NaN codes 0x7F / 0xFF, which fill the padding
+// of X and of the weight rows instead: a kernel that reads padding gets NaN.
+// Scales are random fp32 values (their full mantissa), spread by 2^[-2, 1]
+// per row / channel around a value that keeps g and u of order 1; some
+// cases flip the sign of half the scales.
+//
+// Reference: float64 on the dequantized inputs (e4m3 value x scale) through
+// the shared cpu_reference: X dequantized to fp32 (the only rounding on the
+// reference's side: 2^-24 relative, in the bound below), the FP8 weights
+// and their stored scales read exactly by ref::quantized_weight. The same
+// reference on |x|, |w|, |scales|, |alpha| gives A = |alpha| sum_k |sx x sw w|
+// per gate / up column, the magnitude the kernel's fp32 sums are rounded at.
+//
+// Tolerance, per element (every element of Y, and of the pre-activation):
+//   dg  = acc(K) A_g + 2^-20 (A_g + |g| + 1)      (likewise du)
+//   |y - y_ref| <= u_out |y_ref| + 1.01 (1.2 (|u| + 1 + du) dg + (|g| + dg) du
+//                                        + act (|g| + dg)(|u| + 1 + du)) + floor
+// where
+//  - u_out is the output's unit roundoff (bf16 2^-8, fp16 2^-11, fp32 2^-24)
+//    and floor fp16's subnormal spacing (2^-24; 0 otherwise): Y is rounded
+//    once;
+//  - the products of two e4m3 values are exact in fp32; the FP8 wgmma adds
+//    each k=32 slice to the fp32 accumulator with the addends aligned to the
+//    largest and kept to about 14 bits (DeepSeek-V3 report, 3.3.2: "around
+//    14 bits" on H800), truncated, so each slice may lose a few 2^-14 of a
+//    magnitude <= A: measured on the H100, 2^-12.6 A for one slice of 16
+//    terms (K = 16, values over a range of 16). acc(K) = 2^-11 min(ceil(K /
+//    32), 4): linear in the slices up to 4 and capped at 2^-9 beyond (the
+//    slices' errors have random signs and the partial sums stay near
+//    sqrt(K) of A's K). A kernel that promotes its sums to fp32 every few
+//    k-blocks lands far inside. The 2^-20 term is the epilogue's fp32
+//    roundings (scales, alpha, bias) and the reference's fp32 X;
+//  - 1.2 bounds |d act(g) / dg| (silu 1.10, gelu 1.13, relu 1, clamped
+//    SwiGLU 1.10 times (u + 1)), |act(g)| <= |g| the up half's factor;
+//  - act is the activation's own error per |g u|: 8e-6 for 16-bit outputs
+//    (the one-MUFU tanh form, <= 3.9e-6 |g u| measured), 4e-7 for fp32
+//    (<= 2e-7 |g u|).
+// The pre-activation: |p - p_ref| <= u_pre |p_ref| + 1.01 dp + floor.
+// And norm-wise over Y, a backstop for small systematic errors: the RMS
+// error over the larger of the reference's RMS and 1 at most 1e-2.
+// Outputs are poisoned with NaN first: every element must be written and
+// the padding of Y and the pre-activation must still hold the poison.
+//
+// Then calls that must write nothing (x_scales null or in host memory,
+// shapes the e4m3 kernels cannot read) and the plan's path and reason.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/layout_math.hpp"
+#include "gatedmlp/quant.hpp"
+#include "gpu_util.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+
+using namespace gatedmlp;
+using namespace gatedmlp::test;
+
+namespace {
+
+// ---------------------------------------------------------------- e4m3fn on the host
+
+// The value of an e4m3fn byte (OCP: bias 7, no infinities, S.1111.111 NaN).
+double e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return NAN;
+  const double mag = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return b & 0x80 ? -mag : mag;
+}
+
+// The 127 finite magnitudes, codes 0x00 ... 0x7E, increasing.
+const std::array<double, 127>& e4m3_magnitudes() {
+  static const std::array<double, 127> t = [] {
+    std::array<double, 127> a{};
+    for (int c = 0; c < 127; ++c) a[size_t(c)] = e4m3_value(uint8_t(c));
+    return a;
+  }();
+  return t;
+}
+
+// v rounded to the nearest e4m3fn value (ties to the even code), saturating
+// at +-448: never a NaN code. A negative value that rounds to 0 gives -0.
+uint8_t to_e4m3(double v) {
+  const std::array<double, 127>& t = e4m3_magnitudes();
+  const double a = std::fabs(v);
+  int c = 126;
+  if (a < t[126]) {
+    const int hi = int(std::upper_bound(t.begin(), t.end(), a) - t.begin());  // t[hi - 1] <= a < t[hi]
+    const int lo = hi - 1;
+    const double dl = a - t[size_t(lo)], dh = t[size_t(hi)] - a;
+    c = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
+  }
+  return static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0) | c);
+}
+
+constexpr uint8_t kE4m3Nan = 0x7F;
+
+// ---------------------------------------------------------------- devices
+
+bool device_is_sm90() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return prop.major == 9 && prop.minor == 0;
+}
+
+#define SKIP_WITHOUT_FP8_KERNEL()                                                                  \
+  do {                                                                                             \
+    SKIP_WITHOUT_GPU();                                                                            \
+    if (!device_is_sm90()) GTEST_SKIP() << "FP8 activations run on sm_90 (H100/H200) only";       \
+    if (!sm90::compiled()) GTEST_SKIP() << "this build has no sm_90a kernel";                     \
+  } while (0)
+
+// ---------------------------------------------------------------- problems
+
+// The Hopper kernel's fused layouts: stacked (group 0, or U), or blocks of G
+// rows with G dividing 128 or a multiple of it.
+constexpr int64_t kGroups[] = {1, 2, 8, 32, 64, 128, 256};
+
+int64_t random_u(std::mt19937_64& rng) {
+  if (rng() % 2)
+    return pick(rng, {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 24, 31, 33, 63, 64, 65, 96, 127, 128, 129, 136, 200, 256, 257,
+                      264, 300});
+  return 1 + int64_t(rng() % 400);
+}
+
+// The float64 references (the signed one and the magnitudes') each cost
+// m x 2U x K multiply-adds: keep one under 1.5M (3M for the case), halving
+// a dimension picked at random (U stays a multiple of the interleave block);
+// without `rng`, K down to 128 first, then M down to 64, then U, K, M.
+constexpr int64_t kReferenceBudget = 1'500'000;
+
+int64_t block_of(const Problem& p) {
+  return p.weights.format == WeightFormat::fused && p.weights.group > 0 ? p.weights.group : 1;
+}
+
+void fit_budget(Problem& p, std::mt19937_64* rng) {
+  const int64_t g = block_of(p);
+  const bool stacked_as_u = p.weights.format == WeightFormat::fused && p.weights.group == p.u;
+  while (p.m * 2 * p.u * p.k > kReferenceBudget) {
+    std::vector<int> dims;
+    if (p.u > g && !stacked_as_u) dims.push_back(0);
+    if (p.k > 16) dims.push_back(1);
+    if (p.m > 1) dims.push_back(2);
+    if (dims.empty()) break;
+    int d = 0;
+    if (rng) d = dims[(*rng)() % dims.size()];
+    else if (p.k > 128) d = 1;
+    else if (p.m > 64) d = 2;
+    else d = dims.front();
+    if (d == 0) p.u = std::max(g, (p.u / 2) / g * g);
+    else if (d == 1) p.k = std::max<int64_t>(16, (p.k / 2) / 16 * 16);
+    else p.m = std::max<int64_t>(1, p.m / 2);
+  }
+}
+
+// The fields every FP8 problem shares.
+Problem fp8_problem(XScale xs, int row_block, DType scale_dtype) {
+  Problem p;
+  p.input_dtype = DType::fp8_e4m3;
+  p.x_scale = xs;
+  p.quantized = true;
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 0, row_block};
+  p.scale_dtype = scale_dtype;
+  return p;
+}
+
+Problem random_fp8_problem(std::mt19937_64& rng) {
+  Problem p = fp8_problem(rng() % 2 ? XScale::row : XScale::tensor, int(rng() % 2), static_cast<DType>(rng() % 3));
+  // M: tile edges (64-row wgmma halves, 128-row tiles), several row tiles, anything.
+  const int mk = int(rng() % 4);
+  p.m = mk == 0 ? pick(rng, {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65})
+        : mk == 1 ? pick(rng, {127, 128, 129, 200, 255, 256, 257, 383, 384, 385, 511, 512, 513, 600})
+                  : 1 + int64_t(rng() % 600);
+  // K: multiples of 16, one 32-deep wgmma slice and less, whole 128-deep k-blocks and tails.
+  p.k = rng() % 2 ? pick(rng, {16, 32, 48, 112, 128, 144, 240, 256, 272, 384, 496, 512, 528, 1008, 1024, 1040, 2032, 2048})
+                  : 16 * (1 + int64_t(rng() % 128));
+  const int layout = int(rng() % 8);
+  if (layout == 0) {
+    p.weights.format = WeightFormat::separate;
+    p.u = random_u(rng);
+  } else if (layout <= 2) {
+    p.u = random_u(rng);
+    if (rng() % 4 == 0) p.weights.group = p.u;  // stacked, spelled G = U
+  } else {
+    const int64_t g = kGroups[rng() % std::size(kGroups)];
+    p.weights.group = g;
+    p.u = g * (g >= 64 ? pick(rng, {1, 2, 3}) : g == 32 ? pick(rng, {1, 2, 3, 5}) : pick(rng, {1, 3, 5, 9, 17, 33}));
+    if (g <= 2 && rng() % 2) p.u = g * (1 + int64_t(rng() % 200));
+  }
+  if (p.weights.format == WeightFormat::fused) p.weights.first = rng() % 2 ? Half::up : Half::gate;
+  p.activation = static_cast<Activation>(rng() % 5);
+  if (p.activation == Activation::swiglu_clamped && rng() % 2) {
+    p.act_params.clamp_limit = 0.5f + float(rng() % 40) / 10.f;  // small limits: the clamp really bites
+    p.act_params.clamp_alpha = 1.0f + float(rng() % 10) / 10.f;
+  }
+  p.output_dtype = static_cast<DType>(rng() % 3);
+  const float alphas[] = {1.0f, 1.0f, 0.5f, -1.5f, 2.75f};
+  p.alpha = alphas[rng() % 5];
+  fit_budget(p, &rng);
+  random_bias_and_preact(p, rng);  // U is final
+  if (rng() % 3 == 0) p.ldx = p.k + 16 * pick(rng, {1, 2, 5});
+  if (rng() % 4 == 0) p.weights.ld = p.k / 4 + 4 * pick(rng, {1, 2, 8});
+  if (rng() % 3 == 0) p.ldy = p.u + pick(rng, {1, 3, 8});
+  return p;
+}
+
+// ---------------------------------------------------------------- data
+
+// How a case's e4m3 bytes and scales are drawn (see the file comment).
+struct Fp8Data {
+  bool extremes = false;        // only +-448, +-0, subnormals and the smallest normals
+  double x_range = 2, w_range = 2;  // e4m3 values drawn uniform in [-range, range]
+  bool negative_scales = false;     // half the scales negated
+};
+
+Fp8Data random_data(std::mt19937_64& rng) {
+  Fp8Data d;
+  d.extremes = rng() % 10 == 0;
+  const double ranges[] = {1, 2, 16, 448};
+  d.x_range = ranges[rng() % 4];
+  d.w_range = ranges[1 + rng() % 3];
+  d.negative_scales = rng() % 8 == 0;
+  return d;
+}
+
+std::string describe(const Fp8Data& d) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "data: %s, x range %g, w range %g%s", d.extremes ? "extremes only" : "uniform",
+                d.x_range, d.w_range, d.negative_scales ? ", half the scales negative" : "");
+  return buf;
+}
+
+uint8_t draw_e4m3(std::mt19937_64& rng, bool extremes, double range) {
+  static const uint8_t kExtremes[] = {0x7E, 0xFE, 0x7E, 0xFE, 0x7E, 0xFE, 0x00, 0x80, 0x01, 0x81, 0x08, 0x88};
+  static const uint8_t kSpecial[] = {0x00, 0x80, 0x01, 0x81, 0x07, 0x87, 0x08, 0x88};  // zeros, subnormals, min normals
+  if (extremes) return kExtremes[rng() % std::size(kExtremes)];
+  if (rng() % 64 == 0) return kSpecial[rng() % std::size(kSpecial)];
+  std::uniform_real_distribution<double> u(-range, range);
+  return to_e4m3(u(rng));
+}
+
+// A positive scale around `nominal`: times 2^[lo, hi), negated half the time
+// with `negative`.
+double draw_scale(std::mt19937_64& rng, double nominal, double lo, double hi, bool negative) {
+  std::uniform_real_distribution<double> e(lo, hi);
+  const double s = nominal * std::exp2(e(rng));
+  return negative && rng() % 2 ? -s : s;
+}
+
+// One FP8 weight tensor: `rows` rows of ld words (the e4m3 bytes of K, NaN
+// codes after), and its scales (1 or `rows`, of scale_dtype).
+struct Fp8Weights {
+  Tensor words, scales;
+};
+
+void make_fp8_weights(const Problem& r, int64_t rows, const Fp8Data& d, std::mt19937_64& rng, Fp8Weights* w) {
+  const int64_t ld_bytes = r.weights.ld * 4;
+  w->words.host.assign(size_t((rows - 1) * ld_bytes + r.k), kE4m3Nan);
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t c = 0; c < r.k; ++c) w->words.host[size_t(row * ld_bytes + c)] = draw_e4m3(rng, d.extremes, d.w_range);
+  // Dequantized weights of RMS ~1/sqrt(K) (with X of RMS ~1: g and u of order 1).
+  const double nominal = (d.extremes ? 1.0 / 448 : 2.0 / d.w_range) / std::sqrt(double(r.k));
+  const int64_t n = quant_scale_rows(r.quant, rows);
+  w->scales.host.assign(size_t(n) * dtype_size(r.scale_dtype), 0);
+  for (int64_t i = 0; i < n; ++i)
+    ref::store_from_double(w->scales.host.data(), r.scale_dtype, i,
+                           n > 1 ? draw_scale(rng, nominal, -2, 1, d.negative_scales)
+                                 : draw_scale(rng, nominal, -1, 1, d.negative_scales));
+  w->words.upload();
+  w->scales.upload();
+}
+
+// The same weights with every sign bit and scale sign cleared: the
+// magnitudes' reference.
+Fp8Weights abs_weights(const Problem& r, const Fp8Weights& w) {
+  Fp8Weights a;
+  a.words.host = w.words.host;
+  for (unsigned char& b : a.words.host) b = static_cast<unsigned char>(b & 0x7F);
+  a.scales.host = w.scales.host;
+  const int64_t n = int64_t(w.scales.host.size() / dtype_size(r.scale_dtype));
+  for (int64_t i = 0; i < n; ++i)
+    ref::store_from_double(a.scales.host.data(), r.scale_dtype, i,
+                           std::fabs(ref::load_as_double(w.scales.host.data(), r.scale_dtype, i)));
+  return a;
+}
+
+// ---------------------------------------------------------------- the bound
+
+double unit_roundoff(DType dt) { return dt == DType::bf16 ? 0x1p-8 : dt == DType::fp16 ? 0x1p-11 : 0x1p-24; }
+double subnormal_floor(DType dt) { return dt == DType::fp16 ? 0x1p-24 : 0.0; }
+
+// The fp32 sums' error per unit of A (see the file comment).
+double acc_error(int64_t k) { return 0x1p-11 * double(std::min<int64_t>((k + 31) / 32, 4)); }
+
+// Error bound of one gate or up pre-activation value, and of the output.
+double pre_bound(int64_t k, double a, double v) { return acc_error(k) * a + 0x1p-20 * (a + std::fabs(v) + 1.0); }
+
+double y_bound(DType out, double want, double g, double u, double dg, double du) {
+  const double act = out == DType::fp32 ? 4e-7 : 8e-6;
+  const double ue = std::fabs(u) + 1.0 + du, ge = std::fabs(g) + dg;
+  return unit_roundoff(out) * std::fabs(want) + 1.01 * (1.2 * ue * dg + ge * du + act * ge * ue) +
+         subnormal_floor(out);
+}
+
+// ---------------------------------------------------------------- one case
+
+struct Fp8Stats {
+  int cases = 0, runs = 0;
+  int separate = 0, stacked = 0, interleaved = 0, up_first = 0;
+  int x_row = 0, w_channel = 0, multi_tile = 0, m_odd = 0, u_no_tma = 0, long_k = 0, padded_x = 0, padded_y = 0,
+      preact = 0, bias = 0, extremes = 0, negative = 0;
+  int by_act[5] = {0, 0, 0, 0, 0}, by_out[3] = {0, 0, 0};
+  double worst_ratio = 0;                 // largest |error| / bound over every element checked
+  double worst_rms[3] = {0, 0, 0};        // largest norm-wise error by output dtype
+  void count(const Problem& p, const Fp8Data& d) {
+    const Problem r = p.resolved();
+    cases++;
+    if (r.weights.format == WeightFormat::separate) separate++;
+    else if (r.weights.group == r.u) stacked++;
+    else interleaved++;
+    up_first += r.weights.format == WeightFormat::fused && r.weights.first == Half::up;
+    x_row += r.x_scale == XScale::row;
+    w_channel += r.quant.row_block == 1;
+    multi_tile += r.m > 128;
+    m_odd += r.m % 8 != 0;
+    u_no_tma += r.u % 8 != 0;
+    long_k += r.k >= 1024;
+    padded_x += r.ldx > r.k;
+    padded_y += r.ldy > r.u;
+    preact += r.has_preact;
+    bias += r.has_bias;
+    extremes += d.extremes;
+    negative += d.negative_scales;
+    by_act[int(r.activation)]++;
+    by_out[int(r.output_dtype)]++;
+  }
+  void print(const char* what) const {
+    std::printf(
+        "[ cases ] %s: %d cases, %d runs passed (separate %d, stacked %d, interleaved %d, up first %d; x per row %d, "
+        "w per channel %d; M > 128 %d, M %% 8 != 0 %d, U %% 8 != 0 %d, K >= 1024 %d; padded x %d, padded y %d; bias %d, "
+        "preact %d; extremes %d, negative scales %d; silu %d gelu_tanh %d gelu_erf %d relu %d clamped %d; out bf16 %d "
+        "fp16 %d fp32 %d)\n",
+        what, cases, runs, separate, stacked, interleaved, up_first, x_row, w_channel, multi_tile, m_odd, u_no_tma,
+        long_k, padded_x, padded_y, bias, preact, extremes, negative, by_act[0], by_act[1], by_act[2], by_act[3],
+        by_act[4], by_out[0], by_out[1], by_out[2]);
+    std::printf("[ error ] worst |error| / bound %.3f; worst RMS error (over max(RMS, 1)): bf16 %.3g, fp16 %.3g, "
+                "fp32 %.3g\n",
+                worst_ratio, worst_rms[0], worst_rms[1], worst_rms[2]);
+  }
+};
+
+// The FP8 runs: GATEDMLP_FORCE_PATH unset (the FP8 calls have one kernel),
+// with and without the workspace, the split tail forced, one cluster (every
+// item after another), clusters of two (the multicast pairs the library
+// picks above K = 8192) with the split forced.
+const Variant kFp8AsIs{"fp8, as is", true, nullptr, true};
+const Variant kFp8NoWorkspace{"fp8, no workspace", true, nullptr, false};
+const Variant kFp8SplitForced{"fp8, split tail forced", true, nullptr, true, "force"};
+const Variant kFp8OneCluster{"fp8, one cluster", true, nullptr, true, nullptr, "1"};
+const Variant kFp8Pairs{"fp8, GATEDMLP_SM90_CLUSTER=2, split tail forced", true, nullptr, true, "force", nullptr,
+                        nullptr, "2"};
+
+struct Fp8Options {
+  std::vector<Variant> variants{kFp8AsIs};
+  std::optional<Fp8Data> data;   // unset: drawn
+  std::string log_must_contain;  // if set: the first run's GATEDMLP_LOG=1 output must contain it
+};
+
+// Checks an output in device layout [rows, ld] (`cols` valid) against the
+// bound; every padding element must still be the poison. want_and_bound(row,
+// col, &want, &bound, detail) gives the reference and its bound (and, with
+// detail non-null, the values behind them, for the failure message).
+template <typename Want>
+::testing::AssertionResult check_output(const char* name, const std::vector<unsigned char>& out,
+                                        const std::vector<unsigned char>& poison, DType dt, int64_t rows, int64_t ld,
+                                        int64_t cols, Want want_and_bound, double* worst_ratio, double* rms) {
+  const size_t es = dtype_size(dt);
+  if (out.size() != poison.size()) return ::testing::AssertionFailure() << name << ": download of the wrong size";
+  double sq_diff = 0, sq_ref = 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < int64_t(out.size() / es); ++i) {
+    const int64_t row = i / ld, col = i % ld;
+    if (col >= cols || row >= rows) {
+      if (std::memcmp(&out[size_t(i) * es], &poison[size_t(i) * es], es) != 0)
+        return ::testing::AssertionFailure() << name << "[" << row << "][" << col << "] is padding (ld=" << ld
+                                             << ", " << cols << " columns) and was written: "
+                                             << ref::load_as_double(out.data(), dt, i);
+      continue;
+    }
+    const double got = ref::load_as_double(out.data(), dt, i);
+    double want = 0, bound = 0;
+    want_and_bound(row, col, &want, &bound, nullptr);
+    const double err = std::fabs(got - want);
+    if (!std::isfinite(got) || !(err <= bound)) {
+      std::string detail;
+      want_and_bound(row, col, &want, &bound, &detail);
+      if (!std::isfinite(got))
+        return ::testing::AssertionFailure() << name << "[" << row << "][" << col << "] = " << got
+                                             << " (not written, or NaN); reference " << want << " (" << detail << ")";
+      return ::testing::AssertionFailure() << name << "[" << row << "][" << col << "] = " << got << ", reference "
+                                           << want << ": error " << err << " > bound " << bound << " (" << detail
+                                           << ")";
+    }
+    if (bound > 0) *worst_ratio = std::max(*worst_ratio, err / bound);
+    sq_diff += err * err;
+    sq_ref += want * want;
+    n++;
+  }
+  *rms = std::sqrt(sq_diff / std::max(sq_ref, double(std::max<int64_t>(n, 1))));
+  return ::testing::AssertionSuccess();
+}
+
+void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp8Options& opt = Fp8Options{}) {
+  const Fp8Data d = opt.data ? *opt.data : random_data(rng);
+  SCOPED_TRACE(to_string(p) + "; " + describe(d));
+  {
+    const Status s = check_support(p);
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  const Problem r = p.resolved();
+  const bool sep = r.weights.format == WeightFormat::separate;
+  const int64_t rows_w = sep ? r.u : 2 * r.u, G = sep ? r.u : r.weights.group;
+  const int first = static_cast<int>(r.weights.first);
+
+  // X: e4m3 bytes, NaN codes in the padding; its fp32 scales.
+  Tensor x, xs;
+  x.host.assign(size_t(one_batch_extent(r.m, r.ldx, r.k)), kE4m3Nan);
+  for (int64_t row = 0; row < r.m; ++row)
+    for (int64_t c = 0; c < r.k; ++c) x.host[size_t(row * r.ldx + c)] = draw_e4m3(rng, d.extremes, d.x_range);
+  const double x_nominal = d.extremes ? 1.0 / 448 : 2.0 / d.x_range;  // dequantized X of magnitude ~1
+  const int64_t n_xs = r.x_scale == XScale::row ? r.m : 1;
+  std::vector<float> sx(static_cast<size_t>(n_xs));
+  for (float& s : sx)
+    s = float(r.x_scale == XScale::row ? draw_scale(rng, x_nominal, -2, 1, d.negative_scales)
+                                       : draw_scale(rng, x_nominal, -1, 1, d.negative_scales));
+  xs.host.resize(sx.size() * 4);
+  std::memcpy(xs.host.data(), sx.data(), xs.host.size());
+
+  Fp8Weights wg, wu;
+  make_fp8_weights(r, rows_w, d, rng, &wg);
+  if (sep) make_fp8_weights(r, rows_w, d, rng, &wu);
+  Tensor b, bu;
+  if (r.has_bias) {
+    fill(b.host, r.bias_dtype, rows_w, rng, -0.5f, 0.5f);
+    if (sep) fill(bu.host, r.bias_dtype, rows_w, rng, -0.5f, 0.5f);
+  }
+  for (Tensor* t : {&x, &xs, &b, &bu}) t->upload();
+
+  const int64_t y_n = one_batch_extent(r.m, r.ldy, r.u);
+  const int64_t pre_n = r.has_preact ? one_batch_extent(r.m, r.ldpre, 2 * r.u) : 0;
+  const std::vector<unsigned char> y_poison = nan_filled(r.output_dtype, y_n);
+  const std::vector<unsigned char> pre_poison = nan_filled(r.preact_dtype, pre_n);
+
+  // The references: X dequantized to fp32, the FP8 weights read exactly;
+  // g and u from the pre-activation, and the magnitudes A likewise.
+  std::vector<float> xd(size_t(one_batch_extent(r.m, r.ldx, r.k)), 0.f), xa(xd.size(), 0.f);
+  for (int64_t row = 0; row < r.m; ++row)
+    for (int64_t c = 0; c < r.k; ++c) {
+      const size_t i = size_t(row * r.ldx + c);
+      xd[i] = float(e4m3_value(x.host[i]) * double(sx[size_t(r.x_scale == XScale::row ? row : 0)]));
+      xa[i] = std::fabs(xd[i]);
+    }
+  Problem pr = p;
+  pr.input_dtype = DType::fp32;  // the reference reads X as fp32 (never a library call)
+  pr.has_preact = true;
+  pr.ldpre = 0;
+  Arguments h;
+  h.x = xd.data();
+  h.w = wg.words.host.data();
+  h.w_scales = wg.scales.host.data();
+  h.w_up = sep ? wu.words.host.data() : nullptr;
+  h.w_up_scales = sep ? wu.scales.host.data() : nullptr;
+  h.bias = r.has_bias ? b.host.data() : nullptr;
+  h.bias_up = r.has_bias && sep ? bu.host.data() : nullptr;
+  std::vector<double> y_ref, pre_ref;
+  ref::cpu_reference(pr, h, &y_ref, &pre_ref);
+  Problem pa = pr;
+  pa.alpha = std::fabs(p.alpha);
+  pa.has_bias = false;
+  const Fp8Weights wga = abs_weights(r, wg), wua = sep ? abs_weights(r, wu) : Fp8Weights{};
+  Arguments ha;
+  ha.x = xa.data();
+  ha.w = wga.words.host.data();
+  ha.w_scales = wga.scales.host.data();
+  ha.w_up = sep ? wua.words.host.data() : nullptr;
+  ha.w_up_scales = sep ? wua.scales.host.data() : nullptr;
+  std::vector<double> y_abs, mag;
+  ref::cpu_reference(pa, ha, &y_abs, &mag);
+  ASSERT_EQ(pre_ref.size(), size_t(r.m * 2 * r.u));
+  ASSERT_EQ(mag.size(), pre_ref.size());
+
+  auto pre_cols = [&](int64_t j, int64_t* cg, int64_t* cu) {
+    *cg = sep ? j : detail::fused_row<int64_t>(j, 0, G, first);
+    *cu = sep ? r.u + j : detail::fused_row<int64_t>(j, 1, G, first);
+  };
+  auto y_want = [&](int64_t row, int64_t j, double* want, double* bound, std::string* detail) {
+    int64_t cg = 0, cu = 0;
+    pre_cols(j, &cg, &cu);
+    const size_t o = size_t(row * 2 * r.u);
+    const double g = pre_ref[o + size_t(cg)], u = pre_ref[o + size_t(cu)];
+    const double ag = mag[o + size_t(cg)], au = mag[o + size_t(cu)];
+    const double dg = pre_bound(r.k, ag, g), du = pre_bound(r.k, au, u);
+    *want = y_ref[size_t(row * r.u + j)];
+    *bound = y_bound(r.output_dtype, *want, g, u, dg, du);
+    if (!detail) return;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "g=%.9g u=%.9g, |.| sums A_g=%.6g A_u=%.6g, x scale %.9g", g, u, ag, au,
+                  double(sx[size_t(r.x_scale == XScale::row ? row : 0)]));
+    *detail = buf;
+  };
+  auto pre_want = [&](int64_t row, int64_t c, double* want, double* bound, std::string* detail) {
+    const size_t o = size_t(row * 2 * r.u + c);
+    *want = pre_ref[o];
+    *bound = unit_roundoff(r.preact_dtype) * std::fabs(*want) + 1.01 * pre_bound(r.k, mag[o], *want) +
+             subnormal_floor(r.preact_dtype);
+    if (!detail) return;
+    char buf[120];
+    std::snprintf(buf, sizeof buf, "|.| sum A=%.6g", mag[o]);
+    *detail = buf;
+  };
+
+  Arguments a;
+  a.x = x.dev.p;
+  a.x_scales = xs.dev.p;
+  a.w = wg.words.dev.p;
+  a.w_scales = wg.scales.dev.p;
+  a.w_up = sep ? wu.words.dev.p : nullptr;
+  a.w_up_scales = sep ? wu.scales.dev.p : nullptr;
+  a.bias = r.has_bias ? b.dev.p : nullptr;
+  a.bias_up = r.has_bias && sep ? bu.dev.p : nullptr;
+
+  for (const Variant& v : opt.variants) {
+    std::optional<ScopedEnv> force_env, split_env, clusters_env, cluster_env, log_env;
+    if (v.set_env) force_env.emplace(kForcePathEnv, v.force_path);
+    if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
+    if (v.clusters) clusters_env.emplace("GATEDMLP_SM90_CLUSTERS", v.clusters);
+    if (v.cluster) cluster_env.emplace("GATEDMLP_SM90_CLUSTER", v.cluster);
+    Config cfg;
+    const Status sp = plan(p, &cfg);
+    ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();
+    SCOPED_TRACE(std::string(v.label) + ": " + to_string(cfg));
+    EXPECT_EQ(cfg.path, KernelPath::sm90_wgmma) << cfg.reason;
+    EXPECT_NE(cfg.reason.find("FP8"), std::string::npos) << "the plan's reason names no FP8: " << cfg.reason;
+
+    Tensor y, pre;
+    y.host = y_poison;
+    pre.host = pre_poison;
+    y.upload();
+    pre.upload();
+    a.y = y.dev.p;
+    a.preact = r.has_preact ? pre.dev.p : nullptr;
+    // The workspace arrives holding garbage: its contents need no initialisation.
+    const size_t ws_bytes = v.workspace ? workspace_size(p) : 0;
+    DeviceBuffer ws(ws_bytes);
+    ASSERT_EQ(ws.bytes, ws_bytes) << "cudaMalloc of the workspace";
+    if (ws_bytes) CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));
+    const bool check_log = !opt.log_must_contain.empty() && &v == &opt.variants.front();
+    if (check_log) {
+      log_env.emplace("GATEDMLP_LOG", "1");
+      ::testing::internal::CaptureStderr();
+    }
+    const Status s = run(p, a, ws.p, ws_bytes, nullptr);
+    if (check_log) {
+      const std::string log = ::testing::internal::GetCapturedStderr();
+      EXPECT_NE(log.find(opt.log_must_contain), std::string::npos)
+          << v.label << ": GATEDMLP_LOG=1 printed no \"" << opt.log_must_contain << "\"; it printed:\n" << log;
+    }
+    ASSERT_TRUE(s.ok()) << s.message();
+    CUDA_OK(sync_within(std::string(v.label) + ": " + to_string(p) + " -> " + to_string(cfg)));
+
+    double rms = 0;
+    ASSERT_TRUE(check_output("y", y.download(), y_poison, r.output_dtype, r.m, r.ldy, r.u, y_want, &st->worst_ratio,
+                             &rms));
+    EXPECT_LE(rms, 1e-2) << "norm-wise error of y: RMS error over max(RMS, 1) = " << rms;
+    double& worst = st->worst_rms[int(r.output_dtype)];
+    worst = std::max(worst, rms);
+    if (r.has_preact) {
+      double pre_rms = 0;
+      ASSERT_TRUE(check_output("preact", pre.download(), pre_poison, r.preact_dtype, r.m, r.ldpre, 2 * r.u, pre_want,
+                               &st->worst_ratio, &pre_rms));
+    }
+    st->runs++;
+  }
+  st->count(p, d);
+}
+
+// The variants a random case runs under: as is always, and a quarter of the
+// cases each without workspace, with the split tail forced, on one cluster,
+// in clusters of two.
+std::vector<Variant> random_variants(std::mt19937_64& rng) {
+  std::vector<Variant> v{kFp8AsIs};
+  switch (rng() % 8) {
+    case 0: v.push_back(kFp8NoWorkspace); break;
+    case 1: v.push_back(kFp8SplitForced); break;
+    case 2: v.push_back(kFp8OneCluster); break;
+    case 3: v.push_back(kFp8Pairs); break;
+    default: break;
+  }
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- tests
+
+// The host e4m3 codec against the shared reference's decoder (no device).
+TEST(GpuFp8, HostE4m3CodecMatchesTheReference) {
+  Problem q = fp8_problem(XScale::tensor, 0, DType::fp32);
+  q.k = 256;
+  const Problem r = q.resolved();
+  std::vector<uint32_t> words(64);
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(words.data());
+  for (int c = 0; c < 256; ++c) bytes[c] = static_cast<unsigned char>(c);
+  const float one = 1.0f;
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;  // the NaN codes
+    const double want = ref::quantized_weight(r, words.data(), &one, nullptr, 0, c);
+    EXPECT_EQ(e4m3_value(uint8_t(c)), want) << "code " << c;
+    EXPECT_EQ(to_e4m3(want), uint8_t(c)) << "code " << c << " does not round-trip";
+  }
+  EXPECT_EQ(e4m3_value(0x7E), 448.0);
+  EXPECT_EQ(e4m3_value(0x01), std::ldexp(1.0, -9));
+  EXPECT_EQ(to_e4m3(1e6), 0x7E);     // saturates, never NaN
+  EXPECT_EQ(to_e4m3(-1e6), 0xFE);
+  EXPECT_EQ(to_e4m3(1.0625), 0x38);  // halfway between 1 and 1.125: to the even code (1.0)
+  EXPECT_EQ(to_e4m3(1.1875), 0x3A);  // halfway between 1.125 and 1.25: to the even code (1.25)
+  EXPECT_EQ(to_e4m3(-1e-9), 0x80);
+  EXPECT_TRUE(std::isnan(e4m3_value(0x7F)));
+  EXPECT_TRUE(std::isnan(e4m3_value(0xFF)));
+}
+
+TEST(GpuFp8, RandomEveryLayoutScaleAndOption) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  const int n = cases(1000);
+  std::mt19937_64 rng(fresh_seed());
+  Fp8Stats st;
+  for (int i = 0; i < n; ++i) {
+    const Problem p = random_fp8_problem(rng);
+    SCOPED_TRACE("case " + std::to_string(i));
+    Fp8Options opt;
+    opt.variants = random_variants(rng);
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  st.print("random");
+}
+
+// Every layout x activation x X scale x weight scale, on odd shapes.
+TEST(GpuFp8, EveryLayoutActivationAndScale) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  std::mt19937_64 rng(fresh_seed());
+  Fp8Stats st;
+  // group (-1: separate, 0: stacked), first
+  const std::pair<int64_t, Half> layouts[] = {{-1, Half::gate}, {0, Half::gate}, {0, Half::up},  {1, Half::gate},
+                                              {2, Half::up},    {8, Half::up},   {32, Half::gate}, {64, Half::up},
+                                              {128, Half::gate}, {256, Half::up}, {-2, Half::up}};  // -2: G = U
+  const int64_t ms[] = {1, 9, 77, 129, 300};
+  const int64_t ks[] = {16, 144, 1040, 48};
+  int i = 0;
+  for (const auto& [g, first] : layouts)
+    for (int act = 0; act < 5; ++act)
+      for (XScale xsc : {XScale::tensor, XScale::row})
+        for (int rb = 0; rb < 2; ++rb) {
+          Problem p = fp8_problem(xsc, rb, static_cast<DType>((i / 3) % 3));
+          p.m = ms[i % 5];
+          p.k = ks[i % 4];
+          if (g == -1) {
+            p.weights.format = WeightFormat::separate;
+            p.u = i % 2 ? 131 : 136;
+          } else {
+            p.u = g > 1 ? g * (g >= 128 ? 1 + i % 2 : 3) : (i % 2 ? 131 : 136);
+            p.weights.group = g == -2 ? p.u : g;
+            p.weights.first = first;
+          }
+          p.activation = static_cast<Activation>(act);
+          p.output_dtype = static_cast<DType>(i % 3);
+          p.alpha = i % 4 == 1 ? -1.5f : 1.0f;
+          p.has_bias = (act + i) % 2;
+          p.bias_dtype = static_cast<DType>((i / 2) % 3);
+          p.has_preact = i % 4 == 0;
+          p.preact_dtype = static_cast<DType>((i / 4) % 3);
+          fit_budget(p, nullptr);
+          if (i % 3 == 0) p.ldx = p.k + 32;
+          if (i % 5 == 0) p.ldy = p.u + 5;
+          run_fp8_case(p, rng, &st);
+          if (HasFailure()) return;
+          ++i;
+        }
+  st.print("every layout x activation x scale");
+}
+
+// K > 8192: the library runs clusters of two (weight multicast); an odd
+// number of row-blocks (3) runs the last one's CTAs in column pairs. The
+// launcher's log must say so.
+TEST(GpuFp8, LongKInClustersOfTwo) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  std::mt19937_64 rng(fresh_seed());
+  Fp8Stats st;
+  Fp8Options opt;
+  opt.variants = {kFp8AsIs, kFp8NoWorkspace};
+  opt.log_must_contain = "clusters of 2";
+  {
+    Problem p = fp8_problem(XScale::row, 1, DType::bf16);
+    p.m = 256;
+    p.k = 8320;
+    p.u = 128;
+    p.has_bias = true;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  {
+    Problem p = fp8_problem(XScale::tensor, 0, DType::fp32);
+    p.m = 300;
+    p.k = 8448;
+    p.u = 37;  // U % 8 != 0
+    p.weights.format = WeightFormat::separate;
+    p.output_dtype = DType::fp32;
+    p.activation = Activation::gelu_tanh;
+    p.has_preact = true;
+    p.preact_dtype = DType::fp32;
+    p.ldx = p.k + 16;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  {
+    Problem p = fp8_problem(XScale::row, 0, DType::fp16);
+    p.m = 129;
+    p.k = 12288;
+    p.u = 32;
+    p.weights.group = 32;
+    p.weights.first = Half::up;
+    p.output_dtype = DType::fp16;
+    p.activation = Activation::swiglu_clamped;
+    p.alpha = 0.5f;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  st.print("K > 8192");
+}
+
+// The split tail forced (GATEDMLP_SM90_SPLIT_TAIL=force, as the 16-bit
+// suites do): a partial wave of tiles shared out over the SMs along K, the
+// partial sums through the workspace. The launcher's log must say the tail
+// was split; the same call without workspace (unsplit) must be right too.
+TEST(GpuFp8, SplitTailForced) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  std::mt19937_64 rng(fresh_seed());
+  Fp8Stats st;
+  Fp8Options opt;
+  opt.variants = {kFp8SplitForced, kFp8NoWorkspace, kFp8Pairs};
+  opt.log_must_contain = "; split tail";
+  struct Shape {
+    int64_t m, k, u, group;  // group -1: separate
+    DType out;
+    bool preact, bias;
+    XScale xs;
+    int row_block;
+  };
+  const Shape shapes[] = {
+      {200, 1024, 520, 0, DType::fp32, false, true, XScale::row, 1},
+      {130, 768, 264, 8, DType::bf16, true, false, XScale::tensor, 1},
+      {77, 2048, 300, -1, DType::fp16, false, true, XScale::row, 0},
+      {300, 512, 131, 1, DType::fp32, true, true, XScale::tensor, 0},
+  };
+  int i = 0;
+  for (const Shape& s : shapes) {
+    Problem p = fp8_problem(s.xs, s.row_block, static_cast<DType>(i % 3));
+    p.m = s.m;
+    p.k = s.k;
+    p.u = s.u;
+    if (s.group < 0) p.weights.format = WeightFormat::separate;
+    else p.weights.group = s.group;
+    p.output_dtype = s.out;
+    p.has_preact = s.preact;
+    p.preact_dtype = s.out;
+    p.has_bias = s.bias;
+    p.activation = static_cast<Activation>(i % 5);
+    p.alpha = i % 2 ? 1.0f : -0.75f;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+    ++i;
+  }
+  st.print("split tail forced");
+}
+
+// Only extreme values: every e4m3 product at +-448 x 448 or near the
+// subnormals, and negative scales.
+TEST(GpuFp8, ExtremeValuesAndNegativeScales) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  std::mt19937_64 rng(fresh_seed());
+  Fp8Stats st;
+  Fp8Options opt;
+  Fp8Data d;
+  d.extremes = true;
+  d.negative_scales = true;
+  opt.data = d;
+  for (int i = 0; i < 12; ++i) {
+    Problem p = fp8_problem(i % 2 ? XScale::row : XScale::tensor, (i / 2) % 2, static_cast<DType>(i % 3));
+    p.m = pick(rng, {1, 64, 131, 256});
+    p.k = pick(rng, {16, 256, 1040});
+    p.u = pick(rng, {40, 64, 77});
+    p.output_dtype = static_cast<DType>((i / 3) % 3);
+    p.activation = static_cast<Activation>(i % 5);
+    p.has_bias = i % 3 == 0;
+    p.has_preact = i % 4 == 0;
+    fit_budget(p, nullptr);
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  st.print("extremes");
+}
+
+// plan() on sm_90: the Hopper kernel, its reason naming FP8, for both X
+// scales and both weight scales.
+TEST(GpuFp8, PlanTakesTheHopperKernel) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  for (XScale xsc : {XScale::tensor, XScale::row})
+    for (int rb = 0; rb < 2; ++rb) {
+      Problem p = fp8_problem(xsc, rb, DType::fp32);
+      p.m = 1000;
+      p.k = 4096;
+      p.u = 14336;
+      Config c;
+      const Status s = plan(p, &c);
+      ASSERT_TRUE(s.ok()) << to_string(p) << ": " << s.message();
+      EXPECT_EQ(c.path, KernelPath::sm90_wgmma) << to_string(c);
+      EXPECT_NE(c.reason.find("FP8"), std::string::npos) << c.reason;
+      // One row too: no decode kernel takes FP8 X.
+      p.m = 1;
+      ASSERT_TRUE(plan(p, &c).ok());
+      EXPECT_EQ(c.path, KernelPath::sm90_wgmma) << to_string(c);
+    }
+}
+
+// Off sm_90 (or in a build without the sm_90a kernel): plan() and run()
+// refuse with not_supported and a message, writing nothing.
+TEST(GpuFp8, RefusedOffHopper) {
+  SKIP_WITHOUT_GPU();
+  if (device_is_sm90() && sm90::compiled()) GTEST_SKIP() << "this device runs FP8 activations";
+  Problem p = fp8_problem(XScale::row, 1, DType::bf16);
+  p.m = 64;
+  p.k = 256;
+  p.u = 64;
+  Config c;
+  const Status s = plan(p, &c);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+  EXPECT_FALSE(s.message().empty());
+  const Problem r = p.resolved();
+  DeviceBuffer x(size_t(r.m * r.k)), w(size_t(2 * r.u * r.k)), sw(size_t(2 * r.u * 2)), sx(size_t(r.m * 4)),
+      y(size_t(r.m * r.u * 2));
+  ASSERT_TRUE(x.p && w.p && sw.p && sx.p && y.p);
+  const std::vector<unsigned char> poison = nan_filled(DType::bf16, r.m * r.u);
+  CUDA_OK(cudaMemcpy(y.p, poison.data(), poison.size(), cudaMemcpyHostToDevice));
+  Arguments a;
+  a.x = x.p;
+  a.w = w.p;
+  a.w_scales = sw.p;
+  a.x_scales = sx.p;
+  a.y = y.p;
+  const Status t = run(p, a, nullptr, 0, nullptr);
+  EXPECT_EQ(t.code(), StatusCode::not_supported) << t.message();
+  EXPECT_FALSE(t.message().empty());
+  CUDA_OK(sync_within("refused FP8 call"));
+  std::vector<unsigned char> out(poison.size());
+  CUDA_OK(cudaMemcpy(out.data(), y.p, out.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(out, poison) << "a refused call wrote y";
+}
+
+// Calls that must be refused before anything is written: by name where the
+// argument is wrong (x_scales missing, in host memory, overlapped by y;
+// x_scales on a 16-bit call), and for what the e4m3 kernels cannot read (K
+// or ldx not a multiple of 16, x off 16 bytes).
+TEST(GpuFp8, BadCallsWriteNothing) {
+  SKIP_WITHOUT_GPU();
+  Problem p = fp8_problem(XScale::row, 1, DType::fp32);
+  p.m = 40;
+  p.k = 256;
+  p.u = 48;
+  p.output_dtype = DType::bf16;
+  const Problem r = p.resolved();
+  // Room for the variants below: ldx up to k + 8, k up to 256.
+  DeviceBuffer x(size_t(r.m * (r.k + 32)) + 64), w(size_t(2 * r.u * r.k) + 64), sw(size_t(2 * r.u * 4)),
+      sx(size_t(r.m * 4)), y(size_t(r.m * r.u * 2)), x16(size_t(r.m * r.k * 2)), w16(size_t(2 * r.u * r.k * 2));
+  ASSERT_TRUE(x.p && w.p && sw.p && sx.p && y.p && x16.p && w16.p);
+  CUDA_OK(cudaMemset(x.p, 0x38, x.bytes));  // e4m3 1.0
+  CUDA_OK(cudaMemset(w.p, 0x30, w.bytes));  // e4m3 0.5
+  const std::vector<float> ones(size_t(2 * r.u), 1.0f);
+  CUDA_OK(cudaMemcpy(sw.p, ones.data(), sw.bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(sx.p, ones.data(), sx.bytes, cudaMemcpyHostToDevice));
+  const std::vector<unsigned char> poison = nan_filled(DType::bf16, r.m * r.u);
+  CUDA_OK(cudaMemcpy(y.p, poison.data(), poison.size(), cudaMemcpyHostToDevice));
+  auto good = [&] {
+    Arguments a;
+    a.x = x.p;
+    a.w = w.p;
+    a.w_scales = sw.p;
+    a.x_scales = sx.p;
+    a.y = y.p;
+    return a;
+  };
+  auto y_untouched = [&](const std::string& what) {
+    ASSERT_EQ(sync_within(what), cudaSuccess) << what;
+    std::vector<unsigned char> out(poison.size());
+    ASSERT_EQ(cudaMemcpy(out.data(), y.p, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(out, poison) << what << ": a refused call wrote y";
+  };
+  auto refused = [&](const Problem& q, const Arguments& a, const std::string& what, std::optional<StatusCode> code,
+                     std::initializer_list<const char*> says) {
+    SCOPED_TRACE(what + ": " + to_string(q));
+    const Status s = run(q, a, nullptr, 0, nullptr);
+    ASSERT_FALSE(s.ok()) << what << " was not refused";
+    if (code) {
+      EXPECT_EQ(s.code(), *code) << s.message();
+    }
+    for (const char* f : says) EXPECT_NE(s.message().find(f), std::string::npos) << "no '" << f << "' in: " << s.message();
+    y_untouched(what);
+  };
+
+  // x_scales missing: refused by name, on any device (validate comes first).
+  Arguments a = good();
+  a.x_scales = nullptr;
+  refused(p, a, "x_scales null", StatusCode::invalid_argument, {"x_scales"});
+  a = good();
+  a.w_scales = nullptr;
+  refused(p, a, "w_scales null", StatusCode::invalid_argument, {"w_scales"});
+  std::vector<float> host_scales(size_t(r.m), 1.0f);
+  a = good();
+  a.x_scales = host_scales.data();
+  refused(p, a, "x_scales in host memory", StatusCode::invalid_argument, {"x_scales", "host memory"});
+  {
+    // y over the scales of x: a buffer of y's size whose bytes 128 ... hold
+    // x_scales (a call that went ahead would write only inside it).
+    SCOPED_TRACE("y overlapping x_scales");
+    DeviceBuffer both(y.bytes);
+    ASSERT_TRUE(both.p);
+    std::vector<unsigned char> before = poison;
+    std::memcpy(before.data() + 128, ones.data(), size_t(r.m * 4));
+    CUDA_OK(cudaMemcpy(both.p, before.data(), before.size(), cudaMemcpyHostToDevice));
+    a = good();
+    a.y = both.p;
+    a.x_scales = static_cast<const char*>(both.p) + 128;
+    const Status s = run(p, a, nullptr, 0, nullptr);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.message();
+    EXPECT_NE(s.message().find("x_scales"), std::string::npos) << s.message();
+    CUDA_OK(sync_within("y overlapping x_scales"));
+    std::vector<unsigned char> after(before.size());
+    CUDA_OK(cudaMemcpy(after.data(), both.p, after.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(after, before) << "a refused call wrote y";
+  }
+  // x_scales on a 16-bit call: a mistake, named.
+  {
+    Problem q;
+    q.m = r.m;
+    q.k = r.k;
+    q.u = r.u;
+    Arguments b;
+    b.x = x16.p;
+    b.w = w16.p;
+    b.y = y.p;
+    b.x_scales = sx.p;
+    refused(q, b, "x_scales with bf16 x", StatusCode::invalid_argument, {"x_scales"});
+  }
+  // What the e4m3 kernels cannot read (elsewhere: refused anyway).
+  {
+    Problem q = p;
+    q.k = 40;  // a multiple of 8, not of 16: rows of X not on 16 bytes
+    refused(q, good(), "k=40", std::nullopt, {});
+  }
+  {
+    Problem q = p;
+    q.ldx = q.k + 8;
+    refused(q, good(), "ldx=k+8", std::nullopt, {});
+  }
+  {
+    a = good();
+    a.x = static_cast<const char*>(x.p) + 8;
+    refused(p, a, "x off 16 bytes", std::nullopt, {});
+  }
+  {
+    a = good();
+    a.w = static_cast<const char*>(w.p) + 4;  // uint32 words, not on 16 bytes
+    refused(p, a, "w off 16 bytes", std::nullopt, {});
+  }
+  // And the good call itself is not refused where FP8 runs.
+  if (device_is_sm90() && sm90::compiled()) {
+    const size_t bytes = workspace_size(p);
+    DeviceBuffer ws(bytes);
+    const Status s = run(p, good(), ws.p, bytes, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    CUDA_OK(sync_within("good FP8 call"));
+    // x = 1, w = 0.5, scales 1: g = u = K x 0.5 = 128, y = silu(128) * 128 everywhere.
+    std::vector<unsigned char> out(poison.size());
+    CUDA_OK(cudaMemcpy(out.data(), y.p, out.size(), cudaMemcpyDeviceToHost));
+    const double g = 0.5 * double(r.k), want = g / (1.0 + std::exp(-g)) * g;
+    for (int64_t i = 0; i < r.m * r.u; ++i)
+      ASSERT_NEAR(ref::load_as_double(out.data(), DType::bf16, i), want, 0x1p-8 * want) << "y element " << i;
+  }
+}
+
+// Empty work: nothing launched, nothing written, null pointers fine.
+TEST(GpuFp8, EmptyWorkLaunchesNothing) {
+  SKIP_WITHOUT_GPU();
+  Problem p = fp8_problem(XScale::row, 1, DType::bf16);
+  p.m = 0;
+  p.k = 256;
+  p.u = 64;
+  const Status s = run(p, Arguments{}, nullptr, 0, nullptr);
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(workspace_size(p), 0u);
+  CUDA_OK(sync_within("empty FP8 call"));
+}
