@@ -579,47 +579,61 @@ __device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N],
   }
 }
 
-// FP8 calls: the sums times X's scale of the row and the weights' scale of
-// the column's half (Params::fp8). Per-channel weight scales are first
-// staged by the warpgroup in `stage` (2N floats: gate columns, then up;
-// the Y tile's bytes, free at this point), so each is loaded and its
-// weight row computed once per tile, not once per thread.
+// FP8 calls (Params::fp8): the scales a consumer thread applies to a tile's
+// sums: X's for its two rows (x0: row r, x1: r + 8), and the weights': per
+// tensor, gate (w0) and up (w1); per channel, the two it stages for the
+// warpgroup, gate and up of column `tid` of the tile. Loaded when the tile
+// starts (load_fp8_scales), so their global-memory latency passes under the
+// main loop instead of stalling the epilogue.
+struct Fp8Scales {
+  float x0, x1, w0, w1;
+};
+
 template <int N>
-__device__ __forceinline__ void apply_fp8_scales(const Params& p, float (&d)[N], float* stage, int bar, int tid,
-                                                 int64_t row0, int64_t col0) {
+__device__ __forceinline__ Fp8Scales load_fp8_scales(const Params& p, int tid, int64_t row0, int64_t col0) {
+  static_assert(N == 128, "e4m3 kernels: 128-column tiles (one column of each half per thread)");
   const int warp = tid / 32, lane = tid % 32;
   const float* xs = static_cast<const float*>(p.x_scale);
-  const int64_t r = row0 + 16 * warp + lane / 4;  // the thread's rows: r, and r + 8 for (i / 2) % 2 == 1
-  float sx0 = 0.f, sx1 = 0.f;  // rows past M are never stored
-  if (!p.x_scale_row) sx0 = sx1 = xs[0];
+  const int64_t r = row0 + 16 * warp + lane / 4;
+  Fp8Scales s{0.f, 0.f, 0.f, 0.f};  // rows past M and columns past U are never stored
+  if (!p.x_scale_row) s.x0 = s.x1 = xs[0];
   else {
-    if (r < p.m) sx0 = xs[r];
-    if (r + 8 < p.m) sx1 = xs[r + 8];
+    if (r < p.m) s.x0 = xs[r];
+    if (r + 8 < p.m) s.x1 = xs[r + 8];
   }
   if (!p.w_scale_col) {
-    const float sg = load_float(p.w_scale, p.scale_dtype, 0);
-    const float su = load_float(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, 0);
+    s.w0 = load_float(p.w_scale, p.scale_dtype, 0);
+    s.w1 = load_float(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, 0);
+  } else if (const int64_t j = col0 + tid; j < p.u) {
+    s.w0 = p.separate ? load_float(p.w_scale, p.scale_dtype, j) : load_float(p.w_scale, p.scale_dtype, pre_col(p, 0, j));
+    s.w1 = p.separate ? load_float(p.w_scale_up, p.scale_dtype, j)
+                      : load_float(p.w_scale, p.scale_dtype, pre_col(p, 1, j));
+  }
+  return s;
+}
+
+// The sums times the row's X scale and the column's weight scale of its
+// half. Per-channel scales go through `stage` (2N floats, gate then up: the
+// Y tile's bytes, free at this point), one column per thread.
+template <int N>
+__device__ __forceinline__ void apply_fp8_scales(const Params& p, float (&d)[N], const Fp8Scales& s, float* stage,
+                                                 int bar, int tid) {
+  const int lane = tid % 32;
+  if (!p.w_scale_col) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
-      const float sx = (i / 2) % 2 ? sx1 : sx0;
-      d[i] *= sx * sg;
-      d[i + N / 2] *= sx * su;
+      const float sx = (i / 2) % 2 ? s.x1 : s.x0;
+      d[i] *= sx * s.w0;
+      d[i + N / 2] *= sx * s.w1;
     }
     return;
   }
-  for (int c = tid; c < 2 * N; c += 128) {
-    const int half = c / N;
-    const int64_t j = col0 + c % N;
-    float v = 0.f;
-    if (j < p.u)
-      v = p.separate ? load_float(half ? p.w_scale_up : p.w_scale, p.scale_dtype, j)
-                     : load_float(p.w_scale, p.scale_dtype, pre_col(p, half, j));
-    stage[c] = v;
-  }
+  stage[tid] = s.w0;
+  stage[N + tid] = s.w1;
   named_barrier(bar, 128);
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) {
-    const float sx = (i / 2) % 2 ? sx1 : sx0;
+    const float sx = (i / 2) % 2 ? s.x1 : s.x0;
     const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
     d[i] *= sx * stage[col];
     d[i + N / 2] *= sx * stage[N + col];
@@ -658,13 +672,14 @@ __device__ __forceinline__ void store_y_tma(const Params& p, const float (&d)[N]
 // (M, or a grouped unit's last row + 1); yl: Y's batch (tc.l is the bias's:
 // a grouped call's expert); y_tma: Y by TMA stores (p.y_tma, but for a
 // grouped unit that ends inside the warpgroup's rows).
+// fs: an FP8 call's scales (load_fp8_scales; the 16-bit kernels ignore it).
 // PRE = 1: `spare` is the warpgroup's 16 KB of a held ring stage, `early`
 // whether the other warpgroup may say it is done with that stage without a
 // barrier of both (see store_pre_tma); the other kernels ignore them.
 template <typename T, int ACT, int PRE, int N>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, unsigned char* spare,
                                          bool early, float* sbias, int cw, int tid, const TileCoord& tc,
-                                         int64_t row0, int64_t m_end, int yl, bool y_tma) {
+                                         int64_t row0, int64_t m_end, int yl, bool y_tma, const Fp8Scales& fs) {
   static_assert(PRE == 0 || N == 128, "the pre-activation kernels have 128-column tiles");
   const int warp = tid / 32, lane = tid % 32;
   const int bar = 1 + cw;  // named barrier of this consumer warpgroup
@@ -677,7 +692,7 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
   named_barrier(bar, 128);
   GATEDMLP_WD_MARK(watchdog::kEpiBar, tc.mb, tc.nb);
 
-  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) apply_fp8_scales(p, d, buf, bar, tid, row0, col0);
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) apply_fp8_scales(p, d, fs, buf, bar, tid);
   if (p.has_bias) {
     // Bias depends only on the columns, which both warpgroups share.
     named_barrier(kBothBar, 256);  // both are done reading the previous tile's

@@ -319,6 +319,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // its sums would never be stored, and its MMAs would read the shared
       // tiles for nothing.
       const bool idle = row0 >= m_end || int64_t(tc.nb) * Tr::BNO >= p.u;
+      // FP8: this tile's scales, in flight during the main loop.
+      detail_::Fp8Scales fs{};
+      if constexpr (kFp8)
+        if (!idle && wk.role != kPartial) fs = detail_::load_fp8_scales<BNO>(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
       int prev = -1;
       // The item's first k-step, peeled: its first wgmma overwrites the
       // accumulators and says so (wgmma_tile<..., true>), so that they are
@@ -409,7 +413,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       const bool y_tma = p.y_tma && (!GROUPED || row0 + 64 <= m_end);
       detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare,
                                           CM == 1 && wk.role == kWhole && p.k_blocks >= Tr::kStages, sbias, cw,
-                                          tid, tc, row0, m_end, yl, y_tma);
+                                          tid, tc, row0, m_end, yl, y_tma, fs);
       if (hold) {
         // Round 1's stores (all but the Y tile's group) have read the stage.
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_WAIT)
