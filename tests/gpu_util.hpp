@@ -57,6 +57,18 @@ struct DeviceBuffer {
   ~DeviceBuffer() { if (p) cudaFree(p); }
 };
 
+// Whether the current device is compute capability 9.0 (H100/H200), where
+// the Hopper kernels run; false without a device.
+inline bool device_is_sm90() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return prop.major == 9 && prop.minor == 0;
+}
+
 // cudaDeviceSynchronize with a time limit (GATEDMLP_TEST_SYNC_LIMIT seconds,
 // default 300: the slowest legitimate call, under compute-sanitizer, takes
 // seconds). A kernel that never finishes ends the binary with exit code 3
@@ -226,6 +238,21 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// run() with the workspace given, optionally with GATEDMLP_LOG=1 and its
+// stderr captured: the log must then contain `must_contain` (a launcher's
+// choice the test is about). An empty must_contain runs it plainly.
+inline Status run_checking_log(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes,
+                               const std::string& must_contain, const char* label) {
+  if (must_contain.empty()) return run(p, a, ws, ws_bytes, nullptr);
+  ScopedEnv log_env("GATEDMLP_LOG", "1");
+  ::testing::internal::CaptureStderr();
+  const Status s = run(p, a, ws, ws_bytes, nullptr);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find(must_contain), std::string::npos)
+      << label << ": GATEDMLP_LOG=1 printed no \"" << must_contain << "\"; it printed:\n" << log;
+  return s;
+}
+
 // One fused run of a case: under which GATEDMLP_FORCE_PATH, and with or
 // without the workspace. On the Hopper path the workspace holds the split
 // tail's partial sums; GATEDMLP_SM90_SPLIT_TAIL=force splits every tail that
@@ -363,18 +390,9 @@ inline void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, c
     DeviceBuffer ws(ws_bytes);
     ASSERT_EQ(ws.bytes, ws_bytes) << "cudaMalloc of the workspace";
     if (ws_bytes) CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));
-    const bool check_log = !opt.log_must_contain.empty() && &v == &opt.variants.front();
-    std::optional<ScopedEnv> log_env;
-    if (check_log) {
-      log_env.emplace("GATEDMLP_LOG", "1");
-      ::testing::internal::CaptureStderr();
-    }
-    const Status s = run(p, args_with(yf, pf), ws.p, ws_bytes, nullptr);
-    if (check_log) {
-      const std::string log = ::testing::internal::GetCapturedStderr();
-      EXPECT_NE(log.find(opt.log_must_contain), std::string::npos)
-          << v.label << ": GATEDMLP_LOG=1 printed no \"" << opt.log_must_contain << "\"; it printed:\n" << log;
-    }
+    // The launcher's log is checked on the first variant.
+    const Status s = run_checking_log(p, args_with(yf, pf), ws.p, ws_bytes,
+                                      &v == &opt.variants.front() ? opt.log_must_contain : std::string(), v.label);
     ASSERT_TRUE(s.ok()) << s.message();
     CUDA_OK(sync_within(std::string(v.label) + ": " + to_string(p) + " -> " + to_string(cfg)));
 

@@ -17,22 +17,13 @@
 #include "decode_glu/decode_glu.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+#include "simulated_devices.hpp"
 
 using namespace gatedmlp;
 
 namespace {
 
-detail::DeviceInfo h200() {
-  detail::DeviceInfo d;
-  d.device = 0;
-  d.major = 9;
-  d.minor = 0;
-  d.sms = 132;
-  d.smem_optin = 232448;
-  d.l2_bytes = 50u << 20;
-  d.name = "simulated H200";
-  return d;
-}
+detail::DeviceInfo h200() { return test::simulated_h200(); }
 
 // Llama-3 8B's gate/up at M rows: stacked weights, bf16, silu.
 Problem llama8b(int64_t m) {
@@ -59,17 +50,7 @@ Config pick(const Problem& p) {
 }
 
 // An A100: no Hopper kernel, the portable one or the decode kernel.
-detail::DeviceInfo a100() {
-  detail::DeviceInfo d;
-  d.device = 0;
-  d.major = 8;
-  d.minor = 0;
-  d.sms = 108;
-  d.smem_optin = 166912;
-  d.l2_bytes = 40u << 20;
-  d.name = "simulated A100";
-  return d;
-}
+detail::DeviceInfo a100() { return test::simulated_a100(); }
 
 // The path and reason the dispatcher gives, with its knobs unset.
 Config route(const Problem& p, const detail::DeviceInfo& dev, const Arguments* a = nullptr) {

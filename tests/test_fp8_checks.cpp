@@ -15,6 +15,7 @@
 #include "gatedmlp/gatedmlp.hpp"
 #include "gatedmlp/quant.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+#include "simulated_devices.hpp"
 
 using namespace gatedmlp;
 
@@ -73,29 +74,9 @@ Arguments fp8_args_for(const Problem& p) {
   return a;
 }
 
-detail::DeviceInfo h200() {
-  detail::DeviceInfo d;
-  d.device = 0;
-  d.major = 9;
-  d.minor = 0;
-  d.sms = 132;
-  d.smem_optin = 232448;
-  d.l2_bytes = 50u << 20;
-  d.name = "simulated H200";
-  return d;
-}
+detail::DeviceInfo h200() { return test::simulated_h200(); }
 
-detail::DeviceInfo a100() {
-  detail::DeviceInfo d;
-  d.device = 0;
-  d.major = 8;
-  d.minor = 0;
-  d.sms = 108;
-  d.smem_optin = 166912;
-  d.l2_bytes = 40u << 20;
-  d.name = "simulated A100";
-  return d;
-}
+detail::DeviceInfo a100() { return test::simulated_a100(); }
 
 // select_config with the dispatcher's knobs unset.
 Status route(const Problem& p, const detail::DeviceInfo& dev, Config* c) {

@@ -81,52 +81,10 @@ namespace {
 
 // ---------------------------------------------------------------- e4m3fn on the host
 
-// The value of an e4m3fn byte (OCP: bias 7, no infinities, S.1111.111 NaN).
-double e4m3_value(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  if (e == 15 && m == 7) return NAN;
-  const double mag = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return b & 0x80 ? -mag : mag;
-}
-
-// The 127 finite magnitudes, codes 0x00 ... 0x7E, increasing.
-const std::array<double, 127>& e4m3_magnitudes() {
-  static const std::array<double, 127> t = [] {
-    std::array<double, 127> a{};
-    for (int c = 0; c < 127; ++c) a[size_t(c)] = e4m3_value(uint8_t(c));
-    return a;
-  }();
-  return t;
-}
-
-// v rounded to the nearest e4m3fn value (ties to the even code), saturating
-// at +-448: never a NaN code. A negative value that rounds to 0 gives -0.
-uint8_t to_e4m3(double v) {
-  const std::array<double, 127>& t = e4m3_magnitudes();
-  const double a = std::fabs(v);
-  int c = 126;
-  if (a < t[126]) {
-    const int hi = int(std::upper_bound(t.begin(), t.end(), a) - t.begin());  // t[hi - 1] <= a < t[hi]
-    const int lo = hi - 1;
-    const double dl = a - t[size_t(lo)], dh = t[size_t(hi)] - a;
-    c = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
-  }
-  return static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0) | c);
-}
-
+// (The codec is the shared reference's: ref::e4m3_to_double, double_to_e4m3.)
 constexpr uint8_t kE4m3Nan = 0x7F;
 
 // ---------------------------------------------------------------- devices
-
-bool device_is_sm90() {
-  int dev = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return prop.major == 9 && prop.minor == 0;
-}
 
 #define SKIP_WITHOUT_FP8_KERNEL()                                                                  \
   do {                                                                                             \
@@ -261,7 +219,7 @@ uint8_t draw_e4m3(std::mt19937_64& rng, bool extremes, double range) {
   if (extremes) return kExtremes[rng() % std::size(kExtremes)];
   if (rng() % 64 == 0) return kSpecial[rng() % std::size(kSpecial)];
   std::uniform_real_distribution<double> u(-range, range);
-  return to_e4m3(u(rng));
+  return ref::double_to_e4m3(u(rng));
 }
 
 // A positive scale around `nominal`: times 2^[lo, hi), negated half the time
@@ -482,7 +440,7 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
   for (int64_t row = 0; row < r.m; ++row)
     for (int64_t c = 0; c < r.k; ++c) {
       const size_t i = size_t(row * r.ldx + c);
-      xd[i] = float(e4m3_value(x.host[i]) * double(sx[size_t(r.x_scale == XScale::row ? row : 0)]));
+      xd[i] = float(ref::e4m3_to_double(x.host[i]) * double(sx[size_t(r.x_scale == XScale::row ? row : 0)]));
       xa[i] = std::fabs(xd[i]);
     }
   Problem pr = p;
@@ -555,7 +513,7 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
   a.bias_up = r.has_bias && sep ? bu.dev.p : nullptr;
 
   for (const Variant& v : opt.variants) {
-    std::optional<ScopedEnv> force_env, split_env, clusters_env, cluster_env, log_env;
+    std::optional<ScopedEnv> force_env, split_env, clusters_env, cluster_env;
     if (v.set_env) force_env.emplace(kForcePathEnv, v.force_path);
     if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
     if (v.clusters) clusters_env.emplace("GATEDMLP_SM90_CLUSTERS", v.clusters);
@@ -579,17 +537,8 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
     DeviceBuffer ws(ws_bytes);
     ASSERT_EQ(ws.bytes, ws_bytes) << "cudaMalloc of the workspace";
     if (ws_bytes) CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));
-    const bool check_log = !opt.log_must_contain.empty() && &v == &opt.variants.front();
-    if (check_log) {
-      log_env.emplace("GATEDMLP_LOG", "1");
-      ::testing::internal::CaptureStderr();
-    }
-    const Status s = run(p, a, ws.p, ws_bytes, nullptr);
-    if (check_log) {
-      const std::string log = ::testing::internal::GetCapturedStderr();
-      EXPECT_NE(log.find(opt.log_must_contain), std::string::npos)
-          << v.label << ": GATEDMLP_LOG=1 printed no \"" << opt.log_must_contain << "\"; it printed:\n" << log;
-    }
+    const Status s = run_checking_log(p, a, ws.p, ws_bytes,
+                                      &v == &opt.variants.front() ? opt.log_must_contain : std::string(), v.label);
     ASSERT_TRUE(s.ok()) << s.message();
     CUDA_OK(sync_within(std::string(v.label) + ": " + to_string(p) + " -> " + to_string(cfg)));
 
@@ -628,7 +577,8 @@ std::vector<Variant> random_variants(std::mt19937_64& rng) {
 
 // ---------------------------------------------------------------- tests
 
-// The host e4m3 codec against the shared reference's decoder (no device).
+// The shared reference's e4m3 codec: every code round-trips, and the
+// quantized-weight reference decodes the same values (no device).
 TEST(GpuFp8, HostE4m3CodecMatchesTheReference) {
   Problem q = fp8_problem(XScale::tensor, 0, DType::fp32);
   q.k = 256;
@@ -640,18 +590,18 @@ TEST(GpuFp8, HostE4m3CodecMatchesTheReference) {
   for (int c = 0; c < 256; ++c) {
     if ((c & 0x7F) == 0x7F) continue;  // the NaN codes
     const double want = ref::quantized_weight(r, words.data(), &one, nullptr, 0, c);
-    EXPECT_EQ(e4m3_value(uint8_t(c)), want) << "code " << c;
-    EXPECT_EQ(to_e4m3(want), uint8_t(c)) << "code " << c << " does not round-trip";
+    EXPECT_EQ(ref::e4m3_to_double(uint8_t(c)), want) << "code " << c;
+    EXPECT_EQ(ref::double_to_e4m3(want), uint8_t(c)) << "code " << c << " does not round-trip";
   }
-  EXPECT_EQ(e4m3_value(0x7E), 448.0);
-  EXPECT_EQ(e4m3_value(0x01), std::ldexp(1.0, -9));
-  EXPECT_EQ(to_e4m3(1e6), 0x7E);     // saturates, never NaN
-  EXPECT_EQ(to_e4m3(-1e6), 0xFE);
-  EXPECT_EQ(to_e4m3(1.0625), 0x38);  // halfway between 1 and 1.125: to the even code (1.0)
-  EXPECT_EQ(to_e4m3(1.1875), 0x3A);  // halfway between 1.125 and 1.25: to the even code (1.25)
-  EXPECT_EQ(to_e4m3(-1e-9), 0x80);
-  EXPECT_TRUE(std::isnan(e4m3_value(0x7F)));
-  EXPECT_TRUE(std::isnan(e4m3_value(0xFF)));
+  EXPECT_EQ(ref::e4m3_to_double(0x7E), 448.0);
+  EXPECT_EQ(ref::e4m3_to_double(0x01), std::ldexp(1.0, -9));
+  EXPECT_EQ(ref::double_to_e4m3(1e6), 0x7E);     // saturates, never NaN
+  EXPECT_EQ(ref::double_to_e4m3(-1e6), 0xFE);
+  EXPECT_EQ(ref::double_to_e4m3(1.0625), 0x38);  // halfway between 1 and 1.125: to the even code (1.0)
+  EXPECT_EQ(ref::double_to_e4m3(1.1875), 0x3A);  // halfway between 1.125 and 1.25: to the even code (1.25)
+  EXPECT_EQ(ref::double_to_e4m3(-1e-9), 0x80);
+  EXPECT_TRUE(std::isnan(ref::e4m3_to_double(0x7F)));
+  EXPECT_TRUE(std::isnan(ref::e4m3_to_double(0xFF)));
 }
 
 TEST(GpuFp8, RandomEveryLayoutScaleAndOption) {

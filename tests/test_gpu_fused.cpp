@@ -243,16 +243,6 @@ TEST(GpuFused, LargeTileShapes) {
 
 namespace {
 
-bool device_is_sm90() {
-  int dev = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return prop.major == 9 && prop.minor == 0;
-}
-
 // The fast path's rules, from the problem alone (the tests' buffers are each
 // their own cudaMalloc, so x, w and w_up are always 16-byte aligned).
 bool fast_path_eligible(const Problem& p) {

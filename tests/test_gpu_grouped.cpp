@@ -24,15 +24,10 @@ using namespace gatedmlp::test;
 
 namespace {
 
-bool on_hopper() {
-  cudaDeviceProp prop{};
-  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
-}
-
 #define SKIP_WITHOUT_HOPPER()                                                   \
   do {                                                                          \
     SKIP_WITHOUT_GPU();                                                         \
-    if (!on_hopper()) GTEST_SKIP() << "the grouped kernel runs on sm_90 only"; \
+    if (!device_is_sm90()) GTEST_SKIP() << "the grouped kernel runs on sm_90 only"; \
   } while (0)
 
 enum class Routing { uniform, skewed, empty_ends, one_expert };
@@ -373,7 +368,7 @@ TEST(GpuGrouped, RefusedOffHopperOrUnsupported) {
   p.gather.grouped = true;
   Config cfg;
   const Status s = plan(p, &cfg);
-  if (!on_hopper()) {
+  if (!device_is_sm90()) {
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
     EXPECT_NE(s.message().find("Hopper"), std::string::npos) << s.message();
     return;

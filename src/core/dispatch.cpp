@@ -104,6 +104,20 @@ struct TileEstimate {
 
 bool is_pingpong(const sm90::Tile& t) { return &t == &sm90::kTilePingPong || &t == &sm90::kTilePingPong96; }
 
+// A Hopper path's config for one of its tiles (the reason is the caller's).
+Config hopper_config(const sm90::Tile& t) {
+  Config c;
+  c.path = KernelPath::sm90_wgmma;
+  c.tile_m = t.tile_m;
+  c.tile_n = t.tile_n;
+  c.tile_k = t.tile_k;
+  c.stages = t.stages;
+  c.threads = t.threads;
+  c.pingpong = is_pingpong(t);
+  c.vector_loads = true;
+  return c;
+}
+
 // t: kTile, kTileNarrow, kTilePingPong or kTilePingPong96 (the last two:
 // one-CTA clusters, never split).
 TileEstimate estimate(const Problem& r, const sm90::Tile& t, int sms) {
@@ -230,14 +244,7 @@ Status select_grouped(const Problem& r, const Arguments* a, const DeviceInfo& de
   if (!no.empty())
     return err(StatusCode::not_supported, "a grouped call (gather.grouped) runs on the Hopper TMA + wgmma kernel "
                "only, which cannot take it: ", no, " (device ", dev.device, ": ", dev.name, ")");
-  Config c;
-  c.path = KernelPath::sm90_wgmma;
-  c.tile_m = sm90::kTile.tile_m;
-  c.tile_n = sm90::kTile.tile_n;
-  c.tile_k = sm90::kTile.tile_k;
-  c.stages = sm90::kTile.stages;
-  c.threads = sm90::kTile.threads;
-  c.vector_loads = true;
+  Config c = hopper_config(sm90::kTile);
   std::ostringstream os;
   os << "grouped over " << r.gather.experts << " experts on the Hopper TMA + wgmma path: rows sorted by expert, "
      << "each expert's rows in " << c.tile_m << "-row tiles of its own against its weights; " << c.tile_n
@@ -260,14 +267,7 @@ Status select_fp8(const Problem& r, const Arguments* a, const DeviceInfo& dev, C
     return err(StatusCode::not_supported, "FP8 activations (input_dtype=fp8_e4m3) run on the Hopper TMA + wgmma "
                "kernel only, which cannot take this call: ", no, " (device ", dev.device, ": ", dev.name, ")");
   const sm90::Tile& t = sm90::kTileFp8;
-  Config c;
-  c.path = KernelPath::sm90_wgmma;
-  c.tile_m = t.tile_m;
-  c.tile_n = t.tile_n;
-  c.tile_k = t.tile_k;
-  c.stages = t.stages;
-  c.threads = t.threads;
-  c.vector_loads = true;
+  Config c = hopper_config(t);
   std::ostringstream os;
   os << "FP8 e4m3 on the Hopper TMA + wgmma path (m64n256k32, fp32 sums): x scaled per "
      << (r.x_scale == XScale::row ? "row" : "tensor") << ", weights per "
@@ -394,15 +394,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (hopper_no.empty()) {
     std::string tile_why;
     const sm90::Tile& t = pick_hopper_tile(r, a, dev, &tile_why);
-    Config c;
-    c.path = KernelPath::sm90_wgmma;
-    c.tile_m = t.tile_m;
-    c.tile_n = t.tile_n;
-    c.tile_k = t.tile_k;
-    c.stages = t.stages;
-    c.threads = t.threads;
-    c.pingpong = is_pingpong(t);
-    c.vector_loads = true;
+    Config c = hopper_config(t);
     c.reason = "Hopper TMA + wgmma path; persistent, one CTA per SM; " + tile_why;
     if (r.m <= decode::kMaxM) c.reason += "; decode kernel not taken: " + decode_no;
     *cfg = c;

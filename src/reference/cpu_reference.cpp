@@ -1,6 +1,8 @@
 // The float64 CPU reference: the exact function every kernel must compute,
 // written as plainly as possible. Reads inputs through the same layout math
 // the kernels use, but nothing else is shared with them.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -10,31 +12,31 @@
 
 namespace gatedmlp::ref {
 
-namespace {
-
-// OCP e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities,
-// 0x7F / 0xFF NaN.
-double e4m3_to_double(uint8_t q) {
-  const int e = (q >> 3) & 15, m = q & 7;
+double e4m3_to_double(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
   if (e == 15 && m == 7) return NAN;
   const double mag = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return q & 0x80u ? -mag : mag;
+  return b & 0x80u ? -mag : mag;
 }
 
-// Round to nearest e4m3fn value, ties to the even code; saturates at 448.
 uint8_t double_to_e4m3(double v) {
   if (std::isnan(v)) return 0x7F;
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  // The 127 finite magnitudes, codes 0x00 ... 0x7E, increasing.
+  static const std::array<double, 127> t = [] {
+    std::array<double, 127> a{};
+    for (int c = 0; c < 127; ++c) a[size_t(c)] = e4m3_to_double(uint8_t(c));
+    return a;
+  }();
   const double a = std::fabs(v);
-  uint8_t best = 0;
-  for (uint8_t c = 1; c < 0x7F; ++c) {
-    const double da = std::fabs(e4m3_to_double(c) - a), db = std::fabs(e4m3_to_double(best) - a);
-    if (da < db || (da == db && c % 2 == 0)) best = c;
+  int c = 126;
+  if (a < t[126]) {
+    const int hi = int(std::upper_bound(t.begin(), t.end(), a) - t.begin());  // t[hi - 1] <= a < t[hi]
+    const int lo = hi - 1;
+    const double dl = a - t[size_t(lo)], dh = t[size_t(hi)] - a;
+    c = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
   }
-  return sign | best;
+  return static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0) | c);
 }
-
-}  // namespace
 
 double load_as_double(const void* base, DType dtype, int64_t i) {
   switch (dtype) {

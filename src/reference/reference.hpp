@@ -23,6 +23,13 @@ using detail::float_to_bf16;
 using detail::fp16_to_float;
 using detail::float_to_fp16;
 // Read element i of a host array of `dtype` as double.
+// OCP e4m3fn (bias 7, no infinities, S.1111.111 NaN): a byte's value, and
+// v rounded to the nearest value (ties to the even code), saturating at
+// +-448 (never a NaN code; NaN in gives 0x7F; a negative v that rounds to 0
+// gives -0).
+double e4m3_to_double(uint8_t b);
+uint8_t double_to_e4m3(double v);
+
 double load_as_double(const void* base, DType dtype, int64_t i);
 // Round v to `dtype` and store it as element i.
 void store_from_double(void* base, DType dtype, int64_t i, double v);

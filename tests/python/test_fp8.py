@@ -38,6 +38,7 @@ torch = pytest.importorskip("torch")
 import gatedmlp  # noqa: E402
 from binding_recorder import record  # noqa: E402
 from refs import act_torch, fused_rows  # noqa: E402
+from test_moe import errors  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 HOPPER = HAS_CUDA and tuple(torch.cuda.get_device_capability()) == (9, 0)
@@ -458,11 +459,6 @@ def test_quantize_fp8_refuses():
 
 
 # ================================================================ on a GPU
-def errors(out, ref):
-    d = (out.double() - ref).flatten()
-    return (d.norm() / ref.norm().clamp_min(1e-300)).item(), d.abs().max().item()
-
-
 def acc_allowance(k):
     """The FP8 wgmma's own accumulation error per unit of sum(|x w|): the
     tensor core adds each k = 32 slice with its addends aligned to the
