@@ -73,6 +73,10 @@ enum class DType : int { bf16 = 0, fp16 = 1, fp32 = 2, fp8_e4m3 = 3 };
 enum class XScale : int {
   tensor = 0,  // one scale for all of X: x_scales[0]
   row = 1,     // one per row of X (per token): x_scales[r], m of them
+  // One per row of X and 128 columns of K (1 x 128 groups, DeepSeek-V3's
+  // activation scales): x_scales[r * ceil(k / 128) + c / 128] for
+  // column c, row-major.
+  block = 2,
 };
 
 enum class Activation : int {
@@ -231,11 +235,26 @@ struct Problem {
   // FP8 activations (input_dtype = fp8_e4m3; gate_up, sm_90a): X holds
   // e4m3fn bytes [M, ldx] and Arguments::x_scales its fp32 scales (x_scale
   // says which); the weights must be FP8 too: quantized with quant =
-  // {fp8_e4m3, 8, group_size 0, row_block 0 (one scale per weight tensor)
-  // or 1 (one per output channel, `weight_scale` [N, 1])}, w_scales of
-  // scale_dtype. The kernel multiplies the e4m3 values exactly (wgmma, fp32
-  // sums) and applies both scales to the sums, then alpha, the bias and the
-  // activation:  g = alpha * sx * sw_g * (Xq Wgq^T) + bg, u likewise.
+  // {fp8_e4m3, 8, group_size, row_block}, w_scales of scale_dtype, one of
+  //   group_size 0, row_block 0: one scale per weight tensor;
+  //   group_size 0, row_block 1: one per output channel (`weight_scale`
+  //     [N, 1]);
+  //   group_size 128, row_block 128: one per 128 x 128 block, [ceil(N /
+  //     128), ceil(K / 128)] (DeepSeek-V3's `weight_scale_inv`, a
+  //     multiplier despite its name). N is the rows of the tensor (2U
+  //     fused, U each separate); each 128 gate rows and 128 up rows of a
+  //     tile must share a block: separate weights, or fused ones whose
+  //     interleave block (group, or U when stacked) is a multiple of 128.
+  // Any X scaling goes with any weight scaling. The kernel multiplies the
+  // e4m3 values on the tensor cores. With a block scale on either side it
+  // sums each 128-deep k-block in an accumulator of its own and adds it into
+  // fp32 sums times the block's scales (promotion, as DeepGEMM does);
+  // otherwise the tensor cores sum all of K, whose FP8 accumulation keeps
+  // fewer bits (mean error ~1.5-2x torch._scaled_mm's) unless the
+  // environment sets GATEDMLP_FP8_PROMOTE=1 (promotion: _scaled_mm's error,
+  // ~30 % slower). Per-tensor/row/channel scales multiply the total; then
+  // alpha, the bias and the activation:
+  //   g = alpha * sum_kb sx(r, kb) * sw_g(n, kb) * (Xq Wgq^T)_kb + bg, u likewise.
   // A checkpoint whose gate and up carry different per-tensor scales keeps
   // them: separate weights (w_scales, w_up_scales), or per-channel scales
   // of the fused tensor. Batch 1, weights out_in, no gather; K a multiple
@@ -287,7 +306,7 @@ struct Arguments {
   int64_t* index_error = nullptr;
   const void* row_scale = nullptr;  // has_row_scale: m values of row_scale_dtype
   // FP8 activations only (input_dtype = fp8_e4m3): fp32 scales of X, one
-  // (XScale::tensor) or m (XScale::row).
+  // (XScale::tensor), m (XScale::row) or m * ceil(k / 128) (XScale::block).
   const void* x_scales = nullptr;
 };
 

@@ -27,6 +27,7 @@ const char* to_string(XScale x) {
   switch (x) {
     case XScale::tensor: return "tensor";
     case XScale::row: return "row";
+    case XScale::block: return "block";
   }
   return "invalid";
 }
@@ -305,21 +306,34 @@ Status check_gather(const Problem& p) {
 }
 
 // FP8 activations (input_dtype = fp8_e4m3): the Hopper kernel's e4m3 form,
-// with FP8 weights scaled per tensor or per output channel (gatedmlp.hpp).
+// with FP8 weights scaled per tensor, per output channel or per 128 x 128
+// block (gatedmlp.hpp).
 Status check_fp8_input(const Problem& p) {
   if (p.input_dtype != DType::fp8_e4m3) return Status::Ok();
   const StatusCode inv = StatusCode::invalid_argument, ns = StatusCode::not_supported;
-  if (p.x_scale != XScale::tensor && p.x_scale != XScale::row)
+  if (p.x_scale != XScale::tensor && p.x_scale != XScale::row && p.x_scale != XScale::block)
     return err(inv, "x_scale has invalid value ", int(p.x_scale));
   if (p.op != Operation::gate_up)
     return err(ns, "input_dtype=fp8_e4m3 (FP8 activations) is gate_up only; the down projection takes 16-bit input");
   if (!p.quantized || p.quant.mode != QuantMode::fp8_e4m3)
     return err(inv, "input_dtype=fp8_e4m3 (FP8 activations) needs FP8 weights: quantized=true with "
                "quant.mode=fp8_e4m3, got ", p.quantized ? "quant=" + to_string(p.quant) : std::string("quantized=false"));
-  if (p.quant.group_size != 0 || (p.quant.row_block != 0 && p.quant.row_block != 1))
-    return err(ns, "FP8 activations take weight scales per tensor or per output channel (quant.group_size=0, "
-               "row_block=0 or 1); got group_size=", p.quant.group_size, " row_block=", p.quant.row_block,
-               " (128 x 128 blocked scales are not built for FP8 activations)");
+  const bool per_tensor_or_channel = p.quant.group_size == 0 && (p.quant.row_block == 0 || p.quant.row_block == 1);
+  const bool blocked = p.quant.group_size == 128 && p.quant.row_block == 128;
+  if (!per_tensor_or_channel && !blocked)
+    return err(ns, "FP8 activations take weight scales per tensor (quant.group_size=0, row_block=0), per output "
+               "channel (0, 1) or per 128 x 128 block (128, 128); got group_size=", p.quant.group_size,
+               " row_block=", p.quant.row_block);
+  if (blocked && p.weights.format == WeightFormat::fused) {
+    // The kernel reads one block scale per k-block for each half of a tile
+    // (128 gate rows, 128 up rows): those rows must lie in one 128-row block.
+    const int64_t g = p.weights.group > 0 ? p.weights.group : p.u;
+    if (g % 128)
+      return err(ns, "FP8 weights with 128 x 128 block scales, fused: the interleave block (weights.group, or u "
+                 "when stacked) must be a multiple of 128 so that each 128 gate rows and 128 up rows share a "
+                 "scale block; got ", p.weights.group > 0 ? "group=" : "u=", g,
+                 " (pass gate and up as separate weights, or a fused tensor with such a block)");
+  }
   if (p.gather.experts > 0) return err(ns, "FP8 activations take no gather (gather.experts=", p.gather.experts, ")");
   return Status::Ok();
 }

@@ -109,7 +109,11 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
     if (sep) ts.push_back(tensor("w_up", a.w_up, e.w, r.input_dtype, false));
   }
   if (r.input_dtype == DType::fp8_e4m3)
-    ts.push_back(tensor("x_scales", a.x_scales, r.x_scale == XScale::row ? r.m : 1, DType::fp32, false));
+    ts.push_back(tensor("x_scales", a.x_scales,
+                        r.x_scale == XScale::row     ? r.m
+                        : r.x_scale == XScale::block ? r.m * ((r.k + 127) / 128)
+                                                     : 1,
+                        DType::fp32, false));
   if (r.has_bias) ts.push_back(tensor("bias", a.bias, e.bias, r.bias_dtype, false));
   if (r.has_bias && sep) ts.push_back(tensor("bias_up", a.bias_up, e.bias, r.bias_dtype, false));
   ts.push_back(tensor("y", a.y, e.y, r.output_dtype, true));

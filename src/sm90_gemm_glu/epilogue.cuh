@@ -596,12 +596,14 @@ __device__ __forceinline__ Fp8Scales load_fp8_scales(const Params& p, int tid, i
   const float* xs = static_cast<const float*>(p.x_scale);
   const int64_t r = row0 + 16 * warp + lane / 4;
   Fp8Scales s{0.f, 0.f, 0.f, 0.f};  // rows past M and columns past U are never stored
-  if (!p.x_scale_row) s.x0 = s.x1 = xs[0];
+  if (p.x_scale_block) s.x0 = s.x1 = 1.f;  // applied per k-block (BlockScales)
+  else if (!p.x_scale_row) s.x0 = s.x1 = xs[0];
   else {
     if (r < p.m) s.x0 = xs[r];
     if (r + 8 < p.m) s.x1 = xs[r + 8];
   }
-  if (!p.w_scale_col) {
+  if (p.w_scale_block) s.w0 = s.w1 = 1.f;
+  else if (!p.w_scale_col) {
     s.w0 = load_float(p.w_scale, p.scale_dtype, 0);
     s.w1 = load_float(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, 0);
   } else if (const int64_t j = col0 + tid; j < p.u) {
@@ -610,6 +612,51 @@ __device__ __forceinline__ Fp8Scales load_fp8_scales(const Params& p, int tid, i
                       : load_float(p.w_scale, p.scale_dtype, pre_col(p, 1, j));
   }
   return s;
+}
+
+// Block scales (FP8 calls with 1 x 128 X scales or 128 x 128 weight
+// blocks): what multiplies one 128-deep k-block's sums of a thread as the
+// promoting kernels add them: its two rows' X scales (1 without X blocks)
+// times the k-block's scale of the tile's gate rows (g) and up rows (u).
+// BlockScaleRows holds the per-tile bases.
+struct BlockScales {
+  float g0, g1, u0, u1;  // gate row r, gate row r + 8, up row r, up row r + 8
+};
+struct BlockScaleRows {
+  // Element offsets (32-bit: the host checks that the scale arrays have
+  // fewer than 2^31 entries): the thread's two X-scale rows (-1 past M or
+  // without X blocks), the tile's gate and up weight block rows (-1 without).
+  int x0, x1, wg, wu;
+};
+
+__device__ __forceinline__ BlockScaleRows block_scale_rows(const Params& p, int tid, int64_t row0, int64_t col0) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int64_t r = row0 + 16 * warp + lane / 4;
+  BlockScaleRows b{-1, -1, -1, -1};
+  if (p.x_scale_block) {
+    if (r < p.m) b.x0 = static_cast<int>(r * p.k_groups);
+    if (r + 8 < p.m) b.x1 = static_cast<int>((r + 8) * p.k_groups);
+  }
+  if (p.w_scale_block) {
+    // Every 128 rows of a half lie in one block (the host checks the
+    // layout): the block of the half's first row.
+    b.wg = static_cast<int>((p.separate ? col0 : pre_col(p, 0, col0)) / 128 * p.k_groups);
+    b.wu = static_cast<int>((p.separate ? col0 : pre_col(p, 1, col0)) / 128 * p.k_groups);
+  }
+  return b;
+}
+
+__device__ __forceinline__ BlockScales load_block_scales(const Params& p, const BlockScaleRows& b, int kb) {
+  const float* xs = static_cast<const float*>(p.x_scale);
+  // Rows past M: 0 (never stored; keeps the sums finite).
+  const float x0 = p.x_scale_block ? (b.x0 >= 0 ? __ldg(xs + b.x0 + kb) : 0.f) : 1.f;
+  const float x1 = p.x_scale_block ? (b.x1 >= 0 ? __ldg(xs + b.x1 + kb) : 0.f) : 1.f;
+  float wg = 1.f, wu = 1.f;
+  if (p.w_scale_block) {
+    wg = load_float(p.w_scale, p.scale_dtype, b.wg + kb);
+    wu = load_float(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, b.wu + kb);
+  }
+  return {x0 * wg, x1 * wg, x0 * wu, x1 * wu};
 }
 
 // The sums times the row's X scale and the column's weight scale of its

@@ -291,11 +291,15 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // N = 128 (m64n256k16), 96 (m64n192k16, the 96-column ping-pong tile) or 88
 // (m64n176k16, the narrow tile's gate 88 + up 88 rows): each list is the
 // one before it and more.
-#define GATEDMLP_WGMMA_D88 \
+#define GATEDMLP_WGMMA_D32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define GATEDMLP_WGMMA_D64 \
+  GATEDMLP_WGMMA_D32 ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define GATEDMLP_WGMMA_D88 \
+  GATEDMLP_WGMMA_D64 ", " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
   "%80, %81, %82, %83, %84, %85, %86, %87"
 #define GATEDMLP_WGMMA_D96 \
@@ -305,15 +309,19 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   GATEDMLP_WGMMA_D96 ", " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define GATEDMLP_WGMMA_OPS88(C) \
+#define GATEDMLP_WGMMA_OPS32(C) \
   C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), \
   C(d[8]), C(d[9]), C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), \
   C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), \
-  C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31]), \
+  C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31])
+#define GATEDMLP_WGMMA_OPS64(C) \
+  GATEDMLP_WGMMA_OPS32(C), \
   C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]), \
   C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), \
   C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), \
-  C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63]), \
+  C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63])
+#define GATEDMLP_WGMMA_OPS88(C) \
+  GATEDMLP_WGMMA_OPS64(C), \
   C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), \
   C(d[72]), C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), \
   C(d[80]), C(d[81]), C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87])
@@ -345,6 +353,10 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #define GATEDMLP_WGMMA_N_FP8(N, SHAPE, C)                                              \
   GATEDMLP_WGMMA(SHAPE, "e4m3.e4m3", GATEDMLP_WGMMA_D##N, GATEDMLP_WGMMA_OPS##N, #N, GATEDMLP_WGMMA_B##N, \
                  GATEDMLP_WGMMA_S##N, C, "1, 1")
+#define GATEDMLP_WGMMA_B32 "33"
+#define GATEDMLP_WGMMA_S32 "34"
+#define GATEDMLP_WGMMA_B64 "65"
+#define GATEDMLP_WGMMA_S64 "66"
 #define GATEDMLP_WGMMA_B88 "89"
 #define GATEDMLP_WGMMA_S88 "90"
 #define GATEDMLP_WGMMA_B96 "97"
@@ -385,8 +397,24 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint6
   }
 }
 
+// A quarter of a consumer warpgroup's e4m3 tile: D[64 x 64] (+)= A[64 x 32]
+// * B[64 x 32]^T (m64n64k32), 32 accumulators per thread laid out as 32 of
+// wgmma_tile's: d[i] of quarter q is wgmma_tile's d[32 q + i]. The
+// promoting kernels sum each k-block of one quarter in such an accumulator
+// of their own, two of them in turn.
+template <bool FIRST>
+__device__ __forceinline__ void wgmma_quarter_fp8(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+  const int scale_d = FIRST ? 0 : 1;
+  if constexpr (FIRST) GATEDMLP_WGMMA_N_FP8(32, "m64n64k32", "=f");
+  else GATEDMLP_WGMMA_N_FP8(32, "m64n64k32", "+f");
+}
+
 #undef GATEDMLP_WGMMA_N
 #undef GATEDMLP_WGMMA_N_FP8
+#undef GATEDMLP_WGMMA_B32
+#undef GATEDMLP_WGMMA_S32
+#undef GATEDMLP_WGMMA_B64
+#undef GATEDMLP_WGMMA_S64
 #undef GATEDMLP_WGMMA_B88
 #undef GATEDMLP_WGMMA_S88
 #undef GATEDMLP_WGMMA_B96
@@ -397,8 +425,12 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[N], uint64_t a_desc, uint6
 #undef GATEDMLP_WGMMA_OPS128
 #undef GATEDMLP_WGMMA_OPS96
 #undef GATEDMLP_WGMMA_OPS88
+#undef GATEDMLP_WGMMA_OPS64
+#undef GATEDMLP_WGMMA_OPS32
 #undef GATEDMLP_WGMMA_D128
 #undef GATEDMLP_WGMMA_D96
 #undef GATEDMLP_WGMMA_D88
+#undef GATEDMLP_WGMMA_D64
+#undef GATEDMLP_WGMMA_D32
 
 }  // namespace gatedmlp::sm90

@@ -167,6 +167,9 @@ std::string blocker(const Problem& r, const Arguments* a) {
 std::string fp8_blocker(const Problem& r, const Arguments* a) {
   if (r.input_dtype != DType::fp8_e4m3 || !r.quantized || r.quant.mode != QuantMode::fp8_e4m3)
     return "not an FP8 call (fp8_e4m3 X and weights)";
+  // The kernel indexes block scales in 32 bits (BlockScaleRows).
+  if (r.x_scale == XScale::block && r.m * ((r.k + 127) / 128) > kMaxCoord)
+    return "m * ceil(k / 128) X block scales exceed 2^31-1";
   return blocker(r, a);
 }
 
@@ -268,6 +271,15 @@ bool env_off(const char* name) {
   const char* v = std::getenv(name);
   return v && std::string(v) == "0";
 }
+}  // namespace
+
+bool fp8_promotes() {
+  const char* v = std::getenv("GATEDMLP_FP8_PROMOTE");
+  return v && std::string(v) == "1";
+}
+
+namespace {
+
 size_t flag_bytes(int ctas) {
   return (size_t(ctas) * 2 * sizeof(uint64_t) + kFlagBytesAlign - 1) / kFlagBytesAlign * kFlagBytesAlign;
 }
@@ -560,6 +572,10 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
     p.w_scale_up = a.w_up_scales;
     p.x_scale_row = r.x_scale == XScale::row;
     p.w_scale_col = r.quant.row_block == 1;
+    p.x_scale_block = r.x_scale == XScale::block;
+    p.w_scale_block = r.quant.row_block == 128;
+    p.k_groups = static_cast<int>((r.k + 127) / 128);
+    p.fp8_promote = p.x_scale_block || p.w_scale_block || fp8_promotes();
     p.scale_dtype = static_cast<int>(r.scale_dtype);
   }
   const int act = static_cast<int>(r.activation);

@@ -59,7 +59,7 @@ inline cudaLaunchConfig_t launch_config(const KernelLaunch& k, cudaStream_t stre
 
 // One launch of a prepared kernel: the per-call part of a Hopper call. The
 // ticket counter starts every launch at zero (the kernel's TicketRing).
-template <typename T, int ACT, int CM, int PRE, int BNO>
+template <typename T, int ACT, int CM, int PRE, int BNO, bool PROMO = false>
 cudaError_t launch_cooperative(const KernelLaunch& k, const Params& p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = launch_config(k, stream);
   cudaLaunchAttribute attr = cluster_dim(CM);
@@ -67,7 +67,7 @@ cudaError_t launch_cooperative(const KernelLaunch& k, const Params& p, cudaStrea
   cfg.numAttrs = k.cluster_attr ? 1 : 0;
   if (p.tickets)
     if (cudaError_t e = cudaMemsetAsync(p.tickets, 0, sizeof(uint32_t), stream); e != cudaSuccess) return e;
-  const auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE, BNO>;
+  const auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE, BNO, false, PROMO>;
 #if defined(GATEDMLP_SM90_WATCHDOG)
   watchdog::arm(static_cast<int>(cfg.gridDim.x));
 #endif
@@ -85,10 +85,10 @@ cudaError_t launch_cooperative(const KernelLaunch& k, const Params& p, cudaStrea
 // item, at most as many as can be resident at once; all of them when the
 // tail is split. Reads the launch knobs and plans the split tail (into p)
 // once per distinct call; launch_cooperative does the rest per call.
-template <typename T, int ACT, int CM, int PRE, int BNO>
+template <typename T, int ACT, int CM, int PRE, int BNO, bool PROMO = false>
 cudaError_t setup_cooperative(Params& p, int sms, KernelLaunch* k) {
   using Tr = TileTraits<BNO>;
-  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE, BNO>;
+  auto kernel = sm90_gemm_glu_kernel<T, ACT, CM, PRE, BNO, false, PROMO>;
   if (cudaError_t e = detail::allow_smem(kernel, Tr::kSmemBytes); e != cudaSuccess) return e;
   k->block = dim3(Tr::kThreads);
   k->smem = Tr::kSmemBytes;
@@ -144,7 +144,7 @@ cudaError_t setup_cooperative(Params& p, int sms, KernelLaunch* k) {
                  split ? "split tail" : (p.sk_ctas == 0 ? "no split tail (no workspace)" : "no split tail"),
                  PRE ? "; pre-activation by TMA stores" : (p.has_pre ? "; pre-activation stored from registers" : ""));
   k->grid = dim3(static_cast<unsigned>(items * CM));
-  k->launch = &launch_cooperative<T, ACT, CM, PRE, BNO>;
+  k->launch = &launch_cooperative<T, ACT, CM, PRE, BNO, PROMO>;
   return cudaSuccess;
 }
 
@@ -243,20 +243,23 @@ cudaError_t setup_grouped(Params& p, int sms, KernelLaunch* k) {
   EXTERN template cudaError_t setup_grouped<T, 4>(Params&, int, KernelLaunch*);
 
 // The e4m3 kernels of activation ACT in clusters of CM (1 or 2):
-// cooperative, 128 columns, PRE = 0 (launch.cpp clears p.pre_tma for FP8).
-template <int ACT, int CM>
+// cooperative, 128 columns, PRE = 0 (launch.cpp clears p.pre_tma for FP8);
+// PROMO: each k-block summed apart and added into fp32 (the kernel's
+// promoting main loop), else all of K summed by the wgmmas.
+template <int ACT, int CM, bool PROMO>
 cudaError_t setup_fp8_cm(Params& p, int sms, KernelLaunch* k) {
-  return setup_cooperative<__nv_fp8_e4m3, ACT, CM, 0, 128>(p, sms, k);
+  return setup_cooperative<__nv_fp8_e4m3, ACT, CM, 0, 128, PROMO>(p, sms, k);
 }
 
-// The e4m3 kernels of one cluster size, all five activations, in a TU of
-// their own (sm90_fp8_cm<CM>.cu), declared `extern` in the dispatch TU.
-#define GATEDMLP_SM90_FP8(EXTERN, CM)                                         \
-  EXTERN template cudaError_t setup_fp8_cm<0, CM>(Params&, int, KernelLaunch*); \
-  EXTERN template cudaError_t setup_fp8_cm<1, CM>(Params&, int, KernelLaunch*); \
-  EXTERN template cudaError_t setup_fp8_cm<2, CM>(Params&, int, KernelLaunch*); \
-  EXTERN template cudaError_t setup_fp8_cm<3, CM>(Params&, int, KernelLaunch*); \
-  EXTERN template cudaError_t setup_fp8_cm<4, CM>(Params&, int, KernelLaunch*);
+// The e4m3 kernels of one cluster size and main loop, all five activations,
+// in a TU of their own (sm90_fp8_<promote|fast>_cm<CM>.cu), declared
+// `extern` in the dispatch TU.
+#define GATEDMLP_SM90_FP8(EXTERN, CM, PROMO)                                         \
+  EXTERN template cudaError_t setup_fp8_cm<0, CM, PROMO>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<1, CM, PROMO>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<2, CM, PROMO>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<3, CM, PROMO>(Params&, int, KernelLaunch*); \
+  EXTERN template cudaError_t setup_fp8_cm<4, CM, PROMO>(Params&, int, KernelLaunch*);
 
 // Explicit instantiation (in a kernel TU) or declaration (`extern`, in the
 // dispatch TU) of setup_cm for both dtypes and activation ACT.

@@ -133,17 +133,24 @@ struct Params {
   const int32_t* items;
   int grouped;  // the GROUPED kernels (launch.cuh's setup_grouped)
 
-  // FP8 calls (the e4m3 kernels): the fp32 sums of gate and up are
-  // multiplied by X's scale (fp32: x_scale[0], or x_scale[row] with
-  // x_scale_row) and the weights' (scale_dtype: w_scale[0] for both halves
-  // of fused weights, w_scale[0] and w_scale_up[0] for separate ones; with
-  // w_scale_col one per weight row, at the row's pre_col index for fused
-  // weights, at j in each tensor for separate ones) before alpha and the bias.
+  // FP8 calls (the e4m3 kernels). Scales per tensor, row or channel
+  // multiply the fp32 sums of gate and up before alpha and the bias: X's
+  // (fp32: x_scale[0], or x_scale[row] with x_scale_row) and the weights'
+  // (scale_dtype: w_scale[0] for both halves of fused weights, w_scale[0]
+  // and w_scale_up[0] for separate ones; with w_scale_col one per weight
+  // row, at the row's pre_col index for fused weights, at j in each tensor
+  // for separate ones). Block scales multiply each 128-deep k-block's sum
+  // as it is added (the promoting kernels only): X's with x_scale_block at
+  // x_scale[row * k_groups + kb], the weights' with w_scale_block at
+  // [weight row / 128][kb] of each tensor (k_groups per row).
   int fp8;
   const void* x_scale;
   const void* w_scale;
   const void* w_scale_up;
   int x_scale_row, w_scale_col, scale_dtype;
+  int x_scale_block, w_scale_block;
+  int k_groups;     // ceil(K / 128)
+  int fp8_promote;  // the promoting kernels (any block scale, or fp8_promotes())
 };
 
 // A grouped call's table: the row units it may need, an upper bound known

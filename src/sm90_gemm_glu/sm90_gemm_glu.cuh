@@ -32,13 +32,14 @@
 //   warpgroup 0, the producer: one thread issues the TMA loads into a 4-stage
 //     ring, each stage guarded by a "full" mbarrier (TMA transaction count)
 //     and an "empty" mbarrier (one arrival per consumer warp). It gives its
-//     registers away (setmaxnreg 56).
+//     registers away (setmaxnreg 56; 40 in the promoting FP8 kernels).
 //   warpgroups 1 and 2, the consumers: each takes 64 rows of the tile and runs
 //     one wgmma m64n256k16 per 16-deep k-slice, so gate column c and up
 //     column c of a row land in the same thread (d[i] and d[i + 64]). A stage
 //     is released once the next k-step's wgmma has been issued and the one
 //     reading it retired (wait_group 1). Registers: setmaxnreg 224; with the
-//     producer's 56 that is the CTA's 384 x 168 (128 x 56 + 256 x 224).
+//     producer's 56 that is the CTA's 384 x 168 (128 x 56 + 256 x 224;
+//     the promoting FP8 kernels: 40 and 232).
 //
 // Persistence. The grid is one CTA per SM; CTAs walk the tiles with a stride
 // of the grid size, in groups of p.group_m (16) row-blocks so that a wave's X rows and
@@ -93,6 +94,25 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
   return desc_sw128(ring + s * Tr::kStageBytes + Tr::kABytes);
 }
 
+// The promoting kernels' quarters (the kernel's main loop): one k-block of
+// 64 weight rows into t, four m64n64k32 wgmmas, committed as one group.
+__device__ __forceinline__ void quarter_fp8(float (&t)[32], uint64_t da, uint64_t db) {
+  wgmma_fence();
+  wgmma_quarter_fp8<true>(t, da, db);
+#pragma unroll
+  for (int kk = 1; kk < 4; ++kk) wgmma_quarter_fp8<false>(t, da + 2 * kk, db + 2 * kk);
+  wgmma_commit();
+  fence_regs(t);
+}
+
+// Quarter Q's sums times its scales (s0: the thread's row r, s1: r + 8)
+// added into the tile's fp32 sums (wgmma_tile's layout: d[32 Q + i]).
+template <int Q>
+__device__ __forceinline__ void add_quarter(float (&d)[128], const float (&t)[32], float s0, float s1) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[32 * Q + i] = fmaf(t[i], (i / 2) % 2 ? s1 : s0, d[32 * Q + i]);
+}
+
 }  // namespace detail_
 
 // PRE: 1 for the kernels that store the pre-activation through TMA (a 16-bit
@@ -120,7 +140,7 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
 // same 128-byte rows, so 128-deep k-blocks, m64n256k32, and the scales on
 // the sums in the epilogue; 128-column tiles, PRE = 0, clusters of one or
 // two, no grouping).
-template <typename T, int ACT, int CM, int PRE, int BNO, bool GROUPED = false>
+template <typename T, int ACT, int CM, int PRE, int BNO, bool GROUPED = false, bool PROMO = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(const __grid_constant__ Params p) {
   static_assert(CM == 1 || CM == 2 || CM == 4, "clusters of one, two or four CTAs");
   static_assert(!GROUPED || (CM == 1 && PRE == 0 && BNO == 128), "grouped kernels: one CTA, 128 columns, no PRE");
@@ -129,10 +149,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
                 "PRE = 1: each consumer warpgroup parks 16 KB in the held stage");
   constexpr bool kFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
   static_assert(!kFp8 || (PRE == 0 && BNO == 128 && CM <= 2 && !GROUPED), "e4m3 kernels: 128 columns, PRE = 0");
+  static_assert(!PROMO || kFp8, "the promoting main loop is the e4m3 kernels'");
   // Elements per 128-byte k-block row (the ring's rows are 128 bytes for
   // every type), and the wgmmas per k-block: each reads 32 bytes of a row.
   constexpr int kBK = 128 / int(sizeof(T));
   constexpr int kSlices = 4;
+  // Registers per thread of the producer and of each consumer warpgroup,
+  // within the CTA's 384 x 168: the promoting consumers hold two 32-register
+  // k-block accumulators besides the 128 sums.
+  constexpr int kProducerRegs = PROMO ? 40 : 56, kConsumerRegs = PROMO ? 232 : 224;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "more registers than the CTA holds");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = TileTraits<BNO>;
   extern __shared__ unsigned char smem_raw[];
@@ -180,7 +206,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
 
   if (wg == 0) {
     // ---------------------------------------------------------- producer
-    setmaxnreg_dec<56>();
+    setmaxnreg_dec<kProducerRegs>();
     GATEDMLP_WD_MARK(watchdog::kStart, 0);
     if (tid == 0) {
       GATEDMLP_TL(0, timeline::kSynced);
@@ -249,7 +275,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     }
   } else {
     // ---------------------------------------------------------- consumers
-    setmaxnreg_inc<224>();
+    setmaxnreg_inc<kConsumerRegs>();
     GATEDMLP_WD_MARK(watchdog::kStart, wg);
     Schedule sched(p, cluster, clusters);
     if (dyn) sched.hand_out();
@@ -319,59 +345,109 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // its sums would never be stored, and its MMAs would read the shared
       // tiles for nothing.
       const bool idle = row0 >= m_end || int64_t(tc.nb) * Tr::BNO >= p.u;
-      // FP8: this tile's scales, in flight during the main loop.
+      // FP8: this tile's scales, in flight during the main loop (the
+      // promoting kernels load them after it: registers).
       detail_::Fp8Scales fs{};
-      if constexpr (kFp8)
+      if constexpr (kFp8 && !PROMO)
         if (!idle && wk.role != kPartial) fs = detail_::load_fp8_scales<BNO>(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
       int prev = -1;
-      // The item's first k-step, peeled: its first wgmma overwrites the
-      // accumulators and says so (wgmma_tile<..., true>), so that they are
-      // dead from the previous epilogue's last read of them on.
-      if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
-        const int s = pos.stage;
-        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, pos.phase));
-        if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
-        mbar_wait(&full[s], pos.phase);
-        if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
-        if (!idle) {
-          const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
-          wgmma_fence();
-          wgmma_tile<T, BNO, true>(d, da, db);
+      if constexpr (PROMO) {
+        // Each 128-deep k-block summed in accumulators of its own, quarter
+        // by quarter (64 weight rows, m64n64k32: gate 0-63, gate 64-127, up
+        // 0-63, up 64-127), and each quarter's sums added into the fp32
+        // sums times its block scales: the FP8 tensor cores keep too few
+        // bits to sum all of K themselves. Two 32-register accumulators in
+        // turn, so that one quarter's wgmmas run while the other's sums are
+        // added: half tiles (64 registers, no room for two) had each
+        // warpgroup wait on its wgmmas with the tensor cores idle, 30 %
+        // slower (h71). (Carried into the next k-block, the last quarter's
+        // wgmmas made ptxas serialize them all.)
 #pragma unroll
-          for (int kk = 1; kk < kSlices; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
-          wgmma_commit();
-          fence_regs(d);
+        for (int i = 0; i < BNO; ++i) d[i] = 0.f;
+        const bool blk = p.x_scale_block || p.w_scale_block;
+        const detail_::BlockScaleRows bsr = detail_::block_scale_rows(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
+        // Quarter q's weight rows: 64 of 128 bytes on (in the descriptor's 16-byte units).
+        constexpr uint64_t kQuarter = 64 * 128 >> 4;
+        for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
+          const int s = pos.stage;
+          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
+          mbar_wait(&full[s], pos.phase);
+          if (!idle) {
+            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
+            detail_::BlockScales bs{1.f, 1.f, 1.f, 1.f};
+            if (blk) bs = detail_::load_block_scales(p, bsr, kb);
+            float ta[32], tb[32];
+            detail_::quarter_fp8(ta, da, db);
+            detail_::quarter_fp8(tb, da, db + kQuarter);
+            wgmma_wait<1>();
+            fence_regs(ta);
+            detail_::add_quarter<0>(d, ta, bs.g0, bs.g1);
+            detail_::quarter_fp8(ta, da, db + 2 * kQuarter);
+            wgmma_wait<1>();
+            fence_regs(tb);
+            detail_::add_quarter<1>(d, tb, bs.g0, bs.g1);
+            detail_::quarter_fp8(tb, da, db + 3 * kQuarter);
+            wgmma_wait<1>();
+            fence_regs(ta);
+            detail_::add_quarter<2>(d, ta, bs.u0, bs.u1);
+            wgmma_wait<0>();
+            fence_regs(tb);
+            detail_::add_quarter<3>(d, tb, bs.u0, bs.u1);
+          }
+          release(s);
         }
-        prev = s;
-        pos.next();
-      }
-      for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
-        const int s = pos.stage;
-        GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
-        mbar_wait(&full[s], pos.phase);
-        if (!idle) {
-          const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
-          fence_regs(d);
-          wgmma_fence();
+      } else {
+        // The item's first k-step, peeled: its first wgmma overwrites the
+        // accumulators and says so (wgmma_tile<..., true>), so that they are
+        // dead from the previous epilogue's last read of them on.
+        if (wk.kb0 < wk.kb1) {  // (every piece has a k-block; the schedule tests check it)
+          const int s = pos.stage;
+          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, pos.phase));
+          if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
+          mbar_wait(&full[s], pos.phase);
+          if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
+          if (!idle) {
+            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
+            wgmma_fence();
+            wgmma_tile<T, BNO, true>(d, da, db);
 #pragma unroll
-          for (int kk = 0; kk < kSlices; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
-          wgmma_commit();
-          fence_regs(d);
-          // The previous k-step's wgmma has retired: its stage can be refilled.
-          wgmma_wait<1>();
-          fence_regs(d);
+            for (int kk = 1; kk < kSlices; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
+            wgmma_commit();
+            fence_regs(d);
+          }
+          prev = s;
+          pos.next();
         }
-        release(prev);
-        prev = s;
+        for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
+          const int s = pos.stage;
+          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
+          mbar_wait(&full[s], pos.phase);
+          if (!idle) {
+            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
+            fence_regs(d);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kSlices; ++kk) wgmma_tile<T, BNO, false>(d, da + 2 * kk, db + 2 * kk);
+            wgmma_commit();
+            fence_regs(d);
+            // The previous k-step's wgmma has retired: its stage can be refilled.
+            wgmma_wait<1>();
+            fence_regs(d);
+          }
+          release(prev);
+          prev = s;
+        }
+        wgmma_wait<0>();
+        fence_regs(d);
       }
-      wgmma_wait<0>();
-      fence_regs(d);
       if (tid == 0) GATEDMLP_TL(wg, timeline::kMainDone, w, wk.item);
       // PRE = 1: an item with an epilogue keeps its last stage until the
       // epilogue's second pre-activation round has been read from it
       // (store_pre_tma); the producer meanwhile fills the other three.
       const bool hold = PRE == 1 && prev >= 0 && wk.role != kPartial && int64_t(tc.nb) * Tr::BNO < p.u;
       if (prev >= 0 && !hold) release(prev);
+      if constexpr (PROMO)
+        if (!idle && wk.role != kPartial) fs = detail_::load_fp8_scales<BNO>(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.

@@ -61,9 +61,15 @@ bool compiled();
 // `args` may be null (plan() without pointers assumes aligned pointers).
 std::string blocker(const Problem& resolved, const Arguments* args);
 
-// An FP8 call (fp8_e4m3 X and weights, scales per tensor, row or channel):
+// An FP8 call (fp8_e4m3 X and weights, scales per tensor, row, channel or block):
 // why the e4m3 kernels cannot take it, or "". `args` may be null.
 std::string fp8_blocker(const Problem& resolved, const Arguments* args);
+
+// Whether FP8 calls scaled per tensor, row or channel take the promoting
+// kernels (each 128-deep k-block summed apart, then added in fp32): only
+// with GATEDMLP_FP8_PROMOTE=1 (their error is _scaled_mm's, but they run
+// ~30 % slower, h71). Block scales always take them.
+bool fp8_promotes();
 
 // Workspace for the split tail of `ctas` CTAs: a flag and a 64 x 256 fp32
 // partial tile per consumer warpgroup (128 KB per CTA); and the ticket

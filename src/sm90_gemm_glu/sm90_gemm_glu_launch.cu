@@ -11,8 +11,10 @@ GATEDMLP_SM90_LAUNCHERS(extern, 3)
 GATEDMLP_SM90_LAUNCHERS(extern, 4)
 GATEDMLP_SM90_GROUPED(extern, __nv_bfloat16)
 GATEDMLP_SM90_GROUPED(extern, __half)
-GATEDMLP_SM90_FP8(extern, 1)
-GATEDMLP_SM90_FP8(extern, 2)
+GATEDMLP_SM90_FP8(extern, 1, true)
+GATEDMLP_SM90_FP8(extern, 2, true)
+GATEDMLP_SM90_FP8(extern, 1, false)
+GATEDMLP_SM90_FP8(extern, 2, false)
 
 namespace {
 
@@ -45,15 +47,25 @@ cudaError_t setup_fp16(Params& p, int activation, int cluster_m, int sms, Kernel
   return setup_any<__half>(p, activation, cluster_m, sms, k);
 }
 
-cudaError_t setup_fp8(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k) {
+namespace {
+
+template <bool PROMO>
+cudaError_t setup_fp8_any(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k) {
   const bool two = cluster_m == 2;
   switch (activation) {
-    case 0: return two ? setup_fp8_cm<0, 2>(p, sms, k) : setup_fp8_cm<0, 1>(p, sms, k);
-    case 1: return two ? setup_fp8_cm<1, 2>(p, sms, k) : setup_fp8_cm<1, 1>(p, sms, k);
-    case 2: return two ? setup_fp8_cm<2, 2>(p, sms, k) : setup_fp8_cm<2, 1>(p, sms, k);
-    case 3: return two ? setup_fp8_cm<3, 2>(p, sms, k) : setup_fp8_cm<3, 1>(p, sms, k);
-    default: return two ? setup_fp8_cm<4, 2>(p, sms, k) : setup_fp8_cm<4, 1>(p, sms, k);
+    case 0: return two ? setup_fp8_cm<0, 2, PROMO>(p, sms, k) : setup_fp8_cm<0, 1, PROMO>(p, sms, k);
+    case 1: return two ? setup_fp8_cm<1, 2, PROMO>(p, sms, k) : setup_fp8_cm<1, 1, PROMO>(p, sms, k);
+    case 2: return two ? setup_fp8_cm<2, 2, PROMO>(p, sms, k) : setup_fp8_cm<2, 1, PROMO>(p, sms, k);
+    case 3: return two ? setup_fp8_cm<3, 2, PROMO>(p, sms, k) : setup_fp8_cm<3, 1, PROMO>(p, sms, k);
+    default: return two ? setup_fp8_cm<4, 2, PROMO>(p, sms, k) : setup_fp8_cm<4, 1, PROMO>(p, sms, k);
   }
+}
+
+}  // namespace
+
+cudaError_t setup_fp8(Params& p, int activation, int cluster_m, int sms, KernelLaunch* k) {
+  return p.fp8_promote ? setup_fp8_any<true>(p, activation, cluster_m, sms, k)
+                       : setup_fp8_any<false>(p, activation, cluster_m, sms, k);
 }
 
 }  // namespace gatedmlp::sm90
