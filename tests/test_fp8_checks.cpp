@@ -1,13 +1,16 @@
 // FP8 activations (input_dtype = fp8_e4m3) on the host: what check_support
-// and validate accept and refuse, by name, before any device is asked; how
-// an FP8 problem prints; empty work; and the dispatcher's choice on
-// simulated devices (the Hopper kernel on an H200, a refusal on an A100).
+// and validate accept and refuse, by name, before any device is asked (X
+// scaled per tensor, row or 1 x 128 block; weights per tensor, channel or
+// 128 x 128 block, and the fused layouts block scales take); how an FP8
+// problem prints; empty work; and the dispatcher's choice on simulated
+// devices (the Hopper kernel on an H200, a refusal on an A100).
 // The GPU suite is tests/test_gpu_fp8.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
@@ -31,6 +34,31 @@ Problem fp8_base() {
   p.quantized = true;
   p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 0, 0};
   p.scale_dtype = DType::fp32;
+  return p;
+}
+
+// The weight scale schemes FP8 activations take, by quant.row_block: 0 per
+// tensor, 1 per output channel, 128 per 128 x 128 block (group_size 128).
+constexpr int kWeightSchemes[] = {0, 1, 128};
+constexpr XScale kXScales[] = {XScale::tensor, XScale::row, XScale::block};
+
+QuantFormat fp8_weights(int row_block) {
+  return QuantFormat{QuantMode::fp8_e4m3, 8, row_block == 128 ? 128 : 0, row_block};
+}
+
+// fp8_base() with 128 x 128 blocked weight scales, m rows, k, u, and the
+// fused layout `group` (-1: separate weights; 0: stacked).
+Problem blocked_base(int64_t u, int64_t group, Half first = Half::gate) {
+  Problem p = fp8_base();
+  p.quant = fp8_weights(128);
+  p.k = 272;  // 2 whole k-blocks and a partial one
+  p.u = u;
+  if (group < 0) {
+    p.weights.format = WeightFormat::separate;
+  } else {
+    p.weights.group = group;
+    p.weights.first = first;
+  }
   return p;
 }
 
@@ -78,6 +106,30 @@ detail::DeviceInfo h200() { return test::simulated_h200(); }
 
 detail::DeviceInfo a100() { return test::simulated_a100(); }
 
+// Sets (value) or unsets (nullptr) an environment variable for a scope,
+// restoring what was there before.
+class ScopedEnvVar {
+ public:
+  ScopedEnvVar(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnvVar() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+  ScopedEnvVar(const ScopedEnvVar&) = delete;
+  ScopedEnvVar& operator=(const ScopedEnvVar&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 // select_config with the dispatcher's knobs unset.
 Status route(const Problem& p, const detail::DeviceInfo& dev, Config* c) {
   for (const char* v : {"GATEDMLP_SM90_TILE", "GATEDMLP_SM90_CLUSTER", "GATEDMLP_FORCE_PATH", "GATEDMLP_SM90_PINGPONG",
@@ -96,7 +148,7 @@ TEST(Fp8Checks, AcceptsTheGoodProblems) {
                                                  {32, 96}, {64, 128}, {128, 256}, {256, 512}, {131, 131}};
   int n = 0;
   for (const auto& [g, u] : layouts)
-    for (XScale xs : {XScale::tensor, XScale::row})
+    for (XScale xs : kXScales)
       for (int rb : {0, 1})
         for (DType sd : {DType::bf16, DType::fp16, DType::fp32})
           for (DType out : {DType::bf16, DType::fp16, DType::fp32})
@@ -128,14 +180,43 @@ TEST(Fp8Checks, AcceptsTheGoodProblems) {
               EXPECT_TRUE(s.ok()) << to_string(p) << ": " << s.message();
               ++n;
             }
-  // M anywhere, K any multiple of 16.
+  // M anywhere, K any multiple of 16 (with block scales too: the last
+  // k-block may be partial).
   for (int64_t m : {1, 7, 129, 600, 100000})
-    for (int64_t k : {16, 48, 1040, 8320, 16384}) {
-      Problem p = fp8_base();
-      p.m = m;
-      p.k = k;
-      EXPECT_TRUE(check_support(p).ok()) << to_string(p) << ": " << check_support(p).message();
-    }
+    for (int64_t k : {16, 48, 1040, 8320, 16384, 16400})
+      for (int scheme : {0, 128}) {
+        Problem p = fp8_base();
+        p.m = m;
+        p.k = k;
+        p.quant = fp8_weights(scheme);
+        p.x_scale = scheme == 128 ? XScale::block : XScale::tensor;
+        if (scheme == 128) p.weights.format = WeightFormat::separate;
+        EXPECT_TRUE(check_support(p).ok()) << to_string(p) << ": " << check_support(p).message();
+      }
+}
+
+// Any X scaling goes with any weight scaling: per tensor, per row and per
+// 1 x 128 block of X, each with weights per tensor, per channel and per
+// 128 x 128 block, in every scale dtype, on layouts every scheme takes.
+TEST(Fp8Checks, EveryXScaleWithEveryWeightScheme) {
+  // group (-1: separate, 0: stacked), U: layouts blocked weights take too
+  const std::pair<int64_t, int64_t> layouts[] = {{-1, 96}, {-1, 131}, {0, 128}, {0, 384}, {128, 256}, {256, 512}};
+  for (const auto& [g, u] : layouts)
+    for (XScale xs : kXScales)
+      for (int scheme : kWeightSchemes)
+        for (DType sd : {DType::bf16, DType::fp16, DType::fp32})
+          for (int64_t k : {16, 128, 144, 4096}) {
+            Problem p = fp8_base();
+            p.u = u;
+            p.k = k;
+            if (g < 0) p.weights.format = WeightFormat::separate;
+            else p.weights.group = g;
+            p.x_scale = xs;
+            p.quant = fp8_weights(scheme);
+            p.scale_dtype = sd;
+            const Status s = check_support(p);
+            EXPECT_TRUE(s.ok()) << to_string(p) << ": " << s.message();
+          }
 }
 
 // The weights' words are dense at K / 4 (one byte per weight); X's rows at K.
@@ -150,6 +231,16 @@ TEST(Fp8Checks, ResolvedStrides) {
   EXPECT_EQ(quant_scale_rows(p.quant, 2 * p.u), 1);                                     // per tensor
   EXPECT_EQ(quant_scale_rows(QuantFormat{QuantMode::fp8_e4m3, 8, 0, 1}, 2 * p.u), 2 * p.u);  // per channel
   EXPECT_EQ(quant_groups_per_row(p.quant, p.k), 1);
+  // 128 x 128 blocks: [ceil(N / 128), ceil(K / 128)] scales per tensor.
+  const QuantFormat b = fp8_weights(128);
+  EXPECT_EQ(quant_scale_rows(b, 2 * 256), 4);
+  EXPECT_EQ(quant_scale_rows(b, 131), 2);
+  EXPECT_EQ(quant_groups_per_row(b, 4096), 32);
+  EXPECT_EQ(quant_groups_per_row(b, 4112), 33);
+  EXPECT_EQ(quant_groups_per_row(b, 16), 1);
+  Problem q = blocked_base(131, -1);
+  q.k = 4112;
+  EXPECT_EQ(q.resolved().weights.ld, 1028);
 }
 
 // FP8 X is gate/up only.
@@ -179,21 +270,91 @@ TEST(Fp8Checks, NeedsFp8Weights) {
   expect_refused(check_support(p), StatusCode::invalid_argument, {"fp8", "quant"});
 }
 
-// Weight scales per tensor or per output channel only: blocks along K
-// (group_size != 0) and blocks of rows (row_block 128) are not built.
-TEST(Fp8Checks, RefusesBlockedWeightScales) {
+// Weight scales per tensor (0, 0), per output channel (0, 1) or per 128 x
+// 128 block (128, 128): blocks along K of whole rows (128, 1), (128, 0),
+// and blocks of rows over all of K (0, 128) are not built, each refused
+// naming group_size and row_block.
+TEST(Fp8Checks, RefusesOtherWeightScaleBlocks) {
   Problem p = fp8_base();
-  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};  // DeepSeek-V3's 128 x 128 blocks
-  expect_refused(check_support(p), StatusCode::not_supported, {"group_size"});
+  p.u = 128;  // stacked: an interleave block of 128, which 128 x 128 blocks take
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};  // DeepSeek-V3's 128 x 128 blocks: taken
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
   p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 1};
-  expect_refused(check_support(p), StatusCode::not_supported, {"group_size"});
+  expect_refused(check_support(p), StatusCode::not_supported, {"group_size=128", "row_block=1"});
   p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 0};
-  expect_refused(check_support(p), StatusCode::not_supported, {"group_size"});
+  expect_refused(check_support(p), StatusCode::not_supported, {"group_size=128", "row_block=0"});
   p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 0, 128};
-  expect_refused(check_support(p), StatusCode::not_supported, {"row_block"});
+  expect_refused(check_support(p), StatusCode::not_supported, {"group_size=0", "row_block=128"});
+  // With separate weights (no layout rule in the way) and X in blocks too.
+  p.weights.format = WeightFormat::separate;
+  p.x_scale = XScale::block;
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 1};
+  expect_refused(check_support(p), StatusCode::not_supported, {"group_size", "row_block"});
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 0, 128};
+  expect_refused(check_support(p), StatusCode::not_supported, {"group_size", "row_block"});
   // A row block the FP8 format itself does not know.
+  p = fp8_base();
   p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 0, 2};
   expect_refused(check_support(p), StatusCode::not_supported, {"row_block"});
+  // A K block it does not know.
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 64, 128};
+  expect_refused(check_support(p), StatusCode::not_supported, {"group_size"});
+}
+
+// 128 x 128 weight blocks: separate weights with any U (odd, not a multiple
+// of 128: the last row block is partial); fused weights whose interleave
+// block (group, or U when stacked) is a multiple of 128, either half first.
+TEST(Fp8Checks, BlockedWeightsAcceptedLayouts) {
+  struct L {
+    int64_t u, group;  // group -1: separate, 0: stacked
+  };
+  const L good[] = {{1, -1},  {7, -1},  {131, -1}, {200, -1}, {257, -1}, {128, 0},  {256, 0},   {384, 0},
+                    {128, 128}, {384, 384}, {256, 128}, {384, 128}, {512, 256}, {768, 256}, {1024, 512}};
+  for (const L& l : good)
+    for (Half first : {Half::gate, Half::up})
+      for (XScale xs : kXScales) {
+        if (l.group < 0 && first == Half::up) continue;  // first is fused weights' only
+        Problem p = blocked_base(l.u, l.group, first);
+        p.x_scale = xs;
+        p.m = 129;
+        const Status s = check_support(p);
+        EXPECT_TRUE(s.ok()) << to_string(p) << ": " << s.message();
+      }
+  // Blocked scales need no layout rule for per-tensor/channel weights: the
+  // layouts refused below are fine there.
+  for (int scheme : {0, 1}) {
+    Problem p = blocked_base(200, 0);
+    p.quant = fp8_weights(scheme);
+    EXPECT_TRUE(check_support(p).ok()) << to_string(p) << ": " << check_support(p).message();
+    p = blocked_base(128, 64);
+    p.quant = fp8_weights(scheme);
+    EXPECT_TRUE(check_support(p).ok()) << to_string(p) << ": " << check_support(p).message();
+  }
+}
+
+// Fused blocked weights whose interleave block is no multiple of 128:
+// not_supported, the message naming the interleave block and its value
+// (u= when stacked, group= when interleaved).
+TEST(Fp8Checks, BlockedWeightsRefusedLayouts) {
+  struct L {
+    int64_t u, group;
+    const char* value;
+  };
+  const L bad[] = {{200, 0, "u=200"},       {131, 0, "u=131"},       {64, 0, "u=64"},         {200, 200, "group=200"},
+                   {128, 64, "group=64"},   {384, 192, "group=192"}, {96, 32, "group=32"},    {256, 1, "group=1"},
+                   {640, 320, "group=320"}};
+  for (const L& l : bad)
+    for (Half first : {Half::gate, Half::up})
+      for (XScale xs : kXScales) {
+        Problem p = blocked_base(l.u, l.group, first);
+        p.x_scale = xs;
+        SCOPED_TRACE(to_string(p));
+        expect_refused(check_support(p), StatusCode::not_supported, {"interleave block", l.value});
+        // validate and run say the same, before any pointer is looked at.
+        expect_refused(validate(p, fp8_args_for(p)), StatusCode::not_supported, {"interleave block", l.value});
+        expect_refused(run(p, fp8_args_for(p), nullptr, 0, nullptr), StatusCode::not_supported,
+                       {"interleave block", l.value});
+      }
 }
 
 TEST(Fp8Checks, RefusesGather) {
@@ -262,13 +423,27 @@ TEST(Fp8Checks, Fp8IsAnInputDtypeOnly) {
 // The pointers: x_scales required with FP8 X, refused with 16-bit X; both
 // named. Checked before the device is asked (fake pointers).
 TEST(Fp8Checks, XScalesPointer) {
-  for (XScale xs : {XScale::tensor, XScale::row}) {
-    Problem p = fp8_base();
-    p.x_scale = xs;
+  for (XScale xs : kXScales)
+    for (int scheme : kWeightSchemes) {
+      Problem p = fp8_base();
+      p.x_scale = xs;
+      p.quant = fp8_weights(scheme);
+      p.u = 128;  // stacked: an interleave block of 128, which 128 x 128 blocks take
+      Arguments a = fp8_args_for(p);
+      a.x_scales = nullptr;
+      expect_refused(validate(p, a), StatusCode::invalid_argument, {"x_scales", "null"});
+      expect_refused(run(p, a, nullptr, 0, nullptr), StatusCode::invalid_argument, {"x_scales"});
+    }
+  // Blocked weights, separate: both tensors' scales are needed.
+  {
+    Problem p = blocked_base(131, -1);
+    p.x_scale = XScale::block;
     Arguments a = fp8_args_for(p);
-    a.x_scales = nullptr;
-    expect_refused(validate(p, a), StatusCode::invalid_argument, {"x_scales", "null"});
-    expect_refused(run(p, a, nullptr, 0, nullptr), StatusCode::invalid_argument, {"x_scales"});
+    a.w_up_scales = nullptr;
+    expect_refused(validate(p, a), StatusCode::invalid_argument, {"w_up_scales"});
+    a = fp8_args_for(p);
+    a.w_scales = nullptr;
+    expect_refused(validate(p, a), StatusCode::invalid_argument, {"w_scales"});
   }
   // Separate weights: the up weights' scales are needed as well.
   Problem p = fp8_base();
@@ -303,12 +478,78 @@ TEST(Fp8Checks, XScalesPointer) {
   expect_refused(validate(q, b), StatusCode::invalid_argument, {"x_scales"});
 }
 
+// X scaled per 1 x 128 block: x_scales spans m * ceil(k / 128) fp32 values
+// (the overlap check sees exactly that many): y starting on the last of
+// them is refused, y right after them is not refused for overlap (fake
+// pointers: it fails later, at the device check). Per row: m values; per
+// tensor: one.
+TEST(Fp8Checks, XScalesExtent) {
+  struct C {
+    XScale xs;
+    int64_t m, k, count;
+  };
+  const C cases[] = {{XScale::block, 33, 64, 33},   {XScale::block, 33, 128, 33},  {XScale::block, 33, 144, 66},
+                     {XScale::block, 7, 272, 21},   {XScale::block, 5, 4112, 165}, {XScale::row, 33, 272, 33},
+                     {XScale::tensor, 33, 272, 1}};
+  for (const C& c : cases) {
+    Problem p = fp8_base();
+    p.x_scale = c.xs;
+    p.m = c.m;
+    p.k = c.k;
+    SCOPED_TRACE(to_string(p));
+    Arguments a = fp8_args_for(p);
+    const char* xs = static_cast<const char*>(a.x_scales);
+    a.y = const_cast<char*>(xs) + (c.count - 1) * 4;
+    expect_refused(validate(p, a), StatusCode::invalid_argument, {"y", "overlaps", "x_scales"});
+    a.y = const_cast<char*>(xs) + c.count * 4;
+    const Status s = validate(p, a);
+    ASSERT_FALSE(s.ok()) << "fake pointers passed validate";
+    EXPECT_EQ(s.message().find("overlaps"), std::string::npos) << s.message();
+  }
+}
+
+// 128 x 128 weight blocks: w_scales (and w_up_scales) span ceil(N / 128) *
+// ceil(K / 128) values of scale_dtype, N the rows of that tensor (2U fused,
+// U separate); y on their last one is refused, right after them is not
+// refused for overlap.
+TEST(Fp8Checks, BlockedWeightScalesExtent) {
+  struct C {
+    int64_t u, group, k;  // group -1: separate
+    DType sd;
+    int64_t count;  // per tensor
+  };
+  const C cases[] = {{256, 0, 272, DType::fp32, 4 * 3},  {128, 128, 4096, DType::bf16, 2 * 32},
+                     {384, 128, 144, DType::fp16, 6 * 2}, {131, -1, 272, DType::bf16, 2 * 3},
+                     {7, -1, 16, DType::fp32, 1},         {257, -1, 4112, DType::fp16, 3 * 33}};
+  for (const C& c : cases)
+    for (const char* which : {"w_scales", "w_up_scales"}) {
+      const bool up = std::string(which) == "w_up_scales";
+      if (up && c.group >= 0) continue;  // fused: one tensor
+      Problem p = blocked_base(c.u, c.group);
+      p.k = c.k;
+      p.scale_dtype = c.sd;
+      p.x_scale = XScale::block;
+      SCOPED_TRACE(std::string(which) + ": " + to_string(p));
+      ASSERT_TRUE(check_support(p).ok()) << check_support(p).message();
+      Arguments a = fp8_args_for(p);
+      const char* base = static_cast<const char*>(up ? a.w_up_scales : a.w_scales);
+      const int64_t es = int64_t(dtype_size(c.sd));
+      a.y = const_cast<char*>(base) + (c.count - 1) * es;
+      expect_refused(validate(p, a), StatusCode::invalid_argument, {"overlaps", which});
+      a.y = const_cast<char*>(base) + c.count * es;
+      const Status s = validate(p, a);
+      ASSERT_FALSE(s.ok()) << "fake pointers passed validate";
+      EXPECT_EQ(s.message().find("overlaps"), std::string::npos) << s.message();
+    }
+}
+
 // An FP8 problem prints its input dtype and how X is scaled.
 TEST(Fp8Checks, Printing) {
   EXPECT_STREQ(to_string(DType::fp8_e4m3), "fp8_e4m3");
   EXPECT_STREQ(to_string(XScale::tensor), "tensor");
   EXPECT_STREQ(to_string(XScale::row), "row");
-  for (XScale xs : {XScale::tensor, XScale::row}) {
+  EXPECT_STREQ(to_string(XScale::block), "block");
+  for (XScale xs : kXScales) {
     Problem p = fp8_base();
     p.x_scale = xs;
     const std::string s = to_string(p);
@@ -316,12 +557,20 @@ TEST(Fp8Checks, Printing) {
     EXPECT_NE(s.find("x_scale"), std::string::npos) << s;
     EXPECT_NE(s.find(std::string("x_scale=") + to_string(xs)), std::string::npos) << s;
   }
+  // X in blocks with 128 x 128 weight blocks: both in the description.
+  Problem p = blocked_base(256, 128, Half::up);
+  p.x_scale = XScale::block;
+  const std::string s = to_string(p);
+  EXPECT_NE(s.find("x_scale=block"), std::string::npos) << s;
+  EXPECT_NE(s.find("group_size=128"), std::string::npos) << s;
+  EXPECT_NE(s.find("row_block=128"), std::string::npos) << s;
+  EXPECT_NE(s.find("group=128"), std::string::npos) << s;
 }
 
 // No rows: not an error, nothing launched, no device asked, null pointers
 // fine; the rest of the problem is still checked.
 TEST(Fp8Checks, EmptyWork) {
-  for (XScale xs : {XScale::tensor, XScale::row}) {
+  for (XScale xs : kXScales) {
     Problem p = fp8_base();
     p.x_scale = xs;
     p.m = 0;
@@ -333,8 +582,17 @@ TEST(Fp8Checks, EmptyWork) {
     EXPECT_FALSE(check_support(p).ok()) << "FP8 down with no rows";
     p = fp8_base();
     p.m = 0;
-    p.quant.group_size = 128;
+    p.quant.group_size = 128;  // (128, 0): not a scheme FP8 activations take
     EXPECT_FALSE(check_support(p).ok()) << "blocked FP8 scales with no rows";
+    // 128 x 128 blocks with no rows: fine on a layout they take, refused on one they do not.
+    p = blocked_base(256, 0);
+    p.x_scale = xs;
+    p.m = 0;
+    EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+    EXPECT_TRUE(run(p, Arguments{}, nullptr, 0, nullptr).ok()) << run(p, Arguments{}, nullptr, 0, nullptr).message();
+    p.u = 200;
+    expect_refused(check_support(p), StatusCode::not_supported, {"interleave block", "u=200"});
+    expect_refused(run(p, Arguments{}, nullptr, 0, nullptr), StatusCode::not_supported, {"interleave block"});
   }
 }
 
@@ -344,15 +602,16 @@ TEST(Fp8Checks, EmptyWork) {
 // kernels cannot read (K and ldx not multiples of 16).
 TEST(Fp8Checks, DispatchOnSimulatedDevices) {
   Config c;
-  for (XScale xs : {XScale::tensor, XScale::row})
-    for (int rb : {0, 1})
+  for (XScale xs : kXScales)
+    for (int rb : kWeightSchemes)
       for (int64_t m : {1, 16, 64, 129, 4096}) {
         Problem p = fp8_base();
         p.x_scale = xs;
-        p.quant.row_block = rb;
+        p.quant = fp8_weights(rb);
         p.m = m;
-        p.k = 4096;
+        p.k = m == 129 ? 4112 : 4096;  // a partial last k-block too
         p.u = 14336;
+        if (m == 64) p.weights.group = 128;  // interleaved blocks of 128 rows: any scheme takes them
         const Status a = route(p, a100(), &c);
         expect_refused(a, StatusCode::not_supported, {"fp8"});
         if (!sm90::compiled()) continue;
@@ -391,4 +650,32 @@ TEST(Fp8Checks, DispatchOnSimulatedDevices) {
   p.weights.ld = p.k / 4 + 4;
   s = route(p, h200(), &c);
   EXPECT_TRUE(s.ok()) << s.message();
+}
+
+// Calls without block scales take the kernels that sum all of K in the
+// wgmmas, unless GATEDMLP_FP8_PROMOTE=1 (exactly "1") sends them to the
+// promoting kernels; calls with block scales (of X or of the weights)
+// promote whatever it says. The plan's reason says which.
+TEST(Fp8Checks, PromoteKnobOnSimulatedH200) {
+  if (!sm90::compiled()) GTEST_SKIP() << "this build has no sm_90a kernel";
+  Config c;
+  for (const char* knob : {static_cast<const char*>(nullptr), "1", "0", "yes"}) {
+    ScopedEnvVar env("GATEDMLP_FP8_PROMOTE", knob);
+    for (XScale xs : kXScales)
+      for (int rb : kWeightSchemes) {
+        Problem p = fp8_base();
+        p.x_scale = xs;
+        p.quant = fp8_weights(rb);
+        p.m = 300;
+        p.k = 16384;
+        p.u = 1024;
+        SCOPED_TRACE(std::string("GATEDMLP_FP8_PROMOTE=") + (knob ? knob : "(unset)") + ": " + to_string(p));
+        const Status s = route(p, h200(), &c);
+        ASSERT_TRUE(s.ok()) << s.message();
+        EXPECT_EQ(c.path, KernelPath::sm90_wgmma) << to_string(c);
+        const bool blocks = xs == XScale::block || rb == 128;
+        const bool promoting = c.reason.find("in its own accumulator") != std::string::npos;
+        EXPECT_EQ(promoting, blocks || (knob && std::string(knob) == "1")) << c.reason;
+      }
+  }
 }

@@ -1,14 +1,20 @@
 // FP8 activations on the Hopper gate/up kernel (input_dtype = fp8_e4m3, sm_90a)
-// on fresh random cases: X scaled per tensor or per row (x_scales), FP8
-// weights scaled per tensor or per output channel (row_block 0 / 1) in every
-// scale dtype, every fused layout the Hopper kernel takes (stacked, either
-// half first, interleaved in blocks of G = 1 ... 256) and separate weights,
-// every activation (the clamped SwiGLU with its parameters), bias in every
-// dtype, alpha, the pre-activation, every output dtype, padded rows of X, of
-// the weights' words and of Y, M = 1 ... 600 (several 128-row tiles, partial
-// ones), K = 16 ... 2048 in steps of 16, U odd and even (U % 8 != 0: Y stored
-// without TMA). Then K > 8192 (clusters of two), the split tail forced, and
-// the knobs that change the schedule (one cluster, clusters of two).
+// on fresh random cases: X scaled per tensor, per row or per 1 x 128 block
+// (x_scales [m, ceil(k / 128)]), FP8 weights scaled per tensor, per output
+// channel or per 128 x 128 block (row_block 0 / 1 / 128, w_scales [ceil(N /
+// 128), ceil(K / 128)]) in every scale dtype, every fused layout the Hopper
+// kernel takes (stacked, either half first, interleaved in blocks of G = 1
+// ... 256; with weight blocks the ones whose interleave block is a multiple
+// of 128) and separate weights (any U), every activation (the clamped
+// SwiGLU with its parameters), bias in every dtype, alpha, the
+// pre-activation, every output dtype, padded rows of X, of the weights'
+// words and of Y, M = 1 ... 600 (several 128-row tiles, partial ones), K =
+// 16 ... 2048 in steps of 16 (mostly with a partial last 128-deep k-block)
+// and now and then K > 8192 (clusters of two), U odd and even (U % 8 != 0:
+// Y stored without TMA). Then every blocked layout, K > 8192, the split
+// tail forced, the knobs that change the schedule (one cluster, clusters of
+// two), and the promoting kernels for calls without block scales
+// (GATEDMLP_FP8_PROMOTE=1).
 //
 // Data: e4m3 bytes drawn by rounding uniform floats of a random range (1, 2,
 // 16 or 448) to the nearest e4m3fn value, with zeros (+0 and -0), subnormals
@@ -16,15 +22,21 @@
 // +-0, subnormals). Never the NaN codes 0x7F / 0xFF, which fill the padding
 // of X and of the weight rows instead: a kernel that reads padding gets NaN.
 // Scales are random fp32 values (their full mantissa), spread by 2^[-2, 1]
-// per row / channel around a value that keeps g and u of order 1; some
-// cases flip the sign of half the scales.
+// per row / channel / block around a value that keeps g and u of order 1
+// (each row's, channel's or block's its own draw: a kernel that applies
+// another one's scale is far off); some cases flip the sign of half the
+// scales.
 //
-// Reference: float64 on the dequantized inputs (e4m3 value x scale) through
-// the shared cpu_reference: X dequantized to fp32 (the only rounding on the
+// Reference: float64 on the dequantized inputs (e4m3 value x scale; X
+// element (r, c) times x_scales[r], or x_scales[r * ceil(k / 128) + c /
+// 128] in blocks; weight (n, c) times w_scales[(n / 128) * ceil(K / 128) +
+// c / 128] in blocks, n in the tensor's own row order) through the shared
+// cpu_reference: X dequantized to fp32 (the only rounding on the
 // reference's side: 2^-24 relative, in the bound below), the FP8 weights
 // and their stored scales read exactly by ref::quantized_weight. The same
-// reference on |x|, |w|, |scales|, |alpha| gives A = |alpha| sum_k |sx x sw w|
-// per gate / up column, the magnitude the kernel's fp32 sums are rounded at.
+// reference on |x|, |w|, |scales|, |alpha| gives A = |alpha| sum_k |x w|
+// (of the dequantized values) per gate / up column, the magnitude the
+// kernel's sums are rounded at.
 //
 // Tolerance, per element (every element of Y, and of the pre-activation):
 //   dg  = acc(K) A_g + 2^-20 (A_g + |g| + 1)      (likewise du)
@@ -42,8 +54,15 @@
 //    terms (K = 16, values over a range of 16). acc(K) = 2^-11 min(ceil(K /
 //    32), 4): linear in the slices up to 4 and capped at 2^-9 beyond (the
 //    slices' errors have random signs and the partial sums stay near
-//    sqrt(K) of A's K). A kernel that promotes its sums to fp32 every few
-//    k-blocks lands far inside. The 2^-20 term is the epilogue's fp32
+//    sqrt(K) of A's K): what the non-promoting kernels (all of K in the
+//    wgmmas' accumulators, the default without block scales) were measured
+//    within. The promoting kernels (every block-scaled call, the others
+//    with GATEDMLP_FP8_PROMOTE=1) sum
+//    each 128-deep k-block in an accumulator of its own, at most 4 k=32
+//    wgmmas (<= 2^-11 min(ceil(K / 32), 4) of that block's share of A, its
+//    block scales included), and add the blocks in fp32 (2^-24 of the
+//    running sum per block: K = 16384 adds 128 of them, <= 2^-17 A): the
+//    same bound holds with room. The 2^-20 term is the epilogue's fp32
 //    roundings (scales, alpha, bias) and the reference's fp32 X;
 //  - 1.2 bounds |d act(g) / dg| (silu 1.10, gelu 1.13, relu 1, clamped
 //    SwiGLU 1.10 times (u + 1)), |act(g)| <= |g| the up half's factor;
@@ -56,8 +75,12 @@
 // Outputs are poisoned with NaN first: every element must be written and
 // the padding of Y and the pre-activation must still hold the poison.
 //
-// Then calls that must write nothing (x_scales null or in host memory,
-// shapes the e4m3 kernels cannot read) and the plan's path and reason.
+// Then the accuracy of 128 x 128 blocks against per-tensor scales on the
+// same dequantized values (and of the promoting kernels against the
+// non-promoting ones) at K = 8192 and 16384; calls that must write nothing
+// (x_scales null or in host memory, shapes the e4m3 kernels cannot read,
+// blocked weights on fused layouts the rule refuses) and the plan's path
+// and reason.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -112,8 +135,12 @@ int64_t random_u(std::mt19937_64& rng) {
 // without `rng`, K down to 128 first, then M down to 64, then U, K, M.
 constexpr int64_t kReferenceBudget = 1'500'000;
 
+// What U stays a multiple of: the interleave block; with 128 x 128 weight
+// blocks, 128 for stacked fused weights too (the layout rule).
 int64_t block_of(const Problem& p) {
-  return p.weights.format == WeightFormat::fused && p.weights.group > 0 ? p.weights.group : 1;
+  if (p.weights.format != WeightFormat::fused) return 1;
+  if (p.weights.group > 0) return p.weights.group;
+  return p.quant.row_block == 128 ? 128 : 1;
 }
 
 void fit_budget(Problem& p, std::mt19937_64* rng) {
@@ -136,29 +163,84 @@ void fit_budget(Problem& p, std::mt19937_64* rng) {
   }
 }
 
-// The fields every FP8 problem shares.
+// The weight scale schemes, by quant.row_block: 0 per tensor, 1 per output
+// channel (both with group_size 0), 128 per 128 x 128 block (group_size 128).
+constexpr int kWeightSchemes[] = {0, 1, 128};
+constexpr XScale kXScales[] = {XScale::tensor, XScale::row, XScale::block};
+
+bool blocked_weights(const Problem& p) { return p.quant.row_block == 128; }
+
+// The fields every FP8 problem shares; row_block picks the weight scheme.
 Problem fp8_problem(XScale xs, int row_block, DType scale_dtype) {
   Problem p;
   p.input_dtype = DType::fp8_e4m3;
   p.x_scale = xs;
   p.quantized = true;
-  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 0, row_block};
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, row_block == 128 ? 128 : 0, row_block};
   p.scale_dtype = scale_dtype;
   return p;
 }
 
-Problem random_fp8_problem(std::mt19937_64& rng) {
-  Problem p = fp8_problem(rng() % 2 ? XScale::row : XScale::tensor, int(rng() % 2), static_cast<DType>(rng() % 3));
+// K > 8192 (clusters of two CTAs, which need M > 128): each float64
+// reference of such a case costs at most about this many multiply-adds
+// (U small, M down to 129).
+constexpr int64_t kLongKReferenceBudget = 16'000'000;
+
+// What the dispatcher's reason says of the promoting kernels (each k-block
+// summed in an accumulator of its own; dispatch.cpp's select_fp8).
+constexpr const char* kPromotingReason = "in its own accumulator";
+
+// A random FP8 problem. X scaled per tensor, row or 1 x 128 block; weights
+// per tensor, channel or 128 x 128 block (without `blocks`: no block scales
+// of either, the schemes GATEDMLP_FP8_PROMOTE=1 applies to). Blocked
+// weights take separate tensors (any U, odd ones too) or fused ones whose
+// interleave block is a multiple of 128 (stacked, U a multiple of 128, or
+// G = 128 / 256), either half first. One case in 48 has K > 8192.
+Problem random_fp8_problem(std::mt19937_64& rng, bool blocks = true) {
+  const XScale xs = blocks ? kXScales[rng() % 3] : kXScales[rng() % 2];
+  const int scheme = blocks ? kWeightSchemes[rng() % 3] : kWeightSchemes[rng() % 2];
+  Problem p = fp8_problem(xs, scheme, static_cast<DType>(rng() % 3));
+  const bool blocked = blocked_weights(p);
   // M: tile edges (64-row wgmma halves, 128-row tiles), several row tiles, anything.
   const int mk = int(rng() % 4);
   p.m = mk == 0 ? pick(rng, {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65})
         : mk == 1 ? pick(rng, {127, 128, 129, 200, 255, 256, 257, 383, 384, 385, 511, 512, 513, 600})
                   : 1 + int64_t(rng() % 600);
-  // K: multiples of 16, one 32-deep wgmma slice and less, whole 128-deep k-blocks and tails.
+  // K: multiples of 16, one 32-deep wgmma slice and less, whole 128-deep
+  // k-blocks and tails (a partial last k-block: the last X / weight block
+  // scale covers less than 128 of K).
   p.k = rng() % 2 ? pick(rng, {16, 32, 48, 112, 128, 144, 240, 256, 272, 384, 496, 512, 528, 1008, 1024, 1040, 2032, 2048})
                   : 16 * (1 + int64_t(rng() % 128));
+  const bool long_k = rng() % 48 == 0;
   const int layout = int(rng() % 8);
-  if (layout == 0) {
+  if (long_k) {
+    // Clusters of two: M > 128 and K > 8192, whole and partial last k-blocks;
+    // U small (the float64 references), so blocked weights are separate.
+    p.m = 129 + int64_t(rng() % 200);
+    p.k = pick(rng, {8208, 8336, 8448, 8464, 9216, 12304});
+    if (blocked || layout <= 3) {
+      p.weights.format = WeightFormat::separate;
+      p.u = 1 + int64_t(rng() % 6);
+    } else if (layout <= 5) {
+      p.u = 1 + int64_t(rng() % 6);  // stacked
+    } else {
+      const int64_t g = pick(rng, {1, 2});
+      p.weights.group = g;
+      p.u = g * (1 + int64_t(rng() % 3));
+    }
+  } else if (blocked) {
+    if (layout <= 2) {
+      p.weights.format = WeightFormat::separate;
+      p.u = random_u(rng);
+    } else if (layout <= 4) {
+      p.u = 128 * pick(rng, {1, 2, 3});
+      if (rng() % 4 == 0) p.weights.group = p.u;  // stacked, spelled G = U
+    } else {
+      const int64_t g = pick(rng, {128, 128, 256});
+      p.weights.group = g;
+      p.u = g * (g == 128 ? pick(rng, {2, 3}) : 2);
+    }
+  } else if (layout == 0) {
     p.weights.format = WeightFormat::separate;
     p.u = random_u(rng);
   } else if (layout <= 2) {
@@ -179,7 +261,11 @@ Problem random_fp8_problem(std::mt19937_64& rng) {
   p.output_dtype = static_cast<DType>(rng() % 3);
   const float alphas[] = {1.0f, 1.0f, 0.5f, -1.5f, 2.75f};
   p.alpha = alphas[rng() % 5];
-  fit_budget(p, &rng);
+  if (long_k) {
+    while (p.m * 2 * p.u * p.k > kLongKReferenceBudget && p.m > 129) p.m = std::max<int64_t>(129, p.m / 2);
+  } else {
+    fit_budget(p, &rng);
+  }
   random_bias_and_preact(p, rng);  // U is final
   if (rng() % 3 == 0) p.ldx = p.k + 16 * pick(rng, {1, 2, 5});
   if (rng() % 4 == 0) p.weights.ld = p.k / 4 + 4 * pick(rng, {1, 2, 8});
@@ -231,7 +317,8 @@ double draw_scale(std::mt19937_64& rng, double nominal, double lo, double hi, bo
 }
 
 // One FP8 weight tensor: `rows` rows of ld words (the e4m3 bytes of K, NaN
-// codes after), and its scales (1 or `rows`, of scale_dtype).
+// codes after), and its scales of scale_dtype: 1, `rows`, or [ceil(rows /
+// 128), ceil(K / 128)] for 128 x 128 blocks.
 struct Fp8Weights {
   Tensor words, scales;
 };
@@ -243,7 +330,9 @@ void make_fp8_weights(const Problem& r, int64_t rows, const Fp8Data& d, std::mt1
     for (int64_t c = 0; c < r.k; ++c) w->words.host[size_t(row * ld_bytes + c)] = draw_e4m3(rng, d.extremes, d.w_range);
   // Dequantized weights of RMS ~1/sqrt(K) (with X of RMS ~1: g and u of order 1).
   const double nominal = (d.extremes ? 1.0 / 448 : 2.0 / d.w_range) / std::sqrt(double(r.k));
-  const int64_t n = quant_scale_rows(r.quant, rows);
+  // Per channel and per block: each scale its own draw over 2^[-2, 1), so
+  // that a kernel applying another row's or block's scale is far off.
+  const int64_t n = quant_scale_rows(r.quant, rows) * quant_groups_per_row(r.quant, r.k);
   w->scales.host.assign(size_t(n) * dtype_size(r.scale_dtype), 0);
   for (int64_t i = 0; i < n; ++i)
     ref::store_from_double(w->scales.host.data(), r.scale_dtype, i,
@@ -290,8 +379,8 @@ double y_bound(DType out, double want, double g, double u, double dg, double du)
 struct Fp8Stats {
   int cases = 0, runs = 0;
   int separate = 0, stacked = 0, interleaved = 0, up_first = 0;
-  int x_row = 0, w_channel = 0, multi_tile = 0, m_odd = 0, u_no_tma = 0, long_k = 0, padded_x = 0, padded_y = 0,
-      preact = 0, bias = 0, extremes = 0, negative = 0;
+  int x_row = 0, x_block = 0, w_channel = 0, w_block = 0, multi_tile = 0, m_odd = 0, u_no_tma = 0, long_k = 0,
+      k_partial = 0, k_clusters = 0, padded_x = 0, padded_y = 0, preact = 0, bias = 0, extremes = 0, negative = 0;
   int by_act[5] = {0, 0, 0, 0, 0}, by_out[3] = {0, 0, 0};
   double worst_ratio = 0;                 // largest |error| / bound over every element checked
   double worst_rms[3] = {0, 0, 0};        // largest norm-wise error by output dtype
@@ -303,11 +392,15 @@ struct Fp8Stats {
     else interleaved++;
     up_first += r.weights.format == WeightFormat::fused && r.weights.first == Half::up;
     x_row += r.x_scale == XScale::row;
+    x_block += r.x_scale == XScale::block;
     w_channel += r.quant.row_block == 1;
+    w_block += r.quant.row_block == 128;
     multi_tile += r.m > 128;
     m_odd += r.m % 8 != 0;
     u_no_tma += r.u % 8 != 0;
     long_k += r.k >= 1024;
+    k_partial += r.k % 128 != 0;
+    k_clusters += r.k > 8192 && r.m > 128;
     padded_x += r.ldx > r.k;
     padded_y += r.ldy > r.u;
     preact += r.has_preact;
@@ -320,12 +413,12 @@ struct Fp8Stats {
   void print(const char* what) const {
     std::printf(
         "[ cases ] %s: %d cases, %d runs passed (separate %d, stacked %d, interleaved %d, up first %d; x per row %d, "
-        "w per channel %d; M > 128 %d, M %% 8 != 0 %d, U %% 8 != 0 %d, K >= 1024 %d; padded x %d, padded y %d; bias %d, "
-        "preact %d; extremes %d, negative scales %d; silu %d gelu_tanh %d gelu_erf %d relu %d clamped %d; out bf16 %d "
-        "fp16 %d fp32 %d)\n",
-        what, cases, runs, separate, stacked, interleaved, up_first, x_row, w_channel, multi_tile, m_odd, u_no_tma,
-        long_k, padded_x, padded_y, bias, preact, extremes, negative, by_act[0], by_act[1], by_act[2], by_act[3],
-        by_act[4], by_out[0], by_out[1], by_out[2]);
+        "x per block %d, w per channel %d, w per block %d; M > 128 %d, M %% 8 != 0 %d, U %% 8 != 0 %d, K >= 1024 %d, "
+        "K %% 128 != 0 %d, K > 8192 with M > 128 %d; padded x %d, padded y %d; bias %d, preact %d; extremes %d, "
+        "negative scales %d; silu %d gelu_tanh %d gelu_erf %d relu %d clamped %d; out bf16 %d fp16 %d fp32 %d)\n",
+        what, cases, runs, separate, stacked, interleaved, up_first, x_row, x_block, w_channel, w_block, multi_tile,
+        m_odd, u_no_tma, long_k, k_partial, k_clusters, padded_x, padded_y, bias, preact, extremes, negative,
+        by_act[0], by_act[1], by_act[2], by_act[3], by_act[4], by_out[0], by_out[1], by_out[2]);
     std::printf("[ error ] worst |error| / bound %.3f; worst RMS error (over max(RMS, 1)): bf16 %.3g, fp16 %.3g, "
                 "fp32 %.3g\n",
                 worst_ratio, worst_rms[0], worst_rms[1], worst_rms[2]);
@@ -347,6 +440,9 @@ struct Fp8Options {
   std::vector<Variant> variants{kFp8AsIs};
   std::optional<Fp8Data> data;   // unset: drawn
   std::string log_must_contain;  // if set: the first run's GATEDMLP_LOG=1 output must contain it
+  // If set: whether the plan must take the promoting kernels, as its
+  // reason says (kPromotingReason).
+  std::optional<bool> promotes;
 };
 
 // Checks an output in device layout [rows, ld] (`cols` valid) against the
@@ -411,11 +507,18 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
   for (int64_t row = 0; row < r.m; ++row)
     for (int64_t c = 0; c < r.k; ++c) x.host[size_t(row * r.ldx + c)] = draw_e4m3(rng, d.extremes, d.x_range);
   const double x_nominal = d.extremes ? 1.0 / 448 : 2.0 / d.x_range;  // dequantized X of magnitude ~1
-  const int64_t n_xs = r.x_scale == XScale::row ? r.m : 1;
+  // One per tensor, per row, or per row and 128 of K ([m, ceil(k / 128)]):
+  // each per-row or per-block scale its own draw over 2^[-2, 1).
+  const int64_t k_groups = (r.k + 127) / 128;
+  const int64_t n_xs = r.x_scale == XScale::row ? r.m : r.x_scale == XScale::block ? r.m * k_groups : 1;
   std::vector<float> sx(static_cast<size_t>(n_xs));
   for (float& s : sx)
-    s = float(r.x_scale == XScale::row ? draw_scale(rng, x_nominal, -2, 1, d.negative_scales)
-                                       : draw_scale(rng, x_nominal, -1, 1, d.negative_scales));
+    s = float(n_xs > 1 ? draw_scale(rng, x_nominal, -2, 1, d.negative_scales)
+                       : draw_scale(rng, x_nominal, -1, 1, d.negative_scales));
+  // The scale of X element (row, c).
+  auto sx_index = [&](int64_t row, int64_t c) -> size_t {
+    return size_t(r.x_scale == XScale::row ? row : r.x_scale == XScale::block ? row * k_groups + c / 128 : 0);
+  };
   xs.host.resize(sx.size() * 4);
   std::memcpy(xs.host.data(), sx.data(), xs.host.size());
 
@@ -440,7 +543,7 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
   for (int64_t row = 0; row < r.m; ++row)
     for (int64_t c = 0; c < r.k; ++c) {
       const size_t i = size_t(row * r.ldx + c);
-      xd[i] = float(ref::e4m3_to_double(x.host[i]) * double(sx[size_t(r.x_scale == XScale::row ? row : 0)]));
+      xd[i] = float(ref::e4m3_to_double(x.host[i]) * double(sx[sx_index(row, c)]));
       xa[i] = std::fabs(xd[i]);
     }
   Problem pr = p;
@@ -486,9 +589,9 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
     *want = y_ref[size_t(row * r.u + j)];
     *bound = y_bound(r.output_dtype, *want, g, u, dg, du);
     if (!detail) return;
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "g=%.9g u=%.9g, |.| sums A_g=%.6g A_u=%.6g, x scale %.9g", g, u, ag, au,
-                  double(sx[size_t(r.x_scale == XScale::row ? row : 0)]));
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "g=%.9g u=%.9g, |.| sums A_g=%.6g A_u=%.6g, x scale %.9g%s", g, u, ag, au,
+                  double(sx[sx_index(row, 0)]), r.x_scale == XScale::block ? " (its first k-block's)" : "");
     *detail = buf;
   };
   auto pre_want = [&](int64_t row, int64_t c, double* want, double* bound, std::string* detail) {
@@ -524,6 +627,11 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
     SCOPED_TRACE(std::string(v.label) + ": " + to_string(cfg));
     EXPECT_EQ(cfg.path, KernelPath::sm90_wgmma) << cfg.reason;
     EXPECT_NE(cfg.reason.find("FP8"), std::string::npos) << "the plan's reason names no FP8: " << cfg.reason;
+    if (opt.promotes) {
+      EXPECT_EQ(cfg.reason.find(kPromotingReason) != std::string::npos, *opt.promotes)
+          << (*opt.promotes ? "expected the promoting kernels: " : "expected the non-promoting kernels: ")
+          << cfg.reason;
+    }
 
     Tensor y, pre;
     y.host = y_poison;
@@ -620,7 +728,56 @@ TEST(GpuFp8, RandomEveryLayoutScaleAndOption) {
   st.print("random");
 }
 
-// Every layout x activation x X scale x weight scale, on odd shapes.
+// GATEDMLP_FP8_PROMOTE=1 (set for this test, restored after): calls scaled
+// per tensor, row or channel take the promoting kernels too (each 128-deep
+// k-block summed apart and added into fp32), as the plan's reason says, and
+// stay within the same bound; calls with block scales take them whatever
+// the knob says. (The random suite above runs the default: the others on
+// the kernels that sum all of K in the wgmmas' accumulators.)
+TEST(GpuFp8, PromotingKernels) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  ScopedEnv promote("GATEDMLP_FP8_PROMOTE", "1");
+  const int n = cases(40);
+  std::mt19937_64 rng(fresh_seed());
+  Fp8Stats st;
+  Fp8Options opt;
+  opt.promotes = true;
+  for (int i = 0; i < n; ++i) {
+    const Problem p = random_fp8_problem(rng, false);
+    SCOPED_TRACE("case " + std::to_string(i));
+    opt.variants = random_variants(rng);
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  {
+    // Long K in clusters of two: where promotion matters most.
+    Problem p = fp8_problem(XScale::row, 1, DType::bf16);
+    p.m = 200;
+    p.k = 12304;
+    p.u = 6;
+    p.weights.format = WeightFormat::separate;
+    p.has_preact = true;
+    p.preact_dtype = DType::fp32;
+    opt.variants = {kFp8AsIs};
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  st.print("GATEDMLP_FP8_PROMOTE=1");
+  Fp8Stats sb;
+  opt.promotes = true;
+  for (int i = 0; i < 8; ++i) {
+    Problem p = random_fp8_problem(rng);
+    while (p.x_scale != XScale::block && !blocked_weights(p)) p = random_fp8_problem(rng);
+    SCOPED_TRACE("block-scaled case " + std::to_string(i));
+    opt.variants = random_variants(rng);
+    run_fp8_case(p, rng, &sb, opt);
+    if (HasFailure()) return;
+  }
+  sb.print("GATEDMLP_FP8_PROMOTE=1, block scales");
+}
+
+// Every layout x activation x X scale x weight scale (per tensor and per
+// channel: 128 x 128 blocks are the next test's), on odd shapes.
 TEST(GpuFp8, EveryLayoutActivationAndScale) {
   SKIP_WITHOUT_FP8_KERNEL();
   std::mt19937_64 rng(fresh_seed());
@@ -634,7 +791,7 @@ TEST(GpuFp8, EveryLayoutActivationAndScale) {
   int i = 0;
   for (const auto& [g, first] : layouts)
     for (int act = 0; act < 5; ++act)
-      for (XScale xsc : {XScale::tensor, XScale::row})
+      for (XScale xsc : kXScales)
         for (int rb = 0; rb < 2; ++rb) {
           Problem p = fp8_problem(xsc, rb, static_cast<DType>((i / 3) % 3));
           p.m = ms[i % 5];
@@ -662,6 +819,60 @@ TEST(GpuFp8, EveryLayoutActivationAndScale) {
           ++i;
         }
   st.print("every layout x activation x scale");
+}
+
+// 128 x 128 weight blocks on every layout they take x X scale, two
+// activations each (all five over the layouts): separate weights (U odd, below and past one 128-row block), stacked (U =
+// 128 ... 384, G = 0 or U), interleaved in blocks of 128 or 256, either
+// half first; odd M (partial row tiles: X block scales past M), K with a
+// partial last k-block. The float64 references' budget is met by fewer
+// rows first, so K keeps its partial k-block.
+TEST(GpuFp8, EveryBlockedLayoutActivationAndScale) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  std::mt19937_64 rng(fresh_seed());
+  Fp8Stats st;
+  struct L {
+    int64_t group;  // -1: separate, 0: stacked, -2: stacked as G = U
+    Half first;
+    int64_t u;
+  };
+  const L layouts[] = {{-1, Half::gate, 131}, {-1, Half::gate, 7},   {-1, Half::gate, 264}, {0, Half::gate, 128},
+                       {0, Half::up, 256},    {-2, Half::up, 128},   {-2, Half::gate, 384}, {128, Half::gate, 256},
+                       {128, Half::up, 384},  {256, Half::up, 512}};
+  const int64_t ms[] = {1, 9, 77, 129, 300};
+  const int64_t ks[] = {144, 16, 1040, 272, 400, 128};
+  int i = 0;
+  for (const L& l : layouts)
+    for (int a = 0; a < 2; ++a)
+      for (XScale xsc : kXScales) {
+        const int act = (i / 3) % 5;
+        Problem p = fp8_problem(xsc, 128, static_cast<DType>((i / 2) % 3));
+        p.m = ms[i % 5];
+        p.k = ks[i % 6];
+        p.u = l.u;
+        if (l.group == -1) {
+          p.weights.format = WeightFormat::separate;
+        } else {
+          p.weights.group = l.group == -2 ? l.u : l.group;
+          p.weights.first = l.first;
+        }
+        p.activation = static_cast<Activation>(act);
+        p.output_dtype = static_cast<DType>(i % 3);
+        p.alpha = i % 4 == 1 ? -1.5f : 1.0f;
+        p.has_bias = (act + i) % 2;
+        p.bias_dtype = static_cast<DType>((i / 2) % 3);
+        p.has_preact = i % 4 == 0;
+        p.preact_dtype = static_cast<DType>((i / 4) % 3);
+        while (p.m * 2 * p.u * p.k > kReferenceBudget && p.m > 1) p.m = (p.m / 2) | 1;  // odd M
+        while (p.m * 2 * p.u * p.k > kReferenceBudget && p.k > 144) p.k = (p.k / 2) / 16 * 16;
+        if (i % 3 == 0) p.ldx = p.k + 32;
+        if (i % 5 == 0) p.ldy = p.u + 5;
+        if (i % 7 == 0) p.weights.ld = p.k / 4 + 8;
+        run_fp8_case(p, rng, &st);
+        if (HasFailure()) return;
+        ++i;
+      }
+  st.print("blocked weights: every layout x X scale, every activation");
 }
 
 // K > 8192: the library runs clusters of two (weight multicast); an odd
@@ -710,7 +921,220 @@ TEST(GpuFp8, LongKInClustersOfTwo) {
     run_fp8_case(p, rng, &st, opt);
     if (HasFailure()) return;
   }
+  // Block scales: X per 1 x 128 block, 128 x 128 weight blocks; the last
+  // k-block partial (K % 128 = 16, 32), and whole.
+  {
+    Problem p = fp8_problem(XScale::block, 128, DType::bf16);
+    p.m = 300;
+    p.k = 8336;
+    p.u = 9;  // separate, one partial row block
+    p.weights.format = WeightFormat::separate;
+    p.has_bias = true;
+    p.has_preact = true;
+    p.preact_dtype = DType::fp32;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  {
+    Problem p = fp8_problem(XScale::block, 128, DType::fp16);
+    p.m = 129;
+    p.k = 8464;
+    p.u = 128;  // stacked, up first
+    p.weights.first = Half::up;
+    p.output_dtype = DType::fp32;
+    p.activation = Activation::gelu_erf;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  {
+    Problem p = fp8_problem(XScale::tensor, 128, DType::fp32);
+    p.m = 257;
+    p.k = 16384;
+    p.u = 8;
+    p.weights.format = WeightFormat::separate;
+    p.alpha = -1.5f;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
+  {
+    Problem p = fp8_problem(XScale::block, 1, DType::bf16);  // X blocks, weights per channel
+    p.m = 385;
+    p.k = 9232;
+    p.u = 9;
+    p.weights.format = WeightFormat::separate;
+    p.output_dtype = DType::bf16;
+    p.activation = Activation::relu;
+    run_fp8_case(p, rng, &st, opt);
+    if (HasFailure()) return;
+  }
   st.print("K > 8192");
+}
+
+// The promoting kernels' error per weight scheme (per tensor with
+// GATEDMLP_FP8_PROMOTE=1), on inputs that dequantize
+// to the same values: e4m3 X [256, K] and stacked W [512, K] of magnitudes
+// 2^-4 ... 112 (or 0), scaled per tensor (fp32 sx, sw); the blocked inputs
+// are the same values with each 1 x 128 block of X and 128 x 128 block of W
+// multiplied by 2^e, e in [-2, 2] (exact in e4m3: they stay in 2^-6 ...
+// 448), and the block's scale by 2^-e (exact in fp32), so both calls
+// compute one float64 function. The mean |error| of the pre-activations
+// (fp32; every 8th row, all 2U columns) against it: the blocked scheme's
+// at most 1.1x the per-tensor scheme's, at K = 8192 and 16384; and at K =
+// 16384 the promoting per-tensor kernel's (GATEDMLP_FP8_PROMOTE=1) at most
+// the default one's (all of K in the wgmmas' accumulators). Every
+// element is also held to the bound the other tests use.
+TEST(GpuFp8, BlockedAccuracyMatchesPerTensor) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  std::mt19937_64 rng(fresh_seed());
+  constexpr int64_t M = 256, U = 256, N = 2 * U, kRowStep = 8;
+  for (const int64_t K : {int64_t(8192), int64_t(16384)}) {
+    SCOPED_TRACE("K=" + std::to_string(K));
+    const int64_t kg = K / 128, ng = N / 128;
+    std::uniform_real_distribution<double> uni(-112, 112);
+    auto draw = [&] {
+      uint8_t b = ref::double_to_e4m3(uni(rng));
+      if (std::fabs(ref::e4m3_to_double(b)) < 0x1p-4) b = 0;
+      return b;
+    };
+    // Per tensor: X of RMS ~1 (the e4m3 values' is 112 / sqrt(3)), g and u too.
+    std::vector<uint8_t> xq(size_t(M * K)), wq(size_t(N * K));
+    for (uint8_t& b : xq) b = draw();
+    for (uint8_t& b : wq) b = draw();
+    const float sx = float(draw_scale(rng, 1.0 / 64, -0.5, 0.5, false));
+    const float sw = float(draw_scale(rng, 1.0 / (64 * std::sqrt(double(K))), -0.5, 0.5, false));
+    // Blocked: the same values, each block times 2^e and its scale times 2^-e.
+    std::uniform_int_distribution<int> ed(-2, 2);
+    std::vector<int> ex(size_t(M * kg)), ew(size_t(ng * kg));
+    for (int& e : ex) e = ed(rng);
+    for (int& e : ew) e = ed(rng);
+    std::vector<uint8_t> xb(xq.size()), wb(wq.size());
+    std::vector<float> sxb(size_t(M * kg)), swb(size_t(ng * kg));
+    bool exact = true;
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < K; ++c) {
+        const int e = ex[size_t(r * kg + c / 128)];
+        const double v = std::ldexp(ref::e4m3_to_double(xq[size_t(r * K + c)]), e);
+        xb[size_t(r * K + c)] = ref::double_to_e4m3(v);
+        exact = exact && ref::e4m3_to_double(xb[size_t(r * K + c)]) == v;
+      }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < K; ++c) {
+        const int e = ew[size_t((n / 128) * kg + c / 128)];
+        const double v = std::ldexp(ref::e4m3_to_double(wq[size_t(n * K + c)]), e);
+        wb[size_t(n * K + c)] = ref::double_to_e4m3(v);
+        exact = exact && ref::e4m3_to_double(wb[size_t(n * K + c)]) == v;
+      }
+    ASSERT_TRUE(exact) << "a block's e4m3 values scaled by 2^e are not exact";
+    for (size_t i = 0; i < sxb.size(); ++i) sxb[i] = std::ldexp(sx, -ex[i]);
+    for (size_t i = 0; i < swb.size(); ++i) swb[i] = std::ldexp(sw, -ew[i]);
+
+    // The float64 reference (both schemes': the same dequantized values) and
+    // the magnitudes A, on every kRowStep-th row.
+    const int64_t rows = M / kRowStep;
+    std::vector<double> xd(size_t(rows * K)), wd(static_cast<size_t>(K)), g_ref(size_t(rows * N)),
+        a_ref(size_t(rows * N));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < K; ++c)
+        xd[size_t(i * K + c)] = ref::e4m3_to_double(xq[size_t(i * kRowStep * K + c)]) * double(sx);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < K; ++c) wd[size_t(c)] = ref::e4m3_to_double(wq[size_t(n * K + c)]) * double(sw);
+      for (int64_t i = 0; i < rows; ++i) {
+        const double* xr = &xd[size_t(i * K)];
+        double g[4] = {0, 0, 0, 0}, a[4] = {0, 0, 0, 0};
+        for (int64_t c = 0; c < K; c += 4)
+          for (int j = 0; j < 4; ++j) {
+            const double t = xr[c + j] * wd[size_t(c + j)];
+            g[j] += t;
+            a[j] += std::fabs(t);
+          }
+        g_ref[size_t(i * N + n)] = (g[0] + g[1]) + (g[2] + g[3]);
+        a_ref[size_t(i * N + n)] = (a[0] + a[1]) + (a[2] + a[3]);
+      }
+    }
+
+    // One call: its pre-activations' mean |error| over the sampled rows,
+    // every element within the bound.
+    auto mean_error = [&](XScale xs_kind, int scheme, const std::vector<uint8_t>& xbytes,
+                          const std::vector<float>& xscales, const std::vector<uint8_t>& wbytes,
+                          const std::vector<float>& wscales, const char* promote_knob, bool promotes,
+                          std::vector<float>* pre_out) -> double {
+      ScopedEnv knob("GATEDMLP_FP8_PROMOTE", promote_knob);
+      Problem p = fp8_problem(xs_kind, scheme, DType::fp32);
+      p.m = M;
+      p.k = K;
+      p.u = U;
+      p.output_dtype = DType::fp32;
+      p.has_preact = true;
+      p.preact_dtype = DType::fp32;
+      const std::string what = to_string(p) + (promote_knob ? std::string(", GATEDMLP_FP8_PROMOTE=") + promote_knob : "");
+      Config cfg;
+      const Status sp = plan(p, &cfg);
+      EXPECT_TRUE(sp.ok()) << what << ": " << sp.message();
+      EXPECT_EQ(cfg.reason.find(kPromotingReason) != std::string::npos, promotes) << what << ": " << cfg.reason;
+      DeviceBuffer dx(xbytes.size()), dw(wbytes.size()), dsx(xscales.size() * 4), dsw(wscales.size() * 4),
+          dy(size_t(M * U * 4)), dpre(size_t(M * N * 4));
+      const size_t ws_bytes = workspace_size(p);
+      DeviceBuffer ws(ws_bytes);
+      if (!dx.p || !dw.p || !dsx.p || !dsw.p || !dy.p || !dpre.p || ws.bytes != ws_bytes) {
+        ADD_FAILURE() << what << ": cudaMalloc";
+        return NAN;
+      }
+      cudaMemcpy(dx.p, xbytes.data(), dx.bytes, cudaMemcpyHostToDevice);
+      cudaMemcpy(dw.p, wbytes.data(), dw.bytes, cudaMemcpyHostToDevice);
+      cudaMemcpy(dsx.p, xscales.data(), dsx.bytes, cudaMemcpyHostToDevice);
+      cudaMemcpy(dsw.p, wscales.data(), dsw.bytes, cudaMemcpyHostToDevice);
+      const std::vector<unsigned char> poison = nan_filled(DType::fp32, M * N);
+      cudaMemcpy(dpre.p, poison.data(), dpre.bytes, cudaMemcpyHostToDevice);
+      Arguments a;
+      a.x = dx.p;
+      a.x_scales = dsx.p;
+      a.w = dw.p;
+      a.w_scales = dsw.p;
+      a.y = dy.p;
+      a.preact = dpre.p;
+      const Status s = run(p, a, ws.p, ws_bytes, nullptr);
+      EXPECT_TRUE(s.ok()) << what << ": " << s.message();
+      const cudaError_t ce = sync_within(what);
+      EXPECT_EQ(ce, cudaSuccess) << what << ": " << cudaGetErrorString(ce);
+      std::vector<float> pre(size_t(M * N));
+      cudaMemcpy(pre.data(), dpre.p, dpre.bytes, cudaMemcpyDeviceToHost);
+      double sum = 0;
+      int64_t bad = 0;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t n = 0; n < N; ++n) {
+          const double want = g_ref[size_t(i * N + n)], got = pre[size_t(i * kRowStep * N + n)];
+          const double err = std::fabs(got - want);
+          const double bound = 0x1p-24 * std::fabs(want) + 1.01 * pre_bound(K, a_ref[size_t(i * N + n)], want);
+          if (!(err <= bound) && bad++ == 0)
+            ADD_FAILURE() << what << ": preact[" << i * kRowStep << "][" << n << "] = " << got << ", reference "
+                          << want << ": error " << err << " > bound " << bound;
+          sum += err;
+        }
+      EXPECT_EQ(bad, 0) << what << ": elements past the bound";
+      if (pre_out) *pre_out = std::move(pre);
+      return sum / double(rows * N);
+    };
+
+    std::vector<float> pre_tensor, pre_blocked;
+    const double e_tensor = mean_error(XScale::tensor, 0, xq, {sx}, wq, {sw}, "1", true, &pre_tensor);
+    const double e_blocked = mean_error(XScale::block, 128, xb, sxb, wb, swb, nullptr, true, &pre_blocked);
+    if (HasFailure()) return;
+    double max_diff = 0;
+    for (size_t i = 0; i < pre_tensor.size(); ++i)
+      max_diff = std::max(max_diff, double(std::fabs(pre_tensor[i] - pre_blocked[i])));
+    std::printf("[ accuracy ] K=%lld, M=%lld, U=%lld: mean |error| of g, u (fp32) per tensor %.4g, 128 x 128 blocks "
+                "%.4g (ratio %.4f); the two outputs differ by at most %.3g\n",
+                static_cast<long long>(K), static_cast<long long>(M), static_cast<long long>(U), e_tensor, e_blocked,
+                e_blocked / e_tensor, max_diff);
+    EXPECT_LE(e_blocked, 1.1 * e_tensor) << "blocked scales lose accuracy against per-tensor ones on the same values";
+    if (K == 16384) {
+      const double e_fast = mean_error(XScale::tensor, 0, xq, {sx}, wq, {sw}, nullptr, false, nullptr);
+      std::printf("[ accuracy ] K=%lld, per tensor: mean |error| promoting (GATEDMLP_FP8_PROMOTE=1) %.4g, "
+                  "non-promoting (the default) %.4g (ratio %.3f)\n",
+                  static_cast<long long>(K), e_tensor, e_fast, e_fast / e_tensor);
+      EXPECT_LE(e_tensor, e_fast) << "the promoting kernel is less accurate than the non-promoting one";
+    }
+  }
 }
 
 // The split tail forced (GATEDMLP_SM90_SPLIT_TAIL=force, as the 16-bit
@@ -736,6 +1160,11 @@ TEST(GpuFp8, SplitTailForced) {
       {130, 768, 264, 8, DType::bf16, true, false, XScale::tensor, 1},
       {77, 2048, 300, -1, DType::fp16, false, true, XScale::row, 0},
       {300, 512, 131, 1, DType::fp32, true, true, XScale::tensor, 0},
+      // Block scales: a piece of the split tail starts mid-K, its k-blocks'
+      // scales are those of where it starts.
+      {200, 1040, 131, -1, DType::fp32, true, true, XScale::block, 128},
+      {130, 784, 256, 128, DType::bf16, false, false, XScale::row, 128},
+      {257, 1552, 40, -1, DType::fp16, false, true, XScale::block, 0},
   };
   int i = 0;
   for (const Shape& s : shapes) {
@@ -769,11 +1198,12 @@ TEST(GpuFp8, ExtremeValuesAndNegativeScales) {
   d.extremes = true;
   d.negative_scales = true;
   opt.data = d;
-  for (int i = 0; i < 12; ++i) {
-    Problem p = fp8_problem(i % 2 ? XScale::row : XScale::tensor, (i / 2) % 2, static_cast<DType>(i % 3));
+  for (int i = 0; i < 18; ++i) {
+    Problem p = fp8_problem(kXScales[i % 3], kWeightSchemes[(i / 3) % 3], static_cast<DType>(i % 3));
     p.m = pick(rng, {1, 64, 131, 256});
     p.k = pick(rng, {16, 256, 1040});
     p.u = pick(rng, {40, 64, 77});
+    if (blocked_weights(p)) p.weights.format = WeightFormat::separate;  // U no multiple of 128
     p.output_dtype = static_cast<DType>((i / 3) % 3);
     p.activation = static_cast<Activation>(i % 5);
     p.has_bias = i % 3 == 0;
@@ -785,12 +1215,12 @@ TEST(GpuFp8, ExtremeValuesAndNegativeScales) {
   st.print("extremes");
 }
 
-// plan() on sm_90: the Hopper kernel, its reason naming FP8, for both X
-// scales and both weight scales.
+// plan() on sm_90: the Hopper kernel, its reason naming FP8, for every X
+// scale and every weight scale.
 TEST(GpuFp8, PlanTakesTheHopperKernel) {
   SKIP_WITHOUT_FP8_KERNEL();
-  for (XScale xsc : {XScale::tensor, XScale::row})
-    for (int rb = 0; rb < 2; ++rb) {
+  for (XScale xsc : kXScales)
+    for (int rb : kWeightSchemes) {
       Problem p = fp8_problem(xsc, rb, DType::fp32);
       p.m = 1000;
       p.k = 4096;
@@ -969,6 +1399,64 @@ TEST(GpuFp8, BadCallsWriteNothing) {
     const double g = 0.5 * double(r.k), want = g / (1.0 + std::exp(-g)) * g;
     for (int64_t i = 0; i < r.m * r.u; ++i)
       ASSERT_NEAR(ref::load_as_double(out.data(), DType::bf16, i), want, 0x1p-8 * want) << "y element " << i;
+  }
+}
+
+// 128 x 128 weight blocks on a fused layout whose interleave block is no
+// multiple of 128 (stacked U = 200, G = U = 200, G = 64, 192, 32): run()
+// refuses with not_supported, naming the interleave block and its value,
+// and writes nothing; on any device (check_support's rule, before the
+// dispatcher). plan() says the same.
+TEST(GpuFp8, BlockedWeightsOnRefusedFusedLayoutsWriteNothing) {
+  SKIP_WITHOUT_GPU();
+  struct Bad {
+    int64_t u, group;
+    Half first;
+    XScale xs;
+    const char* value;
+  };
+  const Bad bads[] = {{200, 0, Half::gate, XScale::block, "u=200"},
+                      {200, 200, Half::up, XScale::row, "group=200"},
+                      {128, 64, Half::up, XScale::tensor, "group=64"},
+                      {384, 192, Half::gate, XScale::block, "group=192"},
+                      {96, 32, Half::gate, XScale::row, "group=32"}};
+  for (const Bad& b : bads) {
+    Problem p = fp8_problem(b.xs, 128, DType::bf16);
+    p.m = 40;
+    p.k = 272;
+    p.u = b.u;
+    p.weights.group = b.group;
+    p.weights.first = b.first;
+    SCOPED_TRACE(to_string(p));
+    const int64_t kg = (p.k + 127) / 128;
+    // Every buffer as large as the call would read or write.
+    DeviceBuffer x(size_t(p.m * p.k)), w(size_t(2 * p.u * p.k)), sw(size_t((2 * p.u + 127) / 128 * kg * 2)),
+        sx(size_t(p.m * kg * 4)), y(size_t(p.m * p.u * 2));
+    ASSERT_TRUE(x.p && w.p && sw.p && sx.p && y.p);
+    CUDA_OK(cudaMemset(x.p, 0x38, x.bytes));  // e4m3 1.0
+    CUDA_OK(cudaMemset(w.p, 0x30, w.bytes));  // e4m3 0.5
+    CUDA_OK(cudaMemset(sw.p, 0x3f, sw.bytes));  // bf16 0x3f3f, about 0.75
+    CUDA_OK(cudaMemset(sx.p, 0, sx.bytes));
+    const std::vector<unsigned char> poison = nan_filled(DType::bf16, p.m * p.u);
+    CUDA_OK(cudaMemcpy(y.p, poison.data(), poison.size(), cudaMemcpyHostToDevice));
+    Arguments a;
+    a.x = x.p;
+    a.w = w.p;
+    a.w_scales = sw.p;
+    a.x_scales = sx.p;
+    a.y = y.p;
+    const Status s = run(p, a, nullptr, 0, nullptr);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
+    for (const char* f : {"interleave block", b.value})
+      EXPECT_NE(s.message().find(f), std::string::npos) << "no '" << f << "' in: " << s.message();
+    Config c;
+    const Status sp = plan(p, &c);
+    EXPECT_EQ(sp.code(), StatusCode::not_supported) << sp.message();
+    EXPECT_NE(sp.message().find(b.value), std::string::npos) << sp.message();
+    CUDA_OK(sync_within("refused blocked layout"));
+    std::vector<unsigned char> out(poison.size());
+    CUDA_OK(cudaMemcpy(out.data(), y.p, out.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(out, poison) << "a refused call wrote y";
   }
 }
 
