@@ -1,15 +1,22 @@
 """FP8 activations on the gate/up kernel (Hopper, sm_90): e4m3 x times e4m3
-weights on the tensor cores, both scales applied to the fp32 sums, in one
-launch with the GLU:
+weights on the tensor cores, each 128-deep k-block summed apart and added
+into fp32 sums, the scales applied, in one launch with the GLU:
 
-    g = alpha * sx * sw_g * (xq @ wq_g^T) + bg ;  u likewise ;  y = act(g) * u
+    g = alpha * sum_kb sx(r, kb) * sw_g(n, kb) * (xq @ wq_g^T)_kb + bg ;  u likewise ;  y = act(g) * u
+
+(a per-tensor, per-token or per-channel scale is the same for every k-block
+kb, and multiplies the whole sum).
 
 ``fp8_gate_up`` takes PyTorch tensors as FP8 checkpoints and
-``torch._scaled_mm`` hold them: x float8_e4m3fn [M, K] with a per-tensor or
-per-token (row-wise) fp32 scale, the weights float8_e4m3fn [2U, K] (or gate
-and up [U, K] each) with a per-tensor or per-output-channel scale.
-``quantize_fp8`` is the usual dynamic quantization that gives such x (and
-weights): scale = amax / 448, per tensor or per row.
+``torch._scaled_mm`` hold them: x float8_e4m3fn [M, K] with a per-tensor,
+per-token (row-wise) or per-token-and-128-columns (1 x 128 blocks,
+DeepSeek-V3's activation scales, [M, ceil(K / 128)]) fp32 scale; the
+weights float8_e4m3fn [2U, K] (or gate and up [U, K] each) with a
+per-tensor, per-output-channel or 128 x 128 block scale ([ceil(N / 128),
+ceil(K / 128)], DeepSeek-V3's ``weight_scale_inv``). Any x scaling goes
+with any weight scaling. ``quantize_fp8`` is the usual dynamic
+quantization that gives such x (and weights): scale = amax / 448, per
+tensor, per row, per 1 x 128 block of a row, or per 128 x 128 block.
 """
 
 from __future__ import annotations
@@ -20,8 +27,13 @@ from . import _gatedmlp as _C
 
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 _AMAX_FLOOR = 1e-12  # amax is clamped to at least this: an all-zero tensor gets a tiny scale, not 0
-_GRANULARITIES = ("tensor", "row")
-_FORMATS = {}  # row_block -> QuantFormat(fp8_e4m3, 8, group_size 0, row_block)
+BLOCK = 128  # the side of a block scale's block (1 x 128 for x, 128 x 128 for the weights)
+_GRANULARITIES = ("tensor", "row", "block", "block128")
+# The weight-scale granularities: one per tensor, per output channel (row),
+# per 128 x 128 block; their QuantFormat's (group_size, row_block).
+_W_TENSOR, _W_CHANNEL, _W_BLOCK = 0, 1, 2
+_W_GROUP_ROW = {_W_TENSOR: (0, 0), _W_CHANNEL: (0, 1), _W_BLOCK: (BLOCK, BLOCK)}
+_FORMATS = {}  # weight-scale granularity -> QuantFormat(fp8_e4m3, 8, group_size, row_block)
 
 
 def _torch():
@@ -35,12 +47,25 @@ def _invalid(message):
     return _C.InvalidArgumentError("gatedmlp: " + message)
 
 
-def _fmt(row_block: int):
-    f = _FORMATS.get(row_block)
+def _not_supported(message):
+    e = _C.NotSupportedError("gatedmlp: " + message)
+    e.code = _C.StatusCode.not_supported
+    return e
+
+
+def _fmt(kind: int):
+    f = _FORMATS.get(kind)
     if f is None:
-        f = _FORMATS[row_block] = _C.QuantFormat(mode=_C.QuantMode.fp8_e4m3, bits=8, group_size=0,
-                                                 row_block=row_block)
+        group_size, row_block = _W_GROUP_ROW[kind]
+        f = _FORMATS[kind] = _C.QuantFormat(mode=_C.QuantMode.fp8_e4m3, bits=8, group_size=group_size,
+                                            row_block=row_block)
     return f
+
+
+def _blocks(n: int) -> int:
+    """ceil(n / 128): the 128-wide blocks n columns (or rows) make, the last
+    one partial."""
+    return -(-n // BLOCK)
 
 
 def _dtype_name(dt) -> str:
@@ -58,17 +83,46 @@ def _same_device(t, x, name):
                        "x's device")
 
 
-def _one_or_rows(t, rows, name, what):
-    """t's values as the binding takes them: 1 (any shape of one element) or
-    `rows` ([rows] or [rows, 1]); raises naming `name` otherwise. Returns
-    (granularity 0 = one value / 1 = per row, the tensor to pass)."""
+def _x_scale_kind(t, m, k):
+    """x_scale as the binding takes it: 1 value (any shape of one element:
+    per tensor), m ([m] or [m, 1]: per token) or [m, ceil(k / 128)] (per
+    token and 128 columns of K; with ceil(k / 128) = 1 that is [m, 1], per
+    token, the same scaling); raises naming it otherwise. Returns
+    (0 tensor / 1 row / 2 block, the tensor to pass: [1], [m, 1] or
+    [m, ceil(k / 128)], contiguous)."""
     shape = tuple(t.shape)
+    kb = _blocks(k)
     if t.numel() == 1 and len(shape) <= 2:
         return 0, t.reshape(1)
+    if shape in ((m,), (m, 1)):
+        return 1, t.reshape(m, 1).contiguous()
+    if shape == (m, kb):
+        return 2, t.contiguous()
+    raise _invalid(f"'x_scale' must hold 1 value (per tensor: [], [1] or [1, 1]), {m} (per token, one per row of x: "
+                   f"[{m}] or [{m}, 1]) or [M, ceil(K / 128)] = [{m}, {kb}] (per token and 128 columns of K, 1 x 128 "
+                   f"blocks), got shape {shape}")
+
+
+def _w_scale_kind(t, rows, k, name):
+    """A weight scale as the binding takes it, for a weight tensor of `rows`
+    rows: 1 value (per tensor), [ceil(rows / 128), ceil(k / 128)] (128 x 128
+    blocks; a 2-D tensor of that shape that is not [rows, 1]) or `rows`
+    values ([rows] or [rows, 1]: per output channel), in that order of
+    precedence; raises naming `name` otherwise. Returns (_W_TENSOR /
+    _W_CHANNEL / _W_BLOCK, the tensor to pass: [1], [rows, 1] or the
+    blocks, contiguous)."""
+    shape = tuple(t.shape)
+    blocks = (_blocks(rows), _blocks(k))
+    if t.numel() == 1 and len(shape) <= 2:
+        return _W_TENSOR, t.reshape(1)
+    if shape == blocks and shape != (rows, 1):
+        return _W_BLOCK, t.contiguous()
     if shape in ((rows,), (rows, 1)):
-        return 1, t.reshape(rows, 1).contiguous()
-    raise _invalid(f"'{name}' must hold 1 value (per tensor: [], [1] or [1, 1]) or {rows} ({what}: [{rows}] or "
-                   f"[{rows}, 1]), got shape {shape}")
+        return _W_CHANNEL, t.reshape(rows, 1).contiguous()
+    raise _invalid(f"'{name}' must hold 1 value (per tensor: [], [1] or [1, 1]), {rows} (per output channel, one per "
+                   f"row of w: [{rows}] or [{rows}, 1]) or [ceil(N / 128), ceil(K / 128)] = [{blocks[0]}, "
+                   f"{blocks[1]}] (128 x 128 blocks of w's {rows} rows and K = {k}), got shape {shape}")
+
 
 
 def _as_words(torch, w, name):
@@ -87,25 +141,50 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     """gate_up on FP8 activations and FP8 weights (sm_90 only), for PyTorch
     tensors:
 
-        g = alpha * sx * sw_g * (x @ Wg^T) + bg ;  u = alpha * sx * sw_u * (x @ Wu^T) + bu ;  out = act(g) * u
+        g = alpha * sum_kb sx(r, kb) * sw_g(n, kb) * (x @ Wg^T)_kb + bg ;  u likewise with sw_u, bu ;
+        out = act(g) * u
 
-    the e4m3 products summed exactly in fp32 on the tensor cores, the scales
-    applied to the sums (as torch._scaled_mm does), then alpha, the bias and
-    the activation in fp32; rounded once, to out's dtype.
+    kb the 128-deep k-blocks (the last one partial): the e4m3 products of a
+    k-block summed on the tensor cores, each k-block's sum added into fp32
+    sums, times its block scales where x or w has them (calls without block
+    scales sum all of K on the tensor cores, whose FP8 accumulation keeps
+    fewer bits, unless GATEDMLP_FP8_PROMOTE=1); scales per tensor,
+    token or channel multiply the whole sum (as torch._scaled_mm does);
+    then alpha, the bias and the activation in fp32; rounded once, to out's
+    dtype.
 
     x:          float8_e4m3fn [M, K], rows contiguous; K a multiple of 16.
-    x_scale:    float32, x = x_e4m3 * x_scale: 1 value (per tensor: [], [1])
-                or M values (per token: [M] or [M, 1], torch._scaled_mm's
-                row-wise scale_a and quantize_fp8(x, "row")'s).
+    x_scale:    float32, x = x_e4m3 * x_scale, one of
+                  1 value: per tensor ([], [1] or [1, 1]);
+                  M values: per token ([M] or [M, 1], torch._scaled_mm's
+                    row-wise scale_a and quantize_fp8(x, "row")'s);
+                  [M, ceil(K / 128)]: per token and 128 columns of K (1 x
+                    128 blocks, DeepSeek-V3's activation scales,
+                    quantize_fp8(x, "block")'s), x[r, c] = x_e4m3[r, c] *
+                    x_scale[r, c // 128]. With K <= 128 that is [M, 1]: per
+                    token, the same thing.
     w:          float8_e4m3fn [2U, K], the fused gate and up rows (stacked,
                 group None or 0: the gate rows then the up rows, as vLLM's
                 gate_up_proj; or interleaved in blocks of `group` rows,
                 `first` half first); or, with w_up, the gate weights [U, K].
                 Rows contiguous (read as 4-byte words, no copy).
-    w_scale:    float32, bfloat16 or float16, w = w_e4m3 * w_scale: 1 value
-                (per tensor) or one per row of w (per output channel: [2U]
-                or [2U, 1] fused, [U] or [U, 1] separate, in w's row order:
-                a checkpoint's `weight_scale` [N, 1]).
+    w_scale:    float32, bfloat16 or float16, w = w_e4m3 * w_scale, N the
+                rows of w (2U fused, U separate), one of
+                  1 value: per tensor ([], [1] or [1, 1]);
+                  [ceil(N / 128), ceil(K / 128)]: per 128 x 128 block of w in
+                    its own row order (DeepSeek-V3's `weight_scale_inv`, a
+                    multiplier despite its name; quantize_fp8(w,
+                    "block128")'s), w[n, c] = w_e4m3[n, c] * w_scale[n //
+                    128, c // 128];
+                  N values: per output channel ([N] or [N, 1], in w's row
+                    order: a checkpoint's `weight_scale` [N, 1]);
+                in that order: one element is per tensor, and a 2-D scale of
+                the block shape is blocks unless it is [N, 1]. Fused
+                weights with block scales need the interleave block (group,
+                or U when stacked) to be a multiple of 128, so that each
+                128-row block is all gate or all up rows
+                (gatedmlp.NotSupportedError otherwise: pass gate and up
+                separately).
     w_up:       float8_e4m3fn [U, K], the up weights (separate weights), with
     w_up_scale: its scale, of w_scale's granularity and dtype (a
                 checkpoint's per-tensor gate and up scales stay separate).
@@ -143,7 +222,7 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     _require_tensor(torch, x_scale, "x_scale")
     if x_scale.dtype != torch.float32:
         raise _invalid(f"'x_scale' must be float32, got {_dtype_name(x_scale.dtype)}")
-    _, xs = _one_or_rows(x_scale, m, "x_scale", "per token, one per row of x")
+    _, xs = _x_scale_kind(x_scale, m, k)
     _same_device(x_scale, x, "x_scale")
 
     # The weights and their scales.
@@ -171,28 +250,44 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     else:
         if w_up_scale is not None:
             raise _invalid("'w_up_scale' goes with separate weights (w_up); fused 'w' takes one 'w_scale' for both "
-                           "halves (1 value, or one per row)")
+                           "halves (1 value, one per row, or 128 x 128 blocks)")
         if bias_up is not None:
             raise _invalid("'bias_up' goes with separate weights (w_up); fused 'w' takes one 'bias' [2U]")
     scales = [("w_scale", w_scale)] + ([("w_up_scale", w_up_scale)] if sep else [])
-    per_row = []
+    w_kinds = []
     passed = []
     for name, s in scales:
         _require_tensor(torch, s, name)
         if s.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise _invalid(f"'{name}' must be float32, bfloat16 or float16, got {_dtype_name(s.dtype)}")
-        g, v = _one_or_rows(s, rows, name, "per output channel, one per row of w")
+        g, v = _w_scale_kind(s, rows, k, name)
         _same_device(s, x, name)
-        per_row.append(g)
+        w_kinds.append(g)
         passed.append(v)
     if sep:
-        if per_row[0] != per_row[1]:
-            kinds = ["1 value" if g == 0 else f"{rows} values" for g in per_row]
-            raise _invalid(f"'w_scale' and 'w_up_scale' must both hold 1 value or both one per row (the call has "
-                           f"one weight-scale granularity), got {kinds[0]} and {kinds[1]}")
+        if w_kinds[0] != w_kinds[1]:
+            kinds = [{_W_TENSOR: "1 value", _W_CHANNEL: f"{rows} values",
+                      _W_BLOCK: f"{tuple(s.shape)} block scales"}[g] for (_, s), g in zip(scales, w_kinds)]
+            raise _invalid(f"'w_scale' and 'w_up_scale' must have one granularity, both 1 value, both one per row "
+                           f"or both 128 x 128 blocks (the call has one weight-scale format), got {kinds[0]} and "
+                           f"{kinds[1]}")
         if w_scale.dtype != w_up_scale.dtype:
             raise _invalid(f"'w_up_scale' must have the dtype of 'w_scale' ({_dtype_name(w_scale.dtype)}), got "
                            f"{_dtype_name(w_up_scale.dtype)}")
+
+    if w_kinds[0] == _W_BLOCK and not sep:
+        # Each 128 gate rows and 128 up rows a tile reads must lie in one
+        # 128-row scale block (the C++ check_support refuses it too; here it
+        # is refused before anything is allocated). A group the C++ check
+        # refuses on its own (not dividing U) is left to its message.
+        g = 0 if group is None else int(group)
+        if 0 <= g <= u and (g == 0 or u % g == 0) and (g or u) % BLOCK:
+            what = f"group = {g}" if g else f"U = {u} (stacked: the gate rows, then the up rows)"
+            raise _not_supported(
+                f"'w_scale' holds 128 x 128 block scales of fused 'w' {tuple(w.shape)}, whose gate and up rows "
+                f"interleave in blocks of {what}: that block must be a multiple of 128 so that each 128-row scale "
+                "block is all gate or all up rows; pass gate and up as separate weights (w, w_up with their own "
+                "block scales) instead")
 
     # Bias, outputs.
     float_types = (torch.bfloat16, torch.float16, torch.float32)
@@ -242,38 +337,89 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
                activation=activation, act_params=act_params, group=0 if group is None else int(group), first=first,
                alpha=alpha, stream=handle, workspace=_export(workspace),
                workspace_alloc=alloc, scales=to(passed[0]), scales_up=to(passed[1]) if sep else None,
-               quant=_fmt(per_row[0]), x_scales=to(xs), x_fp8=True)
+               quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True)
     return out
 
 
 def quantize_fp8(t, granularity: str = "tensor"):
     """(q, scale): t (a floating PyTorch tensor, [..., K]) quantized to
-    float8_e4m3fn the usual dynamic way, t ~= q.float() * scale:
+    float8_e4m3fn the usual dynamic way, t ~= q.float() * scale (scale
+    repeated over the elements it covers):
 
         scale = max(amax, 1e-12) / 448       (448: e4m3fn's largest value)
         q     = (t / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
 
-    with amax the largest |t| of the whole tensor (granularity "tensor":
-    scale float32 [1]) or of each row along the last axis ("row", per
-    token: scale float32 [..., 1], [rows, 1] for a 2-D t, torch._scaled_mm's
-    row-wise scale_a). Computed in float32 on t's device. NaN stays NaN.
+    with amax the largest |t| over what one scale covers, by granularity:
+
+      "tensor":   the whole tensor; scale float32 [1].
+      "row":      each row along the last axis (per token); scale float32
+                  [..., 1] ([rows, 1] for a 2-D t: torch._scaled_mm's
+                  row-wise scale_a).
+      "block":    each 1 x 128 group of a row along the last axis (columns
+                  128 j to 128 j + 127, the last group partial when K is not a
+                  multiple of 128; DeepSeek-V3's activation scales); scale
+                  float32 [..., ceil(K / 128)], t[..., c] ~= q[..., c] *
+                  scale[..., c // 128]: fp8_gate_up's block x_scale.
+      "block128": a 2-D t [N, K] only, each 128 x 128 block (rows 128 i..,
+                  columns 128 j..; the last row and column blocks partial);
+                  scale float32 [ceil(N / 128), ceil(K / 128)], t[n, c] ~=
+                  q[n, c] * scale[n // 128, c // 128]: the block weight
+                  format (DeepSeek-V3's weight / weight_scale_inv).
+
+    Computed in float32 on t's device. NaN stays NaN (and makes its scale,
+    so all of what that scale covers, NaN).
     """
     torch = _torch()
     _require_tensor(torch, t, "t")
     if granularity not in _GRANULARITIES:
-        raise _invalid(f"granularity={granularity!r} is not one of 'tensor', 'row'")
+        raise _invalid(f"granularity={granularity!r} is not one of " + ", ".join(repr(g) for g in _GRANULARITIES))
     if not t.dtype.is_floating_point or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise _invalid(f"'t' must be float32, bfloat16 or float16 (or another float to quantize), got "
                        f"{_dtype_name(t.dtype)}")
     if t.dim() < 1:
         raise _invalid("'t' must have at least one axis, got a scalar")
-    if granularity == "row" and t.shape[-1] == 0:
-        raise _invalid(f"'t' has rows of 0 elements (shape {tuple(t.shape)}): no row-wise amax")
+    if granularity in ("row", "block") and t.shape[-1] == 0:
+        raise _invalid(f"'t' has rows of 0 elements (shape {tuple(t.shape)}): no {granularity}-wise amax")
+    if granularity == "block128" and t.dim() != 2:
+        raise _invalid(f"granularity='block128' (128 x 128 blocks) takes a 2-D 't' [N, K], got shape "
+                       f"{tuple(t.shape)}")
     tf = t.detach().float()
     if granularity == "tensor":
         amax = tf.abs().amax().reshape(1) if tf.numel() else tf.new_zeros(1)
-    else:
+    elif granularity == "row":
         amax = tf.abs().amax(dim=-1, keepdim=True)
+    elif granularity == "block":
+        return _quantize_blocks(torch, tf, (tf.shape[-1],))
+    else:
+        if 0 in tf.shape:  # no element: no block to take an amax of
+            scale = tf.new_zeros(_blocks(tf.shape[0]), _blocks(tf.shape[1]))
+            return tf.to(torch.float8_e4m3fn), scale
+        return _quantize_blocks(torch, tf, tuple(tf.shape))
     scale = amax.clamp_min(_AMAX_FLOOR) / E4M3_MAX
     q = (tf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale
+
+
+def _quantize_blocks(torch, tf, dims):
+    """quantize_fp8 of float32 tf in blocks of 128 along its last len(dims)
+    axes (sizes dims: (K,) for 1 x 128 groups, (N, K) for 128 x 128
+    blocks), the last block of each axis partial. Zero padding to whole
+    blocks leaves each amax as it is; the quotient is taken blockwise
+    (broadcast, no scale expanded to t's size) and the padding cut off."""
+    lead = tuple(tf.shape[:tf.dim() - len(dims)])
+    nblk = tuple(_blocks(d) for d in dims)
+    pad = []
+    for d, nb in zip(reversed(dims), reversed(nblk)):
+        pad += [0, nb * BLOCK - d]
+    tp = torch.nn.functional.pad(tf, pad) if any(pad) else tf
+    # [..., nb0, 128, nb1, 128] (or [..., nb, 128]): the block axes, each
+    # followed by its 128 positions.
+    shaped = tp.reshape(lead + tuple(x for nb in nblk for x in (nb, BLOCK)))
+    inner = tuple(range(len(lead) + 1, shaped.dim(), 2))  # the 128-position axes
+    amax = shaped.abs().amax(dim=inner, keepdim=True)
+    scale = amax.clamp_min(_AMAX_FLOOR) / E4M3_MAX
+    q = (shaped / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    q = q.reshape(tp.shape)
+    for axis, d in enumerate(dims):
+        q = q.narrow(len(lead) + axis, 0, d)
+    return q.contiguous(), scale.reshape(lead + nblk)

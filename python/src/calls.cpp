@@ -118,7 +118,8 @@ bool fp8_input(const TensorView& x, bool x_fp8, const std::optional<TensorView>&
   if (fp8 && !x_scales)
     raise_invalid("'x_scales' is required with FP8 activations ('x' " + x.dtype_name() +
                   (x_fp8 ? " with x_fp8=True" : "") +
-                  "): float32, 1 value (per tensor) or M values (one per row of x)");
+                  "): float32, 1 value (per tensor), M values (one per row of x) or M * ceil(K / 128) (one per row and "
+                  "128 columns of K, [M, ceil(K / 128)])");
   if (!fp8 && x_scales) {
     if (x.is_byte())
       raise_invalid("'x_scales' goes with FP8 activations; 'x' is " + x.dtype_name() +
@@ -133,13 +134,28 @@ void describe_x_scales(const TensorView& s, Problem* p) {
   if (s.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Float) || s.bits != 32 || s.lanes != 1)
     raise_invalid("'x_scales' (the scales of FP8 x) must be float32, got " + s.dtype_name());
   const int64_t n = numel(s);
+  const int64_t groups = (p->k + 127) / 128;  // ceil(K / 128): the 1 x 128 blocks of a row
+  // One value is per tensor and M values per row, whatever else they could
+  // mean (M = 1; K <= 128, where a row is one block): the same scaling.
   if (n == 1) p->x_scale = XScale::tensor;
   else if (n == p->m) p->x_scale = XScale::row;
-  else
-    raise_invalid("'x_scales' must hold 1 value (per tensor) or M = " + str(p->m) +
-                  " (one per row of x: [M] or [M, 1]), got shape " + s.shape_str());
+  else if (n == p->m * groups) {
+    // [M, ceil(K / 128)] row-major (or its M * ceil(K / 128) values flat):
+    // another 2-D shape of that size is most likely the transpose.
+    if (s.ndim >= 2 && (s.ndim != 2 || s.size(0) != p->m || s.size(1) != groups))
+      raise_invalid("'x_scales' holds M * ceil(K / 128) = " + str(n) + " values (per row and 128 columns of K), " +
+                    "so must be [M, ceil(K / 128)] = (" + str(p->m) + ", " + str(groups) + ") or (" + str(n) +
+                    ",), got shape " + s.shape_str());
+    p->x_scale = XScale::block;
+  } else {
+    raise_invalid("'x_scales' must hold 1 value (per tensor), M = " + str(p->m) +
+                  " (one per row of x: [M] or [M, 1]) or M * ceil(K / 128) = " + str(p->m * groups) +
+                  " (one per row and 128 columns of K: [M, ceil(K / 128)] = (" + str(p->m) + ", " + str(groups) +
+                  "), row-major), got shape " + s.shape_str());
+  }
   if (!is_contiguous(s))
-    raise_invalid("'x_scales' must be contiguous, got shape " + s.shape_str() + " with strides " + s.strides_str());
+    raise_invalid("'x_scales' must be contiguous, got shape " + s.shape_str() + " with strides " + s.strides_str() +
+                  (p->x_scale == XScale::block ? " (block scales are read row-major, [M, ceil(K / 128)])" : ""));
 }
 
 void describe_output(const TensorView& y, bool batched, Problem* p) {

@@ -117,10 +117,11 @@ struct Fp8Args {
 // when FP8 x comes without x_scales, or x_scales without FP8 x.
 bool fp8_input(const TensorView& x, bool x_fp8, const std::optional<TensorView>& x_scales);
 
-// The fp32 scales of FP8 x (p->m set): 1 value (XScale::tensor) or m
-// (XScale::row, one per row: [M] or [M, 1], torch._scaled_mm's row-wise
-// scale_a), contiguous; with m = 1 the two mean the same and it is read as
-// per tensor. Sets p->x_scale.
+// The fp32 scales of FP8 x (p->m and p->k set): 1 value (XScale::tensor),
+// m (XScale::row, one per row: [M] or [M, 1], torch._scaled_mm's row-wise
+// scale_a) or m * ceil(k / 128) (XScale::block, [M, ceil(K / 128)]
+// row-major), contiguous; sizes that coincide mean the same and are read
+// in that order. Sets p->x_scale.
 void describe_x_scales(const TensorView& s, Problem* p);
 
 // The output `out`, [M, U] or [batch, M, U] like x (p's batch, m and u

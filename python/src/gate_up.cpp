@@ -48,7 +48,8 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
     raise(StatusCode::not_supported, "gatedmlp: FP8 activations ('x_scales') take no gather ('indices')");
   if (fp8 && (!o.quant || o.quant->mode != QuantMode::fp8_e4m3))
     raise_invalid("FP8 activations need FP8 weights: quant=QuantFormat(mode=QuantMode.fp8_e4m3, bits=8, "
-                  "group_size=0, row_block=0 (one scale per weight tensor) or 1 (one per weight row)), with 'w' "
+                  "group_size=0, row_block=0 (one scale per weight tensor) or 1 (one per weight row), or "
+                  "group_size=128, row_block=128 (128 x 128 blocks)), with 'w' "
                   "(and 'w_up') the e4m3 bytes as uint32 or int32 words [rows, K / 4] and their 'scales'; got " +
                   (o.quant ? "quant=" + to_string(*o.quant) : std::string("no quant (16-bit weights)")));
   if (gathered) describe_gathered_input(x, t.gather, &p);

@@ -243,11 +243,13 @@ uintptr_t addr(const T* p) {
 // FP8 activations on gate_up, for its docstring.
 #define FP8_DOC                                                                                                     \
   "FP8 activations (Problem.input_dtype = fp8_e4m3; sm_90): x float8_e4m3fn [M, K], or its bytes as uint8 / "     \
-  "int8 with x_fp8=True, and x_scales its float32 scales, 1 value (XScale.tensor) or M (XScale.row, [M] or "      \
-  "[M, 1]); the weights FP8 too: quant=QuantFormat(mode=fp8_e4m3, bits=8, group_size=0, row_block=0 (a scale "    \
-  "per tensor) or 1 (per weight row)), w (and w_up) the e4m3 bytes as uint32 / int32 words [rows, K / 4], "       \
-  "scales (scales_up) 1 value or [rows, 1] (bf16, fp16 or fp32). g = alpha * sx * sw * (xq @ wq^T) + bias, "     \
-  "u likewise; out defaults to bf16 in make_problem."
+  "int8 with x_fp8=True, and x_scales its float32 scales, 1 value (XScale.tensor), M (XScale.row, [M] or "       \
+  "[M, 1]) or [M, ceil(K / 128)] (XScale.block, 1 x 128 groups); the weights FP8 too: "                          \
+  "quant=QuantFormat(mode=fp8_e4m3, bits=8, group_size=0, row_block=0 (a scale per tensor) or 1 (per weight "     \
+  "row), or group_size=128, row_block=128 (128 x 128 blocks)), w (and w_up) the e4m3 bytes as uint32 / int32 "    \
+  "words [rows, K / 4], scales (scales_up) 1 value, [rows, 1] or [ceil(rows / 128), ceil(K / 128)] (bf16, fp16 "  \
+  "or fp32). g = alpha * sum over 128-deep k-blocks of sx * sw * (xq @ wq^T) + bias, u likewise; out defaults "   \
+  "to bf16 in make_problem."
 
 NB_MODULE(_gatedmlp, m) {
   using namespace gatedmlp;
@@ -296,7 +298,10 @@ NB_MODULE(_gatedmlp, m) {
              "OCP e4m3fn, one byte: an input dtype only, X of an FP8 gate_up call (Problem.x_scale)");
   nb::enum_<XScale>(m, "XScale", "How the fp32 scales in Arguments.x_scales dequantize FP8 activations")
       .value("tensor", XScale::tensor, "one scale for all of X: x_scales[0]")
-      .value("row", XScale::row, "one per row of X (per token): x_scales[r], m of them");
+      .value("row", XScale::row, "one per row of X (per token): x_scales[r], m of them")
+      .value("block", XScale::block,
+             "one per row of X and 128 columns of K (1 x 128 groups, DeepSeek-V3's activation scales): "
+             "x_scales[r * ceil(k / 128) + c / 128], [M, ceil(K / 128)] row-major");
   nb::enum_<Activation>(m, "Activation")
       .value("silu", Activation::silu, "SwiGLU: silu(g) * u")
       .value("gelu_tanh", Activation::gelu_tanh, "GeGLU, tanh approximation")

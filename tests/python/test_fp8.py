@@ -5,15 +5,18 @@ x_fp8).
 Without a GPU (PyTorch CPU tensors): the names and printing (DType.fp8_e4m3,
 XScale, Problem.x_scale, Arguments.x_scales); the Problem the binding builds
 from FP8 tensors (make_problem: x float8_e4m3fn or its uint8 bytes with
-x_fp8=True, the x scale's granularity from its size, the weights' words and
-scales, the bf16 default output) and each of its refusals by name; what
-fp8_gate_up hands the binding (the binding replaced by a recorder: x's
-bytes and x_fp8, x_scales, the QuantFormat with row_block from the weight
-scale's size, the words, scales reshaped to [rows, 1], layouts, bias,
-out / out_dtype, preact), checked by computing the call's result from what
-the binding received, as gatedmlp.hpp defines it, against a float64
-reference on the caller's tensors; every malformed call refused by name
-with its values before anything is launched; quantize_fp8's round trip.
+x_fp8=True, the x scale's granularity from its size: 1, M or M * ceil(K /
+128) values; the weights' words and scales, per tensor, channel or 128 x
+128 block; the bf16 default output), check_support's rule for fused
+weights with block scales, and each refusal by name; what fp8_gate_up
+hands the binding (the binding replaced by a recorder: x's bytes and
+x_fp8, x_scales, the QuantFormat from the weight scale's shape, the words,
+scales reshaped to [rows, 1] or the blocks, layouts, bias, out / out_dtype,
+preact), checked by computing the call's result from what the binding
+received, as gatedmlp.hpp defines it, against a float64 reference on the
+caller's tensors; every malformed call refused by name with its values
+before anything is launched; quantize_fp8's round trip at every
+granularity (tensor, row, 1 x 128 block, 128 x 128 block).
 
 On an sm_90 GPU: random cases (odd M, K a multiple of 16, odd U) of every
 x-scale granularity (per tensor, per token) x weight-scale granularity (per
@@ -24,8 +27,14 @@ float64 reference on the dequantized inputs (x_e4m3 * x_scale, w_e4m3 *
 w_scale): the error (relative Frobenius and max abs) at most 2x that of
 torch._scaled_mm (fp32 out; an fp32 GEMM of the e4m3 values where
 _scaled_mm refuses the scaling) + the GLU in fp32, the suite's rule, plus a
-tiny atol. Outputs are poisoned with NaN first; a CUDA graph replay gives
-the eager bits. On a GPU that is not sm_90, NotSupportedError.
+tiny atol and the FP8 accumulation's modelled error. Block scales (x 1 x
+128, w 128 x 128, with any scaling of the other operand; separate and
+fused layouts whose interleave block is a multiple of 128; K often not a
+multiple of 128): the same rule against an fp32 emulation of block-scaled
+_scaled_mm (see blocked_fp32). A fused layout the block rule refuses
+raises saying why. GATEDMLP_FP8_PROMOTE=1 (per-k-block promotion of
+calls without block scales) passes the rule too. Outputs are poisoned with NaN first; a CUDA graph replay
+gives the eager bits. On a GPU that is not sm_90, NotSupportedError.
 """
 
 import os
@@ -71,7 +80,27 @@ def halves(u, group, first, device="cpu"):
 
 
 def fmt(row_block):
-    return C.QuantFormat(mode=C.QuantMode.fp8_e4m3, bits=8, group_size=0, row_block=row_block)
+    """FP8 weights' QuantFormat: row_block 0 per tensor, 1 per channel, 128
+    per 128 x 128 block (group_size 128 with it)."""
+    return C.QuantFormat(mode=C.QuantMode.fp8_e4m3, bits=8, group_size=128 if row_block == 128 else 0,
+                         row_block=row_block)
+
+
+def nblk(n):
+    """ceil(n / 128): the 128-wide blocks of n rows or columns."""
+    return -(-n // 128)
+
+
+def is_w_block(s, rows, k):
+    """Whether weight scale s of a [rows, k] weight holds 128 x 128 blocks
+    (fp8_gate_up's rule: not one value, 2-D of the block shape, not [rows, 1])."""
+    return s.numel() != 1 and tuple(s.shape) == (nblk(rows), nblk(k)) and tuple(s.shape) != (rows, 1)
+
+
+def is_x_block(s, m, k):
+    """Whether x scale s of an [m, k] x holds 1 x 128 blocks ([m, ceil(k /
+    128)] with more than one block per row)."""
+    return s.numel() != 1 and s.dim() == 2 and tuple(s.shape) == (m, nblk(k)) and nblk(k) > 1
 
 
 def dl(t):
@@ -79,18 +108,33 @@ def dl(t):
 
 
 # ---------------------------------------------------------------- float64 reference
+def deq_x(xq, sx):
+    """x = x_e4m3 * sx in float64: sx 1 value, one per row, or [M, ceil(K /
+    128)] (x[r, c] * sx[r, c // 128])."""
+    m, k = xq.shape
+    if is_x_block(sx, m, k):
+        return xq.double() * sx.double().repeat_interleave(128, dim=1)[:, :k]
+    return xq.double() * (sx.double().reshape(-1, 1) if sx.numel() == m and m > 1 else sx.double().reshape(()))
+
+
+def deq_w(q, s):
+    """w = w_e4m3 * s in float64: s 1 value, one per row, or [ceil(N / 128),
+    ceil(K / 128)] (w[n, c] * s[n // 128, c // 128])."""
+    n, k = q.shape
+    if is_w_block(s, n, k):
+        return q.double() * s.double().repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
+    return q.double() * (s.double().reshape(-1, 1) if s.numel() == n and n > 1 else s.double().reshape(()))
+
+
 def reference(xq, sx, w, sw, w_up=None, sw_up=None, bias=None, bias_up=None, act="silu", alpha=1.0, group=0,
               first="gate", ca=1.702, cl=7.0):
     """(y, g, u) in float64 from the caller's tensors, as gatedmlp.hpp
-    defines an FP8 call: x = x_e4m3 * sx (1 value or one per row), each
-    weight row = w_e4m3 * its scale (1 value or one per row), g = alpha *
-    x @ Wg^T + bg, u likewise, y = act(g) * u."""
-    m = xq.shape[0]
-    xd = xq.double() * (sx.double().reshape(-1, 1) if sx.numel() == m and m > 1 else sx.double().reshape(()))
-
-    def deq(q, s):
-        return q.double() * (s.double().reshape(-1, 1) if s.numel() == q.shape[0] and q.shape[0] > 1
-                             else s.double().reshape(()))
+    defines an FP8 call: x = x_e4m3 * sx (1 value, one per row or one per
+    row and 128 columns), each weight = w_e4m3 * its scale (1 value, one
+    per row or one per 128 x 128 block of that tensor), g = alpha * x @ Wg^T
+    + bg, u likewise, y = act(g) * u."""
+    xd = deq_x(xq, sx)
+    deq = deq_w
 
     if w_up is None:
         wd = deq(w, sw)
@@ -113,25 +157,32 @@ def reference(xq, sx, w, sw, w_up=None, sw_up=None, bias=None, bias_up=None, act
 def from_binding(args, kw):
     """The result of a recorded _C.gate_up call computed from what the
     binding received, as gatedmlp.hpp defines it (x's bytes as e4m3 times
-    x_scales, 1 value or m; the words' bytes as e4m3 [rows, K] times the
-    scales, per tensor (row_block 0) or per row (1); rows grouped by group
-    and first; separate weights in w and w_up)."""
+    x_scales, 1 value, m or [m, ceil(K / 128)]; the words' bytes as e4m3
+    [rows, K] times the scales, per tensor (row_block 0), per row (1) or per
+    128 x 128 block (group_size and row_block 128: [ceil(rows / 128),
+    ceil(K / 128)]); rows grouped by group and first; separate weights in w
+    and w_up)."""
     x, w, out, w_up, bias, bias_up, preact = args
     q = kw["quant"]
     assert kw["x_fp8"] is True and x.dtype == torch.uint8
-    assert q.mode == C.QuantMode.fp8_e4m3 and q.bits == 8 and q.group_size == 0 and q.row_block in (0, 1)
+    assert q.mode == C.QuantMode.fp8_e4m3 and q.bits == 8
+    assert (q.group_size, q.row_block) in ((0, 0), (0, 1), (128, 128))
     xq = x.view(F8)
-    m = xq.shape[0]
+    m, k = xq.shape
     xs = kw["x_scales"]
-    assert xs.dtype == torch.float32 and xs.numel() in (1, m)
+    assert xs.dtype == torch.float32 and xs.is_contiguous()
+    assert xs.numel() in (1, m) or (tuple(xs.shape) == (m, nblk(k)) and is_x_block(xs, m, k))
 
     def weights(words, s):
         assert words.dtype in (torch.int32, torch.uint32) and words.dim() == 2
         wq = words.view(torch.uint8).view(F8)
         if q.row_block == 0:
             assert s.numel() == 1
-        else:
+        elif q.row_block == 1:
             assert tuple(s.shape) == (wq.shape[0], 1) and s.is_contiguous()
+        else:
+            assert tuple(s.shape) == (nblk(wq.shape[0]), nblk(k)) and s.is_contiguous()
+            assert is_w_block(s, wq.shape[0], k)
         return wq, s
 
     wq, sw = weights(w, kw["scales"])
@@ -150,7 +201,8 @@ def from_binding(args, kw):
 def test_names_and_printing():
     for name in ("fp8_gate_up", "quantize_fp8", "XScale"):
         assert name in gatedmlp.__all__ and hasattr(gatedmlp, name), name
-    assert list(gatedmlp.XScale.__members__) == ["tensor", "row"]
+    assert list(gatedmlp.XScale.__members__) == ["tensor", "row", "block"]
+    assert gatedmlp.XScale.block.value == 2 and gatedmlp.to_string(gatedmlp.XScale.block) == "block"
     assert gatedmlp.DType.fp8_e4m3 in gatedmlp.DType.__members__.values()
     assert gatedmlp.dtype_size(gatedmlp.DType.fp8_e4m3) == 1
     assert gatedmlp.to_string(gatedmlp.DType.fp8_e4m3) == "fp8_e4m3"
@@ -158,6 +210,8 @@ def test_names_and_printing():
     p = gatedmlp.Problem(m=5, k=64, u=8, input_dtype=gatedmlp.DType.fp8_e4m3, x_scale=gatedmlp.XScale.row)
     assert p.x_scale == gatedmlp.XScale.row
     assert "fp8_e4m3" in repr(p) and "x_scale=row" in repr(p), repr(p)
+    p.x_scale = gatedmlp.XScale.block
+    assert p.x_scale == gatedmlp.XScale.block and "x_scale=block" in repr(p), repr(p)
     a = gatedmlp.Arguments(x_scales=0x100)
     assert a.x_scales == 0x100 and "x_scales=0x100" in repr(a)
     a.x_scales = 0x200
@@ -228,8 +282,9 @@ def test_binding_refuses_malformed_fp8_calls():
         (lambda: _problem(torch.zeros(m, k, dtype=torch.bfloat16), words, one, one, x_fp8=True),
          r"x_fp8=True reads 'x' as float8_e4m3fn bytes, so 'x' must be float8_e4m3fn, uint8 or int8 .*got bfloat16"),
         (lambda: _problem(x, words, torch.ones(m + 1), one),
-         r"'x_scales' must hold 1 value \(per tensor\) or M = 5 \(one per row of x: \[M\] or \[M, 1\]\), got shape "
-         r"\(6,\)"),
+         r"'x_scales' must hold 1 value \(per tensor\), M = 5 \(one per row of x: \[M\] or \[M, 1\]\) or M \* "
+         r"ceil\(K / 128\) = 5 \(one per row and 128 columns of K: \[M, ceil\(K / 128\)\] = \(5, 1\), row-major\), "
+         r"got shape \(6,\)"),
         (lambda: _problem(x, words, torch.ones(2), one), r"'x_scales' must hold 1 value .*got shape \(2,\)"),
         (lambda: _problem(x, words, torch.ones(1, dtype=torch.float16), one),
          r"'x_scales' \(the scales of FP8 x\) must be float32, got float16"),
@@ -256,6 +311,94 @@ def test_binding_refuses_malformed_fp8_calls():
     # Another float8 is named as such.
     with pytest.raises(E, match=r"float8_e5m2"):
         _problem(torch.zeros(m, k, dtype=torch.float8_e5m2), words, one, one)
+
+
+def test_binding_describes_block_scales():
+    """x_scales of M * ceil(K / 128) values are XScale.block ([M, ceil(K /
+    128)] row-major, or flat); 1 and M keep their meaning wherever they
+    coincide with it; FP8 weights with 128 x 128 block scales
+    (QuantFormat group_size 128, row_block 128) take [ceil(N / 128),
+    ceil(K / 128)] scales of any 16/32-bit float dtype, with any x
+    scaling; check_support takes separate weights of any U and fused ones
+    whose interleave block is a multiple of 128, and says why otherwise."""
+    m, k, u = 5, 272, 24  # K: three 128-column blocks, the last of 16
+    kb = nblk(k)
+    x = fp8(m, k)
+    sep_g, sep_u = fp8(u, k).view(torch.int32), fp8(u, k).view(torch.int32)
+    bs = torch.rand(nblk(u), kb) + 0.5
+    for xs in (torch.rand(m, kb) + 0.5, (torch.rand(m, kb) + 0.5).flatten()):
+        p = _problem(x, sep_g, xs, bs, w_up=sep_u, scales_up=bs.clone(), row_block=128)
+        assert p.x_scale == gatedmlp.XScale.block and "x_scale=block" in repr(p), repr(p)
+        assert (p.quant.group_size, p.quant.row_block) == (128, 128)
+        assert p.weights.format == gatedmlp.WeightFormat.separate and p.u == u
+        assert gatedmlp.check_support(p), gatedmlp.check_support(p).message
+    # Any x scaling with block weights, block x with any weight scaling.
+    for xs, want in ((torch.ones(1), gatedmlp.XScale.tensor), (torch.ones(m, 1), gatedmlp.XScale.row)):
+        p = _problem(x, sep_g, xs, bs, w_up=sep_u, scales_up=bs, row_block=128)
+        assert p.x_scale == want and gatedmlp.check_support(p), gatedmlp.check_support(p).message
+    fused = fp8(2 * 128, k).view(torch.int32)
+    for ws, rb in ((torch.ones(1), 0), (torch.ones(2 * 128, 1), 1), (torch.ones(2, kb), 128)):
+        p = _problem(x, fused, torch.ones(m, kb), ws, row_block=rb)
+        assert p.x_scale == gatedmlp.XScale.block and p.quant.row_block == rb
+        assert gatedmlp.check_support(p), gatedmlp.check_support(p).message
+    # M = 1: [1, ceil(K / 128)] is blocks (one value would be per tensor).
+    assert _problem(x[:1], sep_g, torch.ones(1, kb), torch.ones(1)).x_scale == gatedmlp.XScale.block
+    # K <= 128: a row is one block, so [M, 1] is per row, the same scaling.
+    x64 = fp8(m, 64)
+    w64 = fp8(2 * u, 64).view(torch.int32)
+    assert _problem(x64, w64, torch.ones(m, 1), torch.ones(1)).x_scale == gatedmlp.XScale.row
+    # Block weight scales of bf16 / fp16.
+    for dt, gd in ((torch.bfloat16, gatedmlp.DType.bf16), (torch.float16, gatedmlp.DType.fp16)):
+        p = _problem(x, sep_g, torch.ones(1), bs.to(dt), w_up=sep_u, scales_up=bs.to(dt), row_block=128)
+        assert p.scale_dtype == gd and gatedmlp.check_support(p)
+    # Fused weights: the interleave block (group, or U stacked) must be a
+    # multiple of 128: U = 256 stacked or group 128 pass; U = 24 stacked,
+    # group 64 do not (not_supported, saying why).
+    w256 = fp8(2 * 256, k).view(torch.int32)
+    for group, first in ((0, gatedmlp.Half.gate), (128, gatedmlp.Half.up), (256, gatedmlp.Half.gate)):
+        p = _problem(x, w256, torch.ones(m, kb), torch.ones(4, kb), row_block=128, group=group, first=first)
+        assert gatedmlp.check_support(p), (group, gatedmlp.check_support(p).message)
+    for w_, group, what in ((fp8(2 * u, k).view(torch.int32), 0, "u=24"), (w256, 64, "group=64")):
+        p = _problem(x, w_, torch.ones(m, kb), torch.ones(nblk(w_.shape[0]), kb), row_block=128, group=group)
+        st = gatedmlp.check_support(p)
+        assert not st and st.code == gatedmlp.StatusCode.not_supported
+        assert "128 x 128 block scales, fused: the interleave block (weights.group, or u when stacked) must be a " \
+               "multiple of 128" in st.message and f"got {what}" in st.message, st.message
+
+
+def test_binding_refuses_malformed_block_scales():
+    m, k, u = 5, 272, 24
+    kb = nblk(k)
+    x = fp8(m, k)
+    wg, wu = fp8(u, k).view(torch.int32), fp8(u, k).view(torch.int32)
+    bs = torch.ones(nblk(u), kb)
+    cases = [
+        # Neither 1, M nor M * ceil(K / 128) values: the three sizes named.
+        (lambda: _problem(x, wg, torch.ones(m, kb + 1), bs, w_up=wu, scales_up=bs, row_block=128),
+         r"'x_scales' must hold 1 value \(per tensor\), M = 5 \(one per row of x: \[M\] or \[M, 1\]\) or M \* "
+         r"ceil\(K / 128\) = 15 \(one per row and 128 columns of K: \[M, ceil\(K / 128\)\] = \(5, 3\), "
+         r"row-major\), got shape \(5, 4\)"),
+        # The right count in the transposed shape: refused, not misread.
+        (lambda: _problem(x, wg, torch.ones(kb, m), bs, w_up=wu, scales_up=bs, row_block=128),
+         r"'x_scales' holds M \* ceil\(K / 128\) = 15 values \(per row and 128 columns of K\), so must be "
+         r"\[M, ceil\(K / 128\)\] = \(5, 3\) or \(15,\), got shape \(3, 5\)"),
+        (lambda: _problem(x, wg, torch.ones(1, m, kb), bs, w_up=wu, scales_up=bs, row_block=128),
+         r"'x_scales' holds M \* ceil\(K / 128\) = 15 values .*got shape \(1, 5, 3\)"),
+        # [M, ceil(K / 128)] column-major (DeepGEMM's layout) is not read as it is.
+        (lambda: _problem(x, wg, torch.ones(kb, m).t(), bs, w_up=wu, scales_up=bs, row_block=128),
+         r"'x_scales' must be contiguous, got shape \(5, 3\) with strides \(1, 5\) \(block scales are read "
+         r"row-major"),
+        # Weight block scales of the wrong shape, each tensor by its name.
+        (lambda: _problem(x, wg, torch.ones(1), torch.ones(1, kb - 1), w_up=wu, scales_up=bs, row_block=128),
+         r"'scales' must be \[scale rows, scale columns\] = \(1, 3\) for .*got shape \(1, 2\)"),
+        (lambda: _problem(x, wg, torch.ones(1), bs, w_up=wu, scales_up=torch.ones(u, 1), row_block=128),
+         r"'scales_up' must be \[scale rows, scale columns\] = \(1, 3\) for .*got shape \(24, 1\)"),
+        (lambda: _problem(x, fp8(2 * 256, k).view(torch.int32), torch.ones(1), torch.ones(2, kb), row_block=128),
+         r"'scales' must be \[scale rows, scale columns\] = \(4, 3\) for .*got shape \(2, 3\)"),
+    ]
+    for call, pattern in cases:
+        with pytest.raises(E, match=pattern):
+            call()
 
 
 # ---------------------------------------------------------------- what fp8_gate_up hands the binding
@@ -321,19 +464,68 @@ def test_fp8_gate_up_hands_the_binding(monkeypatch):
     assert kw["quant"].row_block == 1 and tuple(kw["scales_up"].shape) == (u, 1)
     assert kw["scales"].dtype == torch.bfloat16 and kw["x_scales"].numel() == m
 
+    # Block scales: x [M, ceil(K / 128)] and the weights' [ceil(N / 128),
+    # ceil(K / 128)] go as they are (contiguous: a column-major x scale is
+    # copied row-major), QuantFormat group_size 128, row_block 128.
+    k2 = 272
+    for sep in (True, False):
+        rec.calls.clear()
+        uu = u if sep else 128  # fused block scales: U a multiple of 128
+        xq, sx, w, sw, wu, su = _inputs(m, k2, uu, sep, "block", "block128")
+        assert tuple(sx.shape) == (m, 3) and tuple(sw.shape) == ((1, 3) if sep else (2, 3))
+        sx_cm = sx.t().contiguous().t()  # [M, 3], strides (1, M)
+        gatedmlp.fp8_gate_up(xq, sx_cm, w, sw, w_up=wu, w_up_scale=su)
+        (_, args, kw), = rec.calls
+        q = kw["quant"]
+        assert (q.mode, q.bits, q.group_size, q.row_block) == (C.QuantMode.fp8_e4m3, 8, 128, 128)
+        assert tuple(kw["x_scales"].shape) == (m, 3) and kw["x_scales"].is_contiguous()
+        assert torch.equal(kw["x_scales"], sx)
+        assert torch.equal(kw["scales"], sw) and kw["scales"].is_contiguous()
+        if sep:
+            assert torch.equal(kw["scales_up"], su)
+        else:
+            assert kw["scales_up"] is None
+    # K <= 128: [M, 1] is per token (row_block from the weights alone).
+    rec.calls.clear()
+    xq, sx, w, sw, _, _ = _inputs(m, k, 128, False, "block", "block128")
+    assert tuple(sx.shape) == (m, 1) and tuple(sw.shape) == (2, 1)
+    gatedmlp.fp8_gate_up(xq, sx, w, sw)
+    (_, args, kw), = rec.calls
+    assert tuple(kw["x_scales"].shape) == (m, 1) and kw["quant"].row_block == 128
+    assert tuple(kw["scales"].shape) == (2, 1)
+    # One block (N, K <= 128): one value, read as per tensor.
+    rec.calls.clear()
+    xq, sx, w, sw, _, _ = _inputs(m, k, 32, False, "tensor", "block128")
+    assert tuple(sw.shape) == (1, 1)
+    gatedmlp.fp8_gate_up(xq, sx, w, sw)
+    (_, args, kw), = rec.calls
+    assert kw["quant"].row_block == 0 and kw["scales"].numel() == 1
+
 
 @pytest.mark.parametrize("layout", ["stacked", "g1-up", "g8", "separate"])
-@pytest.mark.parametrize("grans", [("tensor", "tensor"), ("row", "tensor"), ("tensor", "row"), ("row", "row")])
+@pytest.mark.parametrize("grans", [("tensor", "tensor"), ("row", "tensor"), ("tensor", "row"), ("row", "row"),
+                                   ("block", "tensor"), ("block", "row"), ("block", "block128"),
+                                   ("tensor", "block128"), ("row", "block128")])
 def test_fp8_gate_up_means_what_the_header_says(monkeypatch, layout, grans):
     """The call's result computed from what the binding received equals the
     float64 reference on the caller's tensors: the scales reach the rows
-    they belong to."""
+    (and 128-column blocks) they belong to. Block scales: K = 336 (three
+    k-blocks, the last of 80 columns); fused layouts with 128 x 128 weight
+    blocks have U = 256 and interleave blocks of 128 or 256 rows."""
     results = []
     record(monkeypatch, compute=lambda name, args, kw: results.append(from_binding(args, kw)))
-    m, k, u = 7, 48, 24
+    blocked = "block" in grans[0] or "block" in grans[1]
+    m, k, u = (7, 336, 256) if blocked else (7, 48, 24)
     sep = layout == "separate"
+    if grans[1] == "block128" and sep:
+        u = 40  # separate weights take any U: one partial 128-row block
     xq, sx, w, sw, wu, su = _inputs(m, k, u, sep, *grans)
-    group, first = {"stacked": (0, "gate"), "g1-up": (1, "up"), "g8": (8, "gate"), "separate": (None, "gate")}[layout]
+    if grans[1] == "block128":
+        group, first = {"stacked": (0, "gate"), "g1-up": (128, "up"), "g8": (256, "up"),
+                        "separate": (None, "gate")}[layout]
+    else:
+        group, first = {"stacked": (0, "gate"), "g1-up": (1, "up"), "g8": (8, "gate"),
+                        "separate": (None, "gate")}[layout]
     bias = torch.randn(u if sep else 2 * u)
     bias_up = torch.randn(u) if sep else None
     if grans[0] == "row":
@@ -363,8 +555,10 @@ def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
         (call(x=xq[None]), r"'x' must be \[M, K\] \(2-D\), got shape \(1, 5, 64\)"),
         (call(x=fp8(m, 40), w=fp8(2 * u, 40)), r"'x' must have K a multiple of 16 .*got K = 40"),
         (call(x_scale=sx.double()), r"'x_scale' must be float32, got float64"),
-        (call(x_scale=torch.ones(m + 1)), r"'x_scale' must hold 1 value \(per tensor: \[\], \[1\] or \[1, 1\]\) or 5 "
-                                          r"\(per token, one per row of x: \[5\] or \[5, 1\]\), got shape \(6,\)"),
+        (call(x_scale=torch.ones(m + 1)),
+         r"'x_scale' must hold 1 value \(per tensor: \[\], \[1\] or \[1, 1\]\), 5 \(per token, one per row of x: "
+         r"\[5\] or \[5, 1\]\) or \[M, ceil\(K / 128\)\] = \[5, 1\] \(per token and 128 columns of K, 1 x 128 "
+         r"blocks\), got shape \(6,\)"),
         (call(x_scale=torch.ones(1, m)), r"'x_scale' must hold 1 value .*got shape \(1, 5\)"),
         (call(w=w.to(torch.bfloat16)), r"'w' must be float8_e4m3fn \(FP8 weights\), got bfloat16"),
         (call(w=fp8(2 * u, 32)), r"'w' must be \[2U, K\] with K = 64 \(x.shape\[1\]\), got shape \(48, 32\)"),
@@ -374,8 +568,9 @@ def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
                                     r"4-byte words"),
         (call(w_scale=torch.ones(2 * u, dtype=torch.int32)), r"'w_scale' must be float32, bfloat16 or float16, got "
                                                              r"int32"),
-        (call(w_scale=torch.ones(u)), r"'w_scale' must hold 1 value \(per tensor.*or 48 \(per output channel, one "
-                                      r"per row of w: \[48\] or \[48, 1\]\), got shape \(24,\)"),
+        (call(w_scale=torch.ones(u)), r"'w_scale' must hold 1 value \(per tensor.*, 48 \(per output channel, one "
+                                      r"per row of w: \[48\] or \[48, 1\]\) or \[ceil\(N / 128\), ceil\(K / 128\)\] = "
+                                      r"\[1, 1\] \(128 x 128 blocks of w's 48 rows and K = 64\), got shape \(24,\)"),
         (call(w_scale=torch.ones(1, 2 * u)), r"'w_scale' must hold 1 value .*got shape \(1, 48\)"),
         (call(w_up_scale=torch.ones(1)), r"'w_up_scale' goes with separate weights \(w_up\)"),
         (call(bias_up=torch.ones(u)), r"'bias_up' goes with separate weights \(w_up\)"),
@@ -384,7 +579,8 @@ def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
                                                                     r"got \(25, 64\)"),
         (call(w=wg, w_scale=sg, w_up=wu.to(torch.bfloat16), w_up_scale=su), r"'w_up' must be float8_e4m3fn"),
         (call(w=wg, w_scale=sg, w_up=wu, w_up_scale=torch.ones(u)),
-         r"'w_scale' and 'w_up_scale' must both hold 1 value or both one per row .*got 1 value and 24 values"),
+         r"'w_scale' and 'w_up_scale' must have one granularity, both 1 value, both one per row or both 128 x 128 "
+         r"blocks .*got 1 value and 24 values"),
         (call(w=wg, w_scale=sg, w_up=wu, w_up_scale=su.to(torch.bfloat16)),
          r"'w_up_scale' must have the dtype of 'w_scale' \(float32\), got bfloat16"),
         (call(bias=torch.ones(u)), r"'bias' must be \[2U\] = \(48,\), got shape \(24,\)"),
@@ -406,8 +602,67 @@ def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
             fn()
     with pytest.raises(TypeError, match=r"'x' must be a torch.Tensor"):
         gatedmlp.fp8_gate_up([1.0], sx, w, sw)
+    with pytest.raises(TypeError, match=r"'w_up_scale' must be a torch.Tensor"):
+        gatedmlp.fp8_gate_up(xq, sx, wg, sg, w_up=wu, w_up_scale=1.0)
     with pytest.raises(TypeError, match=r"'w_scale' must be a torch.Tensor"):
         gatedmlp.fp8_gate_up(xq, sx, w, 1.0)
+
+
+def test_fp8_gate_up_refuses_bad_block_scales_before_any_launch(monkeypatch):
+    """Block scales of the wrong shape, mixed gate / up granularities and
+    fused layouts the block rule refuses: named, with the accepted shapes,
+    before any launch."""
+    record(monkeypatch, fail=True)
+    m, k, u = 5, 272, 24  # ceil(K / 128) = 3
+    xq, sx, _, _, _, _ = _inputs(m, k, u, x_gran="block")
+    wg, sg, wu, su = fp8(u, k), torch.ones(1, 3), fp8(u, k), torch.ones(1, 3)
+    w256, s256 = fp8(2 * 256, k), torch.ones(4, 3)
+
+    def call(**over):
+        a = dict(x=xq, x_scale=sx, w=wg, w_scale=sg, w_up=wu, w_up_scale=su)
+        a.update(over)
+        return lambda: gatedmlp.fp8_gate_up(a.pop("x"), a.pop("x_scale"), a.pop("w"), a.pop("w_scale"), **a)
+
+    cases = [
+        (call(x_scale=torch.ones(m, 4)),
+         r"'x_scale' must hold 1 value \(per tensor: \[\], \[1\] or \[1, 1\]\), 5 \(per token, one per row of x: "
+         r"\[5\] or \[5, 1\]\) or \[M, ceil\(K / 128\)\] = \[5, 3\] \(per token and 128 columns of K, 1 x 128 "
+         r"blocks\), got shape \(5, 4\)"),
+        (call(x_scale=torch.ones(3, m)), r"'x_scale' must hold 1 value .*= \[5, 3\] .*got shape \(3, 5\)"),
+        (call(x_scale=torch.ones(m * 3)), r"'x_scale' must hold 1 value .*got shape \(15,\)"),
+        (call(x_scale=torch.ones(1, m, 3)), r"'x_scale' must hold 1 value .*got shape \(1, 5, 3\)"),
+        (call(w_scale=torch.ones(1, 2)),
+         r"'w_scale' must hold 1 value \(per tensor: \[\], \[1\] or \[1, 1\]\), 24 \(per output channel, one per "
+         r"row of w: \[24\] or \[24, 1\]\) or \[ceil\(N / 128\), ceil\(K / 128\)\] = \[1, 3\] \(128 x 128 blocks "
+         r"of w's 24 rows and K = 272\), got shape \(1, 2\)"),
+        (call(w_scale=torch.ones(3, 1)), r"'w_scale' must hold 1 value .*= \[1, 3\] .*got shape \(3, 1\)"),
+        (call(w_up_scale=torch.ones(2, 3)), r"'w_up_scale' must hold 1 value .*= \[1, 3\] .*got shape \(2, 3\)"),
+        (call(w_up_scale=torch.ones(1)), r"'w_scale' and 'w_up_scale' must have one granularity, .*got \(1, 3\) block "
+                                         r"scales and 1 value"),
+        (call(w_scale=torch.ones(u, 1)), r"'w_scale' and 'w_up_scale' must have one granularity, .*got 24 values and "
+                                         r"\(1, 3\) block scales"),
+        (call(w_up_scale=su.to(torch.bfloat16)), r"'w_up_scale' must have the dtype of 'w_scale' \(float32\), got "
+                                                  r"bfloat16"),
+        (call(w=w256, w_scale=torch.ones(2, 3), w_up=None, w_up_scale=None),
+         r"'w_scale' must hold 1 value .*512 \(per output channel.*= \[4, 3\] \(128 x 128 blocks of w's 512 rows "
+         r"and K = 272\), got shape \(2, 3\)"),
+        (call(w=w256, w_scale=s256, w_up=None, w_up_scale=s256), r"'w_up_scale' goes with separate weights \(w_up\)"),
+    ]
+    for fn, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            fn()
+    # Fused weights whose interleave block is not a multiple of 128:
+    # NotSupportedError (the C++ check_support's rule, here before any
+    # allocation), saying what to do instead.
+    fused24 = fp8(2 * u, k)
+    for over, what in ((dict(w=fused24, w_scale=torch.ones(1, 3)), r"U = 24 \(stacked"),
+                       (dict(w=w256, w_scale=s256, group=64), r"group = 64"),
+                       (dict(w=w256, w_scale=s256, group=32, first="up"), r"group = 32")):
+        with pytest.raises(gatedmlp.NotSupportedError,
+                           match=r"'w_scale' holds 128 x 128 block scales of fused 'w' .*interleave in blocks of "
+                                 + what + r".*must be a multiple of 128 .*pass gate and up as separate weights") as ei:
+            call(w_up=None, w_up_scale=None, **over)()
+        assert ei.value.code == gatedmlp.StatusCode.not_supported
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
@@ -447,9 +702,103 @@ def test_quantize_fp8_round_trip(dtype):
     assert torch.isnan(q.float()[1])
 
 
+def _expand_blocks(s, shape):
+    """Block scales s repeated over the elements each covers: 1 x 128 groups
+    along the last axis (s [..., ceil(K / 128)]) when s has t's rank and
+    its leading axes, else 128 x 128 blocks of a 2-D t."""
+    k = shape[-1]
+    e = s.repeat_interleave(128, dim=-1)[..., :k]
+    if tuple(s.shape[:-1]) != tuple(shape[:-1]):
+        e = e.repeat_interleave(128, dim=0)[:shape[0]]
+    return e
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_fp8_blocks(dtype):
+    """"block": a scale per 1 x 128 group of each row ([..., ceil(K /
+    128)], the last group partial); "block128": per 128 x 128 block of a
+    2-D t ([ceil(N / 128), ceil(K / 128)], the last row and column blocks
+    partial). Each scale is its block's amax / 448 (the floor's tiny scale
+    for a block of zeros), the block's amax lands on 448, and q * scale
+    gives t back within e4m3's rounding."""
+    torch.manual_seed(5)
+    n, k = 300, 300  # 3 blocks each way: 128, 128, 44
+    # Magnitudes differing from block to block, both ways, and within rows.
+    t = torch.randn(n, k) * torch.logspace(-3, 2, n).reshape(n, 1) * torch.logspace(1, -1, k).reshape(1, k)
+    t[:, 128:256] *= 0.01
+    t[128:256, 0:128] = 0.0  # block (1, 0) all zeros, and so are those rows' first 1 x 128 groups
+    t = t.to(dtype)
+    tf = t.float()
+    for gran, lead in (("block", (n,)), ("block128", (3,))):
+        q, s = gatedmlp.quantize_fp8(t, gran)
+        assert q.dtype == F8 and q.shape == t.shape and q.is_contiguous() and s.dtype == torch.float32
+        assert tuple(s.shape) == lead + (3,), (gran, tuple(s.shape))
+        # The scales: each block's amax / 448.
+        want = torch.empty_like(s)
+        for j in range(3):
+            cols = tf[:, 128 * j:128 * (j + 1)].abs()
+            if gran == "block":
+                want[:, j] = cols.amax(dim=1)
+            else:
+                for i in range(3):
+                    want[i, j] = cols[128 * i:128 * (i + 1)].amax()
+        assert torch.equal(s, want.clamp_min(1e-12) / 448.0), gran
+        se = _expand_blocks(s, t.shape)
+        back = q.float() * se
+        # e4m3: 3 mantissa bits, a relative error of at most 2^-4 on normals;
+        # subnormals (below 2^-6) are spaced 2^-9 apart.
+        bound = tf.abs() * 2.0 ** -4 + se * 2.0 ** -10
+        assert ((back - tf).abs() <= bound).all(), gran
+        # Each nonzero block's amax lands on 448; a zero block stays zero
+        # with a tiny positive scale.
+        qa = q.float().abs()
+        for j in range(3):
+            cols = qa[:, 128 * j:128 * (j + 1)]
+            if gran == "block":
+                nz = want[:, j] > 0
+                assert torch.all(cols.amax(dim=1)[nz] == 448.0) and torch.all(cols[~nz] == 0)
+            else:
+                for i in range(3):
+                    blk = cols[128 * i:128 * (i + 1)]
+                    assert (blk.amax() == 448.0) if want[i, j] > 0 else (blk.amax() == 0)
+        assert torch.all(s > 0)
+    # Block (1, 0) is all zeros: the floor's scale.
+    assert gatedmlp.quantize_fp8(t, "block128")[1][1, 0].item() == (torch.tensor(1e-12) / 448.0).item()
+    # 1 x 128 groups along the last axis of any rank; K < 128: one group per row.
+    t3 = torch.randn(2, 3, 200).to(dtype)
+    q, s = gatedmlp.quantize_fp8(t3, "block")
+    assert tuple(s.shape) == (2, 3, 2)
+    assert torch.equal(s[..., 1], t3.float()[..., 128:].abs().amax(-1) / 448.0)
+    q, s = gatedmlp.quantize_fp8(t3[..., :64], "block")
+    q_row, s_row = gatedmlp.quantize_fp8(t3[..., :64], "row")
+    assert torch.equal(s, s_row) and torch.equal(q.view(torch.uint8), q_row.view(torch.uint8))
+    # K a multiple of 128: no partial group; and zeros.
+    q, s = gatedmlp.quantize_fp8(torch.zeros(4, 256, dtype=dtype), "block")
+    assert tuple(s.shape) == (4, 2) and torch.all(s > 0) and torch.all(q.float() == 0)
+    q, s = gatedmlp.quantize_fp8(torch.zeros(256, 384, dtype=dtype), "block128")
+    assert tuple(s.shape) == (2, 3) and torch.all(s > 0) and torch.all(q.float() == 0)
+    # Small weights: one partial block.
+    q, s = gatedmlp.quantize_fp8(torch.ones(5, 16, dtype=dtype) * 3, "block128")
+    assert tuple(s.shape) == (1, 1) and s.item() == (torch.tensor(3.0) / 448.0).item()
+    assert torch.all(q.float() == 448.0)
+    # NaN makes its block's scale NaN; the other blocks keep theirs.
+    tn = torch.ones(2, 256)
+    tn[0, 3] = float("nan")
+    q, s = gatedmlp.quantize_fp8(tn, "block")
+    one = (torch.tensor(1.0) / 448.0).item()
+    assert torch.isnan(s[0, 0]) and torch.isnan(q.float()[0, 3]) and s[0, 1].item() == s[1, 0].item() == one
+
+
 def test_quantize_fp8_refuses():
-    with pytest.raises(ValueError, match=r"granularity='block' is not one of 'tensor', 'row'"):
-        gatedmlp.quantize_fp8(torch.ones(4), "block")
+    with pytest.raises(ValueError, match=r"granularity='block64' is not one of 'tensor', 'row', 'block', 'block128'"):
+        gatedmlp.quantize_fp8(torch.ones(4), "block64")
+    with pytest.raises(ValueError, match=r"granularity='block128' \(128 x 128 blocks\) takes a 2-D 't' \[N, K\], got "
+                                         r"shape \(2, 3, 4\)"):
+        gatedmlp.quantize_fp8(torch.ones(2, 3, 4), "block128")
+    with pytest.raises(ValueError, match=r"granularity='block128' .*got shape \(4,\)"):
+        gatedmlp.quantize_fp8(torch.ones(4), "block128")
+    with pytest.raises(ValueError, match=r"'t' has rows of 0 elements \(shape \(3, 0\)\): no block-wise amax"):
+        gatedmlp.quantize_fp8(torch.ones(3, 0), "block")
     with pytest.raises(ValueError, match=r"'t' must be float32, bfloat16 or float16 .*got int32"):
         gatedmlp.quantize_fp8(torch.ones(4, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"'t' must have at least one axis"):
@@ -462,9 +811,12 @@ def test_quantize_fp8_refuses():
 def acc_allowance(k):
     """The FP8 wgmma's own accumulation error per unit of sum(|x w|): the
     tensor core adds each k = 32 slice with its addends aligned to the
-    largest and kept to ~14 bits, truncated (the kernel has no promotion to
-    fp32 per k-block yet); 2^-11 per slice up to 4, as
-    tests/test_gpu_fp8.cpp models it (measured 2^-12.6 for one slice)."""
+    largest and kept to ~14 bits, truncated; 2^-11 per slice up to 4, as
+    tests/test_gpu_fp8.cpp models it (measured 2^-12.6 for one slice). The
+    promoting kernels (every block-scaled call, and the others with
+    GATEDMLP_FP8_PROMOTE=1) sum each 128-deep k-block (4 slices) in the
+    tensor cores and add it into fp32: the same 4-slice bound per k-block,
+    so per unit of the whole sum of magnitudes."""
     return 2.0 ** -11 * min(-(-k // 32), 4)
 
 
@@ -534,18 +886,62 @@ def scaled_mm_fp32(xq, sx, w, sw):
         return h * sx.float().reshape(-1, 1) * sw.float().reshape(1, -1), "fp32 GEMM of the e4m3 values"
 
 
+def blocked_fp32(xq, sx, w, sw):
+    """The baseline where x or w carries block scales: (x_e4m3 * sx) @
+    (w_e4m3 * sw)^T in fp32, [M, rows] in w's row order, computed as
+    block-scaled _scaled_mm (cuBLAS's 1 x 128 / 128 x 128 kernels, as
+    DeepGEMM) computes it: each 128-deep k-block (the last one partial) an
+    fp32 GEMM of the exact e4m3 values (their products are exact in fp32,
+    and in TF32 too: 4 significant bits each), times its block scales in
+    fp32, added into fp32 sums; per-tensor / row / channel scales multiply
+    the sum after. _scaled_mm itself is not the baseline here: it takes
+    only the 1 x 128 x 128 x 128 pairing (not block x with tensor or
+    channel w, nor tensor / row x with block w), bf16 out only (its own
+    rounding of h would loosen the bar), and needs M, N, K multiples of 16
+    or 128. The emulation is that GEMM at its best: its error against the
+    float64 reference is the fp32 sums' alone, so the bar is the output
+    dtype's rounding (2x the baseline's) plus the FP8 accumulation's
+    modelled error, as for the other schemes."""
+    m, k = xq.shape
+    n = w.shape[0]
+    xb, wb = is_x_block(sx, m, k), is_w_block(sw, n, k)
+    h = torch.zeros(m, n, device=xq.device, dtype=torch.float32)
+    for j in range(nblk(k)):
+        c = slice(128 * j, min(128 * (j + 1), k))
+        part = xq[:, c].float() @ w[:, c].float().T
+        if xb:
+            part = part * sx[:, j:j + 1].float()
+        if wb:
+            part = part * sw[:, j].float().repeat_interleave(128)[:n].reshape(1, n)
+        h += part
+    if not xb:
+        h = h * (sx.float().reshape(()) if sx.numel() == 1 else sx.float().reshape(-1, 1))
+    if not wb:
+        h = h * (sw.float().reshape(()) if sw.numel() == 1 else sw.float().reshape(1, -1))
+    return h, "an fp32 per-k-block emulation of block-scaled _scaled_mm"
+
+
+def gemm_fp32(xq, sx, w, sw):
+    """The baseline GEMM for one weight tensor: blocked_fp32 where either
+    scale is blocked, else scaled_mm_fp32."""
+    m, k = xq.shape
+    if is_x_block(sx, m, k) or is_w_block(sw, w.shape[0], k):
+        return blocked_fp32(xq, sx, w, sw)
+    return scaled_mm_fp32(xq, sx, w, sw)
+
+
 def baseline(xq, sx, w, sw, w_up, sw_up, bias, bias_up, act, alpha, group, first, out_dtype):
-    """_scaled_mm + the GLU in fp32 (alpha, bias, activation), rounded to
-    out_dtype: the bar's baseline."""
+    """_scaled_mm (or its block-scaled emulation) + the GLU in fp32 (alpha,
+    bias, activation), rounded to out_dtype: the bar's baseline."""
     if w_up is None:
-        h, which = scaled_mm_fp32(xq, sx, w, sw)
+        h, which = gemm_fp32(xq, sx, w, sw)
         gi, ui = halves(w.shape[0] // 2, group, first, w.device)
         g, u = h[:, gi] * alpha, h[:, ui] * alpha
         if bias is not None:
             g, u = g + bias.float()[gi], u + bias.float()[ui]
     else:
-        hg, which = scaled_mm_fp32(xq, sx, w, sw)
-        hu, _ = scaled_mm_fp32(xq, sx, w_up, sw_up)
+        hg, which = gemm_fp32(xq, sx, w, sw)
+        hu, _ = gemm_fp32(xq, sx, w_up, sw_up)
         g, u = hg * alpha, hu * alpha
         if bias is not None:
             g, u = g + bias.float(), u + bias_up.float()
@@ -580,6 +976,48 @@ def gpu_cases():
 
 GPU_CASES = gpu_cases()
 
+# Block scales: x 1 x 128 with weights per tensor, channel or 128 x 128
+# block, and x per tensor / token with 128 x 128 weight blocks. Fused
+# layouts with weight blocks need an interleave block that is a multiple of
+# 128 (stacked with U = 128 j, group 128 with up first); separate weights
+# take any U. K is a multiple of 16, most often not of 128 (a partial last
+# k-block), up to 2560 (20 k-blocks).
+BLOCK_SCHEMES = [("block", "tensor"), ("block", "row"), ("block", "block128"), ("tensor", "block128"),
+                 ("row", "block128")]
+BLOCK_LAYOUTS = {"tensor": LAYOUTS, "row": LAYOUTS, "block128": ["stacked", "g128-up", "separate"]}
+
+
+def gpu_block_cases():
+    r = random.Random(SEED + 1)
+    cases = []
+    for xg, wg in BLOCK_SCHEMES:
+        for layout in BLOCK_LAYOUTS[wg]:
+            for out in DTYPES:
+                if layout == "g32":
+                    u = 32 * r.choice([1, 3, 5, 7])
+                elif wg == "block128" and layout != "separate":
+                    u = 128 * r.choice([1, 2, 3])
+                else:
+                    u = r.choice([1, 3, 37, 101, 199, 333])
+                k = 16 * r.randint(1, 160)
+                if k % 128 == 0 and r.random() < 0.7:
+                    k += 16 * r.randint(1, 7)
+                cases.append(dict(
+                    xg=xg, wg=wg, layout=layout, act=r.choice(ACTS), out=out, u=u,
+                    m=r.choice([1, 3, 7, 63, 65, 129, 255, 511]), k=k,
+                    sdt=r.choice(["fp32", "fp32", "bf16", "fp16"]),
+                    bias=r.choice([None, None, "fp32", "bf16"]),
+                    alpha=r.choice([1.0, 1.0, 0.5]),
+                    preact=r.random() < 0.2,
+                    pad_x=r.choice([0, 0, 16]),
+                    pad_y=r.choice([0, 0, 3]),
+                    x_shape="[M, 1]",
+                ))
+    return cases
+
+
+GPU_BLOCK_CASES = gpu_block_cases()
+
 
 def _id(c):
     return f"x{c['xg']}-w{c['wg']}-{c['layout']}-{c['act']}-{c['out']}-m{c['m']}k{c['k']}u{c['u']}"
@@ -588,25 +1026,54 @@ def _id(c):
 @on_hopper
 @pytest.mark.parametrize("case", GPU_CASES, ids=_id)
 def test_random_fp8_problem(case):
-    c = case
-    torch.manual_seed(SEED + GPU_CASES.index(c))
+    run_case(case, SEED + GPU_CASES.index(case))
+
+
+@on_hopper
+@pytest.mark.parametrize("case", GPU_BLOCK_CASES, ids=_id)
+def test_random_fp8_block_problem(case):
+    run_case(case, SEED + 100000 + GPU_BLOCK_CASES.index(case))
+
+
+def run_case(c, seed):
+    """One random case: the call against the float64 reference, by the
+    rule (and the pre-activation, padded columns, NaN poisoning)."""
+    torch.manual_seed(seed)
     m, k, u = c["m"], c["k"], c["u"]
     odt, sdt = DTYPES[c["out"]], DTYPES[c["sdt"]]
     sep = c["layout"] == "separate"
-    group, first = {"stacked": (0, "gate"), "g1-up": (1, "up"), "g32": (32, "gate"), "separate": (0, "gate")}[
-        c["layout"]]
+    group, first = {"stacked": (0, "gate"), "g1-up": (1, "up"), "g32": (32, "gate"), "g128-up": (128, "up"),
+                    "separate": (0, "gate")}[c["layout"]]
     wscale = 4.0 if c["act"] == "swiglu_clamped" else 1.0  # reach the clamps
     x_full = torch.randn(m, k + c["pad_x"], device=DEV) * torch.logspace(-1, 1, m, device=DEV).reshape(m, 1)
-    xq_full, sx = gatedmlp.quantize_fp8(x_full, c["xg"])
+    if c["xg"] == "block":
+        # Columns of varying size, so that the 1 x 128 scales differ along
+        # K; the scales of x's K columns (not of the padding), in a padded
+        # buffer.
+        x_full = x_full * torch.logspace(0.5, -0.5, k + c["pad_x"], device=DEV).reshape(1, -1)
+        q, sx = gatedmlp.quantize_fp8(x_full[:, :k], "block")
+        xq_full = torch.zeros(m, k + c["pad_x"], device=DEV, dtype=torch.uint8).view(F8)
+        xq_full[:, :k] = q
+    else:
+        xq_full, sx = gatedmlp.quantize_fp8(x_full, c["xg"])
     xq = xq_full[:, :k]
     if c["xg"] == "row" and c["x_shape"] == "[M]":
         sx = sx.flatten()
+    def weights(rows):
+        wr = torch.randn(rows, k, device=DEV) * wscale / k ** 0.5
+        if c["wg"] == "block128":
+            # Sizes varying over the rows and along K, so that a scale read
+            # from the wrong 128 x 128 block shows.
+            wr = wr * torch.logspace(0.5, -0.5, rows, device=DEV).reshape(-1, 1)
+            wr = wr * torch.logspace(-0.5, 0.5, k, device=DEV).reshape(1, -1)
+        return wr
+
     if sep:
-        wg, swg = gatedmlp.quantize_fp8(torch.randn(u, k, device=DEV) * wscale / k ** 0.5, c["wg"])
-        wu, swu = gatedmlp.quantize_fp8(torch.randn(u, k, device=DEV) * wscale / k ** 0.5 * 0.7, c["wg"])
+        wg, swg = gatedmlp.quantize_fp8(weights(u), c["wg"])
+        wu, swu = gatedmlp.quantize_fp8(weights(u) * 0.7, c["wg"])
         w, sw, w_up, sw_up = wg, swg.to(sdt), wu, swu.to(sdt)
     else:
-        w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) * wscale / k ** 0.5, c["wg"])
+        w, sw = gatedmlp.quantize_fp8(weights(2 * u), c["wg"])
         sw, w_up, sw_up = sw.to(sdt), None, None
     bias = bias_up = None
     if c["bias"]:
@@ -664,6 +1131,98 @@ def test_fp8_larger_shapes_and_default_out():
         assert y32.dtype == torch.float32
         base32, _ = baseline(xq, sx, w, sw, None, None, None, None, "silu", 1.0, 0, "gate", torch.float32)
         assert_within_rule(y32, base32, ref, f"m{m}k{k}u{u} fp32 out", acc=acc)
+
+
+@on_hopper
+def test_fp8_block_larger_shapes():
+    """Block scales over several tiles and many k-blocks (a partial last
+    one; DeepSeek-V3's K = 7168), stacked and separate, against the rule."""
+    for m, k, u, sep in ((1000, 7168, 512, False), (4097, 2064, 384, True), (129, 8208, 3, True),
+                         (300, 1040, 1024, False)):
+        x = torch.randn(m, k, device=DEV) * torch.logspace(-1, 1, k, device=DEV).reshape(1, k)
+        xq, sx = gatedmlp.quantize_fp8(x, "block")
+        rows = u if sep else 2 * u
+        w, sw = gatedmlp.quantize_fp8(torch.randn(rows, k, device=DEV) / k ** 0.5, "block128")
+        w_up = sw_up = None
+        if sep:
+            w_up, sw_up = gatedmlp.quantize_fp8(torch.randn(rows, k, device=DEV) / k ** 0.5, "block128")
+        ref, g64, u64 = reference(xq, sx, w, sw, w_up, sw_up)
+        acc = (g64, u64, *magnitudes(xq, sx, w, sw, w_up, sw_up, 1.0, 0, "gate"), k)
+        y = gatedmlp.fp8_gate_up(xq, sx, w, sw, w_up=w_up, w_up_scale=sw_up)
+        assert y.dtype == torch.bfloat16 and tuple(y.shape) == (m, u)
+        base, which = baseline(xq, sx, w, sw, w_up, sw_up, None, None, "silu", 1.0, 0, "gate", torch.bfloat16)
+        assert_within_rule(y, base, ref, f"block m{m}k{k}u{u} against {which}", acc=acc)
+        y32 = gatedmlp.fp8_gate_up(xq, sx, w, sw, w_up=w_up, w_up_scale=sw_up, out_dtype=torch.float32)
+        base32, _ = baseline(xq, sx, w, sw, w_up, sw_up, None, None, "silu", 1.0, 0, "gate", torch.float32)
+        assert_within_rule(y32, base32, ref, f"block m{m}k{k}u{u} fp32 out", acc=acc)
+
+
+@on_hopper
+def test_fp8_block_fused_layout_refused():
+    """Fused weights with 128 x 128 block scales whose interleave block is
+    not a multiple of 128: fp8_gate_up refuses before allocating, and the
+    binding itself (the C++ check) refuses with its message; nothing is
+    written."""
+    m, k = 64, 256
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "block")
+    stream = torch.cuda.current_stream().cuda_stream
+    for u, group, cxx in ((96, 0, r"got u=96"), (256, 64, r"got group=64")):
+        w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / 16, "block128")
+        with pytest.raises(gatedmlp.NotSupportedError, match=r"'w_scale' holds 128 x 128 block scales of fused 'w'.*"
+                                                             r"must be a multiple of 128"):
+            gatedmlp.fp8_gate_up(xq, sx, w, sw, group=group)
+        out = torch.full((m, u), float("nan"), device=DEV, dtype=torch.bfloat16)
+        with pytest.raises(gatedmlp.NotSupportedError,
+                           match=r"FP8 weights with 128 x 128 block scales, fused: the interleave block "
+                                 r"\(weights.group, or u when stacked\) must be a multiple of 128 .*" + cxx):
+            C.gate_up(dl(xq), dl(w.view(torch.int32)), dl(out), scales=dl(sw), quant=fmt(128), x_scales=dl(sx),
+                      group=group, stream=stream)
+        torch.cuda.synchronize()
+        assert torch.isnan(out).all(), "a refused call wrote out"
+    # The same weights as separate gate and up tensors (any U) run.
+    u = 96
+    wg, sg = gatedmlp.quantize_fp8(torch.randn(u, k, device=DEV) / 16, "block128")
+    wu, su = gatedmlp.quantize_fp8(torch.randn(u, k, device=DEV) / 16, "block128")
+    y = gatedmlp.fp8_gate_up(xq, sx, wg, sg, w_up=wu, w_up_scale=su)
+    ref, g64, u64 = reference(xq, sx, wg, sg, wu, su)
+    base, which = baseline(xq, sx, wg, sg, wu, su, None, None, "silu", 1.0, 0, "gate", torch.bfloat16)
+    acc = (g64, u64, *magnitudes(xq, sx, wg, sg, wu, su, 1.0, 0, "gate"), k)
+    assert_within_rule(y, base, ref, f"separate u{u} against {which}", acc=acc)
+
+
+@on_hopper
+def test_fp8_with_promotion(monkeypatch):
+    """GATEDMLP_FP8_PROMOTE=1: calls without block scales take the
+    promoting kernels too (plan() says so) and meet the rule; block-scaled
+    calls promote regardless."""
+    m, k, u = 300, 4096, 384
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "tensor")
+    w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / k ** 0.5, "tensor")
+    xr, sxr = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "row")
+    wr, swr = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / k ** 0.5, "row")
+    xb, sxb = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "block")
+    wb, swb = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / k ** 0.5, "block128")
+
+    def plan_reason(xq, sx, w, sw, row_block):
+        p = C.make_problem(dl(xq), dl(w.view(torch.int32)), scales=dl(sw), quant=fmt(row_block), x_scales=dl(sx))
+        return gatedmlp.plan(p).reason
+
+    promoting = "in its own accumulator"
+    fast = plan_reason(xq, sx, w, sw, 0)
+    assert promoting not in fast, fast
+    assert promoting in plan_reason(xb, sxb, wb, swb, 128)
+    monkeypatch.setenv("GATEDMLP_FP8_PROMOTE", "1")
+    assert promoting in plan_reason(xq, sx, w, sw, 0), plan_reason(xq, sx, w, sw, 0)
+    for what, (xq_, sx_, w_, sw_) in (("per tensor", (xq, sx, w, sw)), ("row-wise", (xr, sxr, wr, swr)),
+                                      ("block", (xb, sxb, wb, swb))):
+        for odt in (torch.bfloat16, torch.float32):
+            ref, g64, u64 = reference(xq_, sx_, w_, sw_)
+            acc = (g64, u64, *magnitudes(xq_, sx_, w_, sw_, None, None, 1.0, 0, "gate"), k)
+            y = gatedmlp.fp8_gate_up(xq_, sx_, w_, sw_, out_dtype=odt)
+            base, which = baseline(xq_, sx_, w_, sw_, None, None, None, None, "silu", 1.0, 0, "gate", odt)
+            assert_within_rule(y, base, ref, f"GATEDMLP_FP8_PROMOTE=1 {what} {odt} against {which}", acc=acc)
+    monkeypatch.delenv("GATEDMLP_FP8_PROMOTE")
+    assert plan_reason(xq, sx, w, sw, 0) == fast
 
 
 @on_hopper
