@@ -22,6 +22,12 @@ A module is swapped only when it is shown to compute
   a known torch or transformers activation class, checked by evaluating it
   against the formula.
 
+FP8 checkpoints: an MLP whose gate_proj and up_proj are transformers' FP8
+linears (``FP8Linear`` of the fine-grained FP8 integration, ``FbgemmFp8Linear``)
+is swapped for a :class:`gatedmlp.fp8_module.Fp8GatedMLP`, which holds
+their tensors as they are (gatedmlp.fp8_module says what it computes and
+what it refuses), when its forward and activation pass the checks above.
+
 Mixture-of-Experts layers: transformers' experts modules ``Qwen3MoeExperts``,
 ``MixtralExperts`` and ``GptOssExperts`` (every expert's weights in 3-D
 parameters, called with the router's top-k ids and weights) are swapped for
@@ -496,6 +502,15 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     alone, as are other expert banks (3-D parameters of classes gatedmlp
     does not know).
 
+    FP8 MLPs, whose gate_proj and up_proj are transformers' ``FP8Linear``
+    (128 x 128 block or per-tensor scales) or ``FbgemmFp8Linear``
+    (per-channel scales), are swapped for a
+    :class:`gatedmlp.fp8_module.Fp8GatedMLP` (FP8 activations on the sm_90
+    gate/up kernel), under the same conditions on their forward, activation
+    and hooks; their tensors are taken over as they are (the same
+    parameters, ``mlp.gate_proj.weight_scale_inv`` and the others keep their
+    names).
+
     The patched model's ``state_dict()`` and ``save_pretrained()`` write the
     checkpoint's own keys (``mlp.gate_proj.weight``, ``mlp.up_proj.weight``,
     ...; Phi-3 ``mlp.gate_up_proj.weight``; ``mlp.experts.gate_up_proj``,
@@ -514,6 +529,7 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     forward raises where a gradient through gate/up (MoE experts: through
     any of their weights or the routing weights) would be needed.
     """
+    from gatedmlp.fp8_module import Fp8GatedMLP, _Fp8Plan, _is_fp8_mlp, _plan as _plan_fp8
     from gatedmlp.moe_module import MoEExperts, _experts_kind, _plan as _plan_experts
 
     # Plans hold no tensors: the old modules must be free to go as soon as
@@ -529,7 +545,7 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     for name, m in model.named_modules(remove_duplicate=False):
         if any(name.startswith(p + ".") for p in seen_inside):
             continue  # inside a gated MLP already handled
-        if isinstance(m, (GatedMLP, MoEExperts)):
+        if isinstance(m, (GatedMLP, MoEExperts, Fp8GatedMLP)):
             seen_inside.append(name)  # swapped already, by an earlier call or by hand
             continue
         experts = _experts_kind(m) is not None
@@ -539,11 +555,15 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
         if id(m) in plans:
             plans[id(m)][1].append(name)
             continue
+        fp8 = not experts and _is_fp8_mlp(m)
         if name == "":
-            plan, why = None, ("it is the model itself; build one with "
-                               f"{'MoEExperts.from_module' if experts else 'HFGatedMLP.from_hf'} instead")
+            builder = ("MoEExperts.from_module" if experts else "Fp8GatedMLP.from_module" if fp8
+                       else "HFGatedMLP.from_hf")
+            plan, why = None, f"it is the model itself; build one with {builder} instead"
         elif experts:
             plan, why = _plan_experts(m, owners)
+        elif fp8:
+            plan, why = _plan_fp8(m)
         else:
             plan, why = _plan(m, owners)
         if plan is None:
@@ -559,7 +579,9 @@ def patch_model(model: nn.Module, *, strict: bool = True) -> List[str]:
     swapped: List[str] = []
     for plan, names in plans.values():
         old = model.get_submodule(names[0])
-        new = HFGatedMLP._from_plan(old, plan) if isinstance(plan, _Plan) else MoEExperts._from_plan(old, plan)
+        new = (HFGatedMLP._from_plan(old, plan) if isinstance(plan, _Plan)
+               else Fp8GatedMLP._from_plan(old, plan) if isinstance(plan, _Fp8Plan)
+               else MoEExperts._from_plan(old, plan))
         for name in names:
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name), attr, new)

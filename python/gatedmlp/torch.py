@@ -7,6 +7,10 @@ torch.compile graphs without graph breaks and can be captured in CUDA
 graphs. They launch on ``torch.cuda.current_stream()``. ``mlp`` and
 ``quantized_mlp`` are a gate/up op followed by a down op.
 
+``Fp8GatedMLP`` (gatedmlp.fp8_module) is the MLP of an FP8 checkpoint (e4m3
+weights with per-tensor, per-channel or 128 x 128 block scales, as
+transformers' FP8Linear / FbgemmFp8Linear hold them) on FP8 activations.
+
 ``MoEExperts`` (gatedmlp.moe_module) stands in for the experts module of a
 Mixture-of-Experts layer (transformers' Qwen3MoeExperts, MixtralExperts,
 GptOssExperts), with the op ``gatedmlp::moe_mlp`` under it.
@@ -33,7 +37,7 @@ from gatedmlp import _gatedmlp as _C
 from gatedmlp.quant import _down_format
 
 __all__ = ["gate_up", "quantized_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
-           "QuantizedGatedMLP", "MoEExperts", "activation_name", "patch_model"]
+           "QuantizedGatedMLP", "MoEExperts", "Fp8GatedMLP", "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
 _HALVES = dict(_C.Half.__members__)
@@ -587,3 +591,4 @@ class GatedMLP(nn.Module):
 from gatedmlp.hf import HF_ACTIVATIONS as _HF_ACTIVATIONS, patch_model  # noqa: E402
 from gatedmlp.quantized_module import QuantizedGatedMLP  # noqa: E402,F401
 from gatedmlp.moe_module import MoEExperts  # noqa: E402,F401
+from gatedmlp.fp8_module import Fp8GatedMLP  # noqa: E402,F401
