@@ -451,7 +451,7 @@ def _plan(mlp: nn.Module, *, activation=None, check_forward: bool = True) -> Tup
     """How to build an Fp8GatedMLP from mlp, or (None, why not). With
     check_forward (patch_model): also mlp's forward, hooks, own state and
     activation module, as for 16-bit MLPs."""
-    from gatedmlp.hf import _hooks, _identify_activation, _match_forward
+    from gatedmlp.hf import _identify_activation, _match_forward, _state_or_hooks
 
     children = dict(mlp.named_children())
     for p in ("gate_proj", "up_proj", "down_proj"):
@@ -499,13 +499,9 @@ def _plan(mlp: nn.Module, *, activation=None, check_forward: bool = True) -> Tup
         return None, f"its tensors are on several devices ({', '.join(sorted(map(str, devices)))})"
 
     if check_forward:
-        own = [n for n, _ in mlp.named_parameters(recurse=False)] + [n for n, _ in mlp.named_buffers(recurse=False)]
-        if own:
-            return None, f"it has parameters or buffers of its own ({', '.join(own)})"
-        for n, m in [("", mlp)] + list(children.items()):
-            hooks = _hooks(m)
-            if hooks:
-                return None, f"{n or 'the module'} has {', '.join(hooks)}, which a swap would drop"
+        why = _state_or_hooks(mlp, children)
+        if why:
+            return None, why
         match, why = _match_forward(mlp, "separate")
         if match is None:
             return None, why

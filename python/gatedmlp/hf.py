@@ -358,6 +358,20 @@ def _self_attributes(fdef: ast.FunctionDef) -> List[str]:
     return seen
 
 
+def _state_or_hooks(mlp: nn.Module, children: Dict[str, nn.Module]) -> Optional[str]:
+    """Why a swap of mlp would lose something: parameters or buffers of
+    its own (beyond its projections), or hooks on it or its children; None
+    when there is nothing."""
+    own = [n for n, _ in mlp.named_parameters(recurse=False)] + [n for n, _ in mlp.named_buffers(recurse=False)]
+    if own:
+        return f"it has parameters or buffers of its own ({', '.join(own)})"
+    for n, m in [("", mlp)] + list(children.items()):
+        hooks = _hooks(m)
+        if hooks:
+            return f"{n or 'the module'} has {', '.join(hooks)}, which a swap would drop"
+    return None
+
+
 def _match_forward(mlp: nn.Module, layout: str) -> Tuple[Optional[Tuple[Optional[str], Optional[str]]], str]:
     """((activation attr, dropout attr or None), "") when mlp's forward is a
     known gated-MLP forward for its layout, else (None, why not)."""
@@ -415,13 +429,9 @@ def _plan(mlp: nn.Module, owners: Dict[int, set]) -> Tuple[Optional[_Plan], str]
         if not _is_plain_linear(children.get(p)):
             return None, (f"{p} is a {type(children.get(p)).__name__}, not a plain nn.Linear "
                           "(quantized, LoRA-wrapped, parametrized or tensor-parallel weights are not handled)")
-    own = [n for n, _ in mlp.named_parameters(recurse=False)] + [n for n, _ in mlp.named_buffers(recurse=False)]
-    if own:
-        return None, f"it has parameters or buffers of its own ({', '.join(own)})"
-    for n, m in [("", mlp)] + list(children.items()):
-        hooks = _hooks(m)
-        if hooks:
-            return None, f"{n or 'the module'} has {', '.join(hooks)}, which a swap would drop"
+    why = _state_or_hooks(mlp, children)
+    if why:
+        return None, why
     match, why = _match_forward(mlp, layout)
     if match is None:
         return None, why
