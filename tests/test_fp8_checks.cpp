@@ -679,3 +679,36 @@ TEST(Fp8Checks, PromoteKnobOnSimulatedH200) {
       }
   }
 }
+
+// Problem::fp8_promote asks for the promoting kernels per call, as the knob
+// does for every call: the plan's reason says so, the problem prints it,
+// and a plan made without it is not reused with it (the plan cache's key).
+// A 16-bit call ignores it, as it ignores x_scale.
+TEST(Fp8Checks, PromoteFieldOnSimulatedH200) {
+  if (!sm90::compiled()) GTEST_SKIP() << "this build has no sm_90a kernel";
+  ScopedEnvVar env("GATEDMLP_FP8_PROMOTE", nullptr);
+  Config c;
+  for (XScale xs : kXScales)
+    for (int rb : kWeightSchemes) {
+      Problem p = fp8_base();
+      p.x_scale = xs;
+      p.quant = fp8_weights(rb);
+      Problem q = p;
+      q.fp8_promote = true;
+      SCOPED_TRACE(to_string(q));
+      EXPECT_FALSE(detail::same_problem(p, q));
+      EXPECT_NE(to_string(q).find("fp8_promote"), std::string::npos) << to_string(q);
+      EXPECT_EQ(to_string(p).find("fp8_promote"), std::string::npos) << to_string(p);
+      const Status s = route(q, h200(), &c);
+      ASSERT_TRUE(s.ok()) << s.message();
+      EXPECT_NE(c.reason.find("in its own accumulator"), std::string::npos) << c.reason;
+    }
+  Problem b;
+  b.m = 64;
+  b.k = 256;
+  b.u = 128;
+  Problem b2 = b;
+  b2.fp8_promote = true;
+  EXPECT_TRUE(check_support(b2).ok());
+  EXPECT_TRUE(detail::same_problem(b, b2));
+}

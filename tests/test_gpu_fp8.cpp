@@ -763,6 +763,20 @@ TEST(GpuFp8, PromotingKernels) {
     if (HasFailure()) return;
   }
   st.print("GATEDMLP_FP8_PROMOTE=1");
+  {
+    // The same per call, without the knob: Problem::fp8_promote.
+    ScopedEnv unset("GATEDMLP_FP8_PROMOTE", nullptr);
+    Fp8Stats sf;
+    for (int i = 0; i < 12; ++i) {
+      Problem p = random_fp8_problem(rng, false);
+      p.fp8_promote = true;
+      SCOPED_TRACE("fp8_promote case " + std::to_string(i));
+      opt.variants = random_variants(rng);
+      run_fp8_case(p, rng, &sf, opt);
+      if (HasFailure()) return;
+    }
+    sf.print("Problem::fp8_promote");
+  }
   Fp8Stats sb;
   opt.promotes = true;
   for (int i = 0; i < 8; ++i) {

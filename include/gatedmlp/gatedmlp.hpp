@@ -250,9 +250,10 @@ struct Problem {
   // sums each 128-deep k-block in an accumulator of its own and adds it into
   // fp32 sums times the block's scales (promotion, as DeepGEMM does);
   // otherwise the tensor cores sum all of K, whose FP8 accumulation keeps
-  // fewer bits (mean error ~1.5-2x torch._scaled_mm's) unless the
-  // environment sets GATEDMLP_FP8_PROMOTE=1 (promotion: _scaled_mm's error,
-  // ~30 % slower). Per-tensor/row/channel scales multiply the total; then
+  // fewer bits (mean error ~1.5-2x torch._scaled_mm's) unless fp8_promote
+  // asks for promotion (_scaled_mm's error, at 1.2-1.5x the time; the
+  // environment's GATEDMLP_FP8_PROMOTE=1 sets it for every call).
+  // Per-tensor/row/channel scales multiply the total; then
   // alpha, the bias and the activation:
   //   g = alpha * sum_kb sx(r, kb) * sw_g(n, kb) * (Xq Wgq^T)_kb + bg, u likewise.
   // A checkpoint whose gate and up carry different per-tensor scales keeps
@@ -260,6 +261,7 @@ struct Problem {
   // of the fused tensor. Batch 1, weights out_in, no gather; K a multiple
   // of 16 (TMA rows of 16 bytes).
   XScale x_scale = XScale::tensor;
+  bool fp8_promote = false;  // FP8 without block scales: promote each k-block's sums to fp32 (see above)
 
   // Mixture-of-experts gather (see Gather above): batch 1, weights stored
   // out_in; runs on the decode kernels (16-bit or quantized), whatever m.

@@ -137,7 +137,7 @@ def _as_words(torch, w, name):
 
 def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None, bias_up=None, out=None,
                 out_dtype=None, preact=None, activation="silu", act_params=None, group=None, first="gate",
-                alpha: float = 1.0, stream=None, workspace=None):
+                alpha: float = 1.0, promote: bool = False, stream=None, workspace=None):
     """gate_up on FP8 activations and FP8 weights (sm_90 only), for PyTorch
     tensors:
 
@@ -148,7 +148,8 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     k-block summed on the tensor cores, each k-block's sum added into fp32
     sums, times its block scales where x or w has them (calls without block
     scales sum all of K on the tensor cores, whose FP8 accumulation keeps
-    fewer bits, unless GATEDMLP_FP8_PROMOTE=1); scales per tensor,
+    fewer bits: mean error 1.5-2x torch._scaled_mm's, unless promote=True,
+    which gives _scaled_mm's at 1.2-1.5x the time); scales per tensor,
     token or channel multiply the whole sum (as torch._scaled_mm does);
     then alpha, the bias and the activation in fp32; rounded once, to out's
     dtype.
@@ -195,6 +196,9 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     preact:     optional [M, 2U] output of the scaled GEMM results plus bias,
                 before the activation (columns in weight-row order; separate
                 weights: [gate | up]).
+    promote:    True: without block scales too, each 128-deep k-block
+                summed apart and added into fp32 (Problem.fp8_promote);
+                block-scaled calls always are.
     activation, act_params, first, alpha, stream, workspace: as for
                 gatedmlp.gate_up.
 
@@ -337,7 +341,7 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
                activation=activation, act_params=act_params, group=0 if group is None else int(group), first=first,
                alpha=alpha, stream=handle, workspace=_export(workspace),
                workspace_alloc=alloc, scales=to(passed[0]), scales_up=to(passed[1]) if sep else None,
-               quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True)
+               quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True, fp8_promote=bool(promote))
     return out
 
 

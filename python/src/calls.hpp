@@ -110,6 +110,7 @@ void describe_input(const TensorView& x, Problem* p, bool fp8 = false);
 struct Fp8Args {
   nb::handle x_scales;
   bool x_fp8 = false;
+  bool fp8_promote = false;  // Problem::fp8_promote (FP8 activations only)
 };
 
 // Whether x holds FP8 activations: float8_e4m3fn, or 8-bit integers with

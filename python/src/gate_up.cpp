@@ -24,6 +24,7 @@ struct GateUpOptions {
   float alpha = 1.0f;
   std::optional<QuantFormat> quant;  // set: w (and w_up) are packed words
   bool x_fp8 = false;                // x's 8-bit integers are float8_e4m3fn bytes
+  bool fp8_promote = false;          // Problem::fp8_promote
 };
 
 // The quantized half of describe(): w's words (and w_up's) with their
@@ -58,6 +59,10 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
     describe_input(x, &p, fp8);
   }
   if (fp8) describe_x_scales(*t.x_scales, &p);
+  if (o.fp8_promote && !fp8)
+    raise_invalid("'fp8_promote' goes with FP8 activations ('x' float8_e4m3fn with its 'x_scales'); 'x' is " +
+                  x.dtype_name());
+  p.fp8_promote = o.fp8_promote;
   const bool batched = x.ndim == 3;
 
   p.activation = o.activation;
@@ -211,6 +216,7 @@ GateUpOptions make_options(Activation activation, std::optional<ActivationParams
   GateUpOptions o;
   o.quant = q.format;
   o.x_fp8 = f.x_fp8;
+  o.fp8_promote = f.fp8_promote;
   o.activation = activation;
   if (act_params) o.act_params = *act_params;
   o.group = group;

@@ -270,14 +270,14 @@ Status select_fp8(const Problem& r, const Arguments* a, const DeviceInfo& dev, C
   Config c = hopper_config(t);
   std::ostringstream os;
   const bool blocked = r.quant.row_block == 128;
-  const bool promote = blocked || r.x_scale == XScale::block || sm90::fp8_promotes();
+  const bool promote = blocked || r.x_scale == XScale::block || r.fp8_promote || sm90::fp8_promotes();
   os << "FP8 e4m3 on the Hopper TMA + wgmma path: x scaled per "
      << (r.x_scale == XScale::row ? "row" : r.x_scale == XScale::block ? "row and 128 of K" : "tensor")
      << ", weights per " << (blocked ? "128 x 128 block" : r.quant.row_block == 1 ? "output channel" : "tensor")
      << (promote ? "; each 128-deep k-block summed by m64n128k32 wgmmas in its own accumulator and added into "
                    "fp32 sums (block scales applied there)"
-                 : "; m64n256k32 wgmmas accumulating all of K in the tensor cores (GATEDMLP_FP8_PROMOTE=1: "
-                   "each k-block promoted to fp32)")
+                 : "; m64n256k32 wgmmas accumulating all of K in the tensor cores (fp8_promote: each k-block "
+                   "promoted to fp32)")
      << ", the other scales applied to the sums in the epilogue; persistent, one CTA per SM, " << t.tile_n
      << "-column cooperative tiles, " << t.tile_k << "-deep k-blocks, clusters of "
      << std::min(sm90::cluster_size(r), 2);

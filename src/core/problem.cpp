@@ -122,7 +122,8 @@ std::string to_string(const Problem& p) {
   const bool down = p.op == Operation::down;
   os << "Problem{" << (down ? "down " : "") << "m=" << p.m << " k=" << p.k << " u=" << p.u << " batch=" << p.batch
      << " in=" << to_string(p.input_dtype);
-  if (p.input_dtype == DType::fp8_e4m3) os << "(x_scale=" << to_string(p.x_scale) << ")";
+  if (p.input_dtype == DType::fp8_e4m3)
+    os << "(x_scale=" << to_string(p.x_scale) << (p.fp8_promote ? ", fp8_promote" : "") << ")";
   os << " out=" << to_string(p.output_dtype);
   if (!down || p.glu_input) {
     os << (down ? " glu_input=" : " act=") << to_string(p.activation);
@@ -207,7 +208,7 @@ bool same_problem(const Problem& a, const Problem& b) {
          (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
                            a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
                            a.scale_dtype == b.scale_dtype)) &&
-         (a.input_dtype != DType::fp8_e4m3 || a.x_scale == b.x_scale) &&
+         (a.input_dtype != DType::fp8_e4m3 || (a.x_scale == b.x_scale && a.fp8_promote == b.fp8_promote)) &&
          a.gather.experts == b.gather.experts && a.has_row_scale == b.has_row_scale &&
          (!a.has_row_scale || a.row_scale_dtype == b.row_scale_dtype) &&
          (a.gather.experts == 0 ||

@@ -575,7 +575,7 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
     p.x_scale_block = r.x_scale == XScale::block;
     p.w_scale_block = r.quant.row_block == 128;
     p.k_groups = static_cast<int>((r.k + 127) / 128);
-    p.fp8_promote = p.x_scale_block || p.w_scale_block || fp8_promotes();
+    p.fp8_promote = p.x_scale_block || p.w_scale_block || r.fp8_promote || fp8_promotes();
     p.scale_dtype = static_cast<int>(r.scale_dtype);
   }
   const int act = static_cast<int>(r.activation);

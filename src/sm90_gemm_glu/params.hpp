@@ -150,7 +150,7 @@ struct Params {
   int x_scale_row, w_scale_col, scale_dtype;
   int x_scale_block, w_scale_block;
   int k_groups;     // ceil(K / 128)
-  int fp8_promote;  // the promoting kernels (any block scale, or fp8_promotes())
+  int fp8_promote;  // the promoting kernels (any block scale, Problem::fp8_promote or fp8_promotes())
 };
 
 // A grouped call's table: the row units it may need, an upper bound known

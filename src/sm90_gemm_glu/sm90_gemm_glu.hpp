@@ -65,10 +65,11 @@ std::string blocker(const Problem& resolved, const Arguments* args);
 // why the e4m3 kernels cannot take it, or "". `args` may be null.
 std::string fp8_blocker(const Problem& resolved, const Arguments* args);
 
-// Whether FP8 calls scaled per tensor, row or channel take the promoting
-// kernels (each 128-deep k-block summed apart, then added in fp32): only
-// with GATEDMLP_FP8_PROMOTE=1 (their error is _scaled_mm's, but they run
-// ~30 % slower, h71). Block scales always take them.
+// Whether every FP8 call scaled per tensor, row or channel takes the
+// promoting kernels (each 128-deep k-block summed apart, then added in
+// fp32), as Problem::fp8_promote asks per call: GATEDMLP_FP8_PROMOTE=1
+// (their error is _scaled_mm's, at 1.2-1.5x the time, h71). Block scales
+// always take them.
 bool fp8_promotes();
 
 // Workspace for the split tail of `ctas` CTAs: a flag and a 64 x 256 fp32

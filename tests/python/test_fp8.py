@@ -313,6 +313,22 @@ def test_binding_refuses_malformed_fp8_calls():
         _problem(torch.zeros(m, k, dtype=torch.float8_e5m2), words, one, one)
 
 
+def test_binding_fp8_promote():
+    """fp8_promote=True reaches Problem.fp8_promote (printed, and a field of
+    its own); with 16-bit x it is a mistake, named."""
+    m, k, u = 5, 64, 24
+    x, w = fp8(m, k), fp8(2 * u, k).view(torch.int32)
+    p = _problem(x, w, torch.ones(1), torch.ones(1))
+    assert p.fp8_promote is False and "fp8_promote" not in repr(p)
+    q = _problem(x, w, torch.ones(1), torch.ones(1), fp8_promote=True)
+    assert q.fp8_promote is True and "fp8_promote" in repr(q), repr(q)
+    assert gatedmlp.check_support(q), gatedmlp.check_support(q).message
+    xb = torch.randn(m, k, dtype=torch.bfloat16)
+    wb = torch.randn(2 * u, k, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="'fp8_promote' goes with FP8 activations"):
+        C.make_problem(dl(xb), dl(wb), None, fp8_promote=True)
+
+
 def test_binding_describes_block_scales():
     """x_scales of M * ceil(K / 128) values are XScale.block ([M, ceil(K /
     128)] row-major, or flat); 1 and M keep their meaning wherever they
@@ -1223,6 +1239,12 @@ def test_fp8_with_promotion(monkeypatch):
             assert_within_rule(y, base, ref, f"GATEDMLP_FP8_PROMOTE=1 {what} {odt} against {which}", acc=acc)
     monkeypatch.delenv("GATEDMLP_FP8_PROMOTE")
     assert plan_reason(xq, sx, w, sw, 0) == fast
+    # The same per call: promote=True (Problem.fp8_promote).
+    ref, g64, u64 = reference(xq, sx, w, sw)
+    acc = (g64, u64, *magnitudes(xq, sx, w, sw, None, None, 1.0, 0, "gate"), k)
+    y = gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=torch.float32, promote=True)
+    base, which = baseline(xq, sx, w, sw, None, None, None, None, "silu", 1.0, 0, "gate", torch.float32)
+    assert_within_rule(y, base, ref, f"promote=True per tensor against {which}", acc=acc)
 
 
 @on_hopper
