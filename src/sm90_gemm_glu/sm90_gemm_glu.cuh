@@ -358,10 +358,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // sums times its block scales: the FP8 tensor cores keep too few
         // bits to sum all of K themselves. Two 32-register accumulators in
         // turn, so that one quarter's wgmmas run while the other's sums are
-        // added: half tiles (64 registers, no room for two) had each
-        // warpgroup wait on its wgmmas with the tensor cores idle, 30 %
-        // slower (h71). (Carried into the next k-block, the last quarter's
-        // wgmmas made ptxas serialize them all.)
+        // added. That was no faster than half tiles (one 64-register
+        // accumulator, a wait per half) nor than the two warpgroups taking
+        // turns to issue: every form took 1.2-1.5x the all-of-K loop's time
+        // (h71, docs/notes/fp8.md). (Carried into the next k-block, the last
+        // quarter's wgmmas made ptxas serialize them all.)
 #pragma unroll
         for (int i = 0; i < BNO; ++i) d[i] = 0.f;
         const bool blk = p.x_scale_block || p.w_scale_block;
