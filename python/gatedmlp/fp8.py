@@ -137,7 +137,7 @@ def _as_words(torch, w, name):
 
 def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None, bias_up=None, out=None,
                 out_dtype=None, preact=None, activation="silu", act_params=None, group=None, first="gate",
-                alpha: float = 1.0, promote: bool = False, stream=None, workspace=None):
+                alpha: float = 1.0, promote: bool = False, stream=None, workspace=None, _hold_workspace=True):
     """gate_up on FP8 activations and FP8 weights (sm_90 only), for PyTorch
     tensors:
 
@@ -200,7 +200,8 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
                 summed apart and added into fp32 (Problem.fp8_promote);
                 block-scaled calls always are.
     activation, act_params, first, alpha, stream, workspace: as for
-                gatedmlp.gate_up.
+                gatedmlp.gate_up. (gatedmlp.torch.fp8_gate_up is the same
+                call as a PyTorch operator, for torch.compile and export.)
 
     Every argument is checked, naming it and its values (ValueError:
     gatedmlp.InvalidArgumentError), before anything is allocated or launched.
@@ -341,7 +342,8 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
                activation=activation, act_params=act_params, group=0 if group is None else int(group), first=first,
                alpha=alpha, stream=handle, workspace=_export(workspace),
                workspace_alloc=alloc, scales=to(passed[0]), scales_up=to(passed[1]) if sep else None,
-               quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True, fp8_promote=bool(promote))
+               quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True, fp8_promote=bool(promote),
+               hold_workspace=_hold_workspace)
     return out
 
 

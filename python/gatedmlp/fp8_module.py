@@ -50,7 +50,9 @@ its order, dtypes and shapes.
 
 Inference only, like the other modules: forward raises where a gradient
 would be needed (grad enabled and x, a weight or a bias requiring grad).
-No custom op yet: under torch.compile the kernel call is a graph break.
+gate/up goes through the ``gatedmlp::fp8_gate_up`` operator
+(:func:`gatedmlp.torch.fp8_gate_up`), so torch.compile traces it without a
+graph break.
 """
 
 from __future__ import annotations
@@ -277,11 +279,6 @@ class Fp8GatedMLP(nn.Module):
         return new
 
     # ------------------------------------------------------------ forward
-    def _act_params(self):
-        if self.activation != "swiglu_clamped":
-            return None
-        return _g.ActivationParams(clamp_alpha=self.clamp_alpha, clamp_limit=self.clamp_limit)
-
     def _quantize_x(self, x2: Tensor) -> Tuple[Tensor, Tensor]:
         """(x_e4m3 [M, K], x_scale) as the checkpoint's forward quantizes x."""
         sg, su = self.gate_proj.x_scale(), self.up_proj.x_scale()
@@ -314,9 +311,11 @@ class Fp8GatedMLP(nn.Module):
             return x.new_empty((*lead, hidden))
         g, u = self.gate_proj, self.up_proj
         xq, xs = self._quantize_x(x2)
-        h = _g.fp8_gate_up(xq, xs, g.weight, g.w_scale(), w_up=u.weight, w_up_scale=u.w_scale(), bias=g.bias,
-                           bias_up=u.bias, out_dtype=x.dtype, activation=self.activation,
-                           act_params=self._act_params(), promote=self.promote)
+        from gatedmlp.torch import fp8_gate_up  # the operator: no graph break under torch.compile
+
+        h = fp8_gate_up(xq, xs, g.weight, g.w_scale(), w_up=u.weight, w_up_scale=u.w_scale(), bias=g.bias,
+                        bias_up=u.bias, out_dtype=x.dtype, activation=self.activation, clamp_alpha=self.clamp_alpha,
+                        clamp_limit=self.clamp_limit, promote=self.promote)
         # The down projection: FP8 e4m3 weights go to the library's FP8
         # weight-only kernel (quantized_down, what QuantizedGatedMLP runs; it
         # takes 128 x 128 block, per-channel and per-tensor scales) with h in

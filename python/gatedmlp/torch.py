@@ -36,7 +36,7 @@ import gatedmlp as _g
 from gatedmlp import _gatedmlp as _C
 from gatedmlp.quant import _down_format
 
-__all__ = ["gate_up", "quantized_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
+__all__ = ["gate_up", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
            "QuantizedGatedMLP", "MoEExperts", "Fp8GatedMLP", "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
@@ -277,6 +277,53 @@ def quantized_gate_up(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Te
     return torch.ops.gatedmlp.quantized_gate_up(*args)
 
 
+# ---------------------------------------------------------------- FP8 activations
+def _fp8_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activation, clamp_alpha, clamp_limit, group,
+                first, alpha, promote, out_dtype, hold=True):
+    # What the gatedmlp::fp8_gate_up op computes, for real tensors only
+    # (hold: as _gate_up_direct's).
+    ap = _C.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit)
+    return _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
+                          out_dtype=out_dtype, activation=activation, act_params=ap, group=group or None,
+                          first=first, alpha=alpha, promote=promote, _hold_workspace=hold)
+
+
+@torch.library.custom_op("gatedmlp::fp8_gate_up", mutates_args=())
+def _fp8_gate_up_op(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, w_up: Optional[Tensor],
+                    w_up_scale: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor], activation: str,
+                    clamp_alpha: float, clamp_limit: float, group: int, first: str, alpha: float, promote: bool,
+                    out_dtype: Optional[torch.dtype]) -> Tensor:
+    return _fp8_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activation, clamp_alpha, clamp_limit,
+                       group, first, alpha, promote, out_dtype, hold=False)
+
+
+@_fp8_gate_up_op.register_fake
+def _fp8_gate_up_fake(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activation, clamp_alpha, clamp_limit,
+                      group, first, alpha, promote, out_dtype):
+    u = w.shape[0] if w_up is not None else w.shape[0] // 2
+    return x.new_empty((x.shape[0], u), dtype=out_dtype or torch.bfloat16)
+
+
+def fp8_gate_up(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, *, w_up: Optional[Tensor] = None,
+                w_up_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None, bias_up: Optional[Tensor] = None,
+                activation="silu", clamp_alpha: float = 1.702, clamp_limit: float = 7.0, group: int = 0,
+                first="gate", alpha: float = 1.0, promote: bool = False,
+                out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """gatedmlp.fp8_gate_up as a PyTorch op (FP8 x [M, K] with its scales,
+    FP8 weights with theirs; per tensor, per row / channel, or 1 x 128 / 128 x
+    128 blocks): returns y [M, U] of out_dtype (default bfloat16). The
+    arguments are fp8_gate_up's; a traced call (torch.compile, export) is the
+    gatedmlp::fp8_gate_up operator, a plain CUDA call runs directly."""
+    _check_no_grad(x, bias, bias_up)
+    act = activation if activation in _ACTIVATIONS else activation_name(activation)
+    first = first if first in _HALVES else _name(first, _HALVES, "first")
+    args = (x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, act, float(clamp_alpha), float(clamp_limit),
+            int(group), first, float(alpha), bool(promote), out_dtype)
+    if x.is_cuda and type(x) is Tensor and not _traced():
+        return _fp8_direct(*args)
+    return torch.ops.gatedmlp.fp8_gate_up(*args)
+
+
 # ---------------------------------------------------------------- the down projection
 def _down_features(w: Tensor, storage: str) -> int:
     return w.shape[-1] if storage == "in_out" else w.shape[-2]
@@ -446,6 +493,7 @@ def _setup_context(ctx, inputs, output):
 torch.library.register_autograd("gatedmlp::gate_up", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::gate_up_preact", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::quantized_gate_up", _no_backward, setup_context=_setup_context)
+torch.library.register_autograd("gatedmlp::fp8_gate_up", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::down", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::quantized_down", _no_backward, setup_context=_setup_context)
 

@@ -1207,6 +1207,28 @@ def test_fp8_block_fused_layout_refused():
 
 
 @on_hopper
+def test_torch_op_matches_the_call():
+    """gatedmlp.torch.fp8_gate_up gives fp8_gate_up's bits, eager (the
+    direct call) and through the gatedmlp::fp8_gate_up operator under
+    torch.compile, for per-tensor and block scales."""
+    import gatedmlp.torch as gt
+
+    m, k, u = 200, 1024, 256
+    for xg, wg in (("tensor", "tensor"), ("block", "block128")):
+        xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), xg)
+        w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / k ** 0.5, wg)
+        want = gatedmlp.fp8_gate_up(xq, sx, w, sw, activation="gelu_tanh")
+        assert torch.equal(gt.fp8_gate_up(xq, sx, w, sw, activation="gelu_tanh"), want)
+
+        def f(xq, sx, w, sw):
+            return gt.fp8_gate_up(xq, sx, w, sw, activation="gelu_tanh")
+
+        with torch.no_grad():
+            got = torch.compile(f, fullgraph=True)(xq, sx, w, sw)
+        assert torch.equal(got, want), f"{xg}: compiled call differs"
+
+
+@on_hopper
 def test_fp8_with_promotion(monkeypatch):
     """GATEDMLP_FP8_PROMOTE=1: calls without block scales take the
     promoting kernels too (plan() says so) and meet the rule; block-scaled

@@ -27,7 +27,7 @@ class HFMLP(nn.Module):
 
 
 def test_ops_are_registered():
-    for name in ("gate_up", "gate_up_preact", "gate_up_out", "quantized_gate_up"):
+    for name in ("gate_up", "gate_up_preact", "gate_up_out", "quantized_gate_up", "fp8_gate_up"):
         assert hasattr(torch.ops.gatedmlp, name)
 
 
@@ -79,6 +79,31 @@ def test_quantized_fake_shapes_opcheck_and_compile():
         assert torch.compile(f, backend="eager", fullgraph=True)(x, wq, s, s.clone()).shape == (2, 3, 48)
     with pytest.raises(gatedmlp.InvalidArgumentError, match="nvfp4"):
         gt.quantized_gate_up(x, wq, s, mode="nvfp4")
+
+
+def test_fp8_fake_shapes_opcheck_and_compile():
+    """gatedmlp::fp8_gate_up on meta tensors: [M, U] of out_dtype (bf16 by
+    default) for fused and separate weights and every scaling; its schema
+    and fake implementation pass opcheck; torch.compile traces it whole."""
+    f8 = dict(device="meta", dtype=torch.float8_e4m3fn)
+    f32 = dict(device="meta", dtype=torch.float32)
+    x, w = torch.empty(5, 256, **f8), torch.empty(96, 256, **f8)
+    for xs, ws in ((torch.empty(1, **f32), torch.empty(1, **f32)), (torch.empty(5, 1, **f32), torch.empty(96, 1, **f32)),
+                   (torch.empty(5, 2, **f32), torch.empty(1, 2, **f32))):
+        y = gt.fp8_gate_up(x, xs, w, ws)
+        assert y.shape == (5, 48) and y.dtype == torch.bfloat16
+    assert gt.fp8_gate_up(x, xs, w, ws, out_dtype=torch.float32).dtype == torch.float32
+    wg = torch.empty(48, 256, **f8)
+    assert gt.fp8_gate_up(x, xs, wg, ws, w_up=wg.clone(), w_up_scale=ws.clone(), promote=True).shape == (5, 48)
+    args = (x, xs, w, ws, None, None, None, None, "silu", 1.702, 7.0, 0, "gate", 1.0, False, None)
+    torch.library.opcheck(torch.ops.gatedmlp.fp8_gate_up.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+    def f(x, xs, w, ws):
+        return gt.fp8_gate_up(x, xs, w, ws, activation="swiglu_clamped", promote=True).float() * 2.0
+
+    with torch.no_grad():
+        assert torch.compile(f, backend="eager", fullgraph=True)(x, xs, w, ws).shape == (5, 48)
 
 
 def test_compile_traces_without_graph_breaks():
