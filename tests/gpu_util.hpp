@@ -22,6 +22,7 @@
 
 #include "gatedmlp/gatedmlp.hpp"
 #include "reference/reference.hpp"
+#include "scoped_env.hpp"
 
 #define CUDA_OK(expr)                                                                        \
   do {                                                                                       \
@@ -215,28 +216,6 @@ inline double worst_row_rel_diff(const std::vector<unsigned char>& a, const std:
 }
 
 inline constexpr const char* kForcePathEnv = "GATEDMLP_FORCE_PATH";
-
-// Sets (value) or unsets (nullptr) an environment variable for a scope and
-// restores what was there before. The dispatcher reads GATEDMLP_FORCE_PATH on
-// every plan() and run().
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = std::string(old);
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_.c_str(), old_->c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
 
 // run() with the workspace given, optionally with GATEDMLP_LOG=1 and its
 // stderr captured: the log must then contain `must_contain` (a launcher's

@@ -18,6 +18,7 @@
 #include "gatedmlp/gatedmlp.hpp"
 #include "gatedmlp/quant.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+#include "scoped_env.hpp"
 #include "simulated_devices.hpp"
 
 using namespace gatedmlp;
@@ -106,29 +107,6 @@ detail::DeviceInfo h200() { return test::simulated_h200(); }
 
 detail::DeviceInfo a100() { return test::simulated_a100(); }
 
-// Sets (value) or unsets (nullptr) an environment variable for a scope,
-// restoring what was there before.
-class ScopedEnvVar {
- public:
-  ScopedEnvVar(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      had_ = true;
-      old_ = old;
-    }
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnvVar() {
-    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-  ScopedEnvVar(const ScopedEnvVar&) = delete;
-  ScopedEnvVar& operator=(const ScopedEnvVar&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 // select_config with the dispatcher's knobs unset.
 Status route(const Problem& p, const detail::DeviceInfo& dev, Config* c) {
@@ -660,7 +638,7 @@ TEST(Fp8Checks, PromoteKnobOnSimulatedH200) {
   if (!sm90::compiled()) GTEST_SKIP() << "this build has no sm_90a kernel";
   Config c;
   for (const char* knob : {static_cast<const char*>(nullptr), "1", "0", "yes"}) {
-    ScopedEnvVar env("GATEDMLP_FP8_PROMOTE", knob);
+    test::ScopedEnv env("GATEDMLP_FP8_PROMOTE", knob);
     for (XScale xs : kXScales)
       for (int rb : kWeightSchemes) {
         Problem p = fp8_base();
@@ -686,7 +664,7 @@ TEST(Fp8Checks, PromoteKnobOnSimulatedH200) {
 // A 16-bit call ignores it, as it ignores x_scale.
 TEST(Fp8Checks, PromoteFieldOnSimulatedH200) {
   if (!sm90::compiled()) GTEST_SKIP() << "this build has no sm_90a kernel";
-  ScopedEnvVar env("GATEDMLP_FP8_PROMOTE", nullptr);
+  test::ScopedEnv env("GATEDMLP_FP8_PROMOTE", nullptr);
   Config c;
   for (XScale xs : kXScales)
     for (int rb : kWeightSchemes) {

@@ -289,8 +289,9 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 // Thread t of the warpgroup holds D(row, col) in d[i], i < N, for
 //   row = 16*(t/32) + (t%32)/4 + 8*((i/2)%2),  col = 8*(i/4) + 2*(t%4) + i%2.
 // N = 128 (m64n256k16), 96 (m64n192k16, the 96-column ping-pong tile) or 88
-// (m64n176k16, the narrow tile's gate 88 + up 88 rows): each list is the
-// one before it and more.
+// (m64n176k16, the narrow tile's gate 88 + up 88 rows); for e4m3 also 32
+// (m64n64k32, the promoting kernels' quarters): each list is the one before
+// it and more.
 #define GATEDMLP_WGMMA_D32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -335,7 +336,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   C(d[112]), C(d[113]), C(d[114]), C(d[115]), C(d[116]), C(d[117]), C(d[118]), C(d[119]), \
   C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127])
 
-// SHAPE: "m64n256k16", "m64n192k16" or "m64n176k16" (FP8: "m64n256k32");
+// SHAPE: "m64n256k16", "m64n192k16" or "m64n176k16" (FP8: "m64n256k32" or
+// "m64n64k32");
 // DREGS, OPS: the matching lists; A, B, SCALE: the operand numbers after the
 // accumulators; IMM: the immediates after scale-d: the scales of A and B
 // (1), and for 16-bit types their transposes (0: both K-major; FP8
@@ -355,8 +357,6 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
                  GATEDMLP_WGMMA_S##N, C, "1, 1")
 #define GATEDMLP_WGMMA_B32 "33"
 #define GATEDMLP_WGMMA_S32 "34"
-#define GATEDMLP_WGMMA_B64 "65"
-#define GATEDMLP_WGMMA_S64 "66"
 #define GATEDMLP_WGMMA_B88 "89"
 #define GATEDMLP_WGMMA_S88 "90"
 #define GATEDMLP_WGMMA_B96 "97"
@@ -413,8 +413,6 @@ __device__ __forceinline__ void wgmma_quarter_fp8(float (&d)[32], uint64_t a_des
 #undef GATEDMLP_WGMMA_N_FP8
 #undef GATEDMLP_WGMMA_B32
 #undef GATEDMLP_WGMMA_S32
-#undef GATEDMLP_WGMMA_B64
-#undef GATEDMLP_WGMMA_S64
 #undef GATEDMLP_WGMMA_B88
 #undef GATEDMLP_WGMMA_S88
 #undef GATEDMLP_WGMMA_B96
