@@ -46,6 +46,14 @@ sw, rounded to bf16) + GLU, which does not depend on _scaled_mm taking
 block scales): max |diff| / max |baseline| must be <= 2e-2 (FAILED
 otherwise, and the exit status 1; the run goes on).
 
+--fp8-out (default "row"; "row,mn", or "none"): fp8 gatedmlp with an FP8
+Y, float8_e4m3fn [M, U] with its 1 x 128 group scales ([M, U / 128] fp32,
+row-major "row" or MN-major "mn", strides (1, align4(M))), per scaling,
+against the same call's bf16 Y in the same run: the bar is time with the
+FP8 Y <= 1.03x the bf16 Y's (the FP8 issue); checked first (the FP8 Y
+times its scales against the bf16 Y: max |diff| / max |bf16 Y| <= 2^-4,
+one e4m3 step).
+
 --promote: GATEDMLP_FP8_PROMOTE for the fp8 gatedmlp calls ("1": each
 128-deep k-block summed apart and added into fp32; unset, the default: all
 of K summed in the tensor cores' accumulator; block-scaled calls always
@@ -70,7 +78,7 @@ fp8_<scaling>_promote_us and fp8_<scaling>_promote_vs_default).
 
     PYTHONPATH=build-gpu/python python3 scripts/bench_fp8.py [--model 8b,70b,qwen3-32b]
         [--m 1024,2048,4096,8192,16384] [--iters 20] [--acc-m 2048] [--compile-timeout 600]
-        [--promote env|on|off|both] [--json out.json]
+        [--promote env|on|off|both] [--fp8-out row|mn|row,mn|none] [--json out.json]
 """
 
 from __future__ import annotations
@@ -100,6 +108,8 @@ BAR_VS_BF16_M = 2048  # ... from this M on
 BAR_VS_MM = 1.0       # fp8 gatedmlp against _scaled_mm alone (same scaling) ...
 BAR_VS_MM_M = 1024    # ... from this M on
 BAR_BLOCK_VS_TENSOR = 0.9  # fp8 gatedmlp block scaling against its own per-tensor time, at every M
+BAR_FP8_OUT = 1.03    # fp8 gatedmlp with an FP8 Y and its scales: time at most this x the bf16 Y's
+CHECK_FP8_OUT_TOL = 2.0 ** -4  # max |FP8 Y x scale - bf16 Y| / max |bf16 Y|: one e4m3 step
 SCALINGS = ("tensor", "row", "block")
 QUANT = {"tensor": ("tensor", "tensor"), "row": ("row", "row"), "block": ("block", "block128")}  # x's, w's
 PROMOTE_ENV = "GATEDMLP_FP8_PROMOTE"
@@ -275,7 +285,17 @@ def time_us(fn, iters):
     return graph_time_us([fn] * CALLS, reps=iters)
 
 
-def bench_model(name: str, ms: list[int], iters: int, compile_timeout: float, promote: str) -> list[dict]:
+def fp8_out_scales(m, u, layout, device):
+    """An FP8 Y's scales, [m, ceil(u / 128)] fp32: row-major, or MN-major
+    (strides (1, align4(m)))."""
+    g = ceil_div(u, 128)
+    if layout == "mn":
+        return torch.empty(g, ceil_div(m, 4) * 4, device=device).t()[:m]
+    return torch.empty(m, g, device=device)
+
+
+def bench_model(name: str, ms: list[int], iters: int, compile_timeout: float, promote: str,
+                fp8_out: list[str]) -> list[dict]:
     k, u = MODELS[name]
     mmax = max(ms)
     modes = PROMOTE_MODES[promote]
@@ -283,6 +303,7 @@ def bench_model(name: str, ms: list[int], iters: int, compile_timeout: float, pr
     w16 = torch.randn(2 * u, k, device="cuda", dtype=torch.bfloat16) * 0.02
     q = {s: Quantized(x16, w16, s) for s in SCALINGS}
     y = torch.empty(mmax, u, device="cuda", dtype=torch.bfloat16)
+    y8 = torch.empty(mmax, u, device="cuda", dtype=torch.float8_e4m3fn)
     # Block scaling's check: the bf16 GEMM of the dequantized inputs + GLU
     # (independent of _scaled_mm's blockwise support).
     wdq16 = deq_w(q["block"].wq, q["block"].sw, True, torch.bfloat16)
@@ -355,8 +376,34 @@ def bench_model(name: str, ms: list[int], iters: int, compile_timeout: float, pr
                     if not diff <= CHECK_TOL:  # also catches NaN
                         fail(f"{what}: max |fp8 gatedmlp - {check_against}| / max |{check_against}| ({s} scaling"
                              f"{promote_label(env)}) = {diff:.3e} > {CHECK_TOL}")
-                del got
                 put(key, lambda xq=xq, sx=sx, qs=qs: gatedmlp.fp8_gate_up(xq, sx, qs.wq, qs.sw, out=out), env)
+                if suffix:
+                    del got
+                    continue
+                # The FP8 Y (default promotion setting only): checked against
+                # this call's bf16 Y, then timed.
+                for layout in fp8_out:
+                    okey = f"fp8_{s}_fp8out_{layout}"
+                    ys = fp8_out_scales(m, u, layout, x.device)
+                    try:
+                        with promote_env(env):
+                            q8, _ = gatedmlp.fp8_gate_up(xq, sx, qs.wq, qs.sw, out=y8[:m], y_scale=ys)
+                        deq = q8.float() * ys.repeat_interleave(128, dim=1)[:, :u]
+                        row[f"{okey}_check_rel_max_diff"] = diff = rel_max_diff(deq, got)
+                        del deq
+                        if not diff <= CHECK_FP8_OUT_TOL:
+                            fail(f"{what}: max |FP8 Y x scale - bf16 Y| / max |bf16 Y| ({s} scaling, {layout} scales)"
+                                 f" = {diff:.3e} > {CHECK_FP8_OUT_TOL}")
+                    except Exception as ex:  # noqa: BLE001
+                        row[f"{okey}_error"] = short(ex)
+                        fail(f"{what}: gatedmlp.fp8_gate_up with an FP8 Y ({s}, {layout}) raised {short(ex)}")
+                        continue
+                    put(okey, lambda xq=xq, sx=sx, qs=qs, ys=ys: gatedmlp.fp8_gate_up(
+                        xq, sx, qs.wq, qs.sw, out=y8[:m], y_scale=ys), env)
+                    if f"{okey}_us" in row and f"{key}_us" in row:
+                        row[f"{okey}_vs_bf16_out"] = row[f"{okey}_us"] / row[f"{key}_us"]
+                        row[f"bar_{okey}_met"] = row[f"{okey}_vs_bf16_out"] <= BAR_FP8_OUT
+                del got
             del ref
             if mm is not None:
                 put(f"scaled_mm_{s}", mm)
@@ -396,7 +443,7 @@ def bench_model(name: str, ms: list[int], iters: int, compile_timeout: float, pr
             row["bar_block_vs_tensor_met"] = row["fp8_block_vs_fp8_tensor"] >= BAR_BLOCK_VS_TENSOR
         rows.append(row)
         print_row(row)
-    del x16, w16, q, y, compiled, wdq16
+    del x16, w16, q, y, y8, compiled, wdq16
     torch._dynamo.reset()
     free_memory()
     return rows
@@ -445,6 +492,14 @@ def print_row(row):
                 if "bar_block_vs_tensor_met" in row:
                     line += f" (bar {BAR_BLOCK_VS_TENSOR}x: {'met' if row['bar_block_vs_tensor_met'] else 'MISSED'})"
             line += f"  check {ratio(f'fp8_{s}_check_rel_max_diff'):.1e}"
+            for layout in ("row", "mn"):
+                okey = f"fp8_{s}_fp8out_{layout}"
+                if f"{okey}_us" in row or f"{okey}_error" in row:
+                    line += "\n         " + col(okey, f"FP8 Y ({layout} scales)")
+                    if f"{okey}_vs_bf16_out" in row:
+                        line += (f"  time / bf16 Y {row[f'{okey}_vs_bf16_out']:5.3f}x (bar <= {BAR_FP8_OUT}x: "
+                                 f"{'met' if row[f'bar_{okey}_met'] else 'MISSED'})"
+                                 f"  check {ratio(f'{okey}_check_rel_max_diff'):.1e}")
             for suffix, _ in modes[1:]:
                 line += f" check{suffix} {ratio(f'fp8_{s}{suffix}_check_rel_max_diff'):.1e}"
     print(line, flush=True)
@@ -455,7 +510,8 @@ def summary(rows):
     both = any(len(PROMOTE_MODES[r.get("promote", "env")]) > 1 for r in rows)
     print(f"\nbars: fp8 / bf16 gatedmlp >= {BAR_VS_BF16}x at M >= {BAR_VS_BF16_M}; fp8 gatedmlp / _scaled_mm "
           f">= {BAR_VS_MM}x at M >= {BAR_VS_MM_M} (same scaling); fp8 block / fp8 tensor (gatedmlp's own) >= "
-          f"{BAR_BLOCK_VS_TENSOR}x" + (f"; promote: time with {PROMOTE_ENV}=1 / unset" if both else ""))
+          f"{BAR_BLOCK_VS_TENSOR}x; FP8 Y time / bf16 Y's <= {BAR_FP8_OUT}x" +
+          (f"; promote: time with {PROMOTE_ENV}=1 / unset" if both else ""))
     head = [f"{s + ' vs bf16':>14s} {s + ' vs mm':>14s}" for s in SCALINGS]
     head[-1] += f" {'block vs tensor':>15s}"
     if both:
@@ -481,6 +537,16 @@ def summary(rows):
             for s in SCALINGS:
                 v = r.get(f"fp8_{s}_promote_vs_default")
                 cells.append(f"{f'{v:.2f}x' if v is not None else 'n/a':>16s}")
+            groups.append(" ".join(cells))
+        # The FP8 Y: time / the bf16 Y's, per scaling and scale layout.
+        cells = []
+        for s in SCALINGS:
+            for layout in ("row", "mn"):
+                v = r.get(f"fp8_{s}_fp8out_{layout}_vs_bf16_out")
+                if v is not None:
+                    ok = r[f"bar_fp8_{s}_fp8out_{layout}_met"]
+                    cells.append(f"FP8 Y {s}/{layout} {v:.3f}x{' ok' if ok else ' MISS'}")
+        if cells:
             groups.append(" ".join(cells))
         print(f"{r['model']:9s} {r['M']:6d} | " + " | ".join(groups))
 
@@ -570,8 +636,13 @@ def main() -> int:
     ap.add_argument("--promote", choices=list(PROMOTE_MODES), default="env",
                     help=f"{PROMOTE_ENV} for the fp8 gatedmlp calls: env (as it is), off (unset), on (1), both "
                          "(each measurement twice, unset and 1, and their ratio)")
+    ap.add_argument("--fp8-out", default="row",
+                    help="FP8 Y scale layouts to time against the bf16 Y: row, mn, row,mn or none")
     ap.add_argument("--json")
     a = ap.parse_args()
+    fp8_out = [] if a.fp8_out == "none" else a.fp8_out.split(",")
+    if any(v not in ("row", "mn") for v in fp8_out):
+        ap.error(f"--fp8-out takes row, mn (comma-separated) or none, got {a.fp8_out!r}")
     models = a.model.split(",")
     unknown = [m for m in models if m not in MODELS]
     if unknown:
@@ -592,7 +663,7 @@ def main() -> int:
     rows, acc = [], []
     with torch.no_grad():
         for name in models:
-            rows += bench_model(name, ms, a.iters, a.compile_timeout, a.promote)
+            rows += bench_model(name, ms, a.iters, a.compile_timeout, a.promote, fp8_out)
         summary(rows)
         if a.acc_m > 0:
             print(f"\naccuracy at M = {a.acc_m} against float64 on the dequantized inputs (silu): max |y - ref| / "

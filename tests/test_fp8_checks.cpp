@@ -100,6 +100,8 @@ Arguments fp8_args_for(const Problem& p) {
   a.y = fake(6);
   if (p.has_preact) a.preact = fake(7);
   a.x_scales = fake(12);
+  if (p.output_dtype == DType::fp8_e4m3) a.y_scales = static_cast<float*>(fake(13));
+  if (p.has_y_amax) a.y_amax = static_cast<float*>(fake(14));
   return a;
 }
 
@@ -366,10 +368,15 @@ TEST(Fp8Checks, RefusesWeightsInOut) {
 
 // fp8_e4m3 is an input dtype only: not an output, bias, pre-activation or
 // scale dtype. An x_scale outside the enum is refused by name.
-TEST(Fp8Checks, Fp8IsAnInputDtypeOnly) {
+TEST(Fp8Checks, Fp8DtypeOnlyWhereItBelongs) {
+  // Y may be FP8 in an FP8 call (FP8 Y, below); in a 16-bit one it is refused.
   Problem p = fp8_base();
   p.output_dtype = DType::fp8_e4m3;
-  expect_refused(check_support(p), StatusCode::invalid_argument, {"output_dtype"}, true);
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  p.input_dtype = DType::bf16;
+  p.quantized = false;
+  p.quant = QuantFormat{};
+  expect_refused(check_support(p), StatusCode::not_supported, {"output_dtype=fp8_e4m3", "input_dtype", "bf16"});
   p = fp8_base();
   p.has_bias = true;
   p.bias_dtype = DType::fp8_e4m3;
@@ -689,4 +696,169 @@ TEST(Fp8Checks, PromoteFieldOnSimulatedH200) {
   b2.fp8_promote = true;
   EXPECT_TRUE(check_support(b2).ok());
   EXPECT_TRUE(detail::same_problem(b, b2));
+}
+
+// ---------------------------------------------------------------- FP8 Y
+
+// An FP8 Y: every X and weight scheme takes it, with either scale layout
+// and with or without the amax; what it needs is checked by name.
+TEST(Fp8Checks, Fp8OutputAccepted) {
+  for (XScale xs : kXScales)
+    for (int scheme : kWeightSchemes)
+      for (YScaleLayout l : {YScaleLayout::row_major, YScaleLayout::mn_major})
+        for (bool amax : {false, true}) {
+          Problem p = fp8_base();
+          p.x_scale = xs;
+          p.quant = fp8_weights(scheme);
+          p.u = 128;
+          p.output_dtype = DType::fp8_e4m3;
+          p.y_scale_layout = l;
+          p.has_y_amax = amax;
+          p.has_preact = scheme == 1;  // the pre-activation stays available
+          EXPECT_TRUE(check_support(p).ok()) << to_string(p) << ": " << check_support(p).message();
+        }
+}
+
+TEST(Fp8Checks, Fp8OutputRefusals) {
+  Problem p = fp8_base();
+  p.output_dtype = DType::fp8_e4m3;
+  p.y_scale_layout = static_cast<YScaleLayout>(7);
+  expect_refused(check_support(p), StatusCode::invalid_argument, {"y_scale_layout", "7"});
+  // The amax belongs to an FP8 Y.
+  p = fp8_base();
+  p.has_y_amax = true;
+  expect_refused(check_support(p), StatusCode::invalid_argument, {"has_y_amax", "output_dtype=bf16"});
+  // FP8 Y from 16-bit X with FP8 weights (the quantized decode path): refused.
+  p = fp8_base();
+  p.input_dtype = DType::fp16;
+  p.output_dtype = DType::fp8_e4m3;
+  expect_refused(check_support(p), StatusCode::not_supported, {"output_dtype=fp8_e4m3", "fp16"});
+  // The down projection takes no FP8 Y either.
+  p = Problem{};
+  p.op = Operation::down;
+  p.m = 4;
+  p.k = 64;
+  p.u = 32;
+  p.output_dtype = DType::fp8_e4m3;
+  expect_refused(check_support(p), StatusCode::not_supported, {"output_dtype=fp8_e4m3", "op=down"});
+}
+
+// y_scales is required with an FP8 Y and refused without one; y_amax goes
+// with has_y_amax. Named, before the device is asked (fake pointers).
+TEST(Fp8Checks, Fp8OutputPointers) {
+  Problem p = fp8_base();
+  p.output_dtype = DType::fp8_e4m3;
+  Arguments a = fp8_args_for(p);
+  a.y_scales = nullptr;
+  expect_refused(validate(p, a), StatusCode::invalid_argument, {"y_scales", "null"});
+  expect_refused(run(p, a, nullptr, 0, nullptr), StatusCode::invalid_argument, {"y_scales"});
+  a = fp8_args_for(p);
+  a.y_amax = static_cast<float*>(fake(14));
+  expect_refused(validate(p, a), StatusCode::invalid_argument, {"y_amax", "has_y_amax"});
+  p.has_y_amax = true;
+  a = fp8_args_for(p);
+  a.y_amax = nullptr;
+  expect_refused(validate(p, a), StatusCode::invalid_argument, {"y_amax", "null"});
+  // y_scales on a bf16 Y: a mistake, named.
+  Problem q = fp8_base();
+  Arguments b = fp8_args_for(q);
+  b.y_scales = static_cast<float*>(fake(13));
+  expect_refused(validate(q, b), StatusCode::invalid_argument, {"y_scales", "output_dtype=fp8_e4m3"});
+}
+
+// y_scales spans (m - 1) * row stride + (groups - 1) * group stride + 1
+// fp32 values: row-major m * ceil(u / 128); MN-major the columns of
+// align4(m), the last one m long. An output placed on its last one is
+// refused as an overlap, right after it is not. The FP8 Y spans m * ldy
+// bytes, y_amax one fp32.
+TEST(Fp8Checks, Fp8OutputExtents) {
+  struct C {
+    YScaleLayout l;
+    int64_t m, u, span;
+  };
+  const C cases[] = {{YScaleLayout::row_major, 33, 300, 99}, {YScaleLayout::mn_major, 33, 300, 2 * 36 + 33},
+                     {YScaleLayout::row_major, 1, 128, 1},   {YScaleLayout::mn_major, 1, 129, 4 + 1},
+                     {YScaleLayout::mn_major, 8, 96, 8},     {YScaleLayout::mn_major, 5, 1000, 7 * 8 + 5}};
+  for (const C& c : cases) {
+    Problem p = fp8_base();
+    p.m = c.m;
+    p.u = c.u;
+    p.output_dtype = DType::fp8_e4m3;
+    p.y_scale_layout = c.l;
+    p.has_y_amax = true;
+    SCOPED_TRACE(to_string(p));
+    EXPECT_EQ(detail::y_scale_span(p.resolved()), c.span);
+    Arguments a = fp8_args_for(p);
+    char* ys = reinterpret_cast<char*>(a.y_scales);
+    a.y_amax = reinterpret_cast<float*>(ys + (c.span - 1) * 4);
+    expect_refused(validate(p, a), StatusCode::invalid_argument, {"overlaps", "y_scales"});
+    a.y_amax = reinterpret_cast<float*>(ys + c.span * 4);
+    Status s = validate(p, a);
+    ASSERT_FALSE(s.ok()) << "fake pointers passed validate";
+    EXPECT_EQ(s.message().find("overlaps"), std::string::npos) << s.message();
+    // Y: one byte per element.
+    a = fp8_args_for(p);
+    char* y = static_cast<char*>(a.y);
+    a.y_scales = reinterpret_cast<float*>(y + (c.m * c.u - 1) / 4 * 4);  // on its last bytes, 4-byte aligned
+    expect_refused(validate(p, a), StatusCode::invalid_argument, {"overlaps"});
+    a.y_scales = reinterpret_cast<float*>(y + (c.m * c.u + 3) / 4 * 4);
+    s = validate(p, a);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.message().find("overlaps"), std::string::npos) << s.message();
+  }
+}
+
+TEST(Fp8Checks, Fp8OutputPrintingAndPlanKey) {
+  EXPECT_STREQ(to_string(YScaleLayout::row_major), "row_major");
+  EXPECT_STREQ(to_string(YScaleLayout::mn_major), "mn_major");
+  Problem p = fp8_base();
+  p.output_dtype = DType::fp8_e4m3;
+  p.y_scale_layout = YScaleLayout::mn_major;
+  p.has_y_amax = true;
+  const std::string s = to_string(p);
+  EXPECT_NE(s.find("out=fp8_e4m3(y_scales=mn_major, amax)"), std::string::npos) << s;
+  // The layout and the amax are part of the plan's key.
+  Problem q = p;
+  EXPECT_TRUE(detail::same_problem(p, q));
+  q.y_scale_layout = YScaleLayout::row_major;
+  EXPECT_FALSE(detail::same_problem(p, q));
+  q = p;
+  q.has_y_amax = false;
+  EXPECT_FALSE(detail::same_problem(p, q));
+  // A bf16 Y ignores them.
+  Problem b = fp8_base(), c = fp8_base();
+  c.y_scale_layout = YScaleLayout::mn_major;
+  EXPECT_TRUE(detail::same_problem(b, c));
+}
+
+// No rows: nothing launched; a null y_amax is fine (an empty Y's amax is
+// 0, written when y_amax is given).
+TEST(Fp8Checks, Fp8OutputEmptyWork) {
+  Problem p = fp8_base();
+  p.m = 0;
+  p.output_dtype = DType::fp8_e4m3;
+  p.has_y_amax = true;
+  EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
+  EXPECT_TRUE(run(p, Arguments{}, nullptr, 0, nullptr).ok()) << run(p, Arguments{}, nullptr, 0, nullptr).message();
+}
+
+// The dispatcher's reason says where Y's scales go.
+TEST(Fp8Checks, Fp8OutputDispatchOnSimulatedH200) {
+  if (!sm90::compiled()) GTEST_SKIP() << "this build has no sm_90a kernel";
+  for (YScaleLayout l : {YScaleLayout::row_major, YScaleLayout::mn_major}) {
+    Problem p = fp8_base();
+    p.m = 4096;
+    p.k = 4096;
+    p.u = 14336;
+    p.output_dtype = DType::fp8_e4m3;
+    p.y_scale_layout = l;
+    p.has_y_amax = l == YScaleLayout::mn_major;
+    Config c;
+    const Status s = route(p, h200(), &c);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(c.path, KernelPath::sm90_wgmma);
+    EXPECT_NE(c.reason.find("1 x 128 groups"), std::string::npos) << c.reason;
+    EXPECT_NE(c.reason.find(to_string(l)), std::string::npos) << c.reason;
+    EXPECT_EQ(c.reason.find("amax") != std::string::npos, p.has_y_amax) << c.reason;
+  }
 }

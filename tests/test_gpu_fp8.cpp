@@ -258,7 +258,11 @@ Problem random_fp8_problem(std::mt19937_64& rng, bool blocks = true) {
     p.act_params.clamp_limit = 0.5f + float(rng() % 40) / 10.f;  // small limits: the clamp really bites
     p.act_params.clamp_alpha = 1.0f + float(rng() % 10) / 10.f;
   }
-  p.output_dtype = static_cast<DType>(rng() % 3);
+  p.output_dtype = static_cast<DType>(rng() % 4);  // fp8_e4m3 = 3: an FP8 Y with its scales
+  if (p.output_dtype == DType::fp8_e4m3) {
+    p.y_scale_layout = rng() % 2 ? YScaleLayout::mn_major : YScaleLayout::row_major;
+    p.has_y_amax = rng() % 2;
+  }
   const float alphas[] = {1.0f, 1.0f, 0.5f, -1.5f, 2.75f};
   p.alpha = alphas[rng() % 5];
   if (long_k) {
@@ -367,11 +371,24 @@ double acc_error(int64_t k) { return 0x1p-11 * double(std::min<int64_t>((k + 31)
 // Error bound of one gate or up pre-activation value, and of the output.
 double pre_bound(int64_t k, double a, double v) { return acc_error(k) * a + 0x1p-20 * (a + std::fabs(v) + 1.0); }
 
-double y_bound(DType out, double want, double g, double u, double dg, double du) {
-  const double act = out == DType::fp32 ? 4e-7 : 8e-6;
+// The fp32 value of Y before it is rounded to the output: its sums' error
+// through the GLU and the activation's own (act, see the file comment).
+double glu_bound(double act, double g, double u, double dg, double du) {
   const double ue = std::fabs(u) + 1.0 + du, ge = std::fabs(g) + dg;
-  return unit_roundoff(out) * std::fabs(want) + 1.01 * (1.2 * ue * dg + ge * du + act * ge * ue) +
-         subnormal_floor(out);
+  return 1.01 * (1.2 * ue * dg + ge * du + act * ge * ue);
+}
+
+double y_bound(DType out, double want, double g, double u, double dg, double du) {
+  const double act = out == DType::fp32 ? 4e-7 : 8e-6;  // FP8 Y: the 16-bit outputs' forms
+  if (out == DType::fp8_e4m3) return glu_bound(act, g, u, dg, du);  // the value before quantization (check_fp8_y)
+  return unit_roundoff(out) * std::fabs(want) + glu_bound(act, g, u, dg, du) + subnormal_floor(out);
+}
+
+// The spacing of e4m3fn values at magnitude t (t <= 448): 2^(e - 3) in
+// [2^e, 2^(e + 1)), 2^-9 among the subnormals (below 2^-6).
+double e4m3_spacing(double t) {
+  if (!(t >= 0x1p-6)) return 0x1p-9;
+  return std::ldexp(1.0, std::ilogb(std::min(t, 448.0)) - 3);
 }
 
 // ---------------------------------------------------------------- one case
@@ -381,7 +398,7 @@ struct Fp8Stats {
   int separate = 0, stacked = 0, interleaved = 0, up_first = 0;
   int x_row = 0, x_block = 0, w_channel = 0, w_block = 0, multi_tile = 0, m_odd = 0, u_no_tma = 0, long_k = 0,
       k_partial = 0, k_clusters = 0, padded_x = 0, padded_y = 0, preact = 0, bias = 0, extremes = 0, negative = 0;
-  int by_act[5] = {0, 0, 0, 0, 0}, by_out[3] = {0, 0, 0};
+  int by_act[5] = {0, 0, 0, 0, 0}, by_out[4] = {0, 0, 0, 0}, y_mn = 0, y_amax = 0;
   double worst_ratio = 0;                 // largest |error| / bound over every element checked
   double worst_rms[3] = {0, 0, 0};        // largest norm-wise error by output dtype
   void count(const Problem& p, const Fp8Data& d) {
@@ -409,16 +426,20 @@ struct Fp8Stats {
     negative += d.negative_scales;
     by_act[int(r.activation)]++;
     by_out[int(r.output_dtype)]++;
+    y_mn += r.output_dtype == DType::fp8_e4m3 && r.y_scale_layout == YScaleLayout::mn_major;
+    y_amax += r.output_dtype == DType::fp8_e4m3 && r.has_y_amax;
   }
   void print(const char* what) const {
     std::printf(
         "[ cases ] %s: %d cases, %d runs passed (separate %d, stacked %d, interleaved %d, up first %d; x per row %d, "
         "x per block %d, w per channel %d, w per block %d; M > 128 %d, M %% 8 != 0 %d, U %% 8 != 0 %d, K >= 1024 %d, "
         "K %% 128 != 0 %d, K > 8192 with M > 128 %d; padded x %d, padded y %d; bias %d, preact %d; extremes %d, "
-        "negative scales %d; silu %d gelu_tanh %d gelu_erf %d relu %d clamped %d; out bf16 %d fp16 %d fp32 %d)\n",
+        "negative scales %d; silu %d gelu_tanh %d gelu_erf %d relu %d clamped %d; out bf16 %d fp16 %d fp32 %d fp8 %d "
+        "(scales MN-major %d, amax %d))\n",
         what, cases, runs, separate, stacked, interleaved, up_first, x_row, x_block, w_channel, w_block, multi_tile,
         m_odd, u_no_tma, long_k, k_partial, k_clusters, padded_x, padded_y, bias, preact, extremes, negative,
-        by_act[0], by_act[1], by_act[2], by_act[3], by_act[4], by_out[0], by_out[1], by_out[2]);
+        by_act[0], by_act[1], by_act[2], by_act[3], by_act[4], by_out[0], by_out[1], by_out[2], by_out[3], y_mn,
+        y_amax);
     std::printf("[ error ] worst |error| / bound %.3f; worst RMS error (over max(RMS, 1)): bf16 %.3g, fp16 %.3g, "
                 "fp32 %.3g\n",
                 worst_ratio, worst_rms[0], worst_rms[1], worst_rms[2]);
@@ -489,6 +510,99 @@ template <typename Want>
   return ::testing::AssertionSuccess();
 }
 
+// An FP8 Y (output_dtype = fp8_e4m3) against the reference: each 1 x 128
+// group's scale s must be its amax / 448 (448 s within the group's largest
+// bound of the reference's amax; fp32 division: 2^-22), each byte q a
+// finite e4m3 value with q s within half an e4m3 step (at the larger of
+// |q| and the reference over s) of the reference, plus the value's own
+// bound (want_and_bound's, before quantization) and the fp32 roundings of
+// 448 / amax and of the product. The padding of Y and of y_scales (the
+// MN-major columns past M) must still hold the poison. With has_y_amax:
+// the amax within the largest bound of max |y|, and exactly consistent
+// with the scales (amax x fp32(1 / 448) = the largest scale). `fp8` and
+// `scales` return the bytes and scales read.
+template <typename Want>
+::testing::AssertionResult check_fp8_y(const Problem& r, const std::vector<unsigned char>& y,
+                                       const std::vector<unsigned char>& y_poison,
+                                       const std::vector<unsigned char>& ys_bytes,
+                                       const std::vector<unsigned char>& ys_poison,
+                                       const std::vector<unsigned char>& amax_bytes, Want want_and_bound,
+                                       double* worst_ratio, std::vector<float>* scales) {
+  const int64_t groups = (r.u + 127) / 128, ld = (r.m + 3) / 4 * 4;
+  const bool mn = r.y_scale_layout == YScaleLayout::mn_major;
+  auto sidx = [&](int64_t row, int64_t c) { return size_t(mn ? c * ld + row : row * groups + c); };
+  if (y.size() != y_poison.size() || ys_bytes.size() != ys_poison.size())
+    return ::testing::AssertionFailure() << "download of the wrong size";
+  std::vector<float>& ys = *scales;
+  ys.resize(ys_bytes.size() / 4);
+  std::memcpy(ys.data(), ys_bytes.data(), ys_bytes.size());
+  for (size_t i = 0; i < y.size(); ++i)
+    if (int64_t(i) % r.ldy >= r.u && y[i] != y_poison[i])
+      return ::testing::AssertionFailure() << "y[" << int64_t(i) / r.ldy << "][" << int64_t(i) % r.ldy
+                                           << "] is padding (ldy=" << r.ldy << ", u=" << r.u << ") and was written";
+  std::vector<char> used(ys.size(), 0);
+  for (int64_t row = 0; row < r.m; ++row)
+    for (int64_t c = 0; c < groups; ++c) used[sidx(row, c)] = 1;
+  for (size_t i = 0; i < ys.size(); ++i)
+    if (!used[i] && std::memcmp(&ys_bytes[4 * i], &ys_poison[4 * i], 4) != 0)
+      return ::testing::AssertionFailure() << "y_scales[" << i << "] lies in the MN-major padding (ld " << ld
+                                           << ", m " << r.m << ") and was written: " << ys[i];
+  double amax_all = 0, slack_all = 0;
+  float max_scale = 0;
+  for (int64_t row = 0; row < r.m; ++row)
+    for (int64_t c = 0; c < groups; ++c) {
+      const int64_t j0 = 128 * c, j1 = std::min(r.u, j0 + 128);
+      double ref_amax = 0, slack = 0, want = 0, b = 0;
+      for (int64_t j = j0; j < j1; ++j) {
+        want_and_bound(row, j, &want, &b, nullptr);
+        ref_amax = std::max(ref_amax, std::fabs(want));
+        slack = std::max(slack, b);
+      }
+      amax_all = std::max(amax_all, ref_amax);
+      slack_all = std::max(slack_all, slack);
+      const float sf = ys[sidx(row, c)];
+      const double sc = sf, a = std::max(ref_amax, 1e-10);
+      if (!(std::isfinite(sc) && sc > 0))
+        return ::testing::AssertionFailure() << "y_scales[" << row << "][" << c << "] = " << sc
+                                             << " (not written, or not positive); reference amax " << ref_amax;
+      if (!(std::fabs(448 * sc - a) <= slack + 0x1p-22 * a))
+        return ::testing::AssertionFailure() << "y_scales[" << row << "][" << c << "] = " << sc << ": 448 s = "
+                                             << 448 * sc << ", reference amax " << a << ", error "
+                                             << std::fabs(448 * sc - a) << " > bound " << slack + 0x1p-22 * a;
+      max_scale = std::max(max_scale, sf);
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint8_t q = y[size_t(row * r.ldy + j)];
+        const double v = ref::e4m3_to_double(q);
+        want_and_bound(row, j, &want, &b, nullptr);
+        const double t = std::max(std::fabs(v), (std::fabs(want) + b) / sc);
+        const double bound = 0.5 * e4m3_spacing(t) * sc + b + 0x1p-22 * (std::fabs(want) + b) + 448 * 0x1p-22 * sc;
+        const double err = std::fabs(v * sc - want);
+        if (!std::isfinite(v) || !(err <= bound)) {
+          std::string detail;
+          want_and_bound(row, j, &want, &b, &detail);
+          return ::testing::AssertionFailure()
+                 << "y[" << row << "][" << j << "] = e4m3 0x" << std::hex << int(q) << std::dec << " = " << v
+                 << ", times its scale " << sc << " = " << v * sc << "; reference " << want << ": error " << err
+                 << " > bound " << bound << " (half an e4m3 step " << 0.5 * e4m3_spacing(t) * sc
+                 << " + the value's bound " << b << "; " << detail << ")";
+        }
+        if (bound > 0) *worst_ratio = std::max(*worst_ratio, err / bound);
+      }
+    }
+  if (r.has_y_amax) {
+    float am = 0;
+    std::memcpy(&am, amax_bytes.data(), 4);
+    if (!(std::fabs(double(am) - amax_all) <= slack_all + 0x1p-22 * amax_all))
+      return ::testing::AssertionFailure() << "y_amax = " << am << ", reference max |y| " << amax_all << ", error "
+                                           << std::fabs(double(am) - amax_all) << " > bound " << slack_all;
+    if (am >= 1e-10f && am * (1.0f / 448.0f) != max_scale)
+      return ::testing::AssertionFailure() << "y_amax = " << am << " but the largest scale is " << max_scale
+                                           << " (448 x that = " << 448.0 * max_scale
+                                           << "), not fp32(amax x fp32(1 / 448)) = " << am * (1.0f / 448.0f);
+  }
+  return ::testing::AssertionSuccess();
+}
+
 void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp8Options& opt = Fp8Options{}) {
   const Fp8Data d = opt.data ? *opt.data : random_data(rng);
   SCOPED_TRACE(to_string(p) + "; " + describe(d));
@@ -536,6 +650,15 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
   const int64_t pre_n = r.has_preact ? one_batch_extent(r.m, r.ldpre, 2 * r.u) : 0;
   const std::vector<unsigned char> y_poison = nan_filled(r.output_dtype, y_n);
   const std::vector<unsigned char> pre_poison = nan_filled(r.preact_dtype, pre_n);
+  // An FP8 Y's scales (the MN-major layout's padding poisoned too) and amax.
+  const bool fp8_y = r.output_dtype == DType::fp8_e4m3;
+  const int64_t y_groups = (r.u + 127) / 128;
+  const int64_t ys_n = !fp8_y ? 0
+                       : r.y_scale_layout == YScaleLayout::mn_major ? y_groups * ((r.m + 3) / 4 * 4)
+                                                                    : r.m * y_groups;
+  const std::vector<unsigned char> ys_poison = nan_filled(DType::fp32, ys_n), amax_poison = nan_filled(DType::fp32, 1);
+  std::vector<unsigned char> first_y;  // the first run's FP8 Y and scales (compared with a bf16 Y below)
+  std::vector<float> first_scales;
 
   // The references: X dequantized to fp32, the FP8 weights read exactly;
   // g and u from the pre-activation, and the magnitudes A likewise.
@@ -633,13 +756,16 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
           << cfg.reason;
     }
 
-    Tensor y, pre;
+    Tensor y, pre, ys, amax;
     y.host = y_poison;
     pre.host = pre_poison;
-    y.upload();
-    pre.upload();
+    ys.host = ys_poison;
+    amax.host = amax_poison;
+    for (Tensor* t : {&y, &pre, &ys, &amax}) t->upload();
     a.y = y.dev.p;
     a.preact = r.has_preact ? pre.dev.p : nullptr;
+    a.y_scales = fp8_y ? static_cast<float*>(ys.dev.p) : nullptr;
+    a.y_amax = fp8_y && r.has_y_amax ? static_cast<float*>(amax.dev.p) : nullptr;
     // The workspace arrives holding garbage: its contents need no initialisation.
     const size_t ws_bytes = v.workspace ? workspace_size(p) : 0;
     DeviceBuffer ws(ws_bytes);
@@ -650,18 +776,80 @@ void run_fp8_case(const Problem& p, std::mt19937_64& rng, Fp8Stats* st, const Fp
     ASSERT_TRUE(s.ok()) << s.message();
     CUDA_OK(sync_within(std::string(v.label) + ": " + to_string(p) + " -> " + to_string(cfg)));
 
-    double rms = 0;
-    ASSERT_TRUE(check_output("y", y.download(), y_poison, r.output_dtype, r.m, r.ldy, r.u, y_want, &st->worst_ratio,
-                             &rms));
-    EXPECT_LE(rms, 1e-2) << "norm-wise error of y: RMS error over max(RMS, 1) = " << rms;
-    double& worst = st->worst_rms[int(r.output_dtype)];
-    worst = std::max(worst, rms);
+    if (fp8_y) {
+      std::vector<float> scales;
+      const std::vector<unsigned char> yb = y.download();
+      ASSERT_TRUE(check_fp8_y(r, yb, y_poison, ys.download(), ys_poison, amax.download(), y_want, &st->worst_ratio,
+                              &scales));
+      if (first_y.empty()) {
+        first_y = yb;
+        first_scales = scales;
+      }
+    } else {
+      double rms = 0;
+      ASSERT_TRUE(check_output("y", y.download(), y_poison, r.output_dtype, r.m, r.ldy, r.u, y_want,
+                               &st->worst_ratio, &rms));
+      EXPECT_LE(rms, 1e-2) << "norm-wise error of y: RMS error over max(RMS, 1) = " << rms;
+      double& worst = st->worst_rms[int(r.output_dtype)];
+      worst = std::max(worst, rms);
+    }
     if (r.has_preact) {
       double pre_rms = 0;
       ASSERT_TRUE(check_output("preact", pre.download(), pre_poison, r.preact_dtype, r.m, r.ldpre, 2 * r.u, pre_want,
                                &st->worst_ratio, &pre_rms));
     }
     st->runs++;
+  }
+  if (fp8_y) {
+    // The same call with a bf16 Y, under the first variant's settings (the
+    // same kernel and schedule, so the same fp32 sums): each FP8 value
+    // times its scale within one e4m3 step (at the larger of |q| and the
+    // bf16 value over s) of the bf16 Y, plus the bf16 Y's own rounding and
+    // the difference of the two activation forms (the bf16 Y stored
+    // without TMA takes the exact one).
+    const Variant& v = opt.variants.front();
+    std::optional<ScopedEnv> force_env, split_env, clusters_env, cluster_env;
+    if (v.set_env) force_env.emplace(kForcePathEnv, v.force_path);
+    if (v.split_tail) split_env.emplace("GATEDMLP_SM90_SPLIT_TAIL", v.split_tail);
+    if (v.clusters) clusters_env.emplace("GATEDMLP_SM90_CLUSTERS", v.clusters);
+    if (v.cluster) cluster_env.emplace("GATEDMLP_SM90_CLUSTER", v.cluster);
+    Problem pb = p;
+    pb.output_dtype = DType::bf16;
+    pb.has_y_amax = false;
+    pb.has_preact = false;
+    Tensor yb;
+    yb.host = nan_filled(DType::bf16, y_n);
+    yb.upload();
+    Arguments ab = a;
+    ab.y = yb.dev.p;
+    ab.preact = nullptr;
+    ab.y_scales = nullptr;
+    ab.y_amax = nullptr;
+    const size_t ws_bytes = v.workspace ? workspace_size(pb) : 0;
+    DeviceBuffer ws(ws_bytes);
+    const Status s = run(pb, ab, ws.p, ws_bytes, nullptr);
+    ASSERT_TRUE(s.ok()) << "the bf16 Y: " << s.message();
+    CUDA_OK(sync_within("the bf16 Y of " + to_string(p)));
+    const std::vector<unsigned char> ybf = yb.download();
+    const int64_t ld = (r.m + 3) / 4 * 4;
+    const bool mn = r.y_scale_layout == YScaleLayout::mn_major;
+    for (int64_t row = 0; row < r.m; ++row)
+      for (int64_t j = 0; j < r.u; ++j) {
+        const double sc = first_scales[size_t(mn ? (j / 128) * ld + row : row * y_groups + j / 128)];
+        const double q = ref::e4m3_to_double(first_y[size_t(row * r.ldy + j)]);
+        const double vb = ref::load_as_double(ybf.data(), DType::bf16, row * r.ldy + j);
+        int64_t cg = 0, cu = 0;
+        cg = sep ? j : detail::fused_row<int64_t>(j, 0, G, first);
+        cu = sep ? r.u + j : detail::fused_row<int64_t>(j, 1, G, first);
+        const size_t o = size_t(row * 2 * r.u);
+        const double g = pre_ref[o + size_t(cg)], u = pre_ref[o + size_t(cu)];
+        const double t = std::max(std::fabs(q), std::fabs(vb) / sc);
+        const double bound = e4m3_spacing(t) * sc + 0x1p-8 * std::fabs(vb) +
+                             1.6e-5 * (std::fabs(g) + 1) * (std::fabs(u) + 1) + 448 * 0x1p-22 * sc;
+        ASSERT_LE(std::fabs(q * sc - vb), bound)
+            << "y[" << row << "][" << j << "]: FP8 " << q << " x scale " << sc << " = " << q * sc << ", bf16 Y " << vb
+            << ": more than one e4m3 step (" << e4m3_spacing(t) * sc << ") apart";
+      }
   }
   st->count(p, d);
 }
@@ -819,7 +1007,9 @@ TEST(GpuFp8, EveryLayoutActivationAndScale) {
             p.weights.first = first;
           }
           p.activation = static_cast<Activation>(act);
-          p.output_dtype = static_cast<DType>(i % 3);
+          p.output_dtype = static_cast<DType>(i % 4);
+          p.y_scale_layout = i % 8 == 3 ? YScaleLayout::mn_major : YScaleLayout::row_major;
+          p.has_y_amax = i % 16 == 7;
           p.alpha = i % 4 == 1 ? -1.5f : 1.0f;
           p.has_bias = (act + i) % 2;
           p.bias_dtype = static_cast<DType>((i / 2) % 3);
@@ -871,7 +1061,9 @@ TEST(GpuFp8, EveryBlockedLayoutActivationAndScale) {
           p.weights.first = l.first;
         }
         p.activation = static_cast<Activation>(act);
-        p.output_dtype = static_cast<DType>(i % 3);
+        p.output_dtype = static_cast<DType>(i % 4);
+        p.y_scale_layout = i % 8 == 3 ? YScaleLayout::mn_major : YScaleLayout::row_major;
+        p.has_y_amax = i % 16 == 7;
         p.alpha = i % 4 == 1 ? -1.5f : 1.0f;
         p.has_bias = (act + i) % 2;
         p.bias_dtype = static_cast<DType>((i / 2) % 3);
@@ -1485,4 +1677,86 @@ TEST(GpuFp8, EmptyWorkLaunchesNothing) {
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(workspace_size(p), 0u);
   CUDA_OK(sync_within("empty FP8 call"));
+}
+
+// FP8 Y, by hand: x all e4m3 1.0 but one NaN code in row 2, weights 0.5,
+// scales 1, relu: every y of the other rows is relu(K / 2) * K / 2, so
+// each group's scale is that / 448 and each byte e4m3 448; row 2 is NaN
+// throughout (the NaN sums through every column), so its scales are NaN
+// (a NaN never vanishes into a group's amax) and so is the amax. The
+// same with y_scales or y_amax in host memory: refused by name, nothing
+// written.
+TEST(GpuFp8, Fp8OutputNanAndBadCalls) {
+  SKIP_WITHOUT_FP8_KERNEL();
+  Problem p = fp8_problem(XScale::tensor, 0, DType::fp32);
+  p.m = 5;
+  p.k = 64;
+  p.u = 200;
+  p.activation = Activation::relu;
+  p.output_dtype = DType::fp8_e4m3;
+  p.has_y_amax = true;
+  const int64_t groups = 2;
+  DeviceBuffer x(size_t(p.m * p.k)), w(size_t(2 * p.u * p.k)), sx(4), sw(4), y(size_t(p.m * p.u)),
+      ys(size_t(p.m * groups * 4)), amax(4);
+  ASSERT_TRUE(x.p && w.p && sx.p && sw.p && y.p && ys.p && amax.p);
+  CUDA_OK(cudaMemset(x.p, 0x38, x.bytes));  // e4m3 1.0
+  CUDA_OK(cudaMemset(static_cast<unsigned char*>(x.p) + 2 * p.k + 17, 0x7F, 1));
+  CUDA_OK(cudaMemset(w.p, 0x30, w.bytes));  // e4m3 0.5
+  const float one = 1.0f;
+  CUDA_OK(cudaMemcpy(sx.p, &one, 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(sw.p, &one, 4, cudaMemcpyHostToDevice));
+  const std::vector<unsigned char> y_poison(size_t(p.m * p.u), 0x55), ys_poison = nan_filled(DType::fp32, p.m * groups);
+  auto reset = [&] {
+    CUDA_OK(cudaMemcpy(y.p, y_poison.data(), y_poison.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(ys.p, ys_poison.data(), ys_poison.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(amax.p, 0x11, 4));
+  };
+  Arguments a;
+  a.x = x.p;
+  a.w = w.p;
+  a.x_scales = sx.p;
+  a.w_scales = sw.p;
+  a.y = y.p;
+  a.y_scales = static_cast<float*>(ys.p);
+  a.y_amax = static_cast<float*>(amax.p);
+  reset();
+  const Status s = run(p, a, nullptr, 0, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(sync_within("FP8 Y with a NaN"));
+  std::vector<unsigned char> yh(y_poison.size());
+  std::vector<float> sh(size_t(p.m * groups));
+  float am = 0;
+  CUDA_OK(cudaMemcpy(yh.data(), y.p, yh.size(), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(sh.data(), ys.p, sh.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(&am, amax.p, 4, cudaMemcpyDeviceToHost));
+  const float v = 32.0f * 32.0f;  // relu(K / 2) * K / 2
+  for (int64_t r = 0; r < p.m; ++r) {
+    for (int64_t c = 0; c < groups; ++c) {
+      const float sc = sh[size_t(r * groups + c)];
+      if (r == 2) EXPECT_TRUE(std::isnan(sc)) << "row 2 (a NaN in x), group " << c << ": scale " << sc;
+      else EXPECT_EQ(sc, v * (1.0f / 448.0f)) << "row " << r << ", group " << c;
+    }
+    for (int64_t j = 0; j < p.u; ++j) {
+      const uint8_t q = yh[size_t(r * p.u + j)];
+      if (r == 2) EXPECT_EQ(q & 0x7F, 0x7F) << "y[2][" << j << "] = 0x" << std::hex << int(q) << " is no NaN code";
+      else EXPECT_EQ(q, 0x7E) << "y[" << r << "][" << j << "]: e4m3 448 expected";
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_TRUE(std::isnan(am)) << "y_amax " << am << " lost the NaN";
+
+  // Host memory for the scales or the amax: refused by name, nothing written.
+  std::vector<float> host(size_t(p.m * groups));
+  for (int which = 0; which < 2; ++which) {
+    reset();
+    Arguments b = a;
+    (which ? b.y_amax : b.y_scales) = host.data();
+    const Status e = run(p, b, nullptr, 0, nullptr);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.message().find(which ? "y_amax" : "y_scales"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("host memory"), std::string::npos) << e.message();
+    CUDA_OK(sync_within("refused FP8 Y call"));
+    CUDA_OK(cudaMemcpy(yh.data(), y.p, yh.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(yh, y_poison) << "a refused call wrote y";
+  }
 }

@@ -64,8 +64,9 @@ class Status {
 };
 
 // ---------------------------------------------------------------- enums
-// fp8_e4m3 (OCP e4m3fn, one byte) is an input dtype only: X of an FP8
-// gate_up call (Problem::x_scale says how it is scaled).
+// fp8_e4m3 (OCP e4m3fn, one byte) is X of an FP8 gate_up call
+// (Problem::x_scale says how it is scaled) and, in such a call only, may be
+// Y too, with its scales (Problem::y_scale_layout).
 enum class DType : int { bf16 = 0, fp16 = 1, fp32 = 2, fp8_e4m3 = 3 };
 
 // How the fp32 scales in Arguments::x_scales dequantize FP8 activations:
@@ -77,6 +78,21 @@ enum class XScale : int {
   // activation scales): x_scales[r * ceil(k / 128) + c / 128] for
   // column c, row-major.
   block = 2,
+};
+
+// Where an FP8 Y's fp32 scales lie (output_dtype = fp8_e4m3): one per row
+// and 128 columns of U (1 x 128 groups, what an FP8 down projection with
+// DeepSeek-V3-style activation scales reads), for column j of row r:
+enum class YScaleLayout : int {
+  // y_scales[r * ceil(u / 128) + j / 128], [m, ceil(u / 128)] row-major
+  // (the per-token-group layout, as XScale::block takes them back).
+  row_major = 0,
+  // y_scales[(j / 128) * align4(m) + r], align4(m) = m rounded up to a
+  // multiple of 4: [ceil(u / 128), align4(m)], each group's column of
+  // scales contiguous and starting on 16 bytes (the MN-major, TMA-aligned
+  // layout of DeepGEMM-style kernels). The align4(m) - m entries at the end
+  // of each column are not written.
+  mn_major = 1,
 };
 
 enum class Activation : int {
@@ -188,7 +204,7 @@ struct Problem {
   int64_t batch = 1;
 
   DType input_dtype = DType::bf16;   // X and W: bf16 or fp16; or X FP8 (fp8_e4m3, below)
-  DType output_dtype = DType::bf16;  // Y: bf16, fp16 or fp32
+  DType output_dtype = DType::bf16;  // Y: bf16, fp16 or fp32; or FP8 (fp8_e4m3, below)
 
   Activation activation = Activation::silu;
   ActivationParams act_params;
@@ -262,6 +278,19 @@ struct Problem {
   // of 16 (TMA rows of 16 bytes).
   XScale x_scale = XScale::tensor;
   bool fp8_promote = false;  // FP8 without block scales: promote each k-block's sums to fp32 (see above)
+  // FP8 Y (output_dtype = fp8_e4m3; FP8 calls only): Y quantized in 1 x
+  // 128 groups along U as the epilogue finishes each tile. Each group of
+  // row r, columns [128 c, 128 c + 128) (fewer at the end of U), gets
+  //   amax = max(max |y_j|, 1e-10),  scale = amax * fp32(1 / 448),
+  //   q_j = e4m3(y_j * (448 / amax))  (round to nearest even, saturated;
+  //         448 / amax to 2 ulp),
+  // y_j the fp32 value; q goes to Arguments::y (one byte per element, row
+  // stride ldy) and the scale to Arguments::y_scales (fp32, laid out as
+  // y_scale_layout says), so y_j ~ q_j * scale (scale * 448 / amax is 1
+  // within 2^-21). A NaN in a group makes its scale NaN. With has_y_amax, Arguments::y_amax receives max |y| over
+  // all of Y (fp32, before quantization; zeroed by the call first).
+  YScaleLayout y_scale_layout = YScaleLayout::row_major;
+  bool has_y_amax = false;
 
   // Mixture-of-experts gather (see Gather above): batch 1, weights stored
   // out_in; runs on the decode kernels (16-bit or quantized), whatever m.
@@ -310,6 +339,11 @@ struct Arguments {
   // FP8 activations only (input_dtype = fp8_e4m3): fp32 scales of X, one
   // (XScale::tensor), m (XScale::row) or m * ceil(k / 128) (XScale::block).
   const void* x_scales = nullptr;
+  // FP8 Y only (output_dtype = fp8_e4m3): its fp32 scales, ceil(u / 128)
+  // per row (Problem::y_scale_layout says where), and with has_y_amax one
+  // fp32 amax.
+  float* y_scales = nullptr;
+  float* y_amax = nullptr;
 };
 
 // ---------------------------------------------------------------- config
@@ -380,6 +414,7 @@ const char* to_string(KernelPath);
 const char* to_string(StatusCode);
 const char* to_string(IndexType);
 const char* to_string(XScale);
+const char* to_string(YScaleLayout);
 std::string to_string(const WeightLayout&);
 std::string to_string(const Problem&);
 std::string to_string(const Config&);

@@ -59,6 +59,7 @@ from ._gatedmlp import (
     WeightLayout,
     WeightStorage,
     XScale,
+    YScaleLayout,
     __version__,
     check_support,
     dtype_size,
@@ -85,7 +86,7 @@ __all__ = [
     "QuantFormat", "QuantMode", "quantize", "dequantize", "quantized_down", "quantized_gate_up", "quantized_mlp",
     "Gather", "IndexType", "kMaxGatherExperts", "gather_gate_up", "quantized_gather_gate_up", "gather_down",
     "fused_swiglu_gather_qmv", "moe_mlp", "MoESort", "moe_sort", "grouped_gate_up",
-    "XScale", "fp8_gate_up", "quantize_fp8",
+    "XScale", "YScaleLayout", "fp8_gate_up", "quantize_fp8",
 ]
 
 from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp  # noqa: E402

@@ -137,7 +137,8 @@ def _as_words(torch, w, name):
 
 def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None, bias_up=None, out=None,
                 out_dtype=None, preact=None, activation="silu", act_params=None, group=None, first="gate",
-                alpha: float = 1.0, promote: bool = False, stream=None, workspace=None, _hold_workspace=True):
+                alpha: float = 1.0, promote: bool = False, y_scale=None, y_scale_layout: str = "row",
+                amax=None, stream=None, workspace=None, _hold_workspace=True):
     """gate_up on FP8 activations and FP8 weights (sm_90 only), for PyTorch
     tensors:
 
@@ -192,7 +193,23 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     bias:       [2U] in w's row order (fused) or the gate bias [U], with
                 bias_up [U] (separate); bf16, fp16 or fp32. Optional.
     out:        [M, U], bf16, fp16 or fp32; allocated on x's device when None,
-                of out_dtype (default torch.bfloat16).
+                of out_dtype (default torch.bfloat16). Or an FP8 Y:
+                float8_e4m3fn (out_dtype=torch.float8_e4m3fn), quantized
+                in 1 x 128 groups of each row as the tile is finished:
+                scale = max(amax of the group, 1e-10) / 448, out = e4m3(y *
+                448 / amax) (round to nearest even, saturated), so y ~ out *
+                scale; what an FP8 down projection with per-token-group
+                activation scales reads.
+    y_scale:    the FP8 Y's float32 scales, [M, ceil(U / 128)] (allocated
+                when None): y_scale[r, c] scales out[r, 128 c : 128 c +
+                128]. y_scale_layout "row" (default): row-major; "mn": each
+                group's column of M scales contiguous, M rounded up to a
+                multiple of 4, strides (1, align4(M)) (the MN-major,
+                TMA-aligned layout of DeepGEMM-style kernels; the storage
+                is [ceil(U / 128), align4(M)], the last align4(M) - M of
+                each column unwritten).
+    amax:       with an FP8 Y: True (allocated) or a float32 tensor of one
+                element, set to max |y| over all of Y (before quantization).
     preact:     optional [M, 2U] output of the scaled GEMM results plus bias,
                 before the activation (columns in weight-row order; separate
                 weights: [gate | up]).
@@ -205,7 +222,8 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
 
     Every argument is checked, naming it and its values (ValueError:
     gatedmlp.InvalidArgumentError), before anything is allocated or launched.
-    Returns out.
+    Returns out; with an FP8 Y, (out, y_scale), or (out, y_scale, amax) when
+    amax is asked for.
     """
     torch = _torch()
     from . import _NO_BACKWARD, Activation, Half, _enum, _export, _torch_stream_and_alloc
@@ -307,17 +325,41 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
         _same_device(b, x, name)
     if sep and (bias is None) != (bias_up is None):
         raise _invalid("'bias' and 'bias_up' go together with separate weights: pass both or neither")
-    if out_dtype is not None and out_dtype not in float_types:
-        raise _invalid(f"'out_dtype' must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
+    out_types = float_types + (f8,)
+    if out_dtype is not None and out_dtype not in out_types:
+        raise _invalid(f"'out_dtype' must be torch.bfloat16, torch.float16, torch.float32 or torch.float8_e4m3fn, "
+                       f"got {out_dtype}")
     if out is not None:
         _require_tensor(torch, out, "out")
         if tuple(out.shape) != (m, u):
             raise _invalid(f"'out' must be [M, U] = ({m}, {u}), got shape {tuple(out.shape)}")
-        if out.dtype not in float_types:
-            raise _invalid(f"'out' must be bfloat16, float16 or float32, got {_dtype_name(out.dtype)}")
+        if out.dtype not in out_types:
+            raise _invalid(f"'out' must be bfloat16, float16, float32 or float8_e4m3fn, got {_dtype_name(out.dtype)}")
         if out_dtype is not None and out.dtype != out_dtype:
             raise _invalid(f"'out' has dtype {_dtype_name(out.dtype)} but out_dtype is {_dtype_name(out_dtype)}")
         _same_device(out, x, "out")
+    fp8_y = (out.dtype if out is not None else out_dtype) == f8
+    layouts = {"row": _C.YScaleLayout.row_major, "mn": _C.YScaleLayout.mn_major}
+    if y_scale_layout not in layouts:
+        raise _invalid(f"'y_scale_layout' must be 'row' or 'mn', got {y_scale_layout!r}")
+    groups, ld = _blocks(u), -(-m // 4) * 4
+    if not fp8_y:
+        for name, v in (("y_scale", y_scale), ("amax", amax)):
+            if v is not None and v is not False:
+                raise _invalid(f"'{name}' goes with an FP8 Y (out_dtype=torch.float8_e4m3fn)")
+    else:
+        if y_scale is not None:
+            _require_tensor(torch, y_scale, "y_scale")
+            if y_scale.dtype != torch.float32 or tuple(y_scale.shape) != (m, groups):
+                raise _invalid(f"'y_scale' must be float32 [M, ceil(U / 128)] = ({m}, {groups}), got "
+                               f"{_dtype_name(y_scale.dtype)} of shape {tuple(y_scale.shape)}")
+            _same_device(y_scale, x, "y_scale")
+        if amax is not None and amax is not False and amax is not True:
+            _require_tensor(torch, amax, "amax")
+            if amax.dtype != torch.float32 or amax.numel() != 1:
+                raise _invalid(f"'amax' must be True or one float32, got {_dtype_name(amax.dtype)} of shape "
+                               f"{tuple(amax.shape)}")
+            _same_device(amax, x, "amax")
     if preact is not None:
         _require_tensor(torch, preact, "preact")
         if tuple(preact.shape) != (m, 2 * u):
@@ -333,18 +375,31 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
 
     if out is None:
         out = torch.empty((m, u), dtype=out_dtype or torch.bfloat16, device=x.device)
+    amax_t = None
+    if fp8_y:
+        if y_scale is None:
+            y_scale = (torch.empty((groups, ld), dtype=torch.float32, device=x.device).t()[:m]
+                       if y_scale_layout == "mn" else torch.empty((m, groups), dtype=torch.float32, device=x.device))
+        if amax is True:
+            amax_t = torch.empty((), dtype=torch.float32, device=x.device)
+        elif amax is not None and amax is not False:
+            amax_t = amax
     handle, alloc = _torch_stream_and_alloc(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
     opt = lambda t: None if t is None else to(t)  # noqa: E731
     # x goes as its bytes (uint8) with x_fp8: DLPack has float8 only in recent
     # PyTorch releases, and the bytes are the same.
-    _C.gate_up(to(x.view(torch.uint8)), to(wq), to(out), opt(wq_up), opt(bias), opt(bias_up), opt(preact),
-               activation=activation, act_params=act_params, group=0 if group is None else int(group), first=first,
-               alpha=alpha, stream=handle, workspace=_export(workspace),
-               workspace_alloc=alloc, scales=to(passed[0]), scales_up=to(passed[1]) if sep else None,
-               quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True, fp8_promote=bool(promote),
-               hold_workspace=_hold_workspace)
-    return out
+    # An FP8 Y goes as its bytes too.
+    _C.gate_up(to(x.view(torch.uint8)), to(wq), to(out.view(torch.uint8) if fp8_y else out), opt(wq_up), opt(bias),
+               opt(bias_up), opt(preact), activation=activation, act_params=act_params,
+               group=0 if group is None else int(group), first=first, alpha=alpha, stream=handle,
+               workspace=_export(workspace), workspace_alloc=alloc, scales=to(passed[0]),
+               scales_up=to(passed[1]) if sep else None, quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True,
+               fp8_promote=bool(promote), y_scales=opt(y_scale if fp8_y else None), y_amax=opt(amax_t),
+               y_scale_layout=layouts[y_scale_layout], hold_workspace=_hold_workspace)
+    if not fp8_y:
+        return out
+    return (out, y_scale) if amax_t is None else (out, y_scale, amax_t)
 
 
 def quantize_fp8(t, granularity: str = "tensor"):

@@ -158,13 +158,43 @@ void describe_x_scales(const TensorView& s, Problem* p) {
                   (p->x_scale == XScale::block ? " (block scales are read row-major, [M, ceil(K / 128)])" : ""));
 }
 
-void describe_output(const TensorView& y, bool batched, Problem* p) {
+void describe_output(const TensorView& y, bool batched, Problem* p, bool fp8) {
   if (y.ndim != (batched ? 3 : 2) || y.size(-2) != p->m || y.size(-1) != p->u)
     raise_invalid("'out' must be " + std::string(batched ? "[batch, M, U] = (" + str(p->batch) + ", " : "[M, U] = (") +
                   str(p->m) + ", " + str(p->u) + "), got shape " + y.shape_str());
-  p->output_dtype = dtype_of(y, "output");
+  if (fp8 && !y.is_fp8_e4m3() && !y.is_byte())
+    raise_invalid("'y_scales' is given, so 'out' holds an FP8 Y and must be float8_e4m3fn (or its bytes as uint8 / "
+                  "int8), got " + y.dtype_name());
+  if (!fp8 && y.is_fp8_e4m3())
+    raise_invalid("'out' is float8_e4m3fn: an FP8 Y needs 'y_scales' for its scales (float32 [M, ceil(U / 128)])");
+  p->output_dtype = fp8 ? DType::fp8_e4m3 : dtype_of(y, "output");
   p->ldy = row_stride(y);
   p->batch_stride_y = batched ? batch_stride(y, 2, p->batch, false, "[M, U]") : kAuto;
+}
+
+void describe_y_scales(const TensorView& s, const std::optional<TensorView>& amax, Problem* p) {
+  if (s.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Float) || s.bits != 32 || s.lanes != 1)
+    raise_invalid("'y_scales' (the scales of an FP8 Y) must be float32, got " + s.dtype_name());
+  const int64_t groups = (p->u + 127) / 128, ld = (p->m + 3) / 4 * 4;
+  if (s.ndim != 2 || s.size(0) != p->m || s.size(1) != groups)
+    raise_invalid("'y_scales' must be [M, ceil(U / 128)] = (" + str(p->m) + ", " + str(groups) + "), got shape " +
+                  s.shape_str());
+  const bool mn = p->y_scale_layout == YScaleLayout::mn_major;
+  // Strides of axes of one element mean nothing.
+  const bool rows_ok = p->m == 1 || s.stride(0) == (mn ? 1 : groups);
+  const bool groups_ok = groups == 1 || s.stride(1) == (mn ? ld : 1);
+  if (!rows_ok || !groups_ok)
+    raise_invalid("'y_scales' " + s.shape_str() + " must have strides " +
+                  (mn ? "(1, " + str(ld) + ") (y_scale_layout=mn_major: each group's column of M scales contiguous, "
+                        "M rounded up to a multiple of 4)"
+                      : "(" + str(groups) + ", 1) (y_scale_layout=row_major)") +
+                  ", got strides " + s.strides_str());
+  if (amax) {
+    if (amax->code != static_cast<uint8_t>(nb::dlpack::dtype_code::Float) || amax->bits != 32 || amax->lanes != 1 ||
+        numel(*amax) != 1)
+      raise_invalid("'y_amax' must be one float32, got " + amax->dtype_name() + " of shape " + amax->shape_str());
+    p->has_y_amax = true;
+  }
 }
 
 int64_t bias_batch_stride(const TensorView& b, int64_t n, const char* form, int64_t batch) {

@@ -111,6 +111,11 @@ struct Fp8Args {
   nb::handle x_scales;
   bool x_fp8 = false;
   bool fp8_promote = false;  // Problem::fp8_promote (FP8 activations only)
+  // FP8 Y (an FP8 call's output_dtype = fp8_e4m3): out's 1 x 128 group
+  // scales (given: out holds e4m3 bytes), their layout, and the optional
+  // amax output.
+  nb::handle y_scales, y_amax;
+  YScaleLayout y_scale_layout = YScaleLayout::row_major;
 };
 
 // Whether x holds FP8 activations: float8_e4m3fn, or 8-bit integers with
@@ -126,8 +131,15 @@ bool fp8_input(const TensorView& x, bool x_fp8, const std::optional<TensorView>&
 void describe_x_scales(const TensorView& s, Problem* p);
 
 // The output `out`, [M, U] or [batch, M, U] like x (p's batch, m and u
-// already set): output_dtype, ldy and batch_stride_y.
-void describe_output(const TensorView& y, bool batched, Problem* p);
+// already set): output_dtype, ldy and batch_stride_y. fp8: out holds an
+// FP8 Y (float8_e4m3fn, or its bytes as uint8 / int8).
+void describe_output(const TensorView& y, bool batched, Problem* p, bool fp8 = false);
+
+// An FP8 Y's scales (p's m and u set, p->y_scale_layout the layout asked
+// for): float32 [M, ceil(U / 128)], row-major (strides (ceil(U / 128), 1))
+// or MN-major (strides (1, align4(M)), DeepGEMM's TMA-aligned layout),
+// and the optional amax, one float32. Sets has_y_amax.
+void describe_y_scales(const TensorView& s, const std::optional<TensorView>& amax, Problem* p);
 
 // The batch stride of a bias vector b, [n] (shared by the batch) or
 // [batch, n], contiguous; `form` names n in messages ("[2U]", "[U]").

@@ -13,6 +13,7 @@ struct GateUpTensors {
   std::optional<TensorView> scales, biases, scales_up, biases_up;
   GatherTensors gather;  // indices given: a gathered (MoE) call
   std::optional<TensorView> x_scales;  // FP8 activations: x's fp32 scales
+  std::optional<TensorView> y_scales, y_amax;  // FP8 Y: its scales and amax
 };
 
 struct GateUpOptions {
@@ -25,6 +26,7 @@ struct GateUpOptions {
   std::optional<QuantFormat> quant;  // set: w (and w_up) are packed words
   bool x_fp8 = false;                // x's 8-bit integers are float8_e4m3fn bytes
   bool fp8_promote = false;          // Problem::fp8_promote
+  YScaleLayout y_scale_layout = YScaleLayout::row_major;  // FP8 Y's scales
 };
 
 // The quantized half of describe(): w's words (and w_up's) with their
@@ -171,11 +173,20 @@ Problem describe(const GateUpTensors& t, const GateUpOptions& o) {
     p.batch_stride_bias = bs;
   }
 
+  const bool fp8_y = t.y_scales.has_value();
+  if (fp8_y && !fp8)
+    raise_invalid("'y_scales' (an FP8 Y) goes with FP8 activations ('x' float8_e4m3fn with its 'x_scales'); 'x' is " +
+                  x.dtype_name());
+  if (!fp8_y && t.y_amax) raise_invalid("'y_amax' goes with an FP8 Y ('out' float8_e4m3fn with its 'y_scales')");
   if (t.out) {
-    describe_output(*t.out, batched, &p);
+    describe_output(*t.out, batched, &p, fp8_y);
   } else {
     // FP8 activations have no 16-bit input dtype to follow: bf16 then.
-    p.output_dtype = fp8 ? DType::bf16 : p.input_dtype;
+    p.output_dtype = fp8_y ? DType::fp8_e4m3 : fp8 ? DType::bf16 : p.input_dtype;
+  }
+  if (fp8_y) {
+    p.y_scale_layout = o.y_scale_layout;
+    describe_y_scales(*t.y_scales, t.y_amax, &p);
   }
 
   if (t.preact) {
@@ -196,8 +207,10 @@ GateUpTensors import_gate_up(nb::handle x, nb::handle w, nb::handle out, nb::han
                              nb::handle bias_up, nb::handle preact, const QuantArrays& q, const GatherArgs& g,
                              const Fp8Args& f) {
   GateUpTensors t{import_tensor(x, "x", false), import_tensor(w, "w", false), {}, {}, {}, {}, {}, {}, {}, {}, {}, {},
-                  {}};
+                  {}, {}, {}};
   t.x_scales = import_optional(f.x_scales, "x_scales", false);
+  t.y_scales = import_optional(f.y_scales, "y_scales", true);
+  t.y_amax = import_optional(f.y_amax, "y_amax", true);
   t.gather = import_gather(g);
   t.scales = import_optional(q.scales, "scales", false);
   t.biases = import_optional(q.biases, "biases", false);
@@ -217,6 +230,7 @@ GateUpOptions make_options(Activation activation, std::optional<ActivationParams
   o.quant = q.format;
   o.x_fp8 = f.x_fp8;
   o.fp8_promote = f.fp8_promote;
+  o.y_scale_layout = f.y_scale_layout;
   o.activation = activation;
   if (act_params) o.act_params = *act_params;
   o.group = group;
@@ -254,6 +268,8 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   a.w_up_scales = ptr(t.scales_up);
   a.w_up_biases = ptr(t.biases_up);
   a.x_scales = ptr(t.x_scales);
+  a.y_scales = t.y_scales ? static_cast<float*>(t.y_scales->data) : nullptr;
+  a.y_amax = t.y_amax ? static_cast<float*>(t.y_amax->data) : nullptr;
   set_gather_arguments(t.gather, &a);
 
   const GatherTensors& gt = t.gather;
@@ -262,7 +278,7 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
           &*t.out, t.preact ? &*t.preact : nullptr, t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr,
           t.scales_up ? &*t.scales_up : nullptr, t.biases_up ? &*t.biases_up : nullptr,
           gt.indices ? &*gt.indices : nullptr, gt.index_error ? &*gt.index_error : nullptr,
-          t.x_scales ? &*t.x_scales : nullptr},
+          t.x_scales ? &*t.x_scales : nullptr, t.y_scales ? &*t.y_scales : nullptr, t.y_amax ? &*t.y_amax : nullptr},
          hold_workspace);
 }
 

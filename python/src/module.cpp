@@ -132,7 +132,7 @@ const std::array<Field<Gather>, 5> kGatherFields = {
     GATEDMLP_FIELD(Gather, experts), GATEDMLP_FIELD(Gather, rows_per_x), GATEDMLP_FIELD(Gather, rows_per_index),
     GATEDMLP_FIELD(Gather, index_type), GATEDMLP_FIELD(Gather, grouped)};
 
-const std::array<Field<Problem>, 32> kProblemFields = {
+const std::array<Field<Problem>, 34> kProblemFields = {
     GATEDMLP_FIELD(Problem, op),
     GATEDMLP_FIELD(Problem, m),
     GATEDMLP_FIELD(Problem, k),
@@ -162,6 +162,8 @@ const std::array<Field<Problem>, 32> kProblemFields = {
     GATEDMLP_FIELD(Problem, scale_dtype),
     GATEDMLP_FIELD(Problem, x_scale),
     GATEDMLP_FIELD(Problem, fp8_promote),
+    GATEDMLP_FIELD(Problem, y_scale_layout),
+    GATEDMLP_FIELD(Problem, has_y_amax),
     GATEDMLP_FIELD(Problem, gather),
     GATEDMLP_FIELD(Problem, has_row_scale),
     GATEDMLP_FIELD(Problem, row_scale_dtype),
@@ -174,12 +176,13 @@ const std::array<Field<Problem>, 32> kProblemFields = {
     }                                                                                           \
   }
 
-const std::array<Field<Arguments>, 16> kArgumentsFields = {
+const std::array<Field<Arguments>, 18> kArgumentsFields = {
     GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(x_up),     GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
     GATEDMLP_PTR_FIELD(bias),     GATEDMLP_PTR_FIELD(bias_up),  GATEDMLP_PTR_FIELD(y),
     GATEDMLP_PTR_FIELD(preact),   GATEDMLP_PTR_FIELD(w_scales), GATEDMLP_PTR_FIELD(w_biases),
     GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases), GATEDMLP_PTR_FIELD(indices),
-    GATEDMLP_PTR_FIELD(index_error), GATEDMLP_PTR_FIELD(row_scale), GATEDMLP_PTR_FIELD(x_scales)};
+    GATEDMLP_PTR_FIELD(index_error), GATEDMLP_PTR_FIELD(row_scale), GATEDMLP_PTR_FIELD(x_scales),
+    GATEDMLP_PTR_FIELD(y_scales),    GATEDMLP_PTR_FIELD(y_amax)};
 
 template <typename T>
 void add_copy(nb::class_<T>& c) {
@@ -222,7 +225,9 @@ std::string repr(const Arguments& a) {
          (a.indices || a.index_error ? ", indices=" + hex(a.indices) + ", index_error=" + hex(a.index_error)
                                      : std::string()) +
          (a.row_scale ? ", row_scale=" + hex(a.row_scale) : std::string()) +
-         (a.x_scales ? ", x_scales=" + hex(a.x_scales) : std::string()) + ")";
+         (a.x_scales ? ", x_scales=" + hex(a.x_scales) : std::string()) +
+         (a.y_scales || a.y_amax ? ", y_scales=" + hex(a.y_scales) + ", y_amax=" + hex(a.y_amax) : std::string()) +
+         ")";
 }
 
 template <typename T>
@@ -251,7 +256,11 @@ uintptr_t addr(const T* p) {
   "words [rows, K / 4], scales (scales_up) 1 value, [rows, 1] or [ceil(rows / 128), ceil(K / 128)] (bf16, fp16 "  \
   "or fp32). g = alpha * sum over 128-deep k-blocks of sx * sw * (xq @ wq^T) + bias, u likewise; out defaults "   \
   "to bf16 in make_problem. fp8_promote=True (Problem.fp8_promote): calls without block scales also sum each "      \
-  "128-deep k-block apart and add it in fp32 (torch._scaled_mm's accuracy, at 1.2-1.5x the time)."
+  "128-deep k-block apart and add it in fp32 (torch._scaled_mm's accuracy, at 1.2-1.5x the time). An FP8 Y "     \
+  "(output_dtype = fp8_e4m3): out float8_e4m3fn [M, U] (or its bytes as uint8 / int8) with y_scales, float32 "   \
+  "[M, ceil(U / 128)], one scale per row and 128 columns (amax / 448; y ~ out * scale), row-major or, with "      \
+  "y_scale_layout=YScaleLayout.mn_major, strides (1, align4(M)); y_amax (one float32), if given, receives "        \
+  "max |y|."
 
 NB_MODULE(_gatedmlp, m) {
   using namespace gatedmlp;
@@ -297,7 +306,14 @@ NB_MODULE(_gatedmlp, m) {
       .value("fp16", DType::fp16)
       .value("fp32", DType::fp32)
       .value("fp8_e4m3", DType::fp8_e4m3,
-             "OCP e4m3fn, one byte: an input dtype only, X of an FP8 gate_up call (Problem.x_scale)");
+             "OCP e4m3fn, one byte: X of an FP8 gate_up call (Problem.x_scale), and in such a call Y too, with "
+             "its 1 x 128 group scales (Problem.y_scale_layout)");
+  nb::enum_<YScaleLayout>(m, "YScaleLayout", "Where an FP8 Y's fp32 scales lie (Arguments.y_scales)")
+      .value("row_major", YScaleLayout::row_major,
+             "y_scales[r * ceil(u / 128) + j / 128]: [M, ceil(U / 128)] row-major (per-token groups)")
+      .value("mn_major", YScaleLayout::mn_major,
+             "y_scales[(j / 128) * align4(m) + r]: each group's column of M scales contiguous, M rounded up to a "
+             "multiple of 4 (DeepGEMM's MN-major, TMA-aligned layout)");
   nb::enum_<XScale>(m, "XScale", "How the fp32 scales in Arguments.x_scales dequantize FP8 activations")
       .value("tensor", XScale::tensor, "one scale for all of X: x_scales[0]")
       .value("row", XScale::row, "one per row of X (per token): x_scales[r], m of them")
@@ -414,6 +430,8 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("scale_dtype", &Problem::scale_dtype)
                 .def_rw("x_scale", &Problem::x_scale)
                 .def_rw("fp8_promote", &Problem::fp8_promote)
+                .def_rw("y_scale_layout", &Problem::y_scale_layout)
+                .def_rw("has_y_amax", &Problem::has_y_amax)
                 .def_rw("gather", &Problem::gather)
                 .def_rw("has_row_scale", &Problem::has_row_scale)
                 .def_rw("row_scale_dtype", &Problem::row_scale_dtype)
@@ -448,6 +466,8 @@ NB_MODULE(_gatedmlp, m) {
   GATEDMLP_PTR_PROP(index_error);
   GATEDMLP_PTR_PROP(row_scale);
   GATEDMLP_PTR_PROP(x_scales);
+  GATEDMLP_PTR_PROP(y_scales);
+  GATEDMLP_PTR_PROP(y_amax);
 #undef GATEDMLP_PTR_PROP
   ar.def("__repr__", [](const Arguments& a) { return repr(a); });
   add_copy(ar);
@@ -515,11 +535,13 @@ NB_MODULE(_gatedmlp, m) {
          WeightStorage storage, float alpha, uintptr_t stream, nb::handle workspace, nb::handle workspace_alloc,
          nb::handle scales, nb::handle biases, nb::handle scales_up, nb::handle biases_up,
          std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index, nb::handle index_error, bool grouped, nb::handle x_scales, bool x_fp8, bool fp8_promote) {
+         int64_t rows_per_index, nb::handle index_error, bool grouped, nb::handle x_scales, bool x_fp8, bool fp8_promote,
+         nb::handle y_scales, nb::handle y_amax, YScaleLayout y_scale_layout) {
         gate_up(x, w, out, w_up, bias, bias_up, preact, activation, act_params, clamp_alpha, clamp_limit, group,
                 first, storage, alpha, stream, workspace, workspace_alloc,
                 QuantArrays{scales, biases, scales_up, biases_up, quant}, hold_workspace,
-                GatherArgs{indices, index_error, rows_per_x, rows_per_index, grouped}, Fp8Args{x_scales, x_fp8, fp8_promote});
+                GatherArgs{indices, index_error, rows_per_x, rows_per_index, grouped},
+                Fp8Args{x_scales, x_fp8, fp8_promote, y_scales, y_amax, y_scale_layout});
       },
       "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
@@ -529,6 +551,7 @@ NB_MODULE(_gatedmlp, m) {
       "scales_up"_a = nb::none(), "biases_up"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true,
       "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(),
       "grouped"_a = false, "x_scales"_a = nb::none(), "x_fp8"_a = false, "fp8_promote"_a = false,
+      "y_scales"_a = nb::none(), "y_amax"_a = nb::none(), "y_scale_layout"_a = YScaleLayout::row_major,
       "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
       "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
       "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
@@ -546,11 +569,12 @@ NB_MODULE(_gatedmlp, m) {
          nb::handle preact, Activation activation, std::optional<ActivationParams> act_params, int64_t group,
          Half first, WeightStorage storage, float alpha, nb::handle scales, nb::handle biases, nb::handle scales_up,
          nb::handle biases_up, std::optional<QuantFormat> quant, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index, bool grouped, nb::handle x_scales, bool x_fp8, bool fp8_promote) {
+         int64_t rows_per_index, bool grouped, nb::handle x_scales, bool x_fp8, bool fp8_promote,
+         nb::handle y_scales, nb::handle y_amax, YScaleLayout y_scale_layout) {
         return make_problem(x, w, out, w_up, bias, bias_up, preact, activation, act_params, group, first, storage,
                             alpha, QuantArrays{scales, biases, scales_up, biases_up, quant},
                             GatherArgs{indices, nb::none(), rows_per_x, rows_per_index, grouped},
-                            Fp8Args{x_scales, x_fp8, fp8_promote});
+                            Fp8Args{x_scales, x_fp8, fp8_promote, y_scales, y_amax, y_scale_layout});
       },
       "x"_a, "w"_a, "out"_a = nb::none(), "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
       "preact"_a = nb::none(), nb::kw_only(), "activation"_a = Activation::silu, "act_params"_a = nb::none(),
@@ -558,6 +582,7 @@ NB_MODULE(_gatedmlp, m) {
       "scales"_a = nb::none(), "biases"_a = nb::none(), "scales_up"_a = nb::none(), "biases_up"_a = nb::none(),
       "quant"_a = nb::none(), "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1,
       "grouped"_a = false, "x_scales"_a = nb::none(), "x_fp8"_a = false, "fp8_promote"_a = false,
+      "y_scales"_a = nb::none(), "y_amax"_a = nb::none(), "y_scale_layout"_a = YScaleLayout::row_major,
       "The Problem gate_up() would run for these tensors (output dtype = input dtype when out is None; bf16 for "
       "FP8 activations).");
   m.def(
@@ -659,6 +684,7 @@ NB_MODULE(_gatedmlp, m) {
   m.def("to_string", [](StatusCode v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](IndexType v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](XScale v) { return std::string(to_string(v)); }, "value"_a);
+  m.def("to_string", [](YScaleLayout v) { return std::string(to_string(v)); }, "value"_a);
   m.def("to_string", [](const WeightLayout& v) { return to_string(v); }, "value"_a);
   m.def("to_string", [](const Problem& v) { return to_string(v); }, "value"_a);
   m.def("to_string", [](const Config& v) { return to_string(v); }, "value"_a);

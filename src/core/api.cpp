@@ -267,7 +267,17 @@ size_t workspace_size(const Problem& p) {
 }
 
 Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (detail::empty(p)) return check_support(p);  // nothing to launch
+  if (detail::empty(p)) {  // nothing to launch
+    if (Status s = check_support(p); !s) return s;
+    // But an empty FP8 Y's amax is 0, and the caller may read it.
+    if (p.output_dtype == DType::fp8_e4m3 && p.has_y_amax && a.y_amax)
+      if (const cudaError_t ce = cudaMemsetAsync(a.y_amax, 0, sizeof(float), stream); ce != cudaSuccess) {
+        cudaGetLastError();
+        return err(StatusCode::invalid_argument, "argument 'y_amax' (empty problem: set to 0) could not be written: ",
+                   cudaGetErrorString(ce));
+      }
+    return Status::Ok();
+  }
   int device = -1;
   const uint64_t env = env_fingerprint();
   Planned* e = nullptr;

@@ -278,7 +278,12 @@ Status select_fp8(const Problem& r, const Arguments* a, const DeviceInfo& dev, C
                    "fp32 sums (block scales applied there)"
                  : "; m64n256k32 wgmmas accumulating all of K in the tensor cores (fp8_promote: each k-block "
                    "promoted to fp32)")
-     << ", the other scales applied to the sums in the epilogue; persistent, one CTA per SM, " << t.tile_n
+     << ", the other scales applied to the sums in the epilogue"
+     << (r.output_dtype == DType::fp8_e4m3
+             ? std::string("; Y quantized to e4m3 there in 1 x 128 groups, a scale per row of each 128-column tile (") +
+                   to_string(r.y_scale_layout) + (r.has_y_amax ? ", and the amax" : "") + ")"
+             : std::string())
+     << "; persistent, one CTA per SM, " << t.tile_n
      << "-column cooperative tiles, " << t.tile_k << "-deep k-blocks, clusters of "
      << std::min(sm90::cluster_size(r), 2);
   c.reason = os.str();

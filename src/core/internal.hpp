@@ -59,6 +59,21 @@ inline bool dequantized_first(const Problem& p, KernelPath path) {
   return p.quantized && !fp8_input(p) && path != KernelPath::quant_decode;
 }
 
+// FP8 Y (output_dtype = fp8_e4m3): its 1 x 128 groups per row, the
+// element stride of the scales from one row to the next and from one group
+// to the next (YScaleLayout), and the span of y_scales in elements.
+inline int64_t y_scale_groups(const Problem& p) { return (p.u + 127) / 128; }
+inline int64_t y_scale_mn_ld(const Problem& p) { return (p.m + 3) / 4 * 4; }
+inline int64_t y_scale_row_stride(const Problem& p) {
+  return p.y_scale_layout == YScaleLayout::mn_major ? 1 : y_scale_groups(p);
+}
+inline int64_t y_scale_group_stride(const Problem& p) {
+  return p.y_scale_layout == YScaleLayout::mn_major ? y_scale_mn_ld(p) : 1;
+}
+inline int64_t y_scale_span(const Problem& p) {
+  return (p.m - 1) * y_scale_row_stride(p) + (y_scale_groups(p) - 1) * y_scale_group_stride(p) + 1;
+}
+
 // Rows of x a call reads: m, or a gathered call's m / rows_per_x.
 inline int64_t x_rows(const Problem& p) { return p.gather.experts > 0 ? p.m / p.gather.rows_per_x : p.m; }
 

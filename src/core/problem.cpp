@@ -32,6 +32,14 @@ const char* to_string(XScale x) {
   return "invalid";
 }
 
+const char* to_string(YScaleLayout l) {
+  switch (l) {
+    case YScaleLayout::row_major: return "row_major";
+    case YScaleLayout::mn_major: return "mn_major";
+  }
+  return "invalid";
+}
+
 const char* to_string(Operation o) {
   switch (o) {
     case Operation::gate_up: return "gate_up";
@@ -125,6 +133,8 @@ std::string to_string(const Problem& p) {
   if (p.input_dtype == DType::fp8_e4m3)
     os << "(x_scale=" << to_string(p.x_scale) << (p.fp8_promote ? ", fp8_promote" : "") << ")";
   os << " out=" << to_string(p.output_dtype);
+  if (p.output_dtype == DType::fp8_e4m3)
+    os << "(y_scales=" << to_string(p.y_scale_layout) << (p.has_y_amax ? ", amax" : "") << ")";
   if (!down || p.glu_input) {
     os << (down ? " glu_input=" : " act=") << to_string(p.activation);
     if (p.activation == Activation::swiglu_clamped)
@@ -186,7 +196,7 @@ namespace detail {
 
 // A field added to Problem must be added to same_problem too, or run()
 // would reuse a plan made for another call (this size is the x86-64 one).
-static_assert(sizeof(void*) != 8 || sizeof(Problem) == 256, "Problem changed: update same_problem");
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 264, "Problem changed: update same_problem");
 
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
@@ -209,6 +219,8 @@ bool same_problem(const Problem& a, const Problem& b) {
                            a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
                            a.scale_dtype == b.scale_dtype)) &&
          (a.input_dtype != DType::fp8_e4m3 || (a.x_scale == b.x_scale && a.fp8_promote == b.fp8_promote)) &&
+         (a.output_dtype != DType::fp8_e4m3 ||
+          (a.y_scale_layout == b.y_scale_layout && a.has_y_amax == b.has_y_amax)) &&
          a.gather.experts == b.gather.experts && a.has_row_scale == b.has_row_scale &&
          (!a.has_row_scale || a.row_scale_dtype == b.row_scale_dtype) &&
          (a.gather.experts == 0 ||
@@ -339,6 +351,25 @@ Status check_fp8_input(const Problem& p) {
   return Status::Ok();
 }
 
+// FP8 Y (output_dtype = fp8_e4m3): written with its 1 x 128 group scales
+// by the FP8 kernel's epilogue, so only in an FP8 call.
+Status check_fp8_output(const Problem& p) {
+  const StatusCode inv = StatusCode::invalid_argument;
+  if (p.output_dtype != DType::fp8_e4m3) {
+    if (p.has_y_amax)
+      return err(inv, "has_y_amax applies to output_dtype=fp8_e4m3 (the amax of an FP8 Y), got output_dtype=",
+                 to_string(p.output_dtype));
+    return Status::Ok();
+  }
+  if (p.y_scale_layout != YScaleLayout::row_major && p.y_scale_layout != YScaleLayout::mn_major)
+    return err(inv, "y_scale_layout has invalid value ", int(p.y_scale_layout));
+  if (p.input_dtype != DType::fp8_e4m3)
+    return err(StatusCode::not_supported, "output_dtype=fp8_e4m3 (FP8 Y with 1 x 128 scales) is written by the FP8 "
+               "gate_up kernel only: input_dtype must be fp8_e4m3, got ", to_string(p.input_dtype),
+               p.op == Operation::down ? " (op=down)" : "");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status check_support(const Problem& p) {
@@ -354,7 +385,8 @@ Status check_support(const Problem& p) {
     return err(inv, "input_dtype has invalid value ", int(p.input_dtype));
   if (p.input_dtype == DType::fp32)
     return err(StatusCode::not_supported, "input_dtype must be bf16 or fp16 (X and W), or fp8_e4m3 (X), got fp32");
-  if (!valid_dtype(p.output_dtype)) return err(inv, "output_dtype has invalid value ", int(p.output_dtype));
+  if (!valid_dtype(p.output_dtype) && p.output_dtype != DType::fp8_e4m3)
+    return err(inv, "output_dtype has invalid value ", int(p.output_dtype));
   if (p.has_bias && !valid_dtype(p.bias_dtype)) return err(inv, "bias_dtype has invalid value ", int(p.bias_dtype));
   if (p.has_preact && !valid_dtype(p.preact_dtype))
     return err(inv, "preact_dtype has invalid value ", int(p.preact_dtype));
@@ -427,6 +459,7 @@ Status check_support(const Problem& p) {
 
   if (Status s = check_gather(p); !s) return s;
   if (Status s = check_fp8_input(p); !s) return s;
+  if (Status s = check_fp8_output(p); !s) return s;
 
   struct Stride { const char* name; int64_t v; };
   const Stride strides[] = {{"batch_stride_x", p.batch_stride_x},     {"batch_stride_w", p.batch_stride_w},

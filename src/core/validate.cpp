@@ -67,10 +67,10 @@ Status check_device_pointer(const Tensor& t, int device) {
   }
 }
 
-// At most 14 tensors, in place: run() checks them on every call, and a heap
+// At most 16 tensors, in place: run() checks them on every call, and a heap
 // allocation per check is host time for nothing.
 struct TensorList {
-  Tensor items[14];
+  Tensor items[16];
   size_t n = 0;
   void push_back(const Tensor& t) { items[n++] = t; }
   size_t size() const { return n; }
@@ -117,6 +117,10 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   if (r.has_bias) ts.push_back(tensor("bias", a.bias, e.bias, r.bias_dtype, false));
   if (r.has_bias && sep) ts.push_back(tensor("bias_up", a.bias_up, e.bias, r.bias_dtype, false));
   ts.push_back(tensor("y", a.y, e.y, r.output_dtype, true));
+  if (r.output_dtype == DType::fp8_e4m3) {
+    ts.push_back(tensor("y_scales", a.y_scales, detail::y_scale_span(r), DType::fp32, true));
+    if (r.has_y_amax) ts.push_back(tensor("y_amax", a.y_amax, 1, DType::fp32, true));
+  }
   if (r.has_preact) ts.push_back(tensor("preact", a.preact, e.preact, r.preact_dtype, true));
   if (r.gather.experts > 0) {
     const bool i64 = r.gather.index_type == IndexType::int64;
@@ -202,6 +206,16 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
       !s)
     return s;
   if (Status s = check_presence("y", a.y, true, "the output y is required", ""); !s) return s;
+  const bool fp8_y = r.output_dtype == DType::fp8_e4m3;
+  if (Status s = check_presence("y_scales", a.y_scales, fp8_y,
+                                "output_dtype=fp8_e4m3 needs y_scales for Y's fp32 scales (ceil(u / 128) per row)",
+                                "y_scales is used only with output_dtype=fp8_e4m3");
+      !s)
+    return s;
+  if (Status s = check_presence("y_amax", a.y_amax, fp8_y && r.has_y_amax, "has_y_amax=true needs y_amax (one fp32)",
+                                "has_y_amax is false; set has_y_amax=true (with output_dtype=fp8_e4m3) to write it");
+      !s)
+    return s;
   const bool g = r.gather.experts > 0;
   if (Status s = check_presence("indices", a.indices, g, "a gathered call (gather.experts > 0) needs the expert indices",
                                 "gather.experts is 0 (no gather)");

@@ -21,6 +21,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -712,6 +713,98 @@ __device__ __forceinline__ void store_y_tma(const Params& p, const float (&d)[N]
   }
 }
 
+// The larger of a and b, NaN if either is (fmaxf would drop it): a NaN in
+// Y must reach its group's scale and the amax, not vanish from them.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// FP8 Y (p.y_fp8, the e4m3 kernels): the tile's 128 columns are one 1 x 128
+// group of each row (tiles start on multiples of 128), held by the four
+// lanes of a quad, 32 values each. Y in place of g (the 16-bit output's
+// one-MUFU forms: their ~1e-5 error is far below e4m3's 2^-4 step), each
+// row's amax over its valid columns (shuffles within the quad), its scale
+// amax / 448 stored by the quad's first lane, the values times 448 / amax
+// rounded to e4m3 pairs into the 128-byte-swizzled shared tile (64 rows of
+// 128 bytes; a warp's 2-byte stores of one column block hit 8 distinct
+// 16-byte chunks), then one TMA store, or, for a Y the copy engine cannot
+// address, bytes stored by the threads. With y_amax, each warp folds its
+// rows' amax into it (atomicMax on the bits: non-negative floats, and a
+// NaN, order as their bits do).
+template <int ACT>
+__device__ __forceinline__ void store_y_fp8(const Params& p, float (&d)[128], unsigned char* tile, int bar, int tid,
+                                            int yl, int64_t row0, int64_t col0, int64_t m_end, bool y_tma) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int ulim = static_cast<int>(min(p.u - col0, int64_t{128}));  // valid columns of the tile
+  float amax[2] = {0.f, 0.f};  // rows r and r + 8
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const float y = y_of<ACT, false, 128, true>(d, i, p.clamp_alpha, p.clamp_limit);
+    d[i] = y;
+    const int c = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+    if (c < ulim) amax[(i / 2) % 2] = max_nan(amax[(i / 2) % 2], fabsf(y));
+  }
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    amax[h] = max_nan(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+    amax[h] = max_nan(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+    // The floor keeps 448 / amax finite for a group of zeros (its values
+    // stay 0). No IEEE division: its slow path is a call, across which
+    // ptxas spilled ~480 B of the accumulators. The scale is amax times
+    // fp32(1 / 448) and 448 / amax the approximate reciprocal's (2 ulp):
+    // their product is 1 within 2^-21, far inside e4m3's step.
+    const float a = max_nan(amax[h], 1e-10f);
+    inv[h] = __fdividef(448.f, a);
+    const int64_t row = row0 + 16 * warp + lane / 4 + 8 * h;
+    if (lane % 4 == 0 && row < m_end) p.y_scales[row * p.ys_row + (col0 / 128) * p.ys_group] = a * (1.f / 448.f);
+  }
+#pragma unroll
+  for (int jj = 0; jj < 16; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * jj + 2 * h;
+      const __nv_fp8x2_storage_t q =
+          __nv_cvt_float2_to_fp8x2(make_float2(d[i] * inv[h], d[i + 1] * inv[h]), __NV_SATFINITE, __NV_E4M3);
+      const int r = 16 * warp + lane / 4 + 8 * h;  // r % 8 = lane / 4
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(tile + r * 128 + (((jj / 2) ^ (lane / 4)) * 16) + (jj % 2) * 8 +
+                                               2 * (lane % 4)) = q;
+    }
+  if (p.y_amax) {
+    float m = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (row0 + 16 * warp + lane / 4 + 8 * h < m_end) m = max_nan(m, amax[h]);
+#pragma unroll
+    for (int s = 4; s < 32; s *= 2) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, s));  // the quads agree already
+    if (lane == 0) atomicMax(reinterpret_cast<int*>(p.y_amax), __float_as_int(m));
+  }
+  fence_proxy_async();
+  named_barrier(bar, 128);
+  if (y_tma) {
+    if (tid == 0 && row0 < m_end) {
+      tma_store_3d(&p.tma_y, tile, static_cast<int>(col0), static_cast<int>(row0), yl);
+      bulk_commit();
+    }
+    return;
+  }
+  // Four bytes of a row per step, each stored alone (U, ldy or y not on 16 bytes).
+  unsigned char* y = static_cast<unsigned char*>(p.y) + int64_t(yl) * p.sy + row0 * p.ldy + col0;
+  const int rows = static_cast<int>(min(m_end - row0, int64_t{64}));
+#pragma unroll
+  for (int t = 0; t < 16; ++t) {
+    const int r = 4 * t + tid / 32, c = 4 * (tid % 32);  // a warp stores 128 bytes of one row
+    if (r >= rows || c >= ulim) continue;
+    const uint32_t v = *reinterpret_cast<const uint32_t*>(tile + r * 128 + (((c / 16) ^ (r % 8)) * 16) + c % 16);
+    unsigned char* dst = y + r * p.ldy + c;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (c + e < ulim) dst[e] = static_cast<unsigned char>(v >> (8 * e));
+  }
+}
+
 // N output columns per tile (N accumulators per thread). The narrow tile (N
 // = 88) takes neither a pre-activation nor a Y the copy engine cannot
 // address (the host picks it only without them: dispatch.cpp).
@@ -775,6 +868,13 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
       } else {
         store_pre(p, d, warp, lane, tc.l, row0, col0);
       }
+    }
+  }
+
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3> && N == 128) {
+    if (p.y_fp8) {
+      store_y_fp8<ACT>(p, d, tile, bar, tid, yl, row0, col0, m_end, y_tma);
+      return;
     }
   }
 

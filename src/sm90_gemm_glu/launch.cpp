@@ -52,14 +52,16 @@ int64_t map_group(const Problem& r) {
 constexpr int kClusterM = 2;
 constexpr int64_t kClusterMinK = 8193;  // clusters of kClusterM from this K on, else 1
 
-// Y through TMA stores: 16-bit output whose rows (and batches) start on
-// 16-byte boundaries. TMA stores write whole 16-byte chunks, so U must be a
-// multiple of 8 too, or the last chunk of a row would spill into the row's
-// padding. `a` null: y assumed 16-byte aligned.
+// Y through TMA stores: 16-bit or FP8 output whose rows (and batches) start
+// on 16-byte boundaries. TMA stores write whole 16-byte chunks, so U must
+// be a multiple of 16 bytes too, or the last chunk of a row would spill
+// into the row's padding. `a` null: y assumed 16-byte aligned.
 bool y_by_tma(const Problem& r, const Arguments* a) {
-  return r.output_dtype != DType::fp32 && r.u % 8 == 0 && r.ldy % 8 == 0 &&
-         (r.batch == 1 || r.batch_stride_y % 8 == 0) && (!a || aligned16(a->y)) && r.ldy * 2 < kMaxStrideBytes &&
-         r.batch_stride_y * 2 < kMaxStrideBytes && r.u <= kMaxCoord;
+  const int64_t per16 = 16 / int64_t(dtype_size(r.output_dtype));  // elements per 16 bytes
+  const int64_t es = int64_t(dtype_size(r.output_dtype));
+  return r.output_dtype != DType::fp32 && r.u % per16 == 0 && r.ldy % per16 == 0 &&
+         (r.batch == 1 || r.batch_stride_y % per16 == 0) && (!a || aligned16(a->y)) &&
+         r.ldy * es < kMaxStrideBytes && r.batch_stride_y * es < kMaxStrideBytes && r.u <= kMaxCoord;
 }
 
 }  // namespace
@@ -480,9 +482,12 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
   p.y_tma = y_by_tma(r, &a);
   if (p.y_tma) {
     const bool batched = r.batch > 1;
+    const int64_t es = int64_t(out_size);
     const cuuint64_t dims[3] = {cuuint64_t(r.u), cuuint64_t(r.m), cuuint64_t(r.batch)};
-    const cuuint64_t strides[2] = {cuuint64_t(r.ldy * 2), cuuint64_t(batched ? r.batch_stride_y * 2 : r.m * r.ldy * 2)};
-    const cuuint32_t box[3] = {64, 64, 1};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldy * es),
+                                   cuuint64_t(batched ? r.batch_stride_y * es : r.m * r.ldy * es)};
+    // 128-byte rows either way: 64 16-bit columns, or an FP8 tile's 128.
+    const cuuint32_t box[3] = {cuuint32_t(128 / es), 64, 1};
     if (Status e = encode(fn, &p.tma_y, r.output_dtype, a.y, 3, dims, strides, box, "y"); !e) return e;
     if (narrow) {
       // The tile's columns 64 ... 87: 48-byte rows, no swizzle; 64 ... 95:
@@ -577,6 +582,13 @@ Status prepare(const Problem& r, const Arguments& a, int tile_n, bool pingpong, 
     p.k_groups = static_cast<int>((r.k + 127) / 128);
     p.fp8_promote = p.x_scale_block || p.w_scale_block || r.fp8_promote || fp8_promotes();
     p.scale_dtype = static_cast<int>(r.scale_dtype);
+    if (r.output_dtype == DType::fp8_e4m3) {
+      p.y_fp8 = 1;
+      p.y_scales = a.y_scales;
+      p.ys_row = detail::y_scale_row_stride(r);
+      p.ys_group = detail::y_scale_group_stride(r);
+      p.y_amax = r.has_y_amax ? a.y_amax : nullptr;
+    }
   }
   const int act = static_cast<int>(r.activation);
   const cudaError_t e = fp8                            ? setup_fp8(p, act, cluster_m, sms, &out->k)
@@ -643,6 +655,14 @@ Status launch_prepared(Prepared& pr, const Arguments& a, void* workspace, size_t
     p.x_scale = a.x_scales;
     p.w_scale = a.w_scales;
     p.w_scale_up = a.w_up_scales;
+    if (p.y_fp8) {
+      p.y_scales = a.y_scales;
+      if (p.y_amax) p.y_amax = a.y_amax;  // set at prepare() iff has_y_amax
+      // The kernel folds each tile's amax in with atomicMax: it starts from 0.
+      if (p.y_amax)
+        if (const cudaError_t e = cudaMemsetAsync(p.y_amax, 0, sizeof(float), stream); e != cudaSuccess)
+          return err(StatusCode::cuda_error, "zeroing y_amax failed: ", cudaGetErrorString(e));
+    }
   }
   if (p.grouped) {
     // The plan kernel writes the table of row units from this call's

@@ -36,7 +36,8 @@ struct Params {
   // they are the same map.
   CUtensorMap tma_wg;
   CUtensorMap tma_wu;
-  // Y as (U, M, L), 16-bit output only; box 64 x 64 x 1. Used when y_tma.
+  // Y as (U, M, L), 16-bit output: box 64 x 64 x 1; FP8 (y_fp8): bytes,
+  // box 128 x 64 x 1. Used when y_tma.
   CUtensorMap tma_y;
   // The narrow tile's last 24 columns: Y with box 24 x 64 x 1, no swizzle;
   // the 96-column tile's last 32: box 32 x 64 x 1, 64-byte swizzle.
@@ -151,6 +152,16 @@ struct Params {
   int x_scale_block, w_scale_block;
   int k_groups;     // ceil(K / 128)
   int fp8_promote;  // the promoting kernels (any block scale, Problem::fp8_promote or fp8_promotes())
+
+  // FP8 Y (output_dtype = fp8_e4m3; the e4m3 kernels only): each row's 128
+  // columns of a tile quantized with one fp32 scale (store_y_fp8), e4m3
+  // bytes into y, the scale of row r and group c at y_scales[r * ys_row +
+  // c * ys_group], and with y_amax the amax of all of Y folded in by
+  // atomicMax (launch_prepared zeroes it first).
+  int y_fp8;
+  float* y_scales;
+  int64_t ys_row, ys_group;
+  float* y_amax;
 };
 
 // A grouped call's table: the row units it may need, an upper bound known

@@ -691,6 +691,119 @@ def test_fp8_gate_up_refuses_tensors_on_other_devices(monkeypatch):
         gatedmlp.fp8_gate_up(xq.to(DEV), sx.to(DEV), w, sw.to(DEV))
 
 
+# ---------------------------------------------------------------- FP8 Y (an FP8 output with 1 x 128 scales)
+def _fp8_out_problem(m=5, k=64, u=200, out=None, y_scales=None, **kw):
+    x, w = fp8(m, k), fp8(2 * u, k).view(torch.int32)
+    out = torch.empty(m, u, dtype=F8) if out is None else out
+    return C.make_problem(dl(x), dl(w), dl(out), scales=dl(torch.ones(1)), quant=fmt(0), x_scales=dl(torch.ones(1)),
+                          y_scales=dl(y_scales), **kw)
+
+
+def _mn_scales(m, u):
+    """[M, ceil(U / 128)] float32 with strides (1, align4(M)): the MN-major layout."""
+    return torch.empty(nblk(u), -(-m // 4) * 4).t()[:m]
+
+
+def test_binding_describes_fp8_output():
+    m, u = 5, 200
+    for out in (torch.empty(m, u, dtype=F8), torch.empty(m, u, dtype=torch.uint8)):
+        p = _fp8_out_problem(m, out=out, y_scales=torch.empty(m, 2))
+        assert p.output_dtype == gatedmlp.DType.fp8_e4m3
+        assert p.y_scale_layout == gatedmlp.YScaleLayout.row_major and not p.has_y_amax
+        assert gatedmlp.check_support(p), gatedmlp.check_support(p)
+        assert "out=fp8_e4m3(y_scales=row_major)" in repr(p)
+    p = _fp8_out_problem(m, y_scales=_mn_scales(m, u), y_amax=dl(torch.empty(())),
+                         y_scale_layout=gatedmlp.YScaleLayout.mn_major)
+    assert p.y_scale_layout == gatedmlp.YScaleLayout.mn_major and p.has_y_amax
+    assert "out=fp8_e4m3(y_scales=mn_major, amax)" in repr(p)
+    # One row, one group: any strides.
+    p = _fp8_out_problem(1, u=100, y_scales=torch.empty(4, 1)[:1], y_scale_layout=gatedmlp.YScaleLayout.mn_major)
+    assert p.output_dtype == gatedmlp.DType.fp8_e4m3
+    # No out (make_problem): FP8 from y_scales.
+    x, w = fp8(m, 64), fp8(2 * u, 64).view(torch.int32)
+    p = C.make_problem(dl(x), dl(w), scales=dl(torch.ones(1)), quant=fmt(0), x_scales=dl(torch.ones(1)),
+                       y_scales=dl(torch.empty(m, 2)))
+    assert p.output_dtype == gatedmlp.DType.fp8_e4m3
+    # Names and printing.
+    assert gatedmlp.to_string(gatedmlp.YScaleLayout.mn_major) == "mn_major"
+    a = gatedmlp.Arguments(y_scales=0x1000, y_amax=0x2000)
+    assert a.y_scales == 0x1000 and a.y_amax == 0x2000 and "y_amax=0x2000" in repr(a)
+    q = gatedmlp.Problem(output_dtype=gatedmlp.DType.fp8_e4m3, has_y_amax=True,
+                         y_scale_layout=gatedmlp.YScaleLayout.mn_major)
+    assert q.has_y_amax and q.y_scale_layout == gatedmlp.YScaleLayout.mn_major
+
+
+def test_binding_refuses_malformed_fp8_output():
+    m, u = 5, 200
+    with pytest.raises(E, match="'out' is float8_e4m3fn: an FP8 Y needs 'y_scales'"):
+        _fp8_out_problem(m)
+    with pytest.raises(E, match="'y_scales' is given, so 'out' holds an FP8 Y.*got bfloat16"):
+        _fp8_out_problem(m, out=torch.empty(m, u, dtype=torch.bfloat16), y_scales=torch.empty(m, 2))
+    with pytest.raises(E, match=r"'y_scales' must be \[M, ceil\(U / 128\)\] = \(5, 2\), got shape \(5, 1\)"):
+        _fp8_out_problem(m, y_scales=torch.empty(m, 1))
+    with pytest.raises(E, match="'y_scales' .* must be float32, got bfloat16"):
+        _fp8_out_problem(m, y_scales=torch.empty(m, 2, dtype=torch.bfloat16))
+    with pytest.raises(E, match=r"must have strides \(1, 8\) \(y_scale_layout=mn_major"):
+        _fp8_out_problem(m, y_scales=torch.empty(m, 2), y_scale_layout=gatedmlp.YScaleLayout.mn_major)
+    with pytest.raises(E, match=r"must have strides \(2, 1\) \(y_scale_layout=row_major\)"):
+        _fp8_out_problem(m, y_scales=_mn_scales(m, u))
+    with pytest.raises(E, match="'y_amax' must be one float32"):
+        _fp8_out_problem(m, y_scales=torch.empty(m, 2), y_amax=dl(torch.empty(2)))
+    with pytest.raises(E, match="'y_amax' goes with an FP8 Y"):
+        _fp8_out_problem(m, out=torch.empty(m, u, dtype=torch.bfloat16), y_amax=dl(torch.empty(())))
+    # 16-bit x: no FP8 Y.
+    x, w = torch.randn(m, 64, dtype=torch.bfloat16), torch.randn(2 * u, 64, dtype=torch.bfloat16)
+    with pytest.raises(E, match="'y_scales' .an FP8 Y. goes with FP8 activations"):
+        C.make_problem(dl(x), dl(w), dl(torch.empty(m, u, dtype=torch.uint8)), y_scales=dl(torch.empty(m, 2)))
+
+
+def test_fp8_gate_up_fp8_out_hands_the_binding(monkeypatch):
+    rec = record(monkeypatch)
+    m, k, u = 5, 64, 200
+    xq, sx, w, sw, _, _ = _inputs(m, k, u)
+    y, ys = gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8)
+    (_, args, kw), = rec.calls
+    assert y.dtype == F8 and tuple(y.shape) == (m, u)
+    assert args[2].dtype == torch.uint8 and args[2].data_ptr() == y.data_ptr()
+    assert ys.dtype == torch.float32 and tuple(ys.shape) == (m, 2) and ys.stride() == (2, 1)
+    assert kw["y_scales"].data_ptr() == ys.data_ptr() and kw["y_amax"] is None
+    assert kw["y_scale_layout"] == gatedmlp.YScaleLayout.row_major
+    # MN-major scales, the amax allocated.
+    rec.calls.clear()
+    y, ys, amax = gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale_layout="mn", amax=True)
+    (_, args, kw), = rec.calls
+    assert tuple(ys.shape) == (m, 2) and ys.stride() == (1, 8)
+    assert amax.dtype == torch.float32 and amax.numel() == 1 and kw["y_amax"].data_ptr() == amax.data_ptr()
+    assert kw["y_scale_layout"] == gatedmlp.YScaleLayout.mn_major
+    # Given out, y_scale and amax are written in place.
+    rec.calls.clear()
+    out, sc, am = torch.empty(m, u, dtype=F8), torch.empty(m, 2), torch.empty(1)
+    got = gatedmlp.fp8_gate_up(xq, sx, w, sw, out=out, y_scale=sc, amax=am)
+    assert got[0] is out and got[1] is sc and got[2] is am
+    # A 16-bit out: a tensor as before.
+    rec.calls.clear()
+    assert gatedmlp.fp8_gate_up(xq, sx, w, sw).dtype == torch.bfloat16
+    assert rec.calls[0][2]["y_scales"] is None
+
+
+def test_fp8_gate_up_fp8_out_refuses_by_name(monkeypatch):
+    record(monkeypatch, fail=True)
+    m, k, u = 5, 64, 200
+    xq, sx, w, sw, _, _ = _inputs(m, k, u)
+    with pytest.raises(E, match="'y_scale' goes with an FP8 Y"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, y_scale=torch.empty(m, 2))
+    with pytest.raises(E, match="'amax' goes with an FP8 Y"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, amax=True)
+    with pytest.raises(E, match="'y_scale_layout' must be 'row' or 'mn'"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale_layout="col")
+    with pytest.raises(E, match=r"'y_scale' must be float32 \[M, ceil\(U / 128\)\] = \(5, 2\)"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale=torch.empty(m, 3))
+    with pytest.raises(E, match="'amax' must be True or one float32"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, amax=torch.empty(2))
+    with pytest.raises(E, match="'out_dtype' must be"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=torch.float8_e5m2)
+
+
 # ---------------------------------------------------------------- quantize_fp8
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_quantize_fp8_round_trip(dtype):
@@ -1324,3 +1437,79 @@ def test_fp8_not_supported_off_hopper():
     w, sw = gatedmlp.quantize_fp8(torch.randn(64, 64, device=DEV))
     with pytest.raises(gatedmlp.NotSupportedError, match=r"FP8 activations"):
         gatedmlp.fp8_gate_up(xq, sx, w, sw)
+
+
+def _e4m3_spacing(t):
+    """The spacing of e4m3fn values at magnitudes t (<= 448): 2^(e - 3) in
+    [2^e, 2^(e + 1)), 2^-9 below 2^-6."""
+    e = torch.floor(torch.log2(t.clamp(2.0 ** -6, 448.0)))
+    return torch.exp2(e - 3)
+
+
+@on_hopper
+@pytest.mark.parametrize("grans", [("tensor", "tensor"), ("row", "row"), ("block", "block128")])
+@pytest.mark.parametrize("layout", ["row", "mn"])
+def test_fp8_output(grans, layout):
+    """An FP8 Y: each 1 x 128 group's scale is its amax / 448 (the amax, if
+    asked, exactly fp32(max |y|) / 448's largest scale), and every value
+    times its scale within one e4m3 step of the same call's bf16 Y (plus
+    the bf16 Y's own rounding), on stacked and separate weights, U a
+    multiple of 128 and not (the last group partial; U % 16 != 0: Y
+    stored without TMA), several tiles, with a pre-activation."""
+    torch.manual_seed(SEED)
+    for m, k, u, sep in ((300, 1024, 640, False), (129, 272, 200, True), (1, 128, 72, True), (2048, 512, 130, False)):
+        uu = u if sep or grans[1] != "block128" else 128 * nblk(u)
+        xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), grans[0])
+        rows = uu if sep else 2 * uu
+        w, sw = gatedmlp.quantize_fp8(torch.randn(rows, k, device=DEV) / k ** 0.5, grans[1])
+        wu, su = (gatedmlp.quantize_fp8(torch.randn(rows, k, device=DEV) / k ** 0.5, grans[1]) if sep
+                  else (None, None))
+        kw = dict(w_up=wu, w_up_scale=su, activation="gelu_tanh")
+        yb = gatedmlp.fp8_gate_up(xq, sx, w, sw, **kw).float()
+        pre = torch.full((m, 2 * uu), float("nan"), device=DEV, dtype=torch.bfloat16)
+        y8, ys, amax = gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale_layout=layout, amax=True,
+                                            preact=pre, **kw)
+        torch.cuda.synchronize()
+        assert not pre.isnan().any(), "the pre-activation was not written"
+        g = nblk(uu)
+        assert tuple(ys.shape) == (m, g) and ys.stride() == ((g, 1) if layout == "row" else (1, -(-m // 4) * 4))
+        assert torch.isfinite(ys).all() and (ys > 0).all()
+        q = y8.float()
+        assert torch.isfinite(q).all()
+        s_full = ys.repeat_interleave(128, dim=1)[:, :uu]
+        deq = q * s_full
+        # The scales: amax / 448 of the bf16 Y's groups (its rounding: 2^-8).
+        pad = torch.zeros(m, g * 128, device=DEV)
+        pad[:, :uu] = yb.abs()
+        ref_amax = pad.reshape(m, g, 128).amax(dim=2)
+        assert torch.allclose(ys * 448, ref_amax.clamp_min(1e-10), rtol=2 ** -7, atol=1e-6)
+        # amax times fp32(1 / 448) is the largest scale, to the bit.
+        assert (amax.float() * torch.tensor(1 / 448, dtype=torch.float32, device=DEV)).item() == ys.max().item()
+        assert abs(amax.item() - yb.abs().max().item()) <= 2 ** -7 * amax.item()
+        t = torch.maximum(q.abs(), yb.abs() / s_full)
+        bound = _e4m3_spacing(t) * s_full + 2 ** -8 * yb.abs() + 1e-6
+        bad = (deq - yb).abs() > bound
+        assert not bad.any(), (f"m{m} u{u}: {int(bad.sum())} values more than one e4m3 step from the bf16 Y, e.g. "
+                               f"{deq[bad][:4].tolist()} vs {yb[bad][:4].tolist()}")
+
+
+@on_hopper
+def test_fp8_output_feeds_blockwise_scaled_mm():
+    """The FP8 Y with MN-major scales (M a multiple of 4) is what cuBLASLt's
+    blockwise torch._scaled_mm reads as its 1 x 128 scaled A: a down
+    projection from it matches the bf16 Y's within FP8's error. Skipped
+    where this torch / GPU has no blockwise _scaled_mm."""
+    torch.manual_seed(SEED)
+    m, k, u, n = 256, 1024, 512, 384
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "block")
+    w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / k ** 0.5, "block128")
+    yb = gatedmlp.fp8_gate_up(xq, sx, w, sw)
+    y8, ys = gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale_layout="mn")
+    wd, sd = gatedmlp.quantize_fp8(torch.randn(n, u, device=DEV) / u ** 0.5, "block128")
+    ref = yb.double() @ deq_w(wd, sd).T
+    try:
+        got = torch._scaled_mm(y8, wd.t(), scale_a=ys, scale_b=sd.float().contiguous().t(), out_dtype=torch.bfloat16)
+    except (RuntimeError, TypeError) as ex:
+        pytest.skip(f"no blockwise torch._scaled_mm here: {str(ex).splitlines()[0][:200]}")
+    rel = ((got.double() - ref).norm() / ref.norm()).item()
+    assert rel < 3e-2, f"down projection from the FP8 Y: relative error {rel:.3e}"
