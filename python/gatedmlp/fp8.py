@@ -137,7 +137,7 @@ def _as_words(torch, w, name):
 
 def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None, bias_up=None, out=None,
                 out_dtype=None, preact=None, activation="silu", act_params=None, group=None, first="gate",
-                alpha: float = 1.0, promote: bool = False, y_scale=None, y_scale_layout: str = "row",
+                alpha: float = 1.0, promote: bool = False, y_scale=None, y_scale_layout=None,
                 amax=None, stream=None, workspace=None, _hold_workspace=True):
     """gate_up on FP8 activations and FP8 weights (sm_90 only), for PyTorch
     tensors:
@@ -202,12 +202,13 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
                 activation scales reads.
     y_scale:    the FP8 Y's float32 scales, [M, ceil(U / 128)] (allocated
                 when None): y_scale[r, c] scales out[r, 128 c : 128 c +
-                128]. y_scale_layout "row" (default): row-major; "mn": each
-                group's column of M scales contiguous, M rounded up to a
-                multiple of 4, strides (1, align4(M)) (the MN-major,
-                TMA-aligned layout of DeepGEMM-style kernels; the storage
-                is [ceil(U / 128), align4(M)], the last align4(M) - M of
-                each column unwritten).
+                128]. y_scale_layout "row": row-major; "mn": each group's
+                column of M scales contiguous, M rounded up to a multiple
+                of 4, strides (1, align4(M)) (the MN-major, TMA-aligned
+                layout of DeepGEMM-style kernels; the storage is
+                [ceil(U / 128), align4(M)], the last align4(M) - M of each
+                column unwritten). None (default): a given y_scale's own
+                (its strides), else "row".
     amax:       with an FP8 Y: True (allocated) or a float32 tensor of one
                 element, set to max |y| over all of Y (before quantization).
     preact:     optional [M, 2U] output of the scaled GEMM results plus bias,
@@ -340,9 +341,14 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
         _same_device(out, x, "out")
     fp8_y = (out.dtype if out is not None else out_dtype) == f8
     layouts = {"row": _C.YScaleLayout.row_major, "mn": _C.YScaleLayout.mn_major}
-    if y_scale_layout not in layouts:
+    if y_scale_layout is not None and y_scale_layout not in layouts:
         raise _invalid(f"'y_scale_layout' must be 'row' or 'mn', got {y_scale_layout!r}")
     groups, ld = _blocks(u), -(-m // 4) * 4
+    if y_scale_layout is None:
+        # A given y_scale's layout is its strides': MN-major when a group's
+        # scales are the contiguous ones (the binding checks the rest).
+        mn = (y_scale is not None and y_scale.dim() == 2 and m > 1 and groups > 1 and y_scale.stride(0) == 1)
+        y_scale_layout = "mn" if mn else "row"
     if not fp8_y:
         for name, v in (("y_scale", y_scale), ("amax", amax)):
             if v is not None and v is not False:

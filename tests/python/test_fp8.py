@@ -606,9 +606,10 @@ def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
         (call(w=wg, w_scale=sg, w_up=wu, w_up_scale=su, bias=torch.ones(u), bias_up=torch.ones(u + 1)),
          r"'bias_up' must be \[U\] = \(24,\), got shape \(25,\)"),
         (call(out=torch.empty(m, u + 1)), r"'out' must be \[M, U\] = \(5, 24\), got shape \(5, 25\)"),
-        (call(out=torch.empty(m, u, dtype=torch.float64)), r"'out' must be bfloat16, float16 or float32, got float64"),
+        (call(out=torch.empty(m, u, dtype=torch.float64)),
+         r"'out' must be bfloat16, float16, float32 or float8_e4m3fn, got float64"),
         (call(out=torch.empty(m, u), out_dtype=torch.bfloat16), r"'out' has dtype float32 but out_dtype is bfloat16"),
-        (call(out_dtype=torch.float64), r"'out_dtype' must be torch.bfloat16, torch.float16 or torch.float32"),
+        (call(out_dtype=torch.float64), r"'out_dtype' must be torch.bfloat16, torch.float16, torch.float32 or torch.float8_e4m3fn"),
         (call(preact=torch.empty(m, u)), r"'preact' must be \[M, 2U\] = \(5, 48\), got shape \(5, 24\)"),
         (call(activation="swish"), r"activation='swish' is not one of"),
         (call(first="down"), r"first='down' is not one of"),
@@ -775,6 +776,11 @@ def test_fp8_gate_up_fp8_out_hands_the_binding(monkeypatch):
     assert tuple(ys.shape) == (m, 2) and ys.stride() == (1, 8)
     assert amax.dtype == torch.float32 and amax.numel() == 1 and kw["y_amax"].data_ptr() == amax.data_ptr()
     assert kw["y_scale_layout"] == gatedmlp.YScaleLayout.mn_major
+    # A given MN-major y_scale is read as such (its strides).
+    rec.calls.clear()
+    ys_mn = _mn_scales(m, u)
+    gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale=ys_mn)
+    assert rec.calls[0][2]["y_scale_layout"] == gatedmlp.YScaleLayout.mn_major
     # Given out, y_scale and amax are written in place.
     rec.calls.clear()
     out, sc, am = torch.empty(m, u, dtype=F8), torch.empty(m, 2), torch.empty(1)
