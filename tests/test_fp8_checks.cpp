@@ -1,9 +1,11 @@
 // FP8 activations (input_dtype = fp8_e4m3) on the host: what check_support
 // and validate accept and refuse, by name, before any device is asked (X
 // scaled per tensor, row or 1 x 128 block; weights per tensor, channel or
-// 128 x 128 block, and the fused layouts block scales take); how an FP8
-// problem prints; empty work; and the dispatcher's choice on simulated
-// devices (the Hopper kernel on an H200, a refusal on an A100).
+// 128 x 128 block, and the fused layouts block scales take); an FP8 Y
+// (output_dtype = fp8_e4m3: its scales' layouts, extents and pointers, the
+// amax, refused outside FP8 calls); how an FP8 problem prints; empty work;
+// and the dispatcher's choice on simulated devices (the Hopper kernel on
+// an H200, a refusal on an A100).
 // The GPU suite is tests/test_gpu_fp8.cpp.
 #include <gtest/gtest.h>
 

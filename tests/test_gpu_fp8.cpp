@@ -7,7 +7,8 @@
 // ... 256; with weight blocks the ones whose interleave block is a multiple
 // of 128) and separate weights (any U), every activation (the clamped
 // SwiGLU with its parameters), bias in every dtype, alpha, the
-// pre-activation, every output dtype, padded rows of X, of the weights'
+// pre-activation, every output dtype (an FP8 Y too: e4m3 with 1 x 128
+// group scales, row-major or MN-major, with or without the amax), padded rows of X, of the weights'
 // words and of Y, M = 1 ... 600 (several 128-row tiles, partial ones), K =
 // 16 ... 2048 in steps of 16 (mostly with a partial last 128-deep k-block)
 // and now and then K > 8192 (clusters of two), U odd and even (U % 8 != 0:
@@ -74,6 +75,14 @@
 // error over the larger of the reference's RMS and 1 at most 1e-2.
 // Outputs are poisoned with NaN first: every element must be written and
 // the padding of Y and the pre-activation must still hold the poison.
+// An FP8 Y (check_fp8_y): each group's scale against the reference's amax
+// / 448, each byte times its scale within half an e4m3 step of the
+// reference (plus the bound above for the value before quantization), the
+// amax within the bound and exactly consistent with the scales, the
+// MN-major scales' padding untouched; then the same call with a bf16 Y
+// under the same kernel and schedule: each FP8 value times its scale
+// within one e4m3 step of it. By hand: a NaN in X reaches its row's scales
+// and the amax; scales or amax in host memory write nothing.
 //
 // Then the accuracy of 128 x 128 blocks against per-tensor scales on the
 // same dequantized values (and of the promoting kernels against the

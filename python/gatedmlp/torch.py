@@ -304,22 +304,80 @@ def _fp8_gate_up_fake(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, a
     return x.new_empty((x.shape[0], u), dtype=out_dtype or torch.bfloat16)
 
 
+def _fp8_y_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activation, clamp_alpha, clamp_limit,
+                  group, first, alpha, promote, mn_scales, hold=True):
+    # What the gatedmlp::fp8_gate_up_fp8 op computes: the FP8 Y, its scales
+    # and its amax (always: one memset and a few atomics). MN-major scales
+    # come back as their storage, [G, align4(M)] (an op's outputs are whole
+    # tensors, not views); fp8_gate_up takes the [M, G] view of it.
+    ap = _C.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit)
+    m = x.shape[0]
+    u = w.shape[0] if w_up is not None else w.shape[0] // 2
+    groups = -(-u // 128)
+    store = (torch.empty((groups, -(-m // 4) * 4), dtype=torch.float32, device=x.device) if mn_scales
+             else torch.empty((m, groups), dtype=torch.float32, device=x.device))
+    y, _, am = _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
+                              out_dtype=torch.float8_e4m3fn, activation=activation, act_params=ap,
+                              group=group or None, first=first, alpha=alpha, promote=promote,
+                              y_scale=store.t()[:m] if mn_scales else store,
+                              y_scale_layout="mn" if mn_scales else "row", amax=True, _hold_workspace=hold)
+    return y, store, am
+
+
+@torch.library.custom_op("gatedmlp::fp8_gate_up_fp8", mutates_args=())
+def _fp8_gate_up_fp8_op(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, w_up: Optional[Tensor],
+                        w_up_scale: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor],
+                        activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str, alpha: float,
+                        promote: bool, mn_scales: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return _fp8_y_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activation, clamp_alpha,
+                         clamp_limit, group, first, alpha, promote, mn_scales, hold=False)
+
+
+@_fp8_gate_up_fp8_op.register_fake
+def _fp8_gate_up_fp8_fake(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activation, clamp_alpha,
+                          clamp_limit, group, first, alpha, promote, mn_scales):
+    m = x.shape[0]
+    u = w.shape[0] if w_up is not None else w.shape[0] // 2
+    groups = -(-u // 128)
+    y = x.new_empty((m, u), dtype=torch.float8_e4m3fn)
+    shape = (groups, -(-m // 4) * 4) if mn_scales else (m, groups)  # MN-major: the storage
+    return y, x.new_empty(shape, dtype=torch.float32), x.new_empty((), dtype=torch.float32)
+
+
 def fp8_gate_up(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, *, w_up: Optional[Tensor] = None,
                 w_up_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None, bias_up: Optional[Tensor] = None,
                 activation="silu", clamp_alpha: float = 1.702, clamp_limit: float = 7.0, group: int = 0,
                 first="gate", alpha: float = 1.0, promote: bool = False,
-                out_dtype: Optional[torch.dtype] = None) -> Tensor:
+                out_dtype: Optional[torch.dtype] = None, y_scale_layout: str = "row", amax: bool = False):
     """gatedmlp.fp8_gate_up as a PyTorch op (FP8 x [M, K] with its scales,
     FP8 weights with theirs; per tensor, per row / channel, or 1 x 128 / 128 x
-    128 blocks): returns y [M, U] of out_dtype (default bfloat16). The
+    128 blocks): returns y [M, U] of out_dtype (default bfloat16). With
+    out_dtype=torch.float8_e4m3fn, an FP8 Y with its 1 x 128 group scales:
+    (y, y_scale), or (y, y_scale, amax) with amax=True; y_scale [M, ceil(U
+    / 128)] float32, row-major, or MN-major with y_scale_layout="mn"
+    (strides (1, align4(M))), as gatedmlp.fp8_gate_up gives them. The
     arguments are fp8_gate_up's; a traced call (torch.compile, export) is the
-    gatedmlp::fp8_gate_up operator, a plain CUDA call runs directly."""
+    gatedmlp::fp8_gate_up operator (gatedmlp::fp8_gate_up_fp8 for an FP8
+    Y), a plain CUDA call runs directly."""
     _check_no_grad(x, bias, bias_up)
     act = activation if activation in _ACTIVATIONS else activation_name(activation)
     first = first if first in _HALVES else _name(first, _HALVES, "first")
+    direct = x.is_cuda and type(x) is Tensor and not _traced()
+    if out_dtype == torch.float8_e4m3fn:
+        if y_scale_layout not in ("row", "mn"):
+            raise _C.InvalidArgumentError(f"gatedmlp: 'y_scale_layout' must be 'row' or 'mn', got {y_scale_layout!r}")
+        args = (x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, act, float(clamp_alpha), float(clamp_limit),
+                int(group), first, float(alpha), bool(promote), y_scale_layout == "mn")
+        y, ys, am = _fp8_y_direct(*args) if direct else torch.ops.gatedmlp.fp8_gate_up_fp8(*args)
+        if y_scale_layout == "mn":
+            ys = ys.t()[:x.shape[0]]
+        return (y, ys, am) if amax else (y, ys)
+    if amax or y_scale_layout != "row":
+        raise _C.InvalidArgumentError("gatedmlp: 'amax' and 'y_scale_layout' go with an FP8 Y "
+                                      "(out_dtype=torch.float8_e4m3fn)")
     args = (x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, act, float(clamp_alpha), float(clamp_limit),
             int(group), first, float(alpha), bool(promote), out_dtype)
-    if x.is_cuda and type(x) is Tensor and not _traced():
+    if direct:
         return _fp8_direct(*args)
     return torch.ops.gatedmlp.fp8_gate_up(*args)
 
@@ -494,6 +552,7 @@ torch.library.register_autograd("gatedmlp::gate_up", _no_backward, setup_context
 torch.library.register_autograd("gatedmlp::gate_up_preact", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::quantized_gate_up", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::fp8_gate_up", _no_backward, setup_context=_setup_context)
+torch.library.register_autograd("gatedmlp::fp8_gate_up_fp8", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::down", _no_backward, setup_context=_setup_context)
 torch.library.register_autograd("gatedmlp::quantized_down", _no_backward, setup_context=_setup_context)
 

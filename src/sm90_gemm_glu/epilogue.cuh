@@ -12,8 +12,11 @@
 // stage, held until it has been read, each round's stores covered by
 // computing half of Y; otherwise from the registers, two columns
 // per store (store_pre_fast for whole tiles of 16-bit output: straight-line
-// code, small enough to stay in the instruction cache). Only Y (and the
-// pre-activation) reaches device memory.
+// code, small enough to stay in the instruction cache). An FP8 Y (the e4m3
+// kernels) is quantized here too, one 1 x 128 group per row of the tile,
+// its bytes through the same shared tile and a TMA store (store_y_fp8).
+// Only Y (with an FP8 Y's scales and amax) and the pre-activation reach
+// device memory.
 //
 // The pieces below run in the consumer warpgroups of both kernel families
 // (sm90_gemm_glu.cuh, pingpong.cuh); epilogue() is the cooperative kernel's.

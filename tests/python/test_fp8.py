@@ -35,6 +35,16 @@ _scaled_mm (see blocked_fp32). A fused layout the block rule refuses
 raises saying why. GATEDMLP_FP8_PROMOTE=1 (per-k-block promotion of
 calls without block scales) passes the rule too. Outputs are poisoned with NaN first; a CUDA graph replay
 gives the eager bits. On a GPU that is not sm_90, NotSupportedError.
+
+An FP8 Y (out float8_e4m3fn with 1 x 128 group scales, row-major or
+MN-major, and the amax): on the CPU, the Problem the binding builds and
+every malformed call refused by name, what fp8_gate_up hands the binding
+(and the layout it reads from a given scale tensor's strides); on the GPU,
+each scale against the bf16 Y's group amax / 448, each value times its
+scale within one e4m3 step of the bf16 Y, the amax exactly consistent with
+the scales, the torch operator's bits eager and compiled, and the MN-major
+scales read as they are by cuBLASLt's blockwise torch._scaled_mm (a down
+projection from the FP8 Y).
 """
 
 import os
@@ -609,7 +619,8 @@ def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
         (call(out=torch.empty(m, u, dtype=torch.float64)),
          r"'out' must be bfloat16, float16, float32 or float8_e4m3fn, got float64"),
         (call(out=torch.empty(m, u), out_dtype=torch.bfloat16), r"'out' has dtype float32 but out_dtype is bfloat16"),
-        (call(out_dtype=torch.float64), r"'out_dtype' must be torch.bfloat16, torch.float16, torch.float32 or torch.float8_e4m3fn"),
+        (call(out_dtype=torch.float64),
+         r"'out_dtype' must be torch.bfloat16, torch.float16, torch.float32 or torch.float8_e4m3fn"),
         (call(preact=torch.empty(m, u)), r"'preact' must be \[M, 2U\] = \(5, 48\), got shape \(5, 24\)"),
         (call(activation="swish"), r"activation='swish' is not one of"),
         (call(first="down"), r"first='down' is not one of"),
@@ -1519,3 +1530,28 @@ def test_fp8_output_feeds_blockwise_scaled_mm():
         pytest.skip(f"no blockwise torch._scaled_mm here: {str(ex).splitlines()[0][:200]}")
     rel = ((got.double() - ref).norm() / ref.norm()).item()
     assert rel < 3e-2, f"down projection from the FP8 Y: relative error {rel:.3e}"
+
+
+@on_hopper
+def test_torch_op_fp8_y_matches_the_call():
+    """gatedmlp.torch.fp8_gate_up with an FP8 Y gives fp8_gate_up's bits
+    (y, scales, amax), eager and through the gatedmlp::fp8_gate_up_fp8
+    operator under torch.compile, for both scale layouts."""
+    import gatedmlp.torch as gt
+
+    m, k, u = 200, 1024, 300
+    xq, sx = gatedmlp.quantize_fp8(torch.randn(m, k, device=DEV), "block")
+    w, sw = gatedmlp.quantize_fp8(torch.randn(2 * u, k, device=DEV) / k ** 0.5, "tensor")
+    for layout in ("row", "mn"):
+        want = gatedmlp.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale_layout=layout, amax=True)
+        got = gt.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale_layout=layout, amax=True)
+
+        def f(xq, sx, w, sw, layout=layout):
+            return gt.fp8_gate_up(xq, sx, w, sw, out_dtype=F8, y_scale_layout=layout, amax=True)
+
+        with torch.no_grad():
+            compiled = torch.compile(f, fullgraph=True)(xq, sx, w, sw)
+        for g in (got, compiled):
+            assert torch.equal(g[0].view(torch.uint8), want[0].view(torch.uint8)), f"{layout}: y differs"
+            assert g[1].stride() == want[1].stride() and torch.equal(g[1], want[1]), f"{layout}: scales differ"
+            assert torch.equal(g[2].reshape(()), want[2].reshape(())), f"{layout}: amax differs"

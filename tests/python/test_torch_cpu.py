@@ -27,7 +27,7 @@ class HFMLP(nn.Module):
 
 
 def test_ops_are_registered():
-    for name in ("gate_up", "gate_up_preact", "gate_up_out", "quantized_gate_up", "fp8_gate_up"):
+    for name in ("gate_up", "gate_up_preact", "gate_up_out", "quantized_gate_up", "fp8_gate_up", "fp8_gate_up_fp8"):
         assert hasattr(torch.ops.gatedmlp, name)
 
 
@@ -104,6 +104,36 @@ def test_fp8_fake_shapes_opcheck_and_compile():
 
     with torch.no_grad():
         assert torch.compile(f, backend="eager", fullgraph=True)(x, xs, w, ws).shape == (5, 48)
+
+
+def test_fp8_y_fake_shapes_opcheck_and_compile():
+    """gatedmlp::fp8_gate_up_fp8 (an FP8 Y) on meta tensors: y [M, U]
+    float8_e4m3fn, its scales [M, ceil(U / 128)] float32 (MN-major: strides
+    (1, align4(M)), a view of the op's [G, align4(M)]), the amax on request;
+    schema and fake pass opcheck; torch.compile traces it whole."""
+    f8 = dict(device="meta", dtype=torch.float8_e4m3fn)
+    f32 = dict(device="meta", dtype=torch.float32)
+    x, w, xs, ws = torch.empty(5, 256, **f8), torch.empty(600, 256, **f8), torch.empty(1, **f32), torch.empty(1, **f32)
+    y, sc = gt.fp8_gate_up(x, xs, w, ws, out_dtype=torch.float8_e4m3fn)
+    assert y.shape == (5, 300) and y.dtype == torch.float8_e4m3fn
+    assert sc.shape == (5, 3) and sc.dtype == torch.float32 and sc.stride() == (3, 1)
+    y, sc, am = gt.fp8_gate_up(x, xs, w, ws, out_dtype=torch.float8_e4m3fn, y_scale_layout="mn", amax=True)
+    assert sc.shape == (5, 3) and sc.stride() == (1, 8) and am.shape == () and am.dtype == torch.float32
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="'y_scale_layout' must be 'row' or 'mn'"):
+        gt.fp8_gate_up(x, xs, w, ws, out_dtype=torch.float8_e4m3fn, y_scale_layout="col")
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="go with an FP8 Y"):
+        gt.fp8_gate_up(x, xs, w, ws, amax=True)
+    for mn in (False, True):
+        args = (x, xs, w, ws, None, None, None, None, "silu", 1.702, 7.0, 0, "gate", 1.0, False, mn)
+        torch.library.opcheck(torch.ops.gatedmlp.fp8_gate_up_fp8.default, args,
+                              test_utils=("test_schema", "test_faketensor"))
+
+    def f(x, xs, w, ws):
+        y, sc = gt.fp8_gate_up(x, xs, w, ws, out_dtype=torch.float8_e4m3fn, y_scale_layout="mn")
+        return y.float() * sc.repeat_interleave(128, dim=1)[:, :300]
+
+    with torch.no_grad():
+        assert torch.compile(f, backend="eager", fullgraph=True)(x, xs, w, ws).shape == (5, 300)
 
 
 def test_compile_traces_without_graph_breaks():
