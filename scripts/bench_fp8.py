@@ -96,7 +96,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_moe import CompileTimeout, call_with_timeout, free_memory, rel_max_diff, short  # noqa: E402
-from bench_quant import graph_time_us  # noqa: E402
+from bench_quant import capture_graph, graph_time_us, replay_us  # noqa: E402
 
 import gatedmlp  # noqa: E402
 
@@ -286,38 +286,17 @@ def time_us(fn, iters):
     return graph_time_us([fn] * CALLS, reps=iters)
 
 
-def _graph(fn):
-    """fn, CALLS times, captured in a CUDA graph (warmed up on a side stream first)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
 def ab_time_us(fn_a, fn_b, reps):
-    """Median per-call times of fn_a and fn_b, their graphs replayed in
-    turn (a, b, a, b, ...), so that clock and temperature drift, which moved
-    one call's separate timings by up to 5 % between runs, falls on both
-    alike; for a bar of a few per cent between two forms of one kernel."""
-    ga, gb = _graph(fn_a), _graph(fn_b)
+    """Median per-call times of fn_a and fn_b (CALLS calls per CUDA graph),
+    their graphs replayed in turn (a, b, a, b, ...), so that clock and
+    temperature drift, which moved one call's separate timings by up to 5 %
+    between runs, falls on both alike; for a bar of a few per cent between
+    two forms of one kernel."""
+    ga, gb = capture_graph([fn_a] * CALLS), capture_graph([fn_b] * CALLS)
     ta, tb = [], []
     for _ in range(reps):
-        for g, t in ((ga, ta), (gb, tb)):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            t.append(a.elapsed_time(b) * 1000.0 / CALLS)
+        ta.append(replay_us(ga, CALLS))
+        tb.append(replay_us(gb, CALLS))
     ta.sort()
     tb.sort()
     return ta[len(ta) // 2], tb[len(tb) // 2]

@@ -43,32 +43,39 @@ SHAPES = {
 }
 
 
-def graph_time_us(fn_list, reps: int = 20) -> float:
-    """Median per-call time of fn_list (one call per rotated copy) replayed in a CUDA graph."""
+def capture_graph(fn_list):
+    """fn_list's calls captured in one CUDA graph, after a warm-up on a side
+    stream (plans, workspaces, lazy init outside the capture), replayed once."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for fn in fn_list:  # warm-up: plans, workspaces, lazy init outside the capture
+        for fn in fn_list:
             fn()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    # Enough calls per graph for ~1 ms of replay.
-    calls = len(fn_list)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for fn in fn_list:
             fn()
     g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / calls)
-    times.sort()
+    return g
+
+
+def replay_us(g, calls: int) -> float:
+    """One replay of graph g, in microseconds per call of its `calls`."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1000.0 / calls
+
+
+def graph_time_us(fn_list, reps: int = 20) -> float:
+    """Median per-call time of fn_list (one call per rotated copy) replayed in a CUDA graph."""
+    g = capture_graph(fn_list)
+    times = sorted(replay_us(g, len(fn_list)) for _ in range(reps))
     return times[len(times) // 2]
 
 

@@ -287,8 +287,10 @@ struct Problem {
   // y_j the fp32 value; q goes to Arguments::y (one byte per element, row
   // stride ldy) and the scale to Arguments::y_scales (fp32, laid out as
   // y_scale_layout says), so y_j ~ q_j * scale (scale * 448 / amax is 1
-  // within 2^-21). A NaN in a group makes its scale NaN. With has_y_amax, Arguments::y_amax receives max |y| over
-  // all of Y (fp32, before quantization; zeroed by the call first).
+  // within 2^-21). A NaN in a group makes its scale NaN. With has_y_amax,
+  // Arguments::y_amax receives max |y| over all of Y (fp32, before
+  // quantization; zeroed by the call first, 0 for an empty Y). The
+  // pre-activation, if asked, is written as for a 16-bit Y.
   YScaleLayout y_scale_layout = YScaleLayout::row_major;
   bool has_y_amax = false;
 

@@ -344,11 +344,6 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     if y_scale_layout is not None and y_scale_layout not in layouts:
         raise _invalid(f"'y_scale_layout' must be 'row' or 'mn', got {y_scale_layout!r}")
     groups, ld = _blocks(u), -(-m // 4) * 4
-    if y_scale_layout is None:
-        # A given y_scale's layout is its strides': MN-major when a group's
-        # scales are the contiguous ones (the binding checks the rest).
-        mn = (y_scale is not None and y_scale.dim() == 2 and m > 1 and groups > 1 and y_scale.stride(0) == 1)
-        y_scale_layout = "mn" if mn else "row"
     if not fp8_y:
         for name, v in (("y_scale", y_scale), ("amax", amax)):
             if v is not None and v is not False:
@@ -360,6 +355,12 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
                 raise _invalid(f"'y_scale' must be float32 [M, ceil(U / 128)] = ({m}, {groups}), got "
                                f"{_dtype_name(y_scale.dtype)} of shape {tuple(y_scale.shape)}")
             _same_device(y_scale, x, "y_scale")
+    if y_scale_layout is None:
+        # A given y_scale's layout is its strides': MN-major when a group's
+        # scales are the contiguous ones (the binding checks the rest).
+        mn = fp8_y and y_scale is not None and m > 1 and groups > 1 and y_scale.stride(0) == 1
+        y_scale_layout = "mn" if mn else "row"
+    if fp8_y:
         if amax is not None and amax is not False and amax is not True:
             _require_tensor(torch, amax, "amax")
             if amax.dtype != torch.float32 or amax.numel() != 1:

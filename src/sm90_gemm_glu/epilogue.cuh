@@ -755,10 +755,9 @@ __device__ __forceinline__ void store_y_fp8(const Params& p, float (&d)[128], un
     amax[h] = max_nan(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
     amax[h] = max_nan(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
     // The floor keeps 448 / amax finite for a group of zeros (its values
-    // stay 0). No IEEE division: its slow path is a call, across which
-    // ptxas spilled ~480 B of the accumulators. The scale is amax times
-    // fp32(1 / 448) and 448 / amax the approximate reciprocal's (2 ulp):
-    // their product is 1 within 2^-21, far inside e4m3's step.
+    // stay 0). The scale is amax times fp32(1 / 448) and 448 / amax the
+    // approximate reciprocal's (2 ulp; no IEEE division, whose slow path
+    // is a call): their product is 1 within 2^-21, far inside e4m3's step.
     const float a = max_nan(amax[h], 1e-10f);
     inv[h] = __fdividef(448.f, a);
     const int64_t row = row0 + 16 * warp + lane / 4 + 8 * h;
@@ -793,7 +792,10 @@ __device__ __forceinline__ void store_y_fp8(const Params& p, float (&d)[128], un
     }
     return;
   }
-  // Four bytes of a row per step, each stored alone (U, ldy or y not on 16 bytes).
+  // U, ldy or y not on 16 bytes: a warp stores 128 bytes of a row per
+  // step, byte by byte. A fixed, unrolled 16 steps: as a strided loop over
+  // the tile, ptxas spilled ~480 B of the accumulators in every
+  // non-promoting kernel.
   unsigned char* y = static_cast<unsigned char*>(p.y) + int64_t(yl) * p.sy + row0 * p.ldy + col0;
   const int rows = static_cast<int>(min(m_end - row0, int64_t{64}));
 #pragma unroll
