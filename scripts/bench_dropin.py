@@ -18,8 +18,12 @@ host   Host (CPU) cost of one call of each entry point, in µs, on a problem so
        (flagged "GPU-bound?"). Bars: each gatedmlp Python entry point
        <= 1.25x F.linear; GatedMLP(x) (GatedMLP.from_module(mlp)) and the
        module patch_model swaps in <= the Hugging Face LlamaMLP(x) they
-       replace. Calls run under torch.inference_mode() with the garbage
-       collector off. Every gatedmlp entry's output is checked first.
+       replace. On sm_90 the FP8 entry points too (gatedmlp.fp8_gate_up
+       with a bf16 or an FP8 Y, gatedmlp.torch.fp8_gate_up; per-token x,
+       per-channel w), under the same 1.25x bar. Calls run under
+       torch.inference_mode() with the garbage collector off. Every gatedmlp
+       entry's output is checked first (the FP8 ones against float64 on
+       their e4m3 inputs, within 2^-4).
 
 model  Transformers models with 8B-sized layers (hidden 4096, intermediate
        14336; 4 layers, vocab 32000, bf16, random weights, SDPA attention
@@ -281,12 +285,41 @@ def host_section(args, dev, G, results, patch_model=None):
             })
             if pmlp is not None:
                 entries["patch_model's module(x)"] = (lambda: pmlp(x3), "gatedmlp_module")
+            fp8_ref = None
+            if torch.cuda.get_device_capability(dev) == (9, 0):
+                # FP8 activations and weights (Hopper), per-token x and
+                # per-channel w scales, the bf16 Y allocated or given; the
+                # FP8 Y with its scales. Checked against float64 on the
+                # dequantized e4m3 inputs.
+                xq, sx = gm.quantize_fp8(x.float(), "row")
+                wq, sw = gm.quantize_fp8(w.float(), "row")
+                xd, wd = xq.double() * sx.double(), wq.double() * sw.double().reshape(-1, 1)
+                fp8_ref = F.silu(xd @ wd[:u].T) * (xd @ wd[u:].T)
+                y8 = torch.empty(1, u, device=dev, dtype=torch.float8_e4m3fn)
+                ys8 = torch.empty(1, 2, device=dev)
+                entries.update({
+                    "gatedmlp.fp8_gate_up(xq, sx, wq, sw, out=y)": (
+                        lambda: gm.fp8_gate_up(xq, sx, wq, sw, out=y), "gatedmlp_fp8"),
+                    "gatedmlp.fp8_gate_up(xq, sx, wq, sw)": (lambda: gm.fp8_gate_up(xq, sx, wq, sw), "gatedmlp_fp8"),
+                    "gatedmlp.torch.fp8_gate_up(xq, sx, wq, sw)": (
+                        lambda: gt.fp8_gate_up(xq, sx, wq, sw), "gatedmlp_fp8"),
+                    "gatedmlp.fp8_gate_up(..., out=y8, y_scale=s) (FP8 Y)": (
+                        lambda: gm.fp8_gate_up(xq, sx, wq, sw, out=y8, y_scale=ys8), "gatedmlp_fp8"),
+                })
             for name, (fn, kind) in entries.items():
                 if kind == "gatedmlp":
                     out = fn()
                     e = rel_err(out, ref_gu)
                     ok = rule_ok(e, e_unfused, GEMM_ATOL, out)
                     checks.append(dict(what=f"host {name}", err=e, err_unfused=e_unfused, ok=ok))
+            for name, (fn, kind) in entries.items():
+                if kind == "gatedmlp_fp8":
+                    out = fn()
+                    if isinstance(out, tuple):  # the FP8 Y and its one scale per row and 128 columns
+                        out = out[0].float() * out[1].repeat_interleave(128, dim=1)[:, :u]
+                    e = rel_err(out, fp8_ref)
+                    checks.append(dict(what=f"host {name} vs float64 on the e4m3 inputs", err=e, err_unfused=e_unfused,
+                                       ok=e <= 2 ** -4))
             for name, (fn, kind) in entries.items():
                 if kind == "gatedmlp_module":
                     out = fn().view(1, k)
@@ -332,7 +365,7 @@ def host_section(args, dev, G, results, patch_model=None):
         us = median(host[nm])
         row = dict(entry=nm, kind=kind, host_us=us, ratio_flinear=us / base, wall_over_host=median(wall[nm]),
                    samples=len(host[nm]))
-        if kind == "gatedmlp":
+        if kind in ("gatedmlp", "gatedmlp_fp8"):
             row["bar"] = f"<= {HOST_BAR}x F.linear"
             row["bar_ok"] = us <= HOST_BAR * base
         elif kind == "gatedmlp_module":

@@ -21,6 +21,7 @@ tensor, per row, per 1 x 128 block of a row, or per 128 x 128 block.
 
 from __future__ import annotations
 
+import collections as _collections
 import sys as _sys
 
 from . import _gatedmlp as _C
@@ -34,6 +35,18 @@ _GRANULARITIES = ("tensor", "row", "block", "block128")
 _W_TENSOR, _W_CHANNEL, _W_BLOCK = 0, 1, 2
 _W_GROUP_ROW = {_W_TENSOR: (0, 0), _W_CHANNEL: (0, 1), _W_BLOCK: (BLOCK, BLOCK)}
 _FORMATS = {}  # weight-scale granularity -> QuantFormat(fp8_e4m3, 8, group_size, row_block)
+
+
+_LAYOUTS = {"row": _C.YScaleLayout.row_major, "mn": _C.YScaleLayout.mn_major}  # y_scale_layout's names
+_PKG = {}  # names of the gatedmlp package, looked up once (it imports this module)
+
+
+def _pkg(name):
+    """gatedmlp.<name> (the package is initialised by the time a call runs)."""
+    v = _PKG.get(name)
+    if v is None:
+        v = _PKG[name] = getattr(_sys.modules[__package__], name)
+    return v
 
 
 def _torch():
@@ -222,12 +235,57 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
                 call as a PyTorch operator, for torch.compile and export.)
 
     Every argument is checked, naming it and its values (ValueError:
-    gatedmlp.InvalidArgumentError), before anything is allocated or launched.
+    gatedmlp.InvalidArgumentError), before anything is launched: in Python
+    once per signature of the call (the tensors' shapes, dtypes and devices,
+    a given y_scale's strides, the options), by the library on every call.
     Returns out; with an FP8 Y, (out, y_scale), or (out, y_scale, amax) when
     amax is asked for.
     """
     torch = _torch()
-    from . import _NO_BACKWARD, Activation, Half, _enum, _export, _torch_stream_and_alloc
+    key = (_meta(torch, x), _meta(torch, x_scale), _meta(torch, w), _meta(torch, w_scale), _meta(torch, w_up),
+           _meta(torch, w_up_scale), _meta(torch, bias), _meta(torch, bias_up), _meta(torch, out),
+           _meta(torch, preact), _meta(torch, y_scale, strides=True),
+           amax if amax is None or type(amax) is bool else _meta(torch, amax),
+           out_dtype, activation, group, first, y_scale_layout)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable option: checked every time
+        plan, key = None, None
+    if plan is None:
+        plan = _check_call(torch, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, out, out_dtype, preact,
+                           activation, group, first, y_scale, y_scale_layout, amax)
+        if key is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, out, preact, act_params,
+                   alpha, promote, y_scale, amax, stream, workspace, _hold_workspace)
+
+
+# A call's reading by _check_call, kept per signature (fp8_gate_up's key):
+# what the launch needs and nothing that depends on the tensors' data.
+_Plan = _collections.namedtuple("_Plan", "activation first m u rows sep w_kind w_as_is w_up_as_is fp8_y layout "
+                                         "groups ld alloc_dtype group")
+_PLANS = {}
+_MAX_PLANS = 256  # a model has a few signatures; past this the cache starts over
+
+
+def _meta(torch, t, strides=False):
+    """What fp8_gate_up's checks read of a tensor argument: shape, dtype and
+    device (and strides if asked); the type of anything else (None: None)."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        return type(t)
+    return (t.shape, t.dtype, t.device, t.stride()) if strides else (t.shape, t.dtype, t.device)
+
+
+def _check_call(torch, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, out, out_dtype, preact, activation,
+                group, first, y_scale, y_scale_layout, amax):
+    """Every check of fp8_gate_up's arguments that does not read their data,
+    each refusal naming the argument and its values; returns the _Plan."""
+    Activation, Half, _enum = _pkg("Activation"), _pkg("Half"), _pkg("_enum")
+
 
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
     first = first if type(first) is Half else _enum(Half, first, "first")
@@ -246,7 +304,7 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     _require_tensor(torch, x_scale, "x_scale")
     if x_scale.dtype != torch.float32:
         raise _invalid(f"'x_scale' must be float32, got {_dtype_name(x_scale.dtype)}")
-    _, xs = _x_scale_kind(x_scale, m, k)
+    _x_scale_kind(x_scale, m, k)
     _same_device(x_scale, x, "x_scale")
 
     # The weights and their scales.
@@ -279,15 +337,12 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
             raise _invalid("'bias_up' goes with separate weights (w_up); fused 'w' takes one 'bias' [2U]")
     scales = [("w_scale", w_scale)] + ([("w_up_scale", w_up_scale)] if sep else [])
     w_kinds = []
-    passed = []
     for name, s in scales:
         _require_tensor(torch, s, name)
         if s.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise _invalid(f"'{name}' must be float32, bfloat16 or float16, got {_dtype_name(s.dtype)}")
-        g, v = _w_scale_kind(s, rows, k, name)
+        w_kinds.append(_w_scale_kind(s, rows, k, name)[0])
         _same_device(s, x, name)
-        w_kinds.append(g)
-        passed.append(v)
     if sep:
         if w_kinds[0] != w_kinds[1]:
             kinds = [{_W_TENSOR: "1 value", _W_CHANNEL: f"{rows} values",
@@ -340,8 +395,7 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
             raise _invalid(f"'out' has dtype {_dtype_name(out.dtype)} but out_dtype is {_dtype_name(out_dtype)}")
         _same_device(out, x, "out")
     fp8_y = (out.dtype if out is not None else out_dtype) == f8
-    layouts = {"row": _C.YScaleLayout.row_major, "mn": _C.YScaleLayout.mn_major}
-    if y_scale_layout is not None and y_scale_layout not in layouts:
+    if y_scale_layout is not None and y_scale_layout not in _LAYOUTS:
         raise _invalid(f"'y_scale_layout' must be 'row' or 'mn', got {y_scale_layout!r}")
     groups, ld = _blocks(u), -(-m // 4) * 4
     if not fp8_y:
@@ -374,39 +428,69 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
         if preact.dtype not in float_types:
             raise _invalid(f"'preact' must be bfloat16, float16 or float32, got {_dtype_name(preact.dtype)}")
         _same_device(preact, x, "preact")
+    alloc = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+    # A weight scale already in its granularity's shape goes as it is (it
+    # is contiguous then or the binding says so, naming it).
+    shape = {_W_TENSOR: None, _W_CHANNEL: (rows, 1), _W_BLOCK: (_blocks(rows), _blocks(k))}[w_kinds[0]]
+    as_is = [shape is not None and tuple(t.shape) == shape for t in (w_scale, w_up_scale) if t is not None]
+    return _Plan(activation, first, m, u, rows, sep, w_kinds[0], as_is[0], sep and as_is[1], fp8_y, y_scale_layout,
+                 groups, ld, alloc, 0 if group is None else int(group))
+
+
+def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, out, preact, act_params, alpha,
+            promote, y_scale, amax, stream, workspace, hold):
+    """fp8_gate_up's call once _check_call has read its signature: the
+    scales in the forms the binding takes, the outputs allocated, the
+    launch. Kept short: every line is host time on every call."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (x, w, w_up, bias, bias_up, out, preact)):
-        raise RuntimeError(_NO_BACKWARD)
+        raise RuntimeError(_pkg("_NO_BACKWARD"))
+    m, sep, fp8_y = plan.m, plan.sep, plan.fp8_y
+    # x's scale as it is: the binding reads it by its element count (1, M or
+    # M * ceil(K / 128), contiguous); the weights' in the shape the
+    # granularity needs, where they are not already.
+    xs = x_scale.contiguous()
+    ws = w_scale if plan.w_as_is else _w_scale_as(w_scale, plan.w_kind, plan.rows)
+    wus = (w_up_scale if plan.w_up_as_is else _w_scale_as(w_up_scale, plan.w_kind, plan.rows)) if sep else None
     wq = _as_words(torch, w, "w")
     wq_up = _as_words(torch, w_up, "w_up") if sep else None
-
     if out is None:
-        out = torch.empty((m, u), dtype=out_dtype or torch.bfloat16, device=x.device)
+        out = torch.empty((m, plan.u), dtype=plan.alloc_dtype, device=x.device)
     amax_t = None
     if fp8_y:
         if y_scale is None:
-            y_scale = (torch.empty((groups, ld), dtype=torch.float32, device=x.device).t()[:m]
-                       if y_scale_layout == "mn" else torch.empty((m, groups), dtype=torch.float32, device=x.device))
+            y_scale = (torch.empty((plan.groups, plan.ld), dtype=torch.float32, device=x.device).t()[:m]
+                       if plan.layout == "mn" else torch.empty((m, plan.groups), dtype=torch.float32, device=x.device))
         if amax is True:
             amax_t = torch.empty((), dtype=torch.float32, device=x.device)
         elif amax is not None and amax is not False:
             amax_t = amax
-    handle, alloc = _torch_stream_and_alloc(torch, x, stream, workspace)
+    handle, alloc = _pkg("_torch_stream_and_alloc")(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
-    opt = lambda t: None if t is None else to(t)  # noqa: E731
     # x goes as its bytes (uint8) with x_fp8: DLPack has float8 only in recent
-    # PyTorch releases, and the bytes are the same.
-    # An FP8 Y goes as its bytes too.
-    _C.gate_up(to(x.view(torch.uint8)), to(wq), to(out.view(torch.uint8) if fp8_y else out), opt(wq_up), opt(bias),
-               opt(bias_up), opt(preact), activation=activation, act_params=act_params,
-               group=0 if group is None else int(group), first=first, alpha=alpha, stream=handle,
-               workspace=_export(workspace), workspace_alloc=alloc, scales=to(passed[0]),
-               scales_up=to(passed[1]) if sep else None, quant=_fmt(w_kinds[0]), x_scales=to(xs), x_fp8=True,
-               fp8_promote=bool(promote), y_scales=opt(y_scale if fp8_y else None), y_amax=opt(amax_t),
-               y_scale_layout=layouts[y_scale_layout], hold_workspace=_hold_workspace)
+    # PyTorch releases, and the bytes are the same. An FP8 Y goes as its bytes too.
+    _C.gate_up(to(x.view(torch.uint8)), to(wq), to(out.view(torch.uint8) if fp8_y else out),
+               None if wq_up is None else to(wq_up), None if bias is None else to(bias),
+               None if bias_up is None else to(bias_up), None if preact is None else to(preact),
+               activation=plan.activation, act_params=act_params, group=plan.group, first=plan.first, alpha=alpha,
+               stream=handle, workspace=_pkg("_export")(workspace), workspace_alloc=alloc, scales=to(ws),
+               scales_up=None if wus is None else to(wus), quant=_fmt(plan.w_kind), x_scales=to(xs), x_fp8=True,
+               fp8_promote=bool(promote), y_scales=to(y_scale) if fp8_y else None,
+               y_amax=None if amax_t is None else to(amax_t), y_scale_layout=_LAYOUTS[plan.layout],
+               hold_workspace=hold)
     if not fp8_y:
         return out
     return (out, y_scale) if amax_t is None else (out, y_scale, amax_t)
+
+
+def _w_scale_as(s, kind, rows):
+    """A weight scale in the form the binding takes for its granularity
+    (_w_scale_kind's second value)."""
+    if kind == _W_TENSOR:
+        return s.reshape(1)
+    if kind == _W_CHANNEL:
+        return s.reshape(rows, 1).contiguous()
+    return s.contiguous()
 
 
 def quantize_fp8(t, granularity: str = "tensor"):
