@@ -49,10 +49,15 @@ def _pkg(name):
     return v
 
 
+_TORCH = None  # torch, once a call has imported it
+
+
 def _torch():
+    global _TORCH
     torch = _sys.modules.get("torch")
     if torch is None:
         import torch
+    _TORCH = torch
     return torch
 
 
@@ -241,15 +246,20 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
     Returns out; with an FP8 Y, (out, y_scale), or (out, y_scale, amax) when
     amax is asked for.
     """
-    torch = _torch()
-    key = (_meta(torch, x), _meta(torch, x_scale), _meta(torch, w), _meta(torch, w_scale), _meta(torch, w_up),
-           _meta(torch, w_up_scale), _meta(torch, bias), _meta(torch, bias_up), _meta(torch, out),
-           _meta(torch, preact), _meta(torch, y_scale, strides=True),
-           amax if amax is None or type(amax) is bool else _meta(torch, amax),
-           out_dtype, activation, group, first, y_scale_layout)
+    torch = _TORCH or _torch()
     try:
+        # The checks' inputs, flat (the common tensors written out: a call
+        # per tensor costs as much as reading it).
+        key = (x.shape, x.dtype, x.device, x_scale.shape, x_scale.dtype, x_scale.device, w.shape, w.dtype, w.device,
+               w_scale.shape, w_scale.dtype, w_scale.device, None if out is None else _meta(torch, out),
+               None if w_up is None else (_meta(torch, w_up), _meta(torch, w_up_scale)),
+               None if bias is None else (_meta(torch, bias), _meta(torch, bias_up)),
+               None if preact is None else _meta(torch, preact),
+               None if y_scale is None else _meta(torch, y_scale, strides=True),
+               amax if amax is None or type(amax) is bool else _meta(torch, amax),
+               out_dtype, activation, group, first, y_scale_layout, w_up_scale is None, bias_up is None)
         plan = _PLANS.get(key)
-    except TypeError:  # an unhashable option: checked every time
+    except (AttributeError, TypeError):  # not tensors, or an unhashable option: checked (and refused) every time
         plan, key = None, None
     if plan is None:
         plan = _check_call(torch, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, out, out_dtype, preact,

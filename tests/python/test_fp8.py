@@ -703,6 +703,40 @@ def test_fp8_gate_up_refuses_tensors_on_other_devices(monkeypatch):
         gatedmlp.fp8_gate_up(xq.to(DEV), sx.to(DEV), w, sw.to(DEV))
 
 
+def test_fp8_gate_up_checks_each_new_signature(monkeypatch):
+    """fp8_gate_up checks a call's arguments in Python once per signature
+    (shapes, dtypes, devices, options) and then only launches: a repeated
+    good call is launched again; a call that differs in anything the checks
+    read is checked again and refused by name, however many good calls came
+    before; the gradient check runs on every call."""
+    rec = record(monkeypatch)
+    m, k, u = 5, 64, 24
+    xq, sx, w, sw, _, _ = _inputs(m, k, u, x_gran="row", w_gran="row")
+    bias = torch.randn(2 * u)
+    for _ in range(3):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, bias=bias)
+    assert len(rec.calls) == 3
+    # New data, same signature: launched with the new tensors.
+    xq2, sx2 = gatedmlp.quantize_fp8(torch.randn(m, k), "row")
+    gatedmlp.fp8_gate_up(xq2, sx2, w, sw, bias=bias)
+    assert rec.calls[-1][1][0].data_ptr() == xq2.data_ptr() and torch.equal(rec.calls[-1][2]["x_scales"].flatten(),
+                                                                             sx2.flatten())
+    n = len(rec.calls)
+    with pytest.raises(E, match="'x_scale' must be float32, got float64"):
+        gatedmlp.fp8_gate_up(xq, sx.double(), w, sw, bias=bias)
+    with pytest.raises(E, match=r"'bias' must be \[2U\] = \(48,\)"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, bias=bias[:7])
+    with pytest.raises(E, match="'w_scale' must hold 1 value"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw[:3])
+    with pytest.raises(TypeError, match="'x_scale' must be a torch.Tensor"):
+        gatedmlp.fp8_gate_up(xq, sx.numpy(), w, sw)
+    with pytest.raises(RuntimeError, match="backward"):
+        gatedmlp.fp8_gate_up(xq, sx, w, sw, bias=bias.clone().requires_grad_())
+    assert len(rec.calls) == n, "a refused call reached the binding"
+    gatedmlp.fp8_gate_up(xq, sx, w, sw, bias=bias)
+    assert len(rec.calls) == n + 1
+
+
 # ---------------------------------------------------------------- FP8 Y (an FP8 output with 1 x 128 scales)
 def _fp8_out_problem(m=5, k=64, u=200, out=None, y_scales=None, **kw):
     x, w = fp8(m, k), fp8(2 * u, k).view(torch.int32)
