@@ -278,11 +278,24 @@ def quantized_gate_up(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Te
 
 
 # ---------------------------------------------------------------- FP8 activations
+_ACT_PARAMS = {}  # (clamp_alpha, clamp_limit) -> ActivationParams: one built per pair, not per call
+
+
+def _act_params(clamp_alpha, clamp_limit):
+    ap = _ACT_PARAMS.get((clamp_alpha, clamp_limit))
+    if ap is None:
+        if len(_ACT_PARAMS) > 64:
+            _ACT_PARAMS.clear()
+        ap = _ACT_PARAMS[(clamp_alpha, clamp_limit)] = _C.ActivationParams(clamp_alpha=clamp_alpha,
+                                                                            clamp_limit=clamp_limit)
+    return ap
+
+
 def _fp8_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activation, clamp_alpha, clamp_limit, group,
                 first, alpha, promote, out_dtype, hold=True):
     # What the gatedmlp::fp8_gate_up op computes, for real tensors only
     # (hold: as _gate_up_direct's).
-    ap = _C.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit)
+    ap = _act_params(clamp_alpha, clamp_limit)
     return _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
                           out_dtype=out_dtype, activation=activation, act_params=ap, group=group or None,
                           first=first, alpha=alpha, promote=promote, _hold_workspace=hold)
@@ -310,7 +323,7 @@ def _fp8_y_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activ
     # and its amax (always: one memset and a few atomics). MN-major scales
     # come back as their storage, [G, align4(M)] (an op's outputs are whole
     # tensors, not views); fp8_gate_up takes the [M, G] view of it.
-    ap = _C.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit)
+    ap = _act_params(clamp_alpha, clamp_limit)
     m = x.shape[0]
     u = w.shape[0] if w_up is not None else w.shape[0] // 2
     groups = -(-u // 128)
