@@ -295,8 +295,6 @@ def _check_call(torch, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, 
     """Every check of fp8_gate_up's arguments that does not read their data,
     each refusal naming the argument and its values; returns the _Plan."""
     Activation, Half, _enum = _pkg("Activation"), _pkg("Half"), _pkg("_enum")
-
-
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
     first = first if type(first) is Half else _enum(Half, first, "first")
     f8 = torch.float8_e4m3fn
