@@ -180,9 +180,9 @@ void describe_y_scales(const TensorView& s, const std::optional<TensorView>& ama
     raise_invalid("'y_scales' must be [M, ceil(U / 128)] = (" + str(p->m) + ", " + str(groups) + "), got shape " +
                   s.shape_str());
   const bool mn = p->y_scale_layout == YScaleLayout::mn_major;
-  // Strides of axes of one element mean nothing.
-  const bool rows_ok = p->m == 1 || s.stride(0) == (mn ? 1 : groups);
-  const bool groups_ok = groups == 1 || s.stride(1) == (mn ? ld : 1);
+  // Strides of axes of one element, or of an empty tensor, mean nothing.
+  const bool rows_ok = p->m <= 1 || s.stride(0) == (mn ? 1 : groups);
+  const bool groups_ok = p->m == 0 || groups == 1 || s.stride(1) == (mn ? ld : 1);
   if (!rows_ok || !groups_ok)
     raise_invalid("'y_scales' " + s.shape_str() + " must have strides " +
                   (mn ? "(1, " + str(ld) + ") (y_scale_layout=mn_major: each group's column of M scales contiguous, "

@@ -762,6 +762,10 @@ def test_binding_describes_fp8_output():
                          y_scale_layout=gatedmlp.YScaleLayout.mn_major)
     assert p.y_scale_layout == gatedmlp.YScaleLayout.mn_major and p.has_y_amax
     assert "out=fp8_e4m3(y_scales=mn_major, amax)" in repr(p)
+    # No rows (an empty batch): fine in either layout.
+    for layout in (gatedmlp.YScaleLayout.row_major, gatedmlp.YScaleLayout.mn_major):
+        p = _fp8_out_problem(0, y_scales=_mn_scales(0, u), y_scale_layout=layout, y_amax=dl(torch.empty(())))
+        assert p.m == 0 and gatedmlp.check_support(p), gatedmlp.check_support(p)
     # One row, one group: any strides.
     p = _fp8_out_problem(1, u=100, y_scales=torch.empty(4, 1)[:1], y_scale_layout=gatedmlp.YScaleLayout.mn_major)
     assert p.output_dtype == gatedmlp.DType.fp8_e4m3
