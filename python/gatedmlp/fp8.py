@@ -475,9 +475,12 @@ def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up
             amax_t = amax
     handle, alloc = _pkg("_torch_stream_and_alloc")(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
-    # x goes as its bytes (uint8) with x_fp8: DLPack has float8 only in recent
-    # PyTorch releases, and the bytes are the same. An FP8 Y goes as its bytes too.
-    _C.gate_up(to(x.view(torch.uint8)), to(wq), to(out.view(torch.uint8) if fp8_y else out),
+    # x (and an FP8 Y) as they are where DLPack carries float8, else as
+    # their bytes (uint8), which x_fp8 and y_scales make the binding read as
+    # e4m3 all the same.
+    bytes_ = not (_F8_DLPACK if _F8_DLPACK is not None else _float8_dlpack(torch))
+    _C.gate_up(to(x.view(torch.uint8) if bytes_ else x), to(wq),
+               to(out.view(torch.uint8) if fp8_y and bytes_ else out),
                None if wq_up is None else to(wq_up), None if bias is None else to(bias),
                None if bias_up is None else to(bias_up), None if preact is None else to(preact),
                activation=plan.activation, act_params=act_params, group=plan.group, first=plan.first, alpha=alpha,
@@ -489,6 +492,19 @@ def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up
     if not fp8_y:
         return out
     return (out, y_scale) if amax_t is None else (out, y_scale, amax_t)
+
+
+_F8_DLPACK = None  # whether this torch's DLPack export takes float8 tensors (PyTorch 2.8 and later)
+
+
+def _float8_dlpack(torch):
+    global _F8_DLPACK
+    try:
+        torch.utils.dlpack.to_dlpack(torch.empty(1, dtype=torch.float8_e4m3fn))
+        _F8_DLPACK = True
+    except Exception:  # noqa: BLE001 - any refusal means: pass the bytes
+        _F8_DLPACK = False
+    return _F8_DLPACK
 
 
 def _w_scale_as(s, kind, rows):

@@ -268,7 +268,7 @@ def _deq_words(words, s, fmt):
 
 
 def _deq_x(x, xs):
-    xq = x.view(F8)
+    xq = x.view(F8) if x.dtype == torch.uint8 else x
     m, k = xq.shape
     if xs.numel() == 1:
         return xq.double() * xs.double().reshape(())
@@ -290,7 +290,7 @@ class Emulator:
         self.calls.append((name, args, kw))
         if name == "gate_up":
             x, w, out, w_up, bias, bias_up, preact = args
-            assert kw["x_fp8"] is True and x.dtype == torch.uint8 and w_up is not None and preact is None
+            assert kw["x_fp8"] is True and x.dtype in (torch.uint8, F8) and w_up is not None and preact is None
             assert kw["quant"].mode == gatedmlp.QuantMode.fp8_e4m3
             xd = _deq_x(x, kw["x_scales"])
             g = xd @ _deq_words(w, kw["scales"], kw["quant"]).T
