@@ -368,8 +368,9 @@ TEST(Fp8Checks, RefusesWeightsInOut) {
   expect_refused(check_support(p), StatusCode::invalid_argument, {"weights.storage"});
 }
 
-// fp8_e4m3 is an input dtype only: not an output, bias, pre-activation or
-// scale dtype. An x_scale outside the enum is refused by name.
+// fp8_e4m3 is X's dtype, and Y's in an FP8 call only: not a bias,
+// pre-activation or scale dtype. An x_scale outside the enum is refused by
+// name.
 TEST(Fp8Checks, Fp8DtypeOnlyWhereItBelongs) {
   // Y may be FP8 in an FP8 call (FP8 Y, below); in a 16-bit one it is refused.
   Problem p = fp8_base();
