@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_quant import capture_graph, replay_us  # noqa: E402
+
 import gatedmlp  # noqa: E402
 
 MODELS = {"8b": (4096, 14336), "70b": (8192, 28672), "qwen3-32b": (5120, 25600)}
@@ -50,24 +52,8 @@ def dequant_blocks(q, s, rows, cols):
 
 
 def graph_us(fn, calls=CALLS):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / calls
+    """One replay of fn, `calls` times in a CUDA graph: us per call."""
+    return replay_us(capture_graph([fn] * calls), calls)
 
 
 def with_promote(on, fn):
