@@ -76,6 +76,10 @@ def main():
     ap.add_argument("--model", default="8b,70b,qwen3-32b")
     ap.add_argument("--m", default="2048,4096,16384")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--swap-data", action="store_true",
+                    help="h73: also the block path on the per-tensor bytes (every block scale the tensor's) and "
+                         "the per-tensor paths on the block bytes (scales 1): is the block kernel's extra time "
+                         "its loads, or its data?")
     args = ap.parse_args()
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
@@ -97,6 +101,16 @@ def main():
                 "block": lambda: gatedmlp.fp8_gate_up(xq_b, sx_b, wq_b, sw_b, out=y),
             }
             keys = ["tensor/promote", "tensor/fast", "row/promote", "row/fast", "block/promote"]
+            if args.swap_data:
+                one = torch.ones((), device="cuda", dtype=torch.float32)
+                sx_tb = sx_t.float().reshape(1, 1).expand_as(sx_b).contiguous()
+                sw_tb = sw_t.float().reshape(1, 1).expand_as(sw_b).contiguous()
+                calls["tdata"] = lambda: gatedmlp.fp8_gate_up(xq_t, sx_tb, wq_t, sw_tb, out=y)
+                calls["bdata"] = lambda: gatedmlp.fp8_gate_up(xq_b, one, wq_b, one, out=y)
+                # One operand blocked, the other per tensor: whose loads cost?
+                calls["xt_wb"] = lambda: gatedmlp.fp8_gate_up(xq_t, sx_t, wq_b, sw_b, out=y)
+                calls["xb_wt"] = lambda: gatedmlp.fp8_gate_up(xq_b, sx_b, wq_t, sw_t, out=y)
+                keys += ["tdata/promote", "bdata/promote", "bdata/fast", "xt_wb/promote", "xb_wt/promote"]
             try:
                 calls["block"]()
             except Exception as e:  # a tree whose Python side takes no block scales yet
@@ -115,6 +129,12 @@ def main():
             print(f"{name} M={M}: fast/promote tensor {med['tensor/fast'] / med['tensor/promote']:.3f}, "
                   f"row {med['row/fast'] / med['row/promote']:.3f}; "
                   f"tensor(promote)/block {med['tensor/promote'] / blk if blk else float('nan'):.3f}")
+            if args.swap_data:
+                print(f"{name} M={M}: block path, tensor bytes / block bytes {med['tdata/promote'] / blk:.3f}; "
+                      f"tensor path, block bytes / tensor bytes: promote {med['bdata/promote'] / med['tensor/promote']:.3f}, "
+                      f"fast {med['bdata/fast'] / med['tensor/fast']:.3f}; over tensor/promote: x blocks + w tensor "
+                      f"{med['xb_wt/promote'] / med['tensor/promote']:.3f}, x tensor + w blocks "
+                      f"{med['xt_wb/promote'] / med['tensor/promote']:.3f}, both {blk / med['tensor/promote']:.3f}")
             if i == 0:
                 refs = {
                     "tensor": (xq_t.double() * sx_t.double(), wq_t.double() * sw_t.double()),

@@ -274,8 +274,8 @@ Status select_fp8(const Problem& r, const Arguments* a, const DeviceInfo& dev, C
   os << "FP8 e4m3 on the Hopper TMA + wgmma path: x scaled per "
      << (r.x_scale == XScale::row ? "row" : r.x_scale == XScale::block ? "row and 128 of K" : "tensor")
      << ", weights per " << (blocked ? "128 x 128 block" : r.quant.row_block == 1 ? "output channel" : "tensor")
-     << (promote ? "; each 128-deep k-block summed by m64n128k32 wgmmas in its own accumulator and added into "
-                   "fp32 sums (block scales applied there)"
+     << (promote ? "; each 128-deep k-block summed in its own accumulator (m64n64k32 wgmmas, a quarter of the "
+                   "tile at a time) and added into fp32 sums (block scales applied there)"
                  : "; m64n256k32 wgmmas accumulating all of K in the tensor cores (fp8_promote: each k-block "
                    "promoted to fp32)")
      << ", the other scales applied to the sums in the epilogue"

@@ -622,9 +622,19 @@ __device__ __forceinline__ Fp8Scales load_fp8_scales(const Params& p, int tid, i
 // blocks): what multiplies one 128-deep k-block's sums of a thread as the
 // promoting kernels add them: its two rows' X scales (1 without X blocks)
 // times the k-block's scale of the tile's gate rows (g) and up rows (u).
+// BlockScaleLoads holds the loaded values (the weights' as the bits of
+// p.scale_dtype), BlockScales their products. The promoting loop loads a
+// k-block's scales one k-block ahead and converts and multiplies them only
+// when it adds that k-block: an instruction that reads a loaded register
+// before its load has returned stalls the warp, and the loop then issues no
+// wgmma for the load's latency (h73, docs/notes/fp8.md).
 // BlockScaleRows holds the per-tile bases.
 struct BlockScales {
   float g0, g1, u0, u1;  // gate row r, gate row r + 8, up row r, up row r + 8
+};
+struct BlockScaleLoads {
+  float x0, x1;     // X rows r and r + 8
+  uint32_t wg, wu;  // the gate and up weight blocks' scales, as stored
 };
 struct BlockScaleRows {
   // Element offsets (32-bit: the host checks that the scale arrays have
@@ -650,17 +660,37 @@ __device__ __forceinline__ BlockScaleRows block_scale_rows(const Params& p, int 
   return b;
 }
 
-__device__ __forceinline__ BlockScales load_block_scales(const Params& p, const BlockScaleRows& b, int kb) {
+// A scale's bits as p.scale_dtype stores it (0 bf16, 1 fp16, else fp32; as
+// load_float), and its value.
+__device__ __forceinline__ uint32_t load_scale_bits(const void* p, int dtype, int i) {
+  if (dtype == 0 || dtype == 1) return __ldg(static_cast<const unsigned short*>(p) + i);
+  return __ldg(static_cast<const unsigned int*>(p) + i);
+}
+__device__ __forceinline__ float scale_of_bits(uint32_t b, int dtype) {
+  if (dtype == 0) return __uint_as_float(b << 16);
+  if (dtype == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+  return __uint_as_float(b);
+}
+
+__device__ __forceinline__ BlockScaleLoads load_block_scales(const Params& p, const BlockScaleRows& b, int kb) {
   const float* xs = static_cast<const float*>(p.x_scale);
   // Rows past M: 0 (never stored; keeps the sums finite).
-  const float x0 = p.x_scale_block ? (b.x0 >= 0 ? __ldg(xs + b.x0 + kb) : 0.f) : 1.f;
-  const float x1 = p.x_scale_block ? (b.x1 >= 0 ? __ldg(xs + b.x1 + kb) : 0.f) : 1.f;
-  float wg = 1.f, wu = 1.f;
-  if (p.w_scale_block) {
-    wg = load_float(p.w_scale, p.scale_dtype, b.wg + kb);
-    wu = load_float(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, b.wu + kb);
+  BlockScaleLoads l{1.f, 1.f, 0u, 0u};
+  if (p.x_scale_block) {
+    l.x0 = b.x0 >= 0 ? __ldg(xs + b.x0 + kb) : 0.f;
+    l.x1 = b.x1 >= 0 ? __ldg(xs + b.x1 + kb) : 0.f;
   }
-  return {x0 * wg, x1 * wg, x0 * wu, x1 * wu};
+  if (p.w_scale_block) {
+    l.wg = load_scale_bits(p.w_scale, p.scale_dtype, b.wg + kb);
+    l.wu = load_scale_bits(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, b.wu + kb);
+  }
+  return l;
+}
+
+__device__ __forceinline__ BlockScales block_scale_products(const Params& p, const BlockScaleLoads& l) {
+  const float wg = p.w_scale_block ? scale_of_bits(l.wg, p.scale_dtype) : 1.f;
+  const float wu = p.w_scale_block ? scale_of_bits(l.wu, p.scale_dtype) : 1.f;
+  return {l.x0 * wg, l.x1 * wg, l.x0 * wu, l.x1 * wu};
 }
 
 // The sums times the row's X scale and the column's weight scale of its

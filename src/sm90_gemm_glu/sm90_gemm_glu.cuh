@@ -94,13 +94,29 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
   return desc_sw128(ring + s * Tr::kStageBytes + Tr::kABytes);
 }
 
+// desc_sw128 as two words: the low one (start address and the unused
+// leading offset) varies, the high one (stride, swizzle) never does. The
+// promoting loop steps the low words in 32-bit warp-uniform arithmetic, so
+// that its sixteen descriptors per k-block stay in uniform registers (as
+// 64-bit per-thread values they cost 64 R2UR and ~70 IMAD per warp and
+// k-block: h73, docs/notes/fp8.md). The start address has 14 bits and
+// shared memory ends below 2^18 bytes, so a step never carries into bit 16.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_byte_addr) {
+  return ((smem_byte_addr & 0x3FFFFu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
+  return (uint64_t((1024u >> 4) | (1u << 30)) << 32) | lo;
+}
+
 // The promoting kernels' quarters (the kernel's main loop): one k-block of
 // 64 weight rows into t, four m64n64k32 wgmmas, committed as one group.
-__device__ __forceinline__ void quarter_fp8(float (&t)[32], uint64_t da, uint64_t db) {
+// a, b: the low descriptor words of the warpgroup's X rows and the quarter's
+// weight rows.
+__device__ __forceinline__ void quarter_fp8(float (&t)[32], uint32_t a, uint32_t b) {
   wgmma_fence();
-  wgmma_quarter_fp8<true>(t, da, db);
+  wgmma_quarter_fp8<true>(t, desc_from_lo(a), desc_from_lo(b));
 #pragma unroll
-  for (int kk = 1; kk < 4; ++kk) wgmma_quarter_fp8<false>(t, da + 2 * kk, db + 2 * kk);
+  for (int kk = 1; kk < 4; ++kk) wgmma_quarter_fp8<false>(t, desc_from_lo(a + 2 * kk), desc_from_lo(b + 2 * kk));
   wgmma_commit();
   fence_regs(t);
 }
@@ -358,44 +374,71 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // sums times its block scales: the FP8 tensor cores keep too few
         // bits to sum all of K themselves. Two 32-register accumulators in
         // turn, so that one quarter's wgmmas run while the other's sums are
-        // added. That was no faster than half tiles (one 64-register
-        // accumulator, a wait per half) nor than the two warpgroups taking
-        // turns to issue: every form took 1.2-1.5x the all-of-K loop's time
-        // (h71, docs/notes/fp8.md). (Carried into the next k-block, the last
-        // quarter's wgmmas made ptxas serialize them all.)
+        // added. Half tiles (one 64-register accumulator, a wait per half)
+        // ran as fast; what cost time was the instructions around the
+        // wgmmas (h71, h73, docs/notes/fp8.md). (Carried into the next
+        // k-block, the last quarter's wgmmas made ptxas serialize them all.)
 #pragma unroll
         for (int i = 0; i < BNO; ++i) d[i] = 0.f;
         const bool blk = p.x_scale_block || p.w_scale_block;
         const detail_::BlockScaleRows bsr = detail_::block_scale_rows(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
-        // Quarter q's weight rows: 64 of 128 bytes on (in the descriptor's 16-byte units).
-        constexpr uint64_t kQuarter = 64 * 128 >> 4;
-        for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
+        // The descriptors' low words (quarter q's weight rows: 64 of 128
+        // bytes on, in 16-byte units), from warp-uniform values only (cw
+        // and the stage through __shfl_sync, which ptxas knows to be
+        // uniform), so that they stay in uniform registers (desc_lo).
+        const uint32_t x_lo = detail_::desc_lo(ring) + uint32_t(__shfl_sync(0xffffffffu, cw, 0)) * (64 * 128 >> 4);
+        const uint32_t w_lo = detail_::desc_lo(ring) + (Tr::kABytes >> 4);
+        constexpr uint32_t kQuarter = 64 * 128 >> 4, kStageLo = Tr::kStageBytes >> 4;
+        // One k-block: its quarters, with the block scales loaded into
+        // `fill` for the next one while `use` (loaded one k-block ago)
+        // multiplies this one's sums. The loop is unrolled by two over
+        // scales[0] and scales[1], so that no register copy moves a load's
+        // value (a copy waits for the load, in the middle of the k-block).
+        auto k_block = [&](int kb, const detail_::BlockScaleLoads& use, detail_::BlockScaleLoads& fill) {
           const int s = pos.stage;
           GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
           mbar_wait(&full[s], pos.phase);
-          if (!idle) {
-            const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
-            detail_::BlockScales bs{1.f, 1.f, 1.f, 1.f};
-            if (blk) bs = detail_::load_block_scales(p, bsr, kb);
-            float ta[32], tb[32];
-            detail_::quarter_fp8(ta, da, db);
-            detail_::quarter_fp8(tb, da, db + kQuarter);
-            wgmma_wait<1>();
-            fence_regs(ta);
-            detail_::add_quarter<0>(d, ta, bs.g0, bs.g1);
-            detail_::quarter_fp8(ta, da, db + 2 * kQuarter);
-            wgmma_wait<1>();
-            fence_regs(tb);
-            detail_::add_quarter<1>(d, tb, bs.g0, bs.g1);
-            detail_::quarter_fp8(tb, da, db + 3 * kQuarter);
-            wgmma_wait<1>();
-            fence_regs(ta);
-            detail_::add_quarter<2>(d, ta, bs.u0, bs.u1);
-            wgmma_wait<0>();
-            fence_regs(tb);
-            detail_::add_quarter<3>(d, tb, bs.u0, bs.u1);
+          if (idle) {
+            release(s);
+            return;
           }
+          const uint32_t su = uint32_t(__shfl_sync(0xffffffffu, s, 0));
+          const uint32_t a = x_lo + su * kStageLo, b = w_lo + su * kStageLo;
+          float ta[32], tb[32];
+          detail_::quarter_fp8(ta, a, b);
+          detail_::quarter_fp8(tb, a, b + kQuarter);
+          const detail_::BlockScales bs =
+              blk ? detail_::block_scale_products(p, use) : detail_::BlockScales{1.f, 1.f, 1.f, 1.f};
+          wgmma_wait<1>();
+          fence_regs(ta);
+          detail_::add_quarter<0>(d, ta, bs.g0, bs.g1);
+          detail_::quarter_fp8(ta, a, b + 2 * kQuarter);
+          wgmma_wait<1>();
+          fence_regs(tb);
+          detail_::add_quarter<1>(d, tb, bs.g0, bs.g1);
+          detail_::quarter_fp8(tb, a, b + 3 * kQuarter);
+          // The next k-block's scales, after this one's last wgmmas: every
+          // load shares one scoreboard, so an instruction that reads `use`
+          // after these loads are issued would wait for them too.
+          if (blk && kb + 1 < wk.kb1) fill = detail_::load_block_scales(p, bsr, kb + 1);
+          wgmma_wait<1>();
+          fence_regs(ta);
+          detail_::add_quarter<2>(d, ta, bs.u0, bs.u1);
+          wgmma_wait<0>();
+          fence_regs(tb);
+          // The stage is read: free it before the last quarter's adds.
           release(s);
+          detail_::add_quarter<3>(d, tb, bs.u0, bs.u1);
+        };
+        detail_::BlockScaleLoads scales[2] = {{1.f, 1.f, 0u, 0u}, {1.f, 1.f, 0u, 0u}};
+        if (blk && !idle && wk.kb0 < wk.kb1) scales[0] = detail_::load_block_scales(p, bsr, wk.kb0);
+        for (int kb = wk.kb0; kb < wk.kb1;) {
+          k_block(kb, scales[0], scales[1]);
+          pos.next();
+          if (++kb == wk.kb1) break;
+          k_block(kb, scales[1], scales[0]);
+          pos.next();
+          ++kb;
         }
       } else {
         // The item's first k-step, peeled: its first wgmma overwrites the

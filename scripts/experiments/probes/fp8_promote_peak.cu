@@ -1,0 +1,232 @@
+// Experiment h73 (docs/notes/fp8.md): how fast can an FP8 main loop with fp32
+// promotion every 128 of K run on this GPU, with no memory traffic at all?
+// Run by scripts/experiments/fp8-promote-peak.sh.
+//
+// Each CTA is two consumer warpgroups (one per SM, 200 KB of shared memory
+// so no second CTA fits) looping over k-blocks of a 4-stage ring filled once
+// with random e4m3 bytes and never refilled: no TMA, no L2, no barriers, so
+// only the tensor cores, shared-memory reads, the register file and the
+// issue slots are timed.
+// Variants (each warpgroup: 64 rows; "tile" columns are weight rows):
+//   fast      4 x m64n256k32 into the 128 sums, one group in flight (the
+//             all-of-K loop, sm90_fp8_fast_*)
+//   quarter   4 quarters of 4 x m64n64k32 into two 32-register accumulators
+//             in turn, each added into the sums by FFMA (the promoting loop)
+//   half      2 halves of 4 x m64n128k32 into one 64-register accumulator,
+//             wait, FFMA (h71's first promoting loop)
+//   fastffma  fast, plus 128 FFMA per k-block on 64 registers of their own
+//             (no dependence on the wgmmas): do FFMAs slow the tensor
+//             cores down by themselves?
+//   n128      a 128-row weight tile (64 gate + 64 up columns): 4 x
+//             m64n128k32, wait, 64 FFMA (DeepGEMM's 128 x 128 block)
+// Prints TFLOP/s per variant (median of 5 launches) and each kernel's
+// registers and local memory.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kStages = 4, kXBytes = 128 * 128, kWBytes = 256 * 128, kStageBytes = kXBytes + kWBytes;
+constexpr int kSmem = kStages * kStageBytes + 8 * 1024;  // > half the SM: one CTA per SM
+
+__device__ __forceinline__ uint64_t desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void keep(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define R8(b) "%" #b "0, %" #b "1, %" #b "2, %" #b "3, %" #b "4, %" #b "5, %" #b "6, %" #b "7"
+#define L32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define L64 L32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define L128 L64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define O8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define O32 O8(0), O8(8), O8(16), O8(24)
+#define O64 O32, O8(32), O8(40), O8(48), O8(56)
+#define O128 O64, O8(64), O8(72), O8(80), O8(88), O8(96), O8(104), O8(112), O8(120)
+
+// D (+)= A * B^T, e4m3, fp32 accumulators; scale-d 0 on the first k-step.
+#define MMA(SHAPE, LIST, OPS, A, B, S)                                                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned." SHAPE          \
+               ".f32.e4m3.e4m3 {" LIST "}, %" A ", %" B ", p, 1, 1;\n}\n"                                  \
+               : OPS                                                                                        \
+               : "l"(a), "l"(b), "r"(acc))
+__device__ __forceinline__ void mma64(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+  MMA("m64n64k32", L32, O32, "32", "33", "34");
+}
+__device__ __forceinline__ void mma128(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+  MMA("m64n128k32", L64, O64, "64", "65", "66");
+}
+__device__ __forceinline__ void mma256(float (&d)[128], uint64_t a, uint64_t b, int acc) {
+  MMA("m64n256k32", L128, O128, "128", "129", "130");
+}
+
+// One k-block of N accumulators over weight rows at b: 4 k-steps of 32.
+template <int N>
+__device__ __forceinline__ void kblock(float (&t)[N], uint64_t a, uint64_t b, bool first) {
+  fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int acc = (first && k == 0) ? 0 : 1;
+    if constexpr (N == 32) mma64(t, a + 2 * k, b + 2 * k, acc);
+    else if constexpr (N == 64) mma128(t, a + 2 * k, b + 2 * k, acc);
+    else mma256(t, a + 2 * k, b + 2 * k, acc);
+  }
+  commit();
+  keep(t);
+}
+template <int N, int OFF, int M>
+__device__ __forceinline__ void add(float (&d)[M], const float (&t)[N], float s0, float s1) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) d[OFF + i] = fmaf(t[i], (i / 2) % 2 ? s1 : s0, d[OFF + i]);
+}
+
+enum Variant { kFast, kQuarter, kHalf, kN128, kFastFfma };
+const char* kNames[] = {"fast", "quarter", "half", "n128", "fastffma"};
+// Weight rows a k-block multiplies (FLOPs: 2 x 128 rows x this x 128).
+constexpr int kRows[] = {256, 256, 256, 128, 256};
+
+template <int V>
+__global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0, float s1) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int cw = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  // Random bytes (small e4m3 values), so that the tensor cores draw the
+  // power they draw on real data.
+  for (int o = threadIdx.x * 16; o < kStages * kStageBytes; o += 256 * 16) {
+    uint32_t h = (o * 2654435761u) ^ 0x9e3779b9u, w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h = h * 1664525u + 1013904223u, w[j] = h & 0x3f3f3f3fu;
+    *reinterpret_cast<uint4*>(smem + o) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  float d[128], e[V == kFastFfma ? 64 : 1];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) d[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < (V == kFastFfma ? 64 : 1); ++i) e[i] = float(threadIdx.x + i);
+  for (int kb = 0; kb < kblocks; ++kb) {
+    const uint32_t st = base + (kb % kStages) * kStageBytes;
+    const uint64_t a = desc(st + cw * 64 * 128), b = desc(st + kXBytes);
+    constexpr uint64_t q = 64 * 128 >> 4;  // 64 weight rows, in descriptor units
+    if constexpr (V == kFast || V == kFastFfma) {
+      kblock(d, a, b, false);
+      wait<1>();
+      keep(d);
+      if constexpr (V == kFastFfma) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) e[i] = fmaf(e[i], s0, s1);
+          keep(e);
+        }
+      }
+    } else if constexpr (V == kQuarter) {
+      float ta[32], tb[32];
+      kblock(ta, a, b, true);
+      kblock(tb, a, b + q, true);
+      wait<1>();
+      keep(ta);
+      add<32, 0>(d, ta, s0, s1);
+      kblock(ta, a, b + 2 * q, true);
+      wait<1>();
+      keep(tb);
+      add<32, 32>(d, tb, s0, s1);
+      kblock(tb, a, b + 3 * q, true);
+      wait<1>();
+      keep(ta);
+      add<32, 64>(d, ta, s0, s1);
+      wait<0>();
+      keep(tb);
+      add<32, 96>(d, tb, s0, s1);
+    } else if constexpr (V == kHalf) {
+      float t[64];
+      kblock(t, a, b, true);
+      wait<0>();
+      keep(t);
+      add<64, 0>(d, t, s0, s1);
+      kblock(t, a, b + 2 * q, true);
+      wait<0>();
+      keep(t);
+      add<64, 64>(d, t, s0, s1);
+    } else if constexpr (V == kN128) {
+      float t[64];
+      kblock(t, a, b, true);
+      wait<0>();
+      keep(t);
+      add<64, 0>(d, t, s0, s1);
+    }
+  }
+  wait<0>();
+  keep(d);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) s += d[i];
+  if constexpr (V == kFastFfma)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += e[i];
+  if (s == 1234.5f) out[threadIdx.x] = s;  // never true; keeps the sums live
+}
+
+template <int V>
+float time_ms(int sms, int kblocks, float* out) {
+  auto k = loop<V>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaFuncAttributes fa{};
+  cudaFuncGetAttributes(&fa, k);
+  k<<<sms, 256, kSmem>>>(out, 64, 1.f, 0.5f);  // warm-up
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < 5; ++r) {
+    cudaEventRecord(e0);
+    k<<<sms, 256, kSmem>>>(out, kblocks, 1.f, 0.5f);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0.f;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double flops = 2.0 * 128 * kRows[V] * 128 * double(kblocks) * sms;
+  printf("%-9s %7.3f ms  %6.0f TFLOP/s  regs %3d  local %3zu B  (%s)\n", kNames[V], ms[2], flops / ms[2] / 1e9,
+         fa.numRegs, fa.localSizeBytes, cudaGetErrorString(cudaGetLastError()));
+  return ms[2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const int kblocks = argc > 1 ? std::atoi(argv[1]) : 8192;
+  float* out = nullptr;
+  cudaMalloc(&out, 256 * sizeof(float));
+  printf("%s, %d SMs, %d k-blocks of 128 per CTA, one CTA per SM, no memory traffic\n", prop.name,
+         prop.multiProcessorCount, kblocks);
+  // Twice round, so that the clocks settle before the second.
+  for (int round = 0; round < 2; ++round) {
+    printf("round %d\n", round);
+    time_ms<kFast>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kQuarter>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kHalf>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kN128>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kFastFfma>(prop.multiProcessorCount, kblocks, out);
+  }
+  return 0;
+}
