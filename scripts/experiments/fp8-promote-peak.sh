@@ -9,7 +9,7 @@ command -v nvcc >/dev/null || export PATH="${CUDA_HOME:?nvcc is not on PATH and 
 out="${OUT:-/tmp}"
 mkdir -p "$out"
 log="$out/fp8_promote_peak.ptxas.txt"
-nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I src -I include -Xptxas -v \
   scripts/experiments/probes/fp8_promote_peak.cu -o "$out/fp8_promote_peak" 2>"$log" || { cat "$log"; exit 1; }
 if grep -qE "[1-9][0-9]* bytes spill|C7518|C7510" "$log"; then cat "$log"; exit 1; fi
 "$out/fp8_promote_peak" "$@"

@@ -29,27 +29,19 @@
 #include <cstring>
 #include <vector>
 
+#include "sm90_gemm_glu/hopper.cuh"  // the library's descriptor and wgmma fence / commit / wait helpers
+
 namespace {
 
 constexpr int kStages = 4, kXBytes = 128 * 128, kWBytes = 256 * 128, kStageBytes = kXBytes + kWBytes;
 constexpr int kSmem = kStages * kStageBytes + 8 * 1024;  // > half the SM: one CTA per SM
 
-__device__ __forceinline__ uint64_t desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void keep(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
+using gatedmlp::sm90::desc_sw128;
+using gatedmlp::sm90::fence_regs;
+using gatedmlp::sm90::wgmma_commit;
+using gatedmlp::sm90::wgmma_fence;
+using gatedmlp::sm90::wgmma_wait;
 
-#define R8(b) "%" #b "0, %" #b "1, %" #b "2, %" #b "3, %" #b "4, %" #b "5, %" #b "6, %" #b "7"
 #define L32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define L64 L32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define L128 L64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
@@ -77,7 +69,7 @@ __device__ __forceinline__ void mma256(float (&d)[128], uint64_t a, uint64_t b, 
 // One k-block of N accumulators over weight rows at b: 4 k-steps of 32.
 template <int N>
 __device__ __forceinline__ void kblock(float (&t)[N], uint64_t a, uint64_t b, bool first) {
-  fence();
+  wgmma_fence();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int acc = (first && k == 0) ? 0 : 1;
@@ -85,8 +77,8 @@ __device__ __forceinline__ void kblock(float (&t)[N], uint64_t a, uint64_t b, bo
     else if constexpr (N == 64) mma128(t, a + 2 * k, b + 2 * k, acc);
     else mma256(t, a + 2 * k, b + 2 * k, acc);
   }
-  commit();
-  keep(t);
+  wgmma_commit();
+  fence_regs(t);
 }
 template <int N, int OFF, int M>
 __device__ __forceinline__ void add(float (&d)[M], const float (&t)[N], float s0, float s1) {
@@ -121,58 +113,58 @@ __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0
   for (int i = 0; i < (V == kFastFfma ? 64 : 1); ++i) e[i] = float(threadIdx.x + i);
   for (int kb = 0; kb < kblocks; ++kb) {
     const uint32_t st = base + (kb % kStages) * kStageBytes;
-    const uint64_t a = desc(st + cw * 64 * 128), b = desc(st + kXBytes);
+    const uint64_t a = desc_sw128(st + cw * 64 * 128), b = desc_sw128(st + kXBytes);
     constexpr uint64_t q = 64 * 128 >> 4;  // 64 weight rows, in descriptor units
     if constexpr (V == kFast || V == kFastFfma) {
       kblock(d, a, b, false);
-      wait<1>();
-      keep(d);
+      wgmma_wait<1>();
+      fence_regs(d);
       if constexpr (V == kFastFfma) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
 #pragma unroll
           for (int i = 0; i < 64; ++i) e[i] = fmaf(e[i], s0, s1);
-          keep(e);
+          fence_regs(e);
         }
       }
     } else if constexpr (V == kQuarter) {
       float ta[32], tb[32];
       kblock(ta, a, b, true);
       kblock(tb, a, b + q, true);
-      wait<1>();
-      keep(ta);
+      wgmma_wait<1>();
+      fence_regs(ta);
       add<32, 0>(d, ta, s0, s1);
       kblock(ta, a, b + 2 * q, true);
-      wait<1>();
-      keep(tb);
+      wgmma_wait<1>();
+      fence_regs(tb);
       add<32, 32>(d, tb, s0, s1);
       kblock(tb, a, b + 3 * q, true);
-      wait<1>();
-      keep(ta);
+      wgmma_wait<1>();
+      fence_regs(ta);
       add<32, 64>(d, ta, s0, s1);
-      wait<0>();
-      keep(tb);
+      wgmma_wait<0>();
+      fence_regs(tb);
       add<32, 96>(d, tb, s0, s1);
     } else if constexpr (V == kHalf) {
       float t[64];
       kblock(t, a, b, true);
-      wait<0>();
-      keep(t);
+      wgmma_wait<0>();
+      fence_regs(t);
       add<64, 0>(d, t, s0, s1);
       kblock(t, a, b + 2 * q, true);
-      wait<0>();
-      keep(t);
+      wgmma_wait<0>();
+      fence_regs(t);
       add<64, 64>(d, t, s0, s1);
     } else if constexpr (V == kN128) {
       float t[64];
       kblock(t, a, b, true);
-      wait<0>();
-      keep(t);
+      wgmma_wait<0>();
+      fence_regs(t);
       add<64, 0>(d, t, s0, s1);
     }
   }
-  wait<0>();
-  keep(d);
+  wgmma_wait<0>();
+  fence_regs(d);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < 128; ++i) s += d[i];
