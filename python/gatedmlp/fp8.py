@@ -275,7 +275,7 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
 # A call's reading by _check_call, kept per signature (fp8_gate_up's key):
 # what the launch needs and nothing that depends on the tensors' data.
 _Plan = _collections.namedtuple("_Plan", "activation first m u rows sep w_kind w_as_is w_up_as_is fp8_y layout "
-                                         "groups ld alloc_dtype group")
+                                         "groups ld alloc_dtype group quant y_layout")
 _PLANS = {}
 _MAX_PLANS = 256  # a model has a few signatures; past this the cache starts over
 
@@ -442,7 +442,7 @@ def _check_call(torch, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, 
     shape = {_W_TENSOR: None, _W_CHANNEL: (rows, 1), _W_BLOCK: (_blocks(rows), _blocks(k))}[w_kinds[0]]
     as_is = [shape is not None and tuple(t.shape) == shape for t in (w_scale, w_up_scale) if t is not None]
     return _Plan(activation, first, m, u, rows, sep, w_kinds[0], as_is[0], sep and as_is[1], fp8_y, y_scale_layout,
-                 groups, ld, alloc, 0 if group is None else int(group))
+                 groups, ld, alloc, 0 if group is None else int(group), _fmt(w_kinds[0]), _LAYOUTS[y_scale_layout])
 
 
 def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, out, preact, act_params, alpha,
@@ -473,28 +473,36 @@ def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up
             amax_t = torch.empty((), dtype=torch.float32, device=x.device)
         elif amax is not None and amax is not False:
             amax_t = amax
-    handle, alloc = _pkg("_torch_stream_and_alloc")(torch, x, stream, workspace)
+    stream_and_alloc, export, bytes_ = _HOT or _hot(torch)
+    handle, alloc = stream_and_alloc(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
-    # x (and an FP8 Y) as they are where DLPack carries float8, else as
-    # their bytes (uint8), which x_fp8 and y_scales make the binding read as
-    # e4m3 all the same.
-    bytes_ = not (_F8_DLPACK if _F8_DLPACK is not None else _float8_dlpack(torch))
     _C.gate_up(to(x.view(torch.uint8) if bytes_ else x), to(wq),
                to(out.view(torch.uint8) if fp8_y and bytes_ else out),
                None if wq_up is None else to(wq_up), None if bias is None else to(bias),
                None if bias_up is None else to(bias_up), None if preact is None else to(preact),
                activation=plan.activation, act_params=act_params, group=plan.group, first=plan.first, alpha=alpha,
-               stream=handle, workspace=_pkg("_export")(workspace), workspace_alloc=alloc, scales=to(ws),
-               scales_up=None if wus is None else to(wus), quant=_fmt(plan.w_kind), x_scales=to(xs), x_fp8=True,
-               fp8_promote=bool(promote), y_scales=to(y_scale) if fp8_y else None,
-               y_amax=None if amax_t is None else to(amax_t), y_scale_layout=_LAYOUTS[plan.layout],
-               hold_workspace=hold)
+               stream=handle, workspace=None if workspace is None else export(workspace), workspace_alloc=alloc,
+               scales=to(ws), scales_up=None if wus is None else to(wus), quant=plan.quant, x_scales=to(xs),
+               x_fp8=True, fp8_promote=bool(promote), y_scales=to(y_scale) if fp8_y else None,
+               y_amax=None if amax_t is None else to(amax_t), y_scale_layout=plan.y_layout, hold_workspace=hold)
     if not fp8_y:
         return out
     return (out, y_scale) if amax_t is None else (out, y_scale, amax_t)
 
 
 _F8_DLPACK = None  # whether this torch's DLPack export takes float8 tensors (PyTorch 2.8 and later)
+# What every launch looks up, looked up once: the package's stream and
+# workspace helpers, and whether x (and an FP8 Y) go as their bytes (uint8,
+# which x_fp8 and y_scales make the binding read as e4m3 all the same)
+# because this torch's DLPack does not carry float8.
+_HOT = None
+
+
+def _hot(torch):
+    global _HOT
+    _HOT = (_pkg("_torch_stream_and_alloc"), _pkg("_export"),
+            not (_F8_DLPACK if _F8_DLPACK is not None else _float8_dlpack(torch)))
+    return _HOT
 
 
 def _float8_dlpack(torch):
