@@ -105,17 +105,17 @@ def _x_scale_kind(t, m, k):
     """x_scale as the binding takes it: 1 value (any shape of one element:
     per tensor), m ([m] or [m, 1]: per token) or [m, ceil(k / 128)] (per
     token and 128 columns of K; with ceil(k / 128) = 1 that is [m, 1], per
-    token, the same scaling); raises naming it otherwise. Returns
-    (0 tensor / 1 row / 2 block, the tensor to pass: [1], [m, 1] or
-    [m, ceil(k / 128)], contiguous)."""
+    token, the same scaling); raises naming it otherwise. Returns 0
+    (tensor), 1 (row) or 2 (block); the launch passes x_scale as it is
+    (contiguous), which the binding reads by its element count."""
     shape = tuple(t.shape)
     kb = _blocks(k)
     if t.numel() == 1 and len(shape) <= 2:
-        return 0, t.reshape(1)
+        return 0
     if shape in ((m,), (m, 1)):
-        return 1, t.reshape(m, 1).contiguous()
+        return 1
     if shape == (m, kb):
-        return 2, t.contiguous()
+        return 2
     raise _invalid(f"'x_scale' must hold 1 value (per tensor: [], [1] or [1, 1]), {m} (per token, one per row of x: "
                    f"[{m}] or [{m}, 1]) or [M, ceil(K / 128)] = [{m}, {kb}] (per token and 128 columns of K, 1 x 128 "
                    f"blocks), got shape {shape}")
@@ -126,17 +126,17 @@ def _w_scale_kind(t, rows, k, name):
     rows: 1 value (per tensor), [ceil(rows / 128), ceil(k / 128)] (128 x 128
     blocks; a 2-D tensor of that shape that is not [rows, 1]) or `rows`
     values ([rows] or [rows, 1]: per output channel), in that order of
-    precedence; raises naming `name` otherwise. Returns (_W_TENSOR /
-    _W_CHANNEL / _W_BLOCK, the tensor to pass: [1], [rows, 1] or the
-    blocks, contiguous)."""
+    precedence; raises naming `name` otherwise. Returns _W_TENSOR,
+    _W_CHANNEL or _W_BLOCK (_w_scale_as puts the tensor in the form the
+    binding takes)."""
     shape = tuple(t.shape)
     blocks = (_blocks(rows), _blocks(k))
     if t.numel() == 1 and len(shape) <= 2:
-        return _W_TENSOR, t.reshape(1)
+        return _W_TENSOR
     if shape == blocks and shape != (rows, 1):
-        return _W_BLOCK, t.contiguous()
+        return _W_BLOCK
     if shape in ((rows,), (rows, 1)):
-        return _W_CHANNEL, t.reshape(rows, 1).contiguous()
+        return _W_CHANNEL
     raise _invalid(f"'{name}' must hold 1 value (per tensor: [], [1] or [1, 1]), {rows} (per output channel, one per "
                    f"row of w: [{rows}] or [{rows}, 1]) or [ceil(N / 128), ceil(K / 128)] = [{blocks[0]}, "
                    f"{blocks[1]}] (128 x 128 blocks of w's {rows} rows and K = {k}), got shape {shape}")
@@ -349,7 +349,7 @@ def _check_call(torch, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, 
         _require_tensor(torch, s, name)
         if s.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise _invalid(f"'{name}' must be float32, bfloat16 or float16, got {_dtype_name(s.dtype)}")
-        w_kinds.append(_w_scale_kind(s, rows, k, name)[0])
+        w_kinds.append(_w_scale_kind(s, rows, k, name))
         _same_device(s, x, name)
     if sep:
         if w_kinds[0] != w_kinds[1]:
@@ -517,7 +517,7 @@ def _float8_dlpack(torch):
 
 def _w_scale_as(s, kind, rows):
     """A weight scale in the form the binding takes for its granularity
-    (_w_scale_kind's second value)."""
+    (_w_scale_kind's): [1], [rows, 1] or the blocks, contiguous."""
     if kind == _W_TENSOR:
         return s.reshape(1)
     if kind == _W_CHANNEL:
