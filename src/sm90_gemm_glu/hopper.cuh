@@ -260,13 +260,19 @@ __device__ __forceinline__ void flag_wait(const uint64_t* flag, uint64_t token) 
 // rows with the 128-byte swizzle (what TMA writes with SWIZZLE_128B): 8-row
 // core-matrix groups 1024 bytes apart. The leading-byte offset is unused in
 // this mode. Stepping 16 elements along K adds 32 bytes to the start address.
+// As two words: the low one (start address, 14 bits, and the unused leading
+// offset) varies with the operand; the high one (stride byte offset: 8 rows
+// x 128 B; layout: 128-byte swizzle) never does. Shared memory ends below
+// 2^18 bytes, so stepping a low word by an in-range offset never carries
+// into bit 16 (the promoting loop steps low words in 32-bit arithmetic).
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_byte_addr) {
+  return ((smem_byte_addr & 0x3FFFFu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
+  return (uint64_t((1024u >> 4) | (1u << 30)) << 32) | lo;
+}
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_byte_addr) {
-  uint64_t d = 0;
-  d |= uint64_t((smem_byte_addr & 0x3FFFF) >> 4);  // start address, 14 bits
-  d |= uint64_t(1) << 16;                           // leading byte offset (unused)
-  d |= uint64_t(1024 >> 4) << 32;                   // stride byte offset: 8 rows x 128 B
-  d |= uint64_t(1) << 62;                           // layout: 128-byte swizzle
-  return d;
+  return desc_from_lo(desc_lo(smem_byte_addr));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

@@ -94,24 +94,13 @@ __device__ __forceinline__ uint64_t desc_w(uint32_t ring, int s) {
   return desc_sw128(ring + s * Tr::kStageBytes + Tr::kABytes);
 }
 
-// desc_sw128 as two words: the low one (start address and the unused
-// leading offset) varies, the high one (stride, swizzle) never does. The
-// promoting loop steps the low words in 32-bit warp-uniform arithmetic, so
-// that its sixteen descriptors per k-block stay in uniform registers (as
-// 64-bit per-thread values they cost 64 R2UR and ~70 IMAD per warp and
-// k-block: h73, docs/notes/fp8.md). The start address has 14 bits and
-// shared memory ends below 2^18 bytes, so a step never carries into bit 16.
-__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_byte_addr) {
-  return ((smem_byte_addr & 0x3FFFFu) >> 4) | (1u << 16);
-}
-__device__ __forceinline__ uint64_t desc_from_lo(uint32_t lo) {
-  return (uint64_t((1024u >> 4) | (1u << 30)) << 32) | lo;
-}
-
 // The promoting kernels' quarters (the kernel's main loop): one k-block of
 // 64 weight rows into t, four m64n64k32 wgmmas, committed as one group.
-// a, b: the low descriptor words of the warpgroup's X rows and the quarter's
-// weight rows.
+// a, b: the low descriptor words (desc_lo) of the warpgroup's X rows and
+// the quarter's weight rows, stepped in 32-bit warp-uniform arithmetic so
+// that the sixteen descriptors of a k-block stay in uniform registers (as
+// 64-bit per-thread values they cost 64 R2UR and ~70 IMAD per warp and
+// k-block: h73, docs/notes/fp8.md).
 __device__ __forceinline__ void quarter_fp8(float (&t)[32], uint32_t a, uint32_t b) {
   wgmma_fence();
   wgmma_quarter_fp8<true>(t, desc_from_lo(a), desc_from_lo(b));
@@ -386,8 +375,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // bytes on, in 16-byte units), from warp-uniform values only (cw
         // and the stage through __shfl_sync, which ptxas knows to be
         // uniform), so that they stay in uniform registers (desc_lo).
-        const uint32_t x_lo = detail_::desc_lo(ring) + uint32_t(__shfl_sync(0xffffffffu, cw, 0)) * (64 * 128 >> 4);
-        const uint32_t w_lo = detail_::desc_lo(ring) + (Tr::kABytes >> 4);
+        const uint32_t x_lo = desc_lo(ring) + uint32_t(__shfl_sync(0xffffffffu, cw, 0)) * (64 * 128 >> 4);
+        const uint32_t w_lo = desc_lo(ring) + (Tr::kABytes >> 4);
         constexpr uint32_t kQuarter = 64 * 128 >> 4, kStageLo = Tr::kStageBytes >> 4;
         // One k-block: its quarters, with the block scales loaded into
         // `fill` for the next one while `use` (loaded one k-block ago)
