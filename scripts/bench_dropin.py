@@ -235,6 +235,14 @@ def host_section(args, dev, G, results, patch_model=None):
     wg, wu = w[:u], w[u:]                       # row slices of w: contiguous, no copy
     y = torch.empty(1, u, device=dev, dtype=BF16)
     mlp = LlamaMLP(LlamaConfig(hidden_size=k, intermediate_size=u)).to(device=dev, dtype=BF16).eval()
+    # A Mixture-of-Experts layer's experts at one token (decode), as transformers runs them (eager) and
+    # as gatedmlp does: Qwen3-MoE's module, small enough that the host is all of the time.
+    moe = _hf_moe_experts(dev, hidden=k, inter=MOE_HOST["inter"], experts=MOE_HOST["experts"])
+    top = MOE_HOST["top_k"]
+    moe_ids = torch.randperm(MOE_HOST["experts"], device=dev)[:top].view(1, top)
+    moe_wts = torch.softmax(torch.randn(1, top, device=dev), dim=-1)
+    moe_impls = _hf_moe_impls(moe, x, moe_ids, moe_wts)  # {implementation: its own copy of the module}
+    impl0 = next(iter(moe_impls))
 
     def linear_chunk():
         g, up = F.linear(x, w).chunk(2, dim=-1)
@@ -248,11 +256,15 @@ def host_section(args, dev, G, results, patch_model=None):
         "F.linear + chunk + silu*mul": (linear_chunk, "torch"),
         "HF LlamaMLP(x)": (lambda: mlp(x3), "hf"),
     }
+    for impl, m in moe_impls.items():  # the models' default first: the MoE rows' bar
+        entries[f"HF Qwen3MoeExperts(x, ids, w) ({impl})"] = (
+            lambda m=m: m(x, moe_ids, moe_wts), "hf_moe" if impl == impl0 else "torch")
     gmlp = pmlp = None
     if G is not None:
         # Built outside inference mode, as a model is loaded: parameters made
         # under inference_mode would be inference tensors.
         gmlp = G[1].GatedMLP.from_module(mlp).eval()
+        gmoe = G[1].MoEExperts.from_module(moe).eval()
         # What patch_model puts in a model (a GatedMLP subclass; its forward
         # may do more), swapped into a holder so that `mlp` stays as it is.
         if patch_model is not None:
@@ -269,6 +281,8 @@ def host_section(args, dev, G, results, patch_model=None):
         wd64 = mlp.down_proj.weight.double()
         ref_mlp = (F.silu(x64 @ mlp.gate_proj.weight.double().T) * (x64 @ mlp.up_proj.weight.double().T)) @ wd64.T
         e_hf = rel_err(mlp(x3).view(1, k), ref_mlp)
+        ref_moe = _moe_reference(x64, moe_ids, moe_wts, moe.gate_up_proj.double(), moe.down_proj.double())
+        e_hf_moe = rel_err(moe_impls["eager"](x, moe_ids, moe_wts), ref_moe)
         if G is not None:
             gm, gt = G
             op = torch.ops.gatedmlp.gate_up
@@ -285,6 +299,16 @@ def host_section(args, dev, G, results, patch_model=None):
             })
             if pmlp is not None:
                 entries["patch_model's module(x)"] = (lambda: pmlp(x3), "gatedmlp_module")
+            # The MoE entry points against the experts module they replace (three to four launches each:
+            # gate/up, down, the sum over the top-k; the device-side index check adds two).
+            w13, w2 = gmoe.w13, gmoe.w2
+            entries.update({
+                "gatedmlp.moe_mlp(..., check_indices=False)": (
+                    lambda: gm.moe_mlp(x, moe_ids, moe_wts, w13, w2, check_indices=False), "gatedmlp_moe"),
+                "gatedmlp.moe_mlp(..., check_indices='async')": (
+                    lambda: gm.moe_mlp(x, moe_ids, moe_wts, w13, w2, check_indices="async"), "gatedmlp_moe"),
+                "MoEExperts(x, ids, w)": (lambda: gmoe(x, moe_ids, moe_wts), "gatedmlp_moe"),
+            })
             fp8_ref = None
             if torch.cuda.get_device_capability(dev) == (9, 0):
                 # FP8 activations and weights (Hopper), per-token x and
@@ -320,6 +344,12 @@ def host_section(args, dev, G, results, patch_model=None):
                     e = rel_err(out, fp8_ref)
                     checks.append(dict(what=f"host {name} vs float64 on the e4m3 inputs", err=e, err_unfused=e_unfused,
                                        ok=e <= 2 ** -4))
+            for name, (fn, kind) in entries.items():
+                if kind == "gatedmlp_moe":
+                    out = fn()
+                    e = rel_err(out, ref_moe)
+                    checks.append(dict(what=f"host {name} vs float64 experts", err=e, err_unfused=e_hf_moe,
+                                       ok=rule_ok(e, e_hf_moe, GEMM_ATOL, out)))
             for name, (fn, kind) in entries.items():
                 if kind == "gatedmlp_module":
                     out = fn().view(1, k)
@@ -359,6 +389,7 @@ def host_section(args, dev, G, results, patch_model=None):
 
     base = median(host["F.linear(x, w)"])
     hf = median(host["HF LlamaMLP(x)"])
+    hf_moe = median(host[f"HF Qwen3MoeExperts(x, ids, w) ({impl0})"])
     rows = []
     for nm in names:
         kind = entries[nm][1]
@@ -372,9 +403,13 @@ def host_section(args, dev, G, results, patch_model=None):
             row["bar"] = "<= HF LlamaMLP"
             row["bar_ok"] = us <= hf
             row["ratio_hf"] = us / hf
+        elif kind == "gatedmlp_moe":
+            row["bar"] = f"<= HF experts ({impl0})"
+            row["bar_ok"] = us <= hf_moe
+            row["ratio_hf"] = us / hf_moe
         rows.append(row)
-    results["host"] = dict(problem=dict(m=1, k=k, u=u, dtype="bf16"), calls=n, repeats=reps, rows=rows,
-                           checks=checks)
+    results["host"] = dict(problem=dict(m=1, k=k, u=u, dtype="bf16"), moe=dict(MOE_HOST, hidden=k), calls=n,
+                           repeats=reps, rows=rows, checks=checks)
     log("host: done")
 
 
@@ -390,10 +425,62 @@ def host_table(res):
                 bar += f" ({r['ratio_hf']:.2f}x HF)"
         rows.append([r["entry"], f"{r['host_us']:.2f}", f"{r['ratio_flinear']:.2f}x", f"{r['wall_over_host']:.2f}",
                      bar, note])
-    p = res["problem"]
-    title = (f"### Host µs per call (M={p['m']}, K={p['k']}, U={p['u']}, bf16; median of {res['repeats']} "
-             f"repeats x {res['calls']} calls)")
+    p, q = res["problem"], res["moe"]
+    title = (f"### Host µs per call (M={p['m']}, K={p['k']}, U={p['u']}, bf16; the MoE rows one token, H={q['hidden']}, "
+             f"I={q['inter']}, E={q['experts']}, top-{q['top_k']}; median of {res['repeats']} repeats x "
+             f"{res['calls']} calls)")
     return title + "\n\n" + md_table(["entry point", "host µs", "x F.linear", "wall/host", "bar", "note"], rows)
+
+
+MOE_HOST = dict(inter=128, experts=16, top_k=4)  # the host section's experts (hidden = its K)
+
+
+def _hf_moe_experts(dev, *, hidden, inter, experts):
+    """transformers' Qwen3-MoE experts module (its eager loop over the experts hit), random bf16 weights."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    cfg = Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts)
+    m = Qwen3MoeExperts(cfg)
+    with torch.no_grad():
+        m.gate_up_proj.normal_(0, hidden ** -0.5)
+        m.down_proj.normal_(0, inter ** -0.5)
+    return m.to(device=dev, dtype=BF16).eval()
+
+
+def _hf_moe_impls(moe, x, ids, wts):
+    """{implementation: a copy of moe set to it}, the models' default first: transformers 5's models pick
+    "grouped_mm" (torch._grouped_mm) where it runs, else "eager" (a loop over the experts hit), which is
+    timed either way."""
+    import copy
+
+    impls = {}
+    for impl in ("grouped_mm", "eager"):
+        m = copy.deepcopy(moe)
+        m.config = copy.deepcopy(moe.config)
+        m.config._experts_implementation = impl
+        try:
+            with torch.inference_mode():
+                m(x, ids, wts)
+        except Exception as e:  # noqa: BLE001 - any refusal: no grouped_mm on this device or torch
+            log(f"host: transformers' {impl} experts do not run here ({type(e).__name__}: {e})")
+            continue
+        impls[impl] = m
+    return impls
+
+
+def _moe_reference(x, ids, wts, w13, w2):
+    """The experts' output in x's dtype (float64 here): each token's top-k rows through silu(g) * u and
+    down, weighted by its routing weights and summed. w13 [E, 2I, H] stacked (gate rows first)."""
+    inter = w13.shape[1] // 2
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gu = w13[e] @ x[t]
+            h = F.silu(gu[:inter]) * gu[inter:]
+            out[t] += wts[t, j].to(x.dtype) * (w2[e] @ h)
+    return out
 
 
 # ============================================================= section: model

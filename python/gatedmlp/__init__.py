@@ -1167,8 +1167,8 @@ def _is_sm90(torch, device) -> bool:
 def _use_grouped(x, w13, w2, rows, experts, hidden, inter) -> bool:
     """Whether moe_mlp takes the grouped path (see there)."""
     force = _os.environ.get("GATEDMLP_MOE_GROUPED", "").strip()
-    if force == "0":
-        return False
+    if force == "0" or (force != "1" and rows < _GROUPED_MIN_ROWS_PER_EXPERT * experts):
+        return False  # decode sizes leave here, before any tensor is looked at
     torch = _sys.modules.get("torch")
     if torch is None or not hasattr(torch, "_grouped_mm"):
         return False
@@ -1182,7 +1182,7 @@ def _use_grouped(x, w13, w2, rows, experts, hidden, inter) -> bool:
         return False
     if w2.stride(2) != 1 or w2.stride(1) % 8 or w2.stride(0) % 8 or w2.data_ptr() % 16:
         return False
-    return force == "1" or rows >= _GROUPED_MIN_ROWS_PER_EXPERT * experts
+    return True
 
 
 def _moe_grouped(x, ids, topk_weights, w13, w2, b13, b2, activation, act_params, group, first, out, workspace,
@@ -1293,6 +1293,22 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
     is allocated or launched. Torch and CuPy tensors (the float32 scratch
     and the sum are theirs; the grouped path is PyTorch's). Returns out.
     """
+    torch = _sys.modules.get("torch")
+    key = None
+    if torch is not None and stream is None and type(x) is torch.Tensor:
+        # A repeated call (every decode step of every layer) skips the
+        # checks below: they read only what this key holds.
+        try:
+            key = (x.shape, x.dtype, x.device, topk_ids.shape, topk_ids.dtype, topk_weights.shape,
+                   topk_weights.dtype, w13.shape, w13.dtype, w2.shape, w2.dtype, w2.stride(),
+                   None if b13 is None else (b13.shape, b13.dtype), None if b2 is None else (b2.shape, b2.dtype),
+                   None if out is None else (out.shape, out.dtype), activation, first, group)
+            plan = _MOE_PLANS.get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable option: checked every time
+            plan, key = None, None
+        if plan is not None:
+            return _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_params, out, workspace,
+                              check_indices)
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
     first = first if type(first) is Half else _enum(Half, first, "first")
     _check_no_grad((x, topk_weights, w13, w2, b13, b2, out))
@@ -1329,6 +1345,14 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
     if out is not None and _shape(out) != (t, hidden):
         raise _invalid(f"'out' must be [T, H] = {(t, hidden)}, got shape {_shape(out)}")
 
+    if key is not None and t * k > 0 and all(v is None or isinstance(v, torch.Tensor)
+                                             for v in (topk_ids, topk_weights, w13, w2, b13, b2, out)):
+        plan = _MoEPlan(t, k, hidden, inter, experts, activation, first, group)
+        if len(_MOE_PLANS) >= _MAX_MOE_PLANS:
+            _MOE_PLANS.clear()
+        _MOE_PLANS[key] = plan
+        return _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_params, out, workspace,
+                          check_indices)
     scope, stream = _stream_scope(x, stream)
     with scope:
         if t * k == 0:
@@ -1349,3 +1373,51 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
         gather_down(h, ids, w2, b2, out=y, row_scale=topk_weights, stream=stream, workspace=workspace,
                     check_indices=False)
         return _sum_topk(y, x, out)
+
+
+# moe_mlp's reading of a call by its checks, kept per signature (moe_mlp's
+# key): PyTorch tensors on the current stream, at least one row.
+_MoEPlan = _NamedTuple("_MoEPlan", [("t", int), ("k", int), ("hidden", int), ("inter", int), ("experts", int),
+                                    ("activation", Activation), ("first", Half), ("group", int)])
+_MOE_PLANS = {}
+_MAX_MOE_PLANS = 256  # a model has a few signatures per layer kind; past this the cache starts over
+
+
+def _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_params, out, workspace, check):
+    """moe_mlp for PyTorch tensors whose signature passed its checks: the
+    grouped path where it takes the call, else the gathered launches
+    (gather_gate_up's and gather_down's, without their checks). Kept short:
+    at decode sizes every line is host time in every MoE layer of every
+    step."""
+    if torch.is_grad_enabled() and any(v is not None and v.requires_grad
+                                       for v in (x, topk_weights, w13, w2, b13, b2, out)):
+        raise RuntimeError(_NO_BACKWARD)
+    t, k, hidden, inter, experts = plan.t, plan.k, plan.hidden, plan.inter, plan.experts
+    ids = _ids(topk_ids)
+    m = t * k
+    if _use_grouped(x, w13, w2, m, experts, hidden, inter):
+        return _moe_grouped(x, ids, topk_weights, w13, w2, b13, b2, plan.activation, act_params, plan.group,
+                            plan.first, out, workspace, check)
+    handle, alloc = _torch_stream_and_alloc(torch, x, None, workspace)
+    ws = None if workspace is None else _export(workspace)
+    to = torch.utils.dlpack.to_dlpack
+    h = x.new_empty((m, inter))
+    err = torch.empty(2, dtype=torch.int64, device=x.device) if check else None
+    _C.gate_up(to(x), to(w13), to(h), None, None if b13 is None else to(b13), None, None,
+               activation=plan.activation, act_params=act_params, group=plan.group, first=plan.first, alpha=1.0,
+               stream=handle, workspace=ws, workspace_alloc=alloc, indices=to(ids), rows_per_x=k,
+               rows_per_index=1, index_error=None if err is None else to(err))
+    if err is not None:
+        if check == _ASYNC:
+            _assert_no_index_error(err, "topk_ids", experts)
+        else:
+            _check_index_error(err, handle, "topk_ids", experts)
+    # k = 1: nothing to sum, the kernel's one rounding is the result's.
+    y = (x.new_empty((t, hidden)) if out is None else out) if k == 1 else \
+        x.new_empty((m, hidden), dtype=torch.float32)
+    _C.down(to(h), to(w2), to(y), None, None if b2 is None else to(b2), activation=Activation.silu,
+            act_params=None, alpha=1.0, stream=handle, workspace=ws, workspace_alloc=alloc, indices=to(ids),
+            rows_per_x=1, rows_per_index=1, index_error=None, row_scale=to(topk_weights.contiguous()))
+    if k == 1:
+        return y
+    return _sum_topk(y.view(t, k, hidden), x, out)

@@ -462,15 +462,16 @@ def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up
     wus = (w_up_scale if plan.w_up_as_is else _w_scale_as(w_up_scale, plan.w_kind, plan.rows)) if sep else None
     wq = _as_words(torch, w, "w")
     wq_up = _as_words(torch, w_up, "w_up") if sep else None
+    # new_empty: x's device without building a torch.device per call.
     if out is None:
-        out = torch.empty((m, plan.u), dtype=plan.alloc_dtype, device=x.device)
+        out = x.new_empty((m, plan.u), dtype=plan.alloc_dtype)
     amax_t = None
     if fp8_y:
         if y_scale is None:
-            y_scale = (torch.empty((plan.groups, plan.ld), dtype=torch.float32, device=x.device).t()[:m]
-                       if plan.layout == "mn" else torch.empty((m, plan.groups), dtype=torch.float32, device=x.device))
+            y_scale = (x.new_empty((plan.groups, plan.ld), dtype=torch.float32).t()[:m]
+                       if plan.layout == "mn" else x.new_empty((m, plan.groups), dtype=torch.float32))
         if amax is True:
-            amax_t = torch.empty((), dtype=torch.float32, device=x.device)
+            amax_t = x.new_empty((), dtype=torch.float32)
         elif amax is not None and amax is not False:
             amax_t = amax
     stream_and_alloc, export, bytes_ = _HOT or _hot(torch)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 import gatedmlp as _g
+from gatedmlp._ops import operator as _operator
 
 __all__ = ["MoEExperts"]
 
@@ -86,17 +87,26 @@ def _moe_direct(x, topk_ids, topk_weights, w13, w2, b13, b2, activation, clamp_a
     # (moe_mlp's "async": a device-side assertion, no synchronisation).
     # The read back cannot run while a stream is being captured into a CUDA
     # graph: there it checks on the device instead.
-    check = {0: False, 1: True}.get(int(check_indices), _g._ASYNC)
+    check = _CHECKS.get(check_indices, _g._ASYNC)
     if check is True and x.is_cuda and torch.cuda.is_current_stream_capturing():
         check = _g._ASYNC
     params = None
     if activation == "swiglu_clamped":
-        params = _g.ActivationParams(clamp_alpha=clamp_alpha, clamp_limit=clamp_limit)
+        params = _PARAMS.get((clamp_alpha, clamp_limit))
+        if params is None:  # one per pair, not one per call
+            if len(_PARAMS) > 64:
+                _PARAMS.clear()
+            params = _PARAMS[(clamp_alpha, clamp_limit)] = _g.ActivationParams(clamp_alpha=clamp_alpha,
+                                                                               clamp_limit=clamp_limit)
     return _g.moe_mlp(x, topk_ids, topk_weights, w13, w2, b13, b2, activation=activation, act_params=params,
                       group=group, first=first, check_indices=check)
 
 
-@torch.library.custom_op("gatedmlp::moe_mlp", mutates_args=())
+_CHECKS = {0: False, 1: True, 2: "async"}  # the op's check_indices code -> moe_mlp's (_g._ASYNC is "async")
+_PARAMS = {}  # (clamp_alpha, clamp_limit) -> ActivationParams
+
+
+@_operator("moe_mlp")
 def _moe_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w13: Tensor, w2: Tensor, b13: Optional[Tensor],
             b2: Optional[Tensor], activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str,
             check_indices: int) -> Tensor:
@@ -119,15 +129,6 @@ def _check_code(check) -> int:
     return 1 if check else 0
 
 
-def _no_backward(ctx, *grads):
-    raise RuntimeError(_g._NO_BACKWARD)
-
-
-def _setup_context(ctx, inputs, output):
-    pass
-
-
-torch.library.register_autograd("gatedmlp::moe_mlp", _no_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------- the module

@@ -1,11 +1,15 @@
 """PyTorch integration: gatedmlp as torch.library operators, and GatedMLP.
 
 The operators (``torch.ops.gatedmlp.gate_up``, ``gate_up_preact``,
-``gate_up_out``, ``quantized_gate_up``, ``down``, ``quantized_down``) are
-custom ops with fake (meta) implementations, so they trace into
-torch.compile graphs without graph breaks and can be captured in CUDA
-graphs. They launch on ``torch.cuda.current_stream()``. ``mlp`` and
-``quantized_mlp`` are a gate/up op followed by a down op.
+``gate_up_out``, ``quantized_gate_up``, ``fp8_gate_up``,
+``fp8_gate_up_fp8``, ``down``, ``quantized_down``, ``moe_mlp``) have fake
+(meta) implementations, so they trace into torch.compile graphs without
+graph breaks and can be captured in CUDA graphs. They launch on
+``torch.cuda.current_stream()``. Those that return new tensors are defined
+through gatedmlp._ops (one dispatcher trip per call, see there);
+``gate_up_out``, which writes into its ``out``, is a torch.library
+custom_op, which takes care of in-place semantics under torch.compile.
+``mlp`` and ``quantized_mlp`` are a gate/up op followed by a down op.
 
 ``Fp8GatedMLP`` (gatedmlp.fp8_module) is the MLP of an FP8 checkpoint (e4m3
 weights with per-tensor, per-channel or 128 x 128 block scales, as
@@ -34,6 +38,7 @@ from torch import Tensor, nn
 
 import gatedmlp as _g
 from gatedmlp import _gatedmlp as _C
+from gatedmlp._ops import operator as _operator
 from gatedmlp.quant import _down_format
 
 __all__ = ["gate_up", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
@@ -141,7 +146,7 @@ def _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_li
 
 
 # ---------------------------------------------------------------- operators
-@torch.library.custom_op("gatedmlp::gate_up", mutates_args=())
+@_operator("gate_up")
 def _gate_up_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor],
                 activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str, storage: str,
                 alpha: float, out_dtype: Optional[torch.dtype]) -> Tensor:
@@ -155,7 +160,7 @@ def _gate_up_fake(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limi
     return x.new_empty((*x.shape[:-1], _out_features(w, w_up, storage)), dtype=out_dtype or x.dtype)
 
 
-@torch.library.custom_op("gatedmlp::gate_up_preact", mutates_args=())
+@_operator("gate_up_preact")
 def _gate_up_preact_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor],
                        bias_up: Optional[Tensor], activation: str, clamp_alpha: float, clamp_limit: float,
                        group: int, first: str, storage: str, alpha: float, out_dtype: Optional[torch.dtype],
@@ -231,7 +236,7 @@ def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, 
     return out
 
 
-@torch.library.custom_op("gatedmlp::quantized_gate_up", mutates_args=())
+@_operator("quantized_gate_up")
 def _quantized_gate_up_op(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor], wq_up: Optional[Tensor],
                           scales_up: Optional[Tensor], biases_up: Optional[Tensor], bias: Optional[Tensor],
                           bias_up: Optional[Tensor], mode: str, bits: int, group_size: int, row_block: int,
@@ -301,7 +306,7 @@ def _fp8_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activat
                           first=first, alpha=alpha, promote=promote, _hold_workspace=hold)
 
 
-@torch.library.custom_op("gatedmlp::fp8_gate_up", mutates_args=())
+@_operator("fp8_gate_up")
 def _fp8_gate_up_op(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, w_up: Optional[Tensor],
                     w_up_scale: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor], activation: str,
                     clamp_alpha: float, clamp_limit: float, group: int, first: str, alpha: float, promote: bool,
@@ -337,7 +342,7 @@ def _fp8_y_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activ
     return y, store, am
 
 
-@torch.library.custom_op("gatedmlp::fp8_gate_up_fp8", mutates_args=())
+@_operator("fp8_gate_up_fp8")
 def _fp8_gate_up_fp8_op(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, w_up: Optional[Tensor],
                         w_up_scale: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor],
                         activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str, alpha: float,
@@ -388,10 +393,13 @@ def fp8_gate_up(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, *, w_up:
     if amax or y_scale_layout != "row":
         raise _C.InvalidArgumentError("gatedmlp: 'amax' and 'y_scale_layout' go with an FP8 Y "
                                       "(out_dtype=torch.float8_e4m3fn)")
+    if direct:  # _fp8_direct's call, written out: this is the decode path's host time
+        return _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
+                              out_dtype=out_dtype, activation=act,
+                              act_params=_act_params(clamp_alpha, clamp_limit) if act == "swiglu_clamped" else None,
+                              group=group or None, first=first, alpha=alpha, promote=promote)
     args = (x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, act, float(clamp_alpha), float(clamp_limit),
             int(group), first, float(alpha), bool(promote), out_dtype)
-    if direct:
-        return _fp8_direct(*args)
     return torch.ops.gatedmlp.fp8_gate_up(*args)
 
 
@@ -427,7 +435,7 @@ def _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, 
     return out
 
 
-@torch.library.custom_op("gatedmlp::down", mutates_args=())
+@_operator("down")
 def _down_op(h: Tensor, w: Tensor, up: Optional[Tensor], bias: Optional[Tensor], activation: str,
              clamp_alpha: float, clamp_limit: float, storage: str, alpha: float,
              out_dtype: Optional[torch.dtype]) -> Tensor:
@@ -453,7 +461,7 @@ def _quantized_down_direct(h, wq, scales, biases, up, bias, mode, bits, group_si
     return out
 
 
-@torch.library.custom_op("gatedmlp::quantized_down", mutates_args=())
+@_operator("quantized_down")
 def _quantized_down_op(h: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor], up: Optional[Tensor],
                        bias: Optional[Tensor], mode: str, bits: int, group_size: int, row_block: int,
                        activation: str, clamp_alpha: float, clamp_limit: float, alpha: float,
@@ -551,23 +559,6 @@ def quantized_mlp(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor
                                   row_block_down)
     return quantized_down(h, wq_down, scales_down, biases_down, bias=bias_down, mode=md, bits=bd, group_size=gd,
                           row_block=rd, out_dtype=out_dtype)
-
-
-def _no_backward(ctx, *grads):
-    raise RuntimeError(_g._NO_BACKWARD)
-
-
-def _setup_context(ctx, inputs, output):
-    pass
-
-
-torch.library.register_autograd("gatedmlp::gate_up", _no_backward, setup_context=_setup_context)
-torch.library.register_autograd("gatedmlp::gate_up_preact", _no_backward, setup_context=_setup_context)
-torch.library.register_autograd("gatedmlp::quantized_gate_up", _no_backward, setup_context=_setup_context)
-torch.library.register_autograd("gatedmlp::fp8_gate_up", _no_backward, setup_context=_setup_context)
-torch.library.register_autograd("gatedmlp::fp8_gate_up_fp8", _no_backward, setup_context=_setup_context)
-torch.library.register_autograd("gatedmlp::down", _no_backward, setup_context=_setup_context)
-torch.library.register_autograd("gatedmlp::quantized_down", _no_backward, setup_context=_setup_context)
 
 
 def _check_no_grad(*tensors) -> None:

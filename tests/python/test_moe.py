@@ -300,6 +300,54 @@ def test_moe_mlp_hands_the_binding_its_calls(monkeypatch):
     assert [c[0] for c in rec.calls] == ["gate_up"]
 
 
+def test_moe_mlp_repeated_calls_skip_the_checks_not_the_launches(monkeypatch):
+    """A repeated signature takes the cached reading of the checks (the
+    decode path's host time) and hands the binding exactly what the first,
+    fully checked call did; anything the key does not match is checked
+    again, and the no-backward guard runs on every call."""
+    rec = record(monkeypatch)
+    monkeypatch.setattr(gatedmlp, "_MOE_PLANS", {})
+    t, k, e, h, i = 3, 2, 4, 64, 32
+    x, ids, wts, w13, w2 = _moe_args(t, k, e, h, i)
+    b13, b2 = torch.zeros(e, 2 * i, dtype=x.dtype), torch.zeros(e, h, dtype=x.dtype)
+    params = gatedmlp.ActivationParams(clamp_alpha=1.5, clamp_limit=6.0)
+
+    def launches():
+        rec.calls.clear()
+        y = gatedmlp.moe_mlp(x, ids.to(torch.uint8), wts, w13, w2, b13, b2, activation="swiglu_clamped",
+                             act_params=params, group=8, first="up", check_indices=False)
+        assert y.shape == (t, h) and y.dtype == x.dtype
+        return [(n, [None if a is None else (tuple(a.shape), a.dtype) for a in args],
+                 {kw: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for kw, v in kws.items()
+                  if kw not in ("workspace_alloc",)})
+                for n, args, kws in rec.calls]
+
+    first = launches()
+    assert len(gatedmlp._MOE_PLANS) == 1
+    second = launches()
+    assert len(gatedmlp._MOE_PLANS) == 1
+    assert [c[0] for c in first] == ["gate_up", "down"]
+    assert second == first
+    assert rec.calls[0][2]["act_params"] is params and rec.calls[0][2]["activation"] == gatedmlp.Activation.swiglu_clamped
+
+    # another shape is another key: checked (and refused by name) before any launch
+    rec.calls.clear()
+    with pytest.raises(E, match=r"'w2' must be \[E, H, I\]"):
+        gatedmlp.moe_mlp(x, ids, wts, w13, w2[:, :, :16])
+    assert rec.calls == []
+    # the guard still runs on a cached signature
+    gatedmlp.moe_mlp(x, ids, wts, w13, w2, check_indices=False)
+    with pytest.raises(RuntimeError, match="no backward"):
+        gatedmlp.moe_mlp(x, ids, wts.clone().requires_grad_(), w13, w2, check_indices=False)
+    # a bad id on a cached signature: IndexError after the gate/up launch, as the first call gives it
+    gatedmlp.moe_mlp(x, ids, wts, w13, w2)
+    rec.calls.clear()
+    rec.bad = (1, 9)
+    with pytest.raises(IndexError, match=r"'topk_ids' holds 9 at position 1, outside \[0, E=4\)"):
+        gatedmlp.moe_mlp(x, ids, wts, w13, w2)
+    assert [c[0] for c in rec.calls] == ["gate_up"]
+
+
 def test_host_tensors_reach_the_library():
     x, ids, wts, w13, w2 = _moe_args()
     with pytest.raises(gatedmlp.Error) as err:

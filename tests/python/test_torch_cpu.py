@@ -175,6 +175,26 @@ def test_no_backward_is_an_error():
                          torch.randn(96, 64, dtype=torch.bfloat16))
 
 
+def test_raw_operators_refuse_a_gradient_at_the_call():
+    """The operators themselves (as a compiled graph or a direct caller
+    reaches them): a call that would need a gradient raises before it runs,
+    under no_grad it runs (on meta tensors: the fake implementation)."""
+    x = torch.empty(4, 64, **META)
+    w = torch.empty(96, 64, **META)
+    rest = (None, None, None, "silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None)
+    for args in ((x.clone().requires_grad_(), w), (x, w.clone().requires_grad_())):
+        with pytest.raises(RuntimeError, match="no backward pass"):
+            torch.ops.gatedmlp.gate_up(*args, *rest)
+        with torch.no_grad():
+            assert torch.ops.gatedmlp.gate_up(*args, *rest).shape == (4, 48)
+    ids, wts = torch.zeros(4, 2, dtype=torch.int64, device="meta"), torch.empty(4, 2, **META)
+    w13, w2 = torch.empty(3, 64, 64, **META), torch.empty(3, 64, 32, **META)
+    moe_rest = (None, None, "silu", 1.702, 7.0, 0, "gate", 0)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        torch.ops.gatedmlp.moe_mlp(x, ids, wts.clone().requires_grad_(), w13, w2, *moe_rest)
+    assert torch.ops.gatedmlp.moe_mlp(x, ids, wts, w13, w2, *moe_rest).shape == (4, 64)
+
+
 def test_cpu_tensors_get_the_library_error():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     w = torch.randn(96, 64, dtype=torch.bfloat16)
