@@ -1347,7 +1347,10 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
 
     if key is not None and t * k > 0 and all(v is None or isinstance(v, torch.Tensor)
                                              for v in (topk_ids, topk_weights, w13, w2, b13, b2, out)):
-        plan = _MoEPlan(t, k, hidden, inter, experts, activation, first, group)
+        # The gate/up launch's keywords that differ from the binding's defaults.
+        kw = {n: v for n, v, d in (("activation", activation, Activation.silu), ("group", group, 0),
+                                   ("first", first, Half.gate)) if v != d}
+        plan = _MoEPlan(t, k, hidden, inter, experts, activation, first, group, kw)
         if len(_MOE_PLANS) >= _MAX_MOE_PLANS:
             _MOE_PLANS.clear()
         _MOE_PLANS[key] = plan
@@ -1378,7 +1381,7 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
 # moe_mlp's reading of a call by its checks, kept per signature (moe_mlp's
 # key): PyTorch tensors on the current stream, at least one row.
 _MoEPlan = _NamedTuple("_MoEPlan", [("t", int), ("k", int), ("hidden", int), ("inter", int), ("experts", int),
-                                    ("activation", Activation), ("first", Half), ("group", int)])
+                                    ("activation", Activation), ("first", Half), ("group", int), ("kw", dict)])
 _MOE_PLANS = {}
 _MAX_MOE_PLANS = 256  # a model has a few signatures per layer kind; past this the cache starts over
 
@@ -1399,15 +1402,20 @@ def _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_par
         return _moe_grouped(x, ids, topk_weights, w13, w2, b13, b2, plan.activation, act_params, plan.group,
                             plan.first, out, workspace, check)
     handle, alloc = _torch_stream_and_alloc(torch, x, None, workspace)
-    ws = None if workspace is None else _export(workspace)
     to = torch.utils.dlpack.to_dlpack
+    # Keywords only where they differ from the binding's defaults (each one
+    # is parsed on every call).
+    kw = {} if workspace is None else {"workspace": _export(workspace)}
+    kw_up = {**plan.kw, **kw}
+    if act_params is not None:
+        kw_up["act_params"] = act_params
     h = x.new_empty((m, inter))
-    err = torch.empty(2, dtype=torch.int64, device=x.device) if check else None
-    _C.gate_up(to(x), to(w13), to(h), None, None if b13 is None else to(b13), None, None,
-               activation=plan.activation, act_params=act_params, group=plan.group, first=plan.first, alpha=1.0,
-               stream=handle, workspace=ws, workspace_alloc=alloc, indices=to(ids), rows_per_x=k,
-               rows_per_index=1, index_error=None if err is None else to(err))
-    if err is not None:
+    if check:
+        err = x.new_empty(2, dtype=torch.int64)
+        kw_up["index_error"] = to(err)
+    _C.gate_up(to(x), to(w13), to(h), None, None if b13 is None else to(b13), stream=handle, workspace_alloc=alloc,
+               indices=to(ids), rows_per_x=k, **kw_up)
+    if check:
         if check == _ASYNC:
             _assert_no_index_error(err, "topk_ids", experts)
         else:
@@ -1415,9 +1423,8 @@ def _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_par
     # k = 1: nothing to sum, the kernel's one rounding is the result's.
     y = (x.new_empty((t, hidden)) if out is None else out) if k == 1 else \
         x.new_empty((m, hidden), dtype=torch.float32)
-    _C.down(to(h), to(w2), to(y), None, None if b2 is None else to(b2), activation=Activation.silu,
-            act_params=None, alpha=1.0, stream=handle, workspace=ws, workspace_alloc=alloc, indices=to(ids),
-            rows_per_x=1, rows_per_index=1, index_error=None, row_scale=to(topk_weights.contiguous()))
+    _C.down(to(h), to(w2), to(y), None, None if b2 is None else to(b2), stream=handle, workspace_alloc=alloc,
+            indices=to(ids), row_scale=to(topk_weights.contiguous()), **kw)
     if k == 1:
         return y
     return _sum_topk(y.view(t, k, hidden), x, out)

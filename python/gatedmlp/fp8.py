@@ -274,8 +274,8 @@ def fp8_gate_up(x, x_scale, w, w_scale, *, w_up=None, w_up_scale=None, bias=None
 
 # A call's reading by _check_call, kept per signature (fp8_gate_up's key):
 # what the launch needs and nothing that depends on the tensors' data.
-_Plan = _collections.namedtuple("_Plan", "activation first m u rows sep w_kind w_as_is w_up_as_is fp8_y layout "
-                                         "groups ld alloc_dtype group quant y_layout")
+_Plan = _collections.namedtuple("_Plan", "m u rows sep w_kind w_as_is w_up_as_is fp8_y layout groups ld "
+                                         "alloc_dtype kw")
 _PLANS = {}
 _MAX_PLANS = 256  # a model has a few signatures; past this the cache starts over
 
@@ -441,8 +441,19 @@ def _check_call(torch, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, 
     # is contiguous then or the binding says so, naming it).
     shape = {_W_TENSOR: None, _W_CHANNEL: (rows, 1), _W_BLOCK: (_blocks(rows), _blocks(k))}[w_kinds[0]]
     as_is = [shape is not None and tuple(t.shape) == shape for t in (w_scale, w_up_scale) if t is not None]
-    return _Plan(activation, first, m, u, rows, sep, w_kinds[0], as_is[0], sep and as_is[1], fp8_y, y_scale_layout,
-                 groups, ld, alloc, 0 if group is None else int(group), _fmt(w_kinds[0]), _LAYOUTS[y_scale_layout])
+    # The binding's keywords that are the same on every call of this
+    # signature, where they differ from its defaults.
+    kw = {"quant": _fmt(w_kinds[0]), "x_fp8": True}
+    if activation != Activation.silu:
+        kw["activation"] = activation
+    if group:
+        kw["group"] = int(group)
+    if first != Half.gate:
+        kw["first"] = first
+    if y_scale_layout != "row":
+        kw["y_scale_layout"] = _LAYOUTS[y_scale_layout]
+    return _Plan(m, u, rows, sep, w_kinds[0], as_is[0], sep and as_is[1], fp8_y, y_scale_layout, groups, ld, alloc,
+                 kw)
 
 
 def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, out, preact, act_params, alpha,
@@ -477,15 +488,30 @@ def _launch(torch, plan, x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up
     stream_and_alloc, export, bytes_ = _HOT or _hot(torch)
     handle, alloc = stream_and_alloc(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
+    # Only what differs from the binding's defaults: each keyword costs its
+    # parsing (a call with all of them spent ~1 us more).
+    kw = plan.kw.copy()
+    if act_params is not None:
+        kw["act_params"] = act_params
+    if alpha != 1.0:
+        kw["alpha"] = alpha
+    if promote:
+        kw["fp8_promote"] = True
+    if workspace is not None:
+        kw["workspace"] = export(workspace)
+    if not hold:
+        kw["hold_workspace"] = False
+    if wus is not None:
+        kw["scales_up"] = to(wus)
+    if fp8_y:
+        kw["y_scales"] = to(y_scale)
+        if amax_t is not None:
+            kw["y_amax"] = to(amax_t)
     _C.gate_up(to(x.view(torch.uint8) if bytes_ else x), to(wq),
                to(out.view(torch.uint8) if fp8_y and bytes_ else out),
                None if wq_up is None else to(wq_up), None if bias is None else to(bias),
                None if bias_up is None else to(bias_up), None if preact is None else to(preact),
-               activation=plan.activation, act_params=act_params, group=plan.group, first=plan.first, alpha=alpha,
-               stream=handle, workspace=None if workspace is None else export(workspace), workspace_alloc=alloc,
-               scales=to(ws), scales_up=None if wus is None else to(wus), quant=plan.quant, x_scales=to(xs),
-               x_fp8=True, fp8_promote=bool(promote), y_scales=to(y_scale) if fp8_y else None,
-               y_amax=None if amax_t is None else to(amax_t), y_scale_layout=plan.y_layout, hold_workspace=hold)
+               stream=handle, workspace_alloc=alloc, scales=to(ws), x_scales=to(xs), **kw)
     if not fp8_y:
         return out
     return (out, y_scale) if amax_t is None else (out, y_scale, amax_t)

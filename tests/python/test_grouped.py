@@ -422,7 +422,7 @@ def test_moe_mlp_path_choice_on_the_host(monkeypatch):
         rec.calls.clear()
         gatedmlp.moe_mlp(x, ids, wts, w13, w2)
         assert [c[0] for c in rec.calls] == ["gate_up", "down"]
-        assert "grouped" not in rec.calls[0][2] and rec.calls[0][2]["rows_per_x"] == k
+        assert rec.calls[0][2]["grouped"] is False and rec.calls[0][2]["rows_per_x"] == k
     # the new check of the ids' dtype, before anything is allocated or launched
     with pytest.raises(E, match=r"'topk_ids' must hold integer expert ids \(int32 or int64\), got float32"):
         gatedmlp.moe_mlp(x, ids.float(), wts, w13, w2)
