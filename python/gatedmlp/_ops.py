@@ -3,11 +3,12 @@ level, one Python kernel for the call and one for autograd.
 
 ``torch.library.custom_op`` would define them in one line, but its calls
 cross the dispatcher three times in Python (an autograd wrapper that
-re-dispatches, a checking wrapper, the kernel): 13-14 us over the kernel's
-own Python under ``torch.no_grad()`` on a desktop x86 core, more than a
+re-dispatches, a checking wrapper, the kernel): 13.5 us over the kernel's
+own Python under ``torch.no_grad()`` on an x86 build machine, more than a
 decode-sized launch. Defined here, a call costs one dispatcher trip and one
-Python kernel (about 4 us), which is what a compiled model (without CUDA
-graphs) and a direct ``torch.ops.gatedmlp.*`` caller pay per call.
+Python kernel (4.3 us there), which is what a compiled model (without CUDA
+graphs) and a direct ``torch.ops.gatedmlp.*`` caller pay per call
+(docs/notes/drop-in-and-decode.md, h74).
 
 Each operator gets:
 

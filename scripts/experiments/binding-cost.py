@@ -1,4 +1,4 @@
-"""Host µs of the binding's own part of a call (the extension, no Python
+"""Host µs of the binding's own part of a call (h74; the extension, no Python
 wrapper): _C.gate_up on a cached problem, bf16 (the decode kernel at M = 1)
 against FP8 (the Hopper kernel), with the DLPack exports it needs, and the
 exports alone. Tells how much of an entry point's host time is the C++

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Host µs per Python entry point, before and after a Python-only change, in
+# Host µs per Python entry point, before and after a Python-only change (h74), in
 # one run on one machine: bench_dropin's host section with another tree's
 # Python package and with this tree's, both beside this build's extension
 # (a Python-only change leaves the extension as it is), alternated in
