@@ -534,6 +534,9 @@ TEST(Validation, Gather) {
   b.indices = nullptr;
   b.index_error = reinterpret_cast<int64_t*>(fake(10));
   expect_error(validate(plain, b), StatusCode::invalid_argument, {"'index_error' is set", "gather.experts is 0"});
+  b.index_error = nullptr;
+  b.index_trap = true;
+  expect_error(validate(plain, b), StatusCode::invalid_argument, {"'index_trap' is set", "gather.experts is 0"});
   // Alignment of the indices to their type.
   q = p;
   q.gather.index_type = IndexType::int64;

@@ -337,6 +337,13 @@ struct Arguments {
   // (nothing else written).
   const void* indices = nullptr;
   int64_t* index_error = nullptr;
+  // Gather only: true makes a bad index (a grouped call: a bad offset) also
+  // a device-side assertion: the kernel stops with cudaErrorAssert, which
+  // the stream reports at its next synchronisation and which ends the CUDA
+  // context, as an out-of-range index in a PyTorch kernel does. A check
+  // with no read back and no launch of its own; nothing is written either
+  // way.
+  bool index_trap = false;
   const void* row_scale = nullptr;  // has_row_scale: m values of row_scale_dtype
   // FP8 activations only (input_dtype = fp8_e4m3): fp32 scales of X, one
   // (XScale::tensor), m (XScale::row) or m * ceil(k / 128) (XScale::block).

@@ -557,16 +557,6 @@ def _index_error_like(like):
 _ASYNC = "async"
 
 
-def _assert_no_index_error(err, name, experts):
-    """check_indices="async" (PyTorch tensors): a device-side assertion on
-    the kernel's index check, queued after it, no read back. A bad index
-    then fails the stream as an out-of-range index in a PyTorch kernel does
-    (a device-side assert, reported at the next synchronisation; the CUDA
-    context is lost), instead of raising IndexError here."""
-    torch = _sys.modules["torch"]
-    torch._assert_async(err[0] < 0, f"gatedmlp: '{name}' holds an expert id outside [0, E={experts})")
-
-
 def _check_index_error(err, stream, name, experts, position=None):
     """Raises IndexError naming `name` when the call found a bad index
     (reading err synchronises with `stream`). position(p) maps a position
@@ -623,18 +613,17 @@ def _gather_gate_up(x, ids, w, w_up, bias, bias_up, out, preact, activation, act
     if k == 0:
         return out  # no rows to compute (and rows_per_x must be >= 1)
     handle, alloc = _stream_and_alloc(x, stream, workspace)
-    err = _index_error_like(x) if check and m > 0 else None
+    # "async" (PyTorch): the kernel's own device-side assertion, no read back.
+    trap = check == _ASYNC and _framework(x) == "torch"
+    err = _index_error_like(x) if check and not trap and m > 0 else None
     e = _export
     _C.gate_up(e(x), e(w), e(out2), e(w_up), e(bias), e(bias_up), e(pre2), activation=activation,
                act_params=act_params, group=group, first=first, alpha=alpha, stream=handle, workspace=e(workspace),
                workspace_alloc=alloc, scales=e(scales), biases=e(biases), scales_up=e(scales_up),
                biases_up=e(biases_up), quant=fmt, indices=e(_ids(ids)), rows_per_x=k, rows_per_index=1,
-               index_error=e(err))
+               index_error=e(err), index_trap=trap)
     if err is not None:
-        if check == _ASYNC and _framework(x) == "torch":
-            _assert_no_index_error(err, "topk_ids", experts)
-        else:
-            _check_index_error(err, handle, "topk_ids", experts)
+        _check_index_error(err, handle, "topk_ids", experts)
     return out
 
 
@@ -662,10 +651,10 @@ def gather_gate_up(x, topk_ids, w, w_up=None, bias=None, bias_up=None, *, out=No
               synchronisation) and raise IndexError naming 'topk_ids' if an
               id is outside [0, E). False: no check and no sync (CUDA
               graphs); a bad id then leaves `out` unwritten, silently.
-              "async" (PyTorch tensors): no read back; a device-side
-              assertion queued after the kernel (torch._assert_async)
-              fails the stream on a bad id, reported at the next
-              synchronisation (see moe_mlp).
+              "async" (PyTorch tensors): no read back; the kernel itself
+              raises a device-side assertion on a bad id
+              (Arguments.index_trap), which fails the stream, reported
+              at the next synchronisation (see moe_mlp).
 
     activation, act_params, alpha, stream, workspace: as for gate_up.
     Messages from the binding name topk_ids 'indices'. Returns out.
@@ -1266,10 +1255,12 @@ def moe_mlp(x, topk_ids, topk_weights, w13, w2, b13=None, b2=None, *, activation
                   check_indices=False: unchecked, no read back (CUDA
                   graphs); a bad id then leaves the result undefined.
                   check_indices="async" (PyTorch): checked on the device
-                  without a read back, by a device-side assertion queued
-                  after the check (torch._assert_async): a bad id fails
-                  the stream as an out-of-range index in a PyTorch kernel
-                  does, reported at the next synchronisation. What
+                  without a read back, by a device-side assertion (the
+                  gathered kernel's own, Arguments.index_trap; the grouped
+                  path's torch._assert_async on the ids before its sort):
+                  a bad id fails the stream as an out-of-range index in a
+                  PyTorch kernel does, reported at the next
+                  synchronisation. What
                   gatedmlp.torch.MoEExperts uses: no synchronisation per
                   layer, and never a silently wrong result.
     topk_weights: [T, k] routing weights, float32, bfloat16 or float16.
@@ -1410,16 +1401,15 @@ def _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_par
     if act_params is not None:
         kw_up["act_params"] = act_params
     h = x.new_empty((m, inter))
-    if check:
+    if check == _ASYNC:  # the kernel's own device-side assertion: no read back, no launch of its own
+        kw_up["index_trap"] = True
+    elif check:
         err = x.new_empty(2, dtype=torch.int64)
         kw_up["index_error"] = to(err)
     _C.gate_up(to(x), to(w13), to(h), None, None if b13 is None else to(b13), stream=handle, workspace_alloc=alloc,
                indices=to(ids), rows_per_x=k, **kw_up)
-    if check:
-        if check == _ASYNC:
-            _assert_no_index_error(err, "topk_ids", experts)
-        else:
-            _check_index_error(err, handle, "topk_ids", experts)
+    if check and check != _ASYNC:
+        _check_index_error(err, handle, "topk_ids", experts)
     # k = 1: nothing to sum, the kernel's one rounding is the result's.
     y = (x.new_empty((t, hidden)) if out is None else out) if k == 1 else \
         x.new_empty((m, hidden), dtype=torch.float32)

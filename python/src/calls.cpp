@@ -286,6 +286,7 @@ GatherTensors import_gather(const GatherArgs& g) {
   t.rows_per_x = g.rows_per_x;
   t.rows_per_index = g.rows_per_index;
   t.grouped = g.grouped;
+  t.index_trap = g.index_trap;
   return t;
 }
 
@@ -297,6 +298,7 @@ void require_no_gather(const GatherTensors& g) {
     raise_invalid("'rows_per_index' = " + str(g.rows_per_index) +
                   " goes with 'indices' (a gathered call); none was given");
   if (g.index_error) raise_invalid("'index_error' goes with 'indices' (a gathered call); none was given");
+  if (g.index_trap) raise_invalid("'index_trap' = True goes with 'indices' (a gathered call); none was given");
   if (g.grouped) raise_invalid("'grouped' = True goes with 'indices' (the experts' row offsets); none was given");
 }
 
@@ -406,6 +408,7 @@ void describe_gather(const GatherTensors& g, int64_t experts, Problem* p) {
 void set_gather_arguments(const GatherTensors& g, Arguments* a) {
   a->indices = g.indices ? g.indices->data : nullptr;
   a->index_error = g.index_error ? static_cast<int64_t*>(g.index_error->data) : nullptr;
+  a->index_trap = g.index_trap;
 }
 
 void describe_row_scale(const TensorView& s, Problem* p) {

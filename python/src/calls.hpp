@@ -85,6 +85,7 @@ struct GatherArgs {
   nb::handle indices, index_error;
   int64_t rows_per_x = 1, rows_per_index = 1;
   bool grouped = false;
+  bool index_trap = false;  // Arguments::index_trap
 };
 
 // The same, imported.
@@ -92,6 +93,7 @@ struct GatherTensors {
   std::optional<TensorView> indices, index_error;
   int64_t rows_per_x = 1, rows_per_index = 1;
   bool grouped = false;
+  bool index_trap = false;
   bool on() const { return indices.has_value(); }
 };
 

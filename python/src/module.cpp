@@ -176,13 +176,14 @@ const std::array<Field<Problem>, 34> kProblemFields = {
     }                                                                                           \
   }
 
-const std::array<Field<Arguments>, 18> kArgumentsFields = {
+const std::array<Field<Arguments>, 19> kArgumentsFields = {
     GATEDMLP_PTR_FIELD(x),        GATEDMLP_PTR_FIELD(x_up),     GATEDMLP_PTR_FIELD(w),        GATEDMLP_PTR_FIELD(w_up),
     GATEDMLP_PTR_FIELD(bias),     GATEDMLP_PTR_FIELD(bias_up),  GATEDMLP_PTR_FIELD(y),
     GATEDMLP_PTR_FIELD(preact),   GATEDMLP_PTR_FIELD(w_scales), GATEDMLP_PTR_FIELD(w_biases),
     GATEDMLP_PTR_FIELD(w_up_scales), GATEDMLP_PTR_FIELD(w_up_biases), GATEDMLP_PTR_FIELD(indices),
     GATEDMLP_PTR_FIELD(index_error), GATEDMLP_PTR_FIELD(row_scale), GATEDMLP_PTR_FIELD(x_scales),
-    GATEDMLP_PTR_FIELD(y_scales),    GATEDMLP_PTR_FIELD(y_amax)};
+    GATEDMLP_PTR_FIELD(y_scales),    GATEDMLP_PTR_FIELD(y_amax),
+    Field<Arguments>{"index_trap", [](Arguments& o, nb::handle v) { o.index_trap = nb::cast<bool>(v); }}};
 
 template <typename T>
 void add_copy(nb::class_<T>& c) {
@@ -224,6 +225,7 @@ std::string repr(const Arguments& a) {
               : std::string()) +
          (a.indices || a.index_error ? ", indices=" + hex(a.indices) + ", index_error=" + hex(a.index_error)
                                      : std::string()) +
+         (a.index_trap ? ", index_trap=True" : "") +
          (a.row_scale ? ", row_scale=" + hex(a.row_scale) : std::string()) +
          (a.x_scales ? ", x_scales=" + hex(a.x_scales) : std::string()) +
          (a.y_scales || a.y_amax ? ", y_scales=" + hex(a.y_scales) + ", y_amax=" + hex(a.y_amax) : std::string()) +
@@ -244,7 +246,9 @@ uintptr_t addr(const T* p) {
   "[m / rows_per_x, K], out [m, U], and output row r uses row r / rows_per_x of x and the weights of expert "      \
   "indices[r / rows_per_index]; the weights, bias and quantized scales / biases carry a leading expert axis E "     \
   "([E, rows, K], [E, rows], [E, scale rows, groups]). index_error (2 int64 on the device), if given, is written " \
-  "by the call: (-1, 0), or the first bad index's position and value (nothing else is written then)."
+  "by the call: (-1, 0), or the first bad index's position and value (nothing else is written then). "              \
+  "index_trap=True makes a bad index also a device-side assertion (Arguments.index_trap: the stream fails at its " \
+  "next synchronisation, as an out-of-range index in a PyTorch kernel does; no read back)."
 
 // FP8 activations on gate_up, for its docstring.
 #define FP8_DOC                                                                                                     \
@@ -469,6 +473,7 @@ NB_MODULE(_gatedmlp, m) {
   GATEDMLP_PTR_PROP(y_scales);
   GATEDMLP_PTR_PROP(y_amax);
 #undef GATEDMLP_PTR_PROP
+  ar.def_rw("index_trap", &Arguments::index_trap);
   ar.def("__repr__", [](const Arguments& a) { return repr(a); });
   add_copy(ar);
 
@@ -536,11 +541,11 @@ NB_MODULE(_gatedmlp, m) {
          nb::handle scales, nb::handle biases, nb::handle scales_up, nb::handle biases_up,
          std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
          int64_t rows_per_index, nb::handle index_error, bool grouped, nb::handle x_scales, bool x_fp8, bool fp8_promote,
-         nb::handle y_scales, nb::handle y_amax, YScaleLayout y_scale_layout) {
+         nb::handle y_scales, nb::handle y_amax, YScaleLayout y_scale_layout, bool index_trap) {
         gate_up(x, w, out, w_up, bias, bias_up, preact, activation, act_params, clamp_alpha, clamp_limit, group,
                 first, storage, alpha, stream, workspace, workspace_alloc,
                 QuantArrays{scales, biases, scales_up, biases_up, quant}, hold_workspace,
-                GatherArgs{indices, index_error, rows_per_x, rows_per_index, grouped},
+                GatherArgs{indices, index_error, rows_per_x, rows_per_index, grouped, index_trap},
                 Fp8Args{x_scales, x_fp8, fp8_promote, y_scales, y_amax, y_scale_layout});
       },
       "x"_a, "w"_a, "out"_a, "w_up"_a = nb::none(), "bias"_a = nb::none(), "bias_up"_a = nb::none(),
@@ -552,6 +557,7 @@ NB_MODULE(_gatedmlp, m) {
       "indices"_a = nb::none(), "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(),
       "grouped"_a = false, "x_scales"_a = nb::none(), "x_fp8"_a = false, "fp8_promote"_a = false,
       "y_scales"_a = nb::none(), "y_amax"_a = nb::none(), "y_scale_layout"_a = YScaleLayout::row_major,
+      "index_trap"_a = false,
       "Fills a Problem from the tensors and calls run() on `stream`. Low level: gatedmlp.gate_up() "
       "allocates `out` and picks the stream. clamp_alpha / clamp_limit, when given, override act_params'. "
       "Without `workspace`, workspace_alloc(n) (if given) returns n bytes of device scratch the first "
@@ -592,10 +598,10 @@ NB_MODULE(_gatedmlp, m) {
          std::optional<float> clamp_limit, WeightStorage storage, float alpha, uintptr_t stream,
          nb::handle workspace, nb::handle workspace_alloc, nb::handle scales, nb::handle biases,
          std::optional<QuantFormat> quant, bool hold_workspace, nb::handle indices, int64_t rows_per_x,
-         int64_t rows_per_index, nb::handle index_error, nb::handle row_scale) {
+         int64_t rows_per_index, nb::handle index_error, nb::handle row_scale, bool index_trap) {
         down(x, w, out, x_up, bias, activation, act_params, clamp_alpha, clamp_limit, storage, alpha, stream,
              workspace, workspace_alloc, QuantArrays{scales, biases, nb::none(), nb::none(), quant}, hold_workspace,
-             GatherArgs{indices, index_error, rows_per_x, rows_per_index}, row_scale);
+             GatherArgs{indices, index_error, rows_per_x, rows_per_index, false, index_trap}, row_scale);
       },
       "x"_a, "w"_a, "out"_a, "x_up"_a = nb::none(), "bias"_a = nb::none(), nb::kw_only(),
       "activation"_a = Activation::silu, "act_params"_a = nb::none(), "clamp_alpha"_a = nb::none(),
@@ -603,6 +609,7 @@ NB_MODULE(_gatedmlp, m) {
       "workspace"_a = nb::none(), "workspace_alloc"_a = nb::none(), "scales"_a = nb::none(),
       "biases"_a = nb::none(), "quant"_a = nb::none(), "hold_workspace"_a = true, "indices"_a = nb::none(),
       "rows_per_x"_a = 1, "rows_per_index"_a = 1, "index_error"_a = nb::none(), "row_scale"_a = nb::none(),
+      "index_trap"_a = false,
       "The down projection (Problem.op = down): y = alpha * (h @ w^T) + bias into `out` on `stream`, with h = x, "
       "or act(x) * x_up when x_up is given (glu_input; activation and act_params / clamp_alpha / clamp_limit "
       "say which GLU). w is [U, K] (storage=out_in) or [K, U] (in_out); with `quant` (a QuantFormat), "

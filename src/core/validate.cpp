@@ -228,6 +228,8 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
   if (!g && a.index_error)
     return err(StatusCode::invalid_argument, "argument 'index_error' is set (", hex(a.index_error),
                ") but gather.experts is 0 (no gather)");
+  if (!g && a.index_trap)
+    return err(StatusCode::invalid_argument, "argument 'index_trap' is set but gather.experts is 0 (no gather)");
   if (Status s = check_presence("preact", a.preact, r.has_preact, "has_preact=true needs preact",
                                 "has_preact=false; set has_preact=true to write it");
       !s)

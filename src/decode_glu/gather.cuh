@@ -22,6 +22,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "common/device_assert.cuh"
 #include "decode_glu/params.hpp"
 
 namespace gatedmlp::decode {
@@ -70,6 +71,9 @@ __device__ __forceinline__ void for_each_gathered_tile(const Params& p, GatherSh
     p.index_error[0] = bad == INT_MAX ? -1 : bad;
     p.index_error[1] = bad == INT_MAX ? 0 : load_index(p, bad);
   }
+  if (bad != INT_MAX && p.index_trap && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
+    gatedmlp::detail::device_assert_fail("gatedmlp: an expert index (Arguments::indices) is outside [0, E)",
+                                         __FILE__, __LINE__);
   if (bad != INT_MAX) return;  // the same in every thread
 
   for (int slot = blockIdx.y;; slot += gridDim.y) {

@@ -104,6 +104,7 @@ Params make_params(const Problem& r, const Arguments& a) {
     // the rows of x, y and pre come from the row map.
     p.indices = a.indices;
     p.index_error = a.index_error;
+    p.index_trap = a.index_trap;
     p.index_64 = r.gather.index_type == IndexType::int64;
     p.n_indices = static_cast<int>(r.m / r.gather.rows_per_index);
     p.experts = static_cast<int>(r.gather.experts);

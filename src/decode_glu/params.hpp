@@ -54,6 +54,7 @@ struct Params {
   // rows come from the row map (sx, sy, spre 0).
   const void* indices;     // n_indices expert ids, int32 or int64 (index_64)
   int64_t* index_error;    // optional: {-1, 0}, or the first bad index's position and value
+  int index_trap;          // a bad index is also a device-side assertion (Arguments::index_trap)
   int index_64;
   int n_indices;
   int experts;

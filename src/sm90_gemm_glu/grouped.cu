@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "common/device_assert.cuh"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
 namespace gatedmlp::sm90 {
@@ -26,7 +27,7 @@ constexpr int kPlanThreads = 1024;
 template <typename I>
 __global__ void __launch_bounds__(kPlanThreads) grouped_plan_kernel(const I* offsets, int experts, int64_t m,
                                                                      int64_t units, int tile_m, int4* items,
-                                                                     long long* index_error) {
+                                                                     long long* index_error, bool trap) {
   __shared__ int bad;
   __shared__ int scan[kPlanThreads];
   const int t = threadIdx.x;
@@ -52,6 +53,9 @@ __global__ void __launch_bounds__(kPlanThreads) grouped_plan_kernel(const I* off
       index_error[0] = first_bad;
       index_error[1] = static_cast<long long>(offsets[first_bad]);
     }
+    if (t == 0 && trap)
+      gatedmlp::detail::device_assert_fail("gatedmlp: a grouped call's offsets (Arguments::indices) are not "
+                                           "nondecreasing in [0, m] ending at m", __FILE__, __LINE__);
     return;
   }
   // Inclusive scan of the counts (Hillis-Steele).
@@ -81,16 +85,16 @@ __global__ void __launch_bounds__(kPlanThreads) grouped_plan_kernel(const I* off
 }  // namespace
 
 cudaError_t launch_grouped_plan(const void* offsets, bool index64, int64_t experts, int64_t m, int64_t units,
-                                int tile_m, int32_t* items, int64_t* index_error, cudaStream_t stream) {
+                                int tile_m, int32_t* items, int64_t* index_error, bool trap, cudaStream_t stream) {
   int4* out = reinterpret_cast<int4*>(items);
   long long* ie = reinterpret_cast<long long*>(index_error);
   const int e = static_cast<int>(experts);
   if (index64)
     grouped_plan_kernel<long long><<<1, kPlanThreads, 0, stream>>>(static_cast<const long long*>(offsets), e, m, units,
-                                                                   tile_m, out, ie);
+                                                                   tile_m, out, ie, trap);
   else
     grouped_plan_kernel<int32_t><<<1, kPlanThreads, 0, stream>>>(static_cast<const int32_t*>(offsets), e, m, units,
-                                                                 tile_m, out, ie);
+                                                                 tile_m, out, ie, trap);
   return cudaGetLastError();
 }
 

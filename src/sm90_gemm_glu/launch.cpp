@@ -673,7 +673,7 @@ Status launch_prepared(Prepared& pr, const Arguments& a, void* workspace, size_t
                  " bytes of workspace for its table of row units (workspace_size()), got ", ws_bytes);
     p.items = static_cast<const int32_t*>(workspace);
     if (const cudaError_t e = launch_grouped_plan(a.indices, pr.index64, pr.experts, p.m, pr.units, kTile.tile_m,
-                                                  static_cast<int32_t*>(workspace), a.index_error, stream);
+                                                  static_cast<int32_t*>(workspace), a.index_error, a.index_trap, stream);
         e != cudaSuccess)
       return err(StatusCode::cuda_error, "the grouped call's plan kernel failed to launch: ", cudaGetErrorString(e));
   } else if (pr.uses_workspace) {

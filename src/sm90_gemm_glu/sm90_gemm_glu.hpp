@@ -87,9 +87,10 @@ size_t grouped_workspace_bytes(const Problem& resolved);
 
 // The plan kernel (grouped.cu): checks the E offsets (int32 or int64) of a
 // grouped call of m rows and writes its table of `units` entries (the
-// bound) for tile_m-row units into `items`, and index_error if given.
+// bound) for tile_m-row units into `items`, and index_error if given; with
+// trap a bad offset is also a device-side assertion (Arguments::index_trap).
 cudaError_t launch_grouped_plan(const void* offsets, bool index64, int64_t experts, int64_t m, int64_t units,
-                                int tile_m, int32_t* items, int64_t* index_error, cudaStream_t stream);
+                                int tile_m, int32_t* items, int64_t* index_error, bool trap, cudaStream_t stream);
 
 // How a prepared kernel is launched: grid, block, shared memory, whether
 // with a cluster attribute, whether its tail is split (a fresh token per

@@ -858,29 +858,38 @@ def test_moe_mlp_bad_id_raises_and_writes_nothing():
 _ASYNC_BAD_ID = """
 import sys, torch
 sys.path[:0] = {path!r}
+import gatedmlp
 from gatedmlp.torch import MoEExperts
 e, h, i, t, k = 8, 128, 64, {t}, 2
 m = MoEExperts(e, h, i, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
 x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
 ids = torch.randint(0, e, (t, k), device="cuda")
+wts = torch.rand(t, k, device="cuda")
+call = {call!r}
+run = ((lambda: m(x, ids, wts)) if call == "module" else
+       (lambda: gatedmlp.gather_gate_up(x, ids, m.w13, check_indices="async")))
+run()  # good ids first: the repeated signature (a decode step's) is the one checked below
+torch.cuda.synchronize()
 ids[t // 2, 1] = {bad}
-y = m(x, ids, torch.rand(t, k, device="cuda"))
+y = run()
 torch.cuda.synchronize()
 print("NOT REPORTED", float(y.float().abs().sum()))
 """
 
 
 @on_gpu
-@pytest.mark.parametrize("t,bad", [(3, 8), (3, -1), (4096, 8)])  # the gathered path; the grouped one (large T)
-def test_moe_experts_async_check_fails_the_stream(t, bad):
+@pytest.mark.parametrize("t,bad,call", [(3, 8, "module"), (3, -1, "module"), (4096, 8, "module"),
+                                        (3, 8, "gather")])  # the gathered path; the grouped one (large T)
+def test_moe_experts_async_check_fails_the_stream(t, bad, call):
     """MoEExperts' default check (on the device, no read back): a bad id
-    is a device-side assertion, reported at the next synchronisation, as
-    PyTorch's own kernels report an out-of-range index. It kills the CUDA
-    context, so it runs in a process of its own."""
+    is a device-side assertion (the gathered kernel's own, Arguments.
+    index_trap; the grouped path's before its sort), reported at the next
+    synchronisation, as PyTorch's own kernels report an out-of-range index.
+    It kills the CUDA context, so it runs in a process of its own."""
     import subprocess
     import sys
 
-    code = _ASYNC_BAD_ID.format(path=[p for p in sys.path if p], t=t, bad=bad)
+    code = _ASYNC_BAD_ID.format(path=[p for p in sys.path if p], t=t, bad=bad, call=call)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "NOT REPORTED" not in r.stdout, (r.stdout, r.stderr[-2000:])
     assert "assert" in r.stderr.lower(), r.stderr[-2000:]
