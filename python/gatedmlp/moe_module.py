@@ -129,8 +129,6 @@ def _check_code(check) -> int:
     return 1 if check else 0
 
 
-
-
 # ---------------------------------------------------------------- the module
 class MoEExperts(nn.Module):
     """The experts of a Mixture-of-Experts layer, as transformers' experts
