@@ -35,6 +35,11 @@ from torch import Tensor
 import gatedmlp as _g
 
 _LIB = torch.library.Library("gatedmlp", "FRAGMENT")
+# custom_op's schema inference: public from PyTorch 2.5, private in 2.4 (the
+# oldest torch this package takes).
+_infer_schema = getattr(torch.library, "infer_schema", None)
+if _infer_schema is None:  # pragma: no cover - PyTorch 2.4
+    from torch._library.infer_schema import infer_schema as _infer_schema
 
 
 def _tensor_positions(schema) -> tuple:
@@ -50,7 +55,7 @@ class Operator:
 
     def __init__(self, name: str, fn):
         self.name = name
-        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=()))
+        _LIB.define(name + _infer_schema(fn, mutates_args=()))
         _LIB.impl(name, fn, "CompositeExplicitAutograd")
         self.op = op = getattr(torch.ops.gatedmlp, name).default
         tensors = _tensor_positions(op._schema)
