@@ -98,6 +98,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# The references the tests use (tests/python/refs.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from refs import moe_reference  # noqa: E402
+
 BF16 = torch.bfloat16
 
 # Hugging Face families: config class, then overrides for the 8B-sized layers.
@@ -281,7 +285,7 @@ def host_section(args, dev, G, results, patch_model=None):
         wd64 = mlp.down_proj.weight.double()
         ref_mlp = (F.silu(x64 @ mlp.gate_proj.weight.double().T) * (x64 @ mlp.up_proj.weight.double().T)) @ wd64.T
         e_hf = rel_err(mlp(x3).view(1, k), ref_mlp)
-        ref_moe = _moe_reference(x64, moe_ids, moe_wts, moe.gate_up_proj.double(), moe.down_proj.double())
+        ref_moe = moe_reference(x, moe_ids, moe_wts, moe.gate_up_proj, moe.down_proj, None, None, "silu", 0, "gate")
         e_hf_moe = rel_err(moe_impls["eager"](x, moe_ids, moe_wts), ref_moe)
         if G is not None:
             gm, gt = G
@@ -467,20 +471,6 @@ def _hf_moe_impls(moe, x, ids, wts):
             continue
         impls[impl] = m
     return impls
-
-
-def _moe_reference(x, ids, wts, w13, w2):
-    """The experts' output in x's dtype (float64 here): each token's top-k rows through silu(g) * u and
-    down, weighted by its routing weights and summed. w13 [E, 2I, H] stacked (gate rows first)."""
-    inter = w13.shape[1] // 2
-    out = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            gu = w13[e] @ x[t]
-            h = F.silu(gu[:inter]) * gu[inter:]
-            out[t] += wts[t, j].to(x.dtype) * (w2[e] @ h)
-    return out
 
 
 # ============================================================= section: model

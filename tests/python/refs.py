@@ -82,3 +82,42 @@ def act_torch(name, g, u, ca=1.702, cl=7.0):
         u = u.clamp(min=-cl, max=cl)
         return g * torch.sigmoid(ca * g) * (u + 1)
     raise ValueError(name)
+
+
+def fused_halves(u, group, first, device="cpu"):
+    """Physical rows of the gate and the up half of a fused [2U] weight, in
+    logical order (fused_rows), as torch index tensors on `device`. first:
+    "gate" / "up" or the library's Half."""
+    import torch
+
+    rows = fused_rows(u, group, 0 if getattr(first, "name", first) == "gate" else 1)
+    gate = [f for f, (h, _) in enumerate(rows) if h == 0]
+    up = [f for f, (h, _) in enumerate(rows) if h == 1]
+    return torch.tensor(gate, device=device), torch.tensor(up, device=device)
+
+
+def moe_reference(x, ids, wts, w13, w2, b13, b2, act, group, first, ca=1.702, cl=7.0, dtype=None):
+    """A Mixture-of-Experts layer's experts (PyTorch tensors):
+    sum_j wts[t, j] * (act(gate, up) @ w2[e]^T + b2[e]), e = ids[t, j],
+    looping over the experts: the (token, slot) pairs that chose expert e
+    go through a dense MLP on e's weights, in `dtype` throughout (None:
+    float64, the reference; x's dtype: the unfused path, rounding after each
+    op as transformers' eager forward does, its sum too)."""
+    import torch
+
+    dtype = torch.float64 if dtype is None else dtype
+    t, k = ids.shape
+    i = w13.shape[1] // 2
+    gi, ui = fused_halves(i, group, first, x.device)
+    y = torch.zeros(t, w2.shape[1], dtype=dtype, device=x.device)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        p = x[tok].to(dtype) @ w13[e].to(dtype).T
+        if b13 is not None:
+            p = p + b13[e].to(dtype)
+        h = act_torch(act, p[:, gi], p[:, ui], ca, cl)
+        o = h @ w2[e].to(dtype).T
+        if b2 is not None:
+            o = o + b2[e].to(dtype)
+        y.index_add_(0, tok, o * wts[tok, slot].to(dtype)[:, None])
+    return y

@@ -56,7 +56,7 @@ torch = pytest.importorskip("torch")
 
 import gatedmlp  # noqa: E402
 from binding_recorder import record  # noqa: E402
-from refs import act_torch, fused_rows  # noqa: E402
+from refs import act_torch, fused_halves  # noqa: E402
 from test_moe import errors  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -78,15 +78,6 @@ def on_hopper(test):
 
 def fp8(*shape, scale=1.0, device="cpu"):
     return (torch.randn(*shape, device=device) * scale).to(F8)
-
-
-def halves(u, group, first, device="cpu"):
-    """Physical rows of the gate and the up half of a fused [2U] weight, in
-    logical order (refs.fused_rows)."""
-    rows = fused_rows(u, group, 0 if first in ("gate", gatedmlp.Half.gate) else 1)
-    gate = [f for f, (h, _) in enumerate(rows) if h == 0]
-    up = [f for f, (h, _) in enumerate(rows) if h == 1]
-    return torch.tensor(gate, device=device), torch.tensor(up, device=device)
 
 
 def fmt(row_block):
@@ -149,7 +140,7 @@ def reference(xq, sx, w, sw, w_up=None, sw_up=None, bias=None, bias_up=None, act
     if w_up is None:
         wd = deq(w, sw)
         u_ = w.shape[0] // 2
-        gi, ui = halves(u_, group, first, w.device)
+        gi, ui = fused_halves(u_, group, first, w.device)
         wg, wu = wd[gi], wd[ui]
         bg = bias.double()[gi] if bias is not None else None
         bu = bias.double()[ui] if bias is not None else None
@@ -1119,7 +1110,7 @@ def baseline(xq, sx, w, sw, w_up, sw_up, bias, bias_up, act, alpha, group, first
     bias, activation), rounded to out_dtype: the bar's baseline."""
     if w_up is None:
         h, which = gemm_fp32(xq, sx, w, sw)
-        gi, ui = halves(w.shape[0] // 2, group, first, w.device)
+        gi, ui = fused_halves(w.shape[0] // 2, group, first, w.device)
         g, u = h[:, gi] * alpha, h[:, ui] * alpha
         if bias is not None:
             g, u = g + bias.float()[gi], u + bias.float()[ui]
@@ -1284,7 +1275,7 @@ def run_case(c, seed):
         if sep:
             pre_ref = torch.cat([g64, u64], dim=1)
         else:
-            gi, ui = halves(u, group, first, DEV)
+            gi, ui = fused_halves(u, group, first, DEV)
             pre_ref = torch.empty(m, 2 * u, device=DEV, dtype=torch.float64)
             pre_ref[:, gi], pre_ref[:, ui] = g64, u64
         # fp32 pre-activation: the accumulation's error only.

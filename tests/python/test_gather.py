@@ -46,7 +46,7 @@ if HAS_CUDA:
     # The fused suite's reference activation and tolerance rule.
     from test_gpu import assert_within_rule
 
-from refs import act_torch, fused_rows  # noqa: E402
+from refs import act_torch, fused_halves  # noqa: E402
 
 rng = np.random.default_rng(2468)
 ACTS = ["silu", "gelu_tanh", "gelu_erf", "relu", "swiglu_clamped"]
@@ -554,15 +554,6 @@ def ids_tensor(ids, dtype):
     return torch.tensor(ids, dtype=torch.int64 if dtype == "int64" else torch.int32, device=DEV)
 
 
-def phys_halves(u, group, first):
-    """Physical rows of the gate and the up half of a fused [2U] weight, in
-    logical order (refs.fused_rows)."""
-    rows = fused_rows(u, group, 0 if first == "gate" else 1)
-    gate = [f for f, (h, _) in enumerate(rows) if h == 0]
-    up = [f for f, (h, _) in enumerate(rows) if h == 1]
-    return torch.tensor(gate, device=DEV), torch.tensor(up, device=DEV)
-
-
 def by_expert(ids):
     """{expert: (flat rows that chose it)} over ids [R] (a CPU copy)."""
     flat = ids.reshape(-1).cpu()
@@ -582,7 +573,7 @@ def gate_up_references(x, ids, w, w_up, b, b_up, act, alpha, out_dtype, group, f
     unf = torch.empty(t * k, u, dtype=out_dtype, device=DEV)
     pre64 = torch.empty(t * k, 2 * u, dtype=torch.float64, device=DEV)
     pre = torch.empty(t * k, 2 * u, dtype=x.dtype, device=DEV)
-    gi, ui = (None, None) if sep else phys_halves(u, group, first)
+    gi, ui = (None, None) if sep else fused_halves(u, group, first, DEV)
     for e, rows in by_expert(ids).items():
         we = torch.cat([w[e], w_up[e]]) if sep else w[e]  # preact's column order
         be = None if b is None else (torch.cat([b[e], b_up[e]]) if sep else b[e])

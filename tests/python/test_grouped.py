@@ -38,10 +38,10 @@ torch = pytest.importorskip("torch")
 
 import gatedmlp  # noqa: E402
 from binding_recorder import Recorder, record  # noqa: E402,F401
-from refs import act_torch, fused_rows  # noqa: E402
+from refs import act_torch, fused_halves, moe_reference  # noqa: E402
 from test_gather import expert_weights  # noqa: E402
 from test_moe import assert_within_rule as moe_rule  # noqa: E402
-from test_moe import errors, moe_reference  # noqa: E402
+from test_moe import errors  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 HOPPER = HAS_CUDA and tuple(torch.cuda.get_device_capability()) == (9, 0)
@@ -69,15 +69,6 @@ if HAS_CUDA:
 
 def bf16(*shape):
     return torch.randn(*shape).to(torch.bfloat16)
-
-
-def halves(u, group, first, device="cpu"):
-    """Physical rows of the gate and the up half of a fused [2U] weight, in
-    logical order (refs.fused_rows)."""
-    rows = fused_rows(u, group, 0 if first in ("gate", gatedmlp.Half.gate) else 1)
-    gate = [f for f, (h, _) in enumerate(rows) if h == 0]
-    up = [f for f, (h, _) in enumerate(rows) if h == 1]
-    return torch.tensor(gate, device=device), torch.tensor(up, device=device)
 
 
 # ================================================================ without a GPU
@@ -335,7 +326,7 @@ def fake_grouped_gate_up(name, args, kw):
     act = kw["activation"].name
     p = kw["act_params"]
     ca, cl = (p.clamp_alpha, p.clamp_limit) if p is not None else (1.702, 7.0)
-    gi, ui = halves(u, kw["group"], kw["first"])
+    gi, ui = fused_halves(u, kw["group"], kw["first"])
     start = 0
     for e, end in enumerate(offs):
         xe = x[start:end].double()
@@ -469,7 +460,7 @@ def grouped_references(x, counts, w, w_up, b, b_up, act, alpha, group, first, ca
     r = x.shape[0]
     ref = torch.full((r, u), float("nan"), dtype=torch.float64, device=DEV)
     unf = torch.full((r, u), float("nan"), dtype=x.dtype, device=DEV)
-    gi, ui = (None, None) if sep else halves(u, group, first, DEV)
+    gi, ui = (None, None) if sep else fused_halves(u, group, first, DEV)
     start = 0
     for e, n in enumerate(counts):
         if n == 0:

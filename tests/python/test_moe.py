@@ -42,7 +42,7 @@ import gatedmlp.torch as gt  # noqa: E402
 from gatedmlp import DType  # noqa: E402
 from gatedmlp.torch import MoEExperts  # noqa: E402
 from binding_recorder import Recorder, record  # noqa: E402,F401
-from refs import act_torch, fused_rows  # noqa: E402
+from refs import fused_halves, moe_reference  # noqa: E402
 
 try:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,39 +67,6 @@ needs_transformers = pytest.mark.skipif(transformers is None, reason="transforme
 
 
 # ================================================================ references
-def halves(i, group, first):
-    """Physical rows of the gate and the up half of a fused [2I] weight, in
-    logical order (refs.fused_rows)."""
-    rows = fused_rows(i, group, 0 if first == "gate" else 1)
-    gate = [f for f, (h, _) in enumerate(rows) if h == 0]
-    up = [f for f, (h, _) in enumerate(rows) if h == 1]
-    return torch.tensor(gate), torch.tensor(up)
-
-
-def moe_reference(x, ids, wts, w13, w2, b13, b2, act, group, first, ca=1.702, cl=7.0, dtype=torch.float64):
-    """sum_j wts[t, j] * (act(gate, up) @ w2[e]^T + b2[e]), e = ids[t, j],
-    looping over the experts: the (token, slot) pairs that chose expert e
-    go through a dense MLP on e's weights, in `dtype` throughout (float64:
-    the reference; x's dtype: the unfused path, rounding after each op as
-    transformers' eager forward does, its sum too)."""
-    t, k = ids.shape
-    i = w13.shape[1] // 2
-    gi, ui = halves(i, group, first)
-    gi, ui = gi.to(x.device), ui.to(x.device)
-    y = torch.zeros(t, w2.shape[1], dtype=dtype, device=x.device)
-    for e in ids.unique().tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        p = x[tok].to(dtype) @ w13[e].to(dtype).T
-        if b13 is not None:
-            p = p + b13[e].to(dtype)
-        h = act_torch(act, p[:, gi], p[:, ui], ca, cl)
-        o = h @ w2[e].to(dtype).T
-        if b2 is not None:
-            o = o + b2[e].to(dtype)
-        y.index_add_(0, tok, o * wts[tok, slot].to(dtype)[:, None])
-    return y
-
-
 def errors(out, ref):
     d = (out.double() - ref.double()).flatten()
     return (d.norm() / ref.double().norm().clamp_min(1e-300)).item(), d.abs().max().item()
@@ -501,7 +468,7 @@ def test_from_module_maps_the_layout(family):
         assert torch.equal(m.w2, original.down_proj.transpose(1, 2))
         assert m.b13 is original.gate_up_proj_bias and m.b2 is original.down_proj_bias
         # gate = even columns of the checkpoint = even rows of w13 (group 1, gate first)
-        g_rows, u_rows = halves(i, 1, "gate")
+        g_rows, u_rows = fused_halves(i, 1, "gate")
         assert torch.equal(m.w13[:, g_rows], original.gate_up_proj[:, :, ::2].transpose(1, 2))
         assert torch.equal(m.w13[:, u_rows], original.gate_up_proj[:, :, 1::2].transpose(1, 2))
     else:
