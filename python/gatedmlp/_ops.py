@@ -50,14 +50,14 @@ def _tensor_positions(schema) -> tuple:
 
 
 class Operator:
-    """gatedmlp::<name>, defined from `fn` (see the module's text). Calling it
-    calls the operator; register_fake is custom_op's decorator."""
+    """gatedmlp::<name>, defined from `fn` (see the module's text), called as
+    torch.ops.gatedmlp.<name>; register_fake is custom_op's decorator."""
 
     def __init__(self, name: str, fn):
         self.name = name
         _LIB.define(name + _infer_schema(fn, mutates_args=()))
         _LIB.impl(name, fn, "CompositeExplicitAutograd")
-        self.op = op = getattr(torch.ops.gatedmlp, name).default
+        op = getattr(torch.ops.gatedmlp, name).default
         tensors = _tensor_positions(op._schema)
         below = torch._C._AutoDispatchBelowAutograd
         modes = torch._C._len_torch_dispatch_stack
@@ -79,9 +79,6 @@ class Operator:
     def register_fake(self, fake):
         torch.library.register_fake(f"gatedmlp::{self.name}", fake, lib=_LIB)
         return fake
-
-    def __call__(self, *args):
-        return self.op(*args)
 
 
 def operator(name: str):

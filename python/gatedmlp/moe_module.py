@@ -90,20 +90,12 @@ def _moe_direct(x, topk_ids, topk_weights, w13, w2, b13, b2, activation, clamp_a
     check = _CHECKS.get(check_indices, _g._ASYNC)
     if check is True and x.is_cuda and torch.cuda.is_current_stream_capturing():
         check = _g._ASYNC
-    params = None
-    if activation == "swiglu_clamped":
-        params = _PARAMS.get((clamp_alpha, clamp_limit))
-        if params is None:  # one per pair, not one per call
-            if len(_PARAMS) > 64:
-                _PARAMS.clear()
-            params = _PARAMS[(clamp_alpha, clamp_limit)] = _g.ActivationParams(clamp_alpha=clamp_alpha,
-                                                                               clamp_limit=clamp_limit)
+    params = _act_params(clamp_alpha, clamp_limit) if activation == "swiglu_clamped" else None
     return _g.moe_mlp(x, topk_ids, topk_weights, w13, w2, b13, b2, activation=activation, act_params=params,
                       group=group, first=first, check_indices=check)
 
 
 _CHECKS = {0: False, 1: True, 2: "async"}  # the op's check_indices code -> moe_mlp's (_g._ASYNC is "async")
-_PARAMS = {}  # (clamp_alpha, clamp_limit) -> ActivationParams
 
 
 @_operator("moe_mlp")
@@ -488,4 +480,4 @@ def _plan(m: nn.Module, owners: Optional[Dict[int, set]] = None, activation=None
 
 # Last, as gatedmlp.hf does: gatedmlp.torch imports this module at its end,
 # so whichever of the two is imported first, the other finds what it needs.
-from gatedmlp.torch import _check_no_grad, _traced, activation_name  # noqa: E402
+from gatedmlp.torch import _act_params, _check_no_grad, _traced, activation_name  # noqa: E402

@@ -300,7 +300,7 @@ def _fp8_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activat
                 first, alpha, promote, out_dtype, hold=True):
     # What the gatedmlp::fp8_gate_up op computes, for real tensors only
     # (hold: as _gate_up_direct's).
-    ap = _act_params(clamp_alpha, clamp_limit)
+    ap = _act_params(clamp_alpha, clamp_limit) if activation == "swiglu_clamped" else None
     return _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
                           out_dtype=out_dtype, activation=activation, act_params=ap, group=group or None,
                           first=first, alpha=alpha, promote=promote, _hold_workspace=hold)
@@ -393,14 +393,12 @@ def fp8_gate_up(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, *, w_up:
     if amax or y_scale_layout != "row":
         raise _C.InvalidArgumentError("gatedmlp: 'amax' and 'y_scale_layout' go with an FP8 Y "
                                       "(out_dtype=torch.float8_e4m3fn)")
-    if direct:  # _fp8_direct's call, written out: this is the decode path's host time
-        return _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
-                              out_dtype=out_dtype, activation=act,
-                              act_params=_act_params(clamp_alpha, clamp_limit) if act == "swiglu_clamped" else None,
-                              group=group or None, first=first, alpha=alpha, promote=promote)
-    args = (x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, act, float(clamp_alpha), float(clamp_limit),
-            int(group), first, float(alpha), bool(promote), out_dtype)
-    return torch.ops.gatedmlp.fp8_gate_up(*args)
+    if direct:  # the caller's values as they are: the operator's conversions are for its schema
+        return _fp8_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, act, clamp_alpha, clamp_limit,
+                           group, first, alpha, promote, out_dtype)
+    return torch.ops.gatedmlp.fp8_gate_up(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, act,
+                                          float(clamp_alpha), float(clamp_limit), int(group), first, float(alpha),
+                                          bool(promote), out_dtype)
 
 
 # ---------------------------------------------------------------- the down projection
