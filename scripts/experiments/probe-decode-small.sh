@@ -5,6 +5,9 @@
 #   scripts/experiments/probe-decode-small.sh [steps...]   (default: floor bench ncu)
 #   floor: probes/read_floor.cu, the fastest one-kernel read of each shape's
 #          weight bytes in graph replay (the floor under both kernels)
+#   stream: probes/decode_stream.cu, the decode kernel's sums fed by a
+#          shared-memory ring that bulk copies fill (tensor-map boxes or
+#          one-row copies) against the same sums on register loads
 #   bench: `gatedmlp bench --model small` as shipped and under each of
 #          SETTINGS (space-separated VAR=VALUE[,VAR=VALUE...], default
 #          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2). The
@@ -39,6 +42,9 @@ for step in ${@:-floor bench ncu}; do
   floor)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/read_floor.cu -o "$out/read_floor" &&
       "$out/read_floor" | tee "$out/floor.txt" ;;
+  stream)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/decode_stream.cu -o "$out/decode_stream" &&
+      "$out/decode_stream" | tee "$out/stream.txt" ;;
   bench)
     build
     for r in $(seq "${ROUNDS:-2}"); do
