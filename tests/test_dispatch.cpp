@@ -15,6 +15,7 @@
 
 #include "core/internal.hpp"
 #include "decode_glu/decode_glu.hpp"
+#include "decode_glu/params.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 #include "simulated_devices.hpp"
@@ -404,6 +405,32 @@ TEST(Dispatch, DecodeKnobs) {
   ASSERT_TRUE(detail::select_config(llama8b(1).resolved(), nullptr, a100(), &c).ok());
   unsetenv("GATEDMLP_DECODE");
   EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+}
+
+// Warps per CTA of a gate/up decode launch (decode::warps_per_cta, h75):
+// fewer where that makes the whole grid resident at once, else one per
+// k-block (0). 132 SMs: 3 CTAs of 8 warps per SM at m <= 8 (396), 6 of 4
+// (792); the bigger m <= 16 instantiation 2 of 8, 8 of 2 (1056).
+TEST(Dispatch, DecodeWarpsPerCta) {
+  decode::Shape one;  // m <= 8
+  EXPECT_EQ(decode::warps_per_cta(one, 352, 132), 0);   // 1024 x 2816: one wave already
+  EXPECT_EQ(decode::warps_per_cta(one, 396, 132), 0);
+  EXPECT_EQ(decode::warps_per_cta(one, 397, 132), 4);
+  EXPECT_EQ(decode::warps_per_cta(one, 608, 132), 4);   // Qwen2.5-0.5B: 1.54 waves -> 0.77
+  EXPECT_EQ(decode::warps_per_cta(one, 792, 132), 4);
+  EXPECT_EQ(decode::warps_per_cta(one, 1024, 132), 0);  // Llama-3.2-1B/3B: not resident at 4 either
+  EXPECT_EQ(decode::warps_per_cta(one, 1792, 132), 0);  // 8B
+  decode::Shape two;  // m <= 16
+  two.nt = 2;
+  two.one_wave = true;  // 1024 x 2816: its own 3-chunk instantiation, 8 warps
+  EXPECT_EQ(decode::warps_per_cta(two, 352, 132), 0);
+  two.one_wave = false;
+  EXPECT_EQ(decode::warps_per_cta(two, 608, 132), 2);
+  EXPECT_EQ(decode::warps_per_cta(two, 1024, 132), 2);
+  EXPECT_EQ(decode::warps_per_cta(two, 1056, 132), 2);
+  EXPECT_EQ(decode::warps_per_cta(two, 1057, 132), 0);
+  EXPECT_EQ(decode::warps_per_cta(two, 1792, 132), 0);  // 8B: as before, not measured otherwise
+  EXPECT_EQ(decode::warps_per_cta(two, 1024, 78), 0);   // fewer SMs: not resident at 2 either
 }
 
 // Quantized weights: the quantized decode kernel up to 64 rows, on any

@@ -217,6 +217,8 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
 //  m <= 16, bigger grids: 4 chunks, 2 CTAs per SM (~112 registers): fewer
 //           warps but more bytes in flight each, and whole waves matter less.
 // Measured on an H100 in CUDA-graph replay (launch.cpp has the numbers).
+// Warps per CTA: one per k-block (at most 8), or fewer where that lets the
+// whole grid be resident at once (launch.cpp, warps_per_cta).
 template <typename T>
 cudaError_t launch_any(const Params& p, Shape s, cudaStream_t stream) {
   // Gathered: the m <= 8 shape and the bigger grids' m <= 16 one.

@@ -27,6 +27,15 @@ Params make_params(const Problem& resolved, const Arguments& a);
 // distinct expert gets under uniform routing, with room to spare.
 int gathered_tile_rows(const Problem& resolved, int max_rows);
 
+struct Shape;
+// Warps per CTA for a gate/up launch of `ctas` CTAs of this instantiation
+// on `sms` SMs; 0: one per k-block, at most kMaxWarps. Fewer warps, each
+// taking more k-blocks, where that lets the whole grid be resident at once:
+// on the small shapes a CTA's end (partial sums through shared memory, the
+// epilogue) cost 0.7-2.4 us over the same sums without it, paid again by
+// each wave of a grid of 1.5-3.9 waves (h75).
+int warps_per_cta(const Shape& s, int64_t ctas, int sms);
+
 // Launches it on `stream` for a resolved problem that blocker() accepted.
 // `sms`: the device's multiprocessor count.
 cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream);

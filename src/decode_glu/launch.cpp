@@ -15,10 +15,18 @@
 // costs registers: grids that fit in one wave at 3 CTAs per SM (1024 x
 // 2816) take 3 chunks per warp, larger ones 4 chunks at 2 CTAs per SM,
 // each the faster of the two there.
+// Warps per CTA (warps_per_cta): on an H200 in the same replay, grids of
+// 1.5-3.9 waves ran 5-15 % faster with fewer warps each taking more
+// k-blocks where that made the whole grid resident (h75): Qwen2.5-0.5B
+// M = 1 8.01 -> 7.03 us (4 warps), M = 16 10.05 -> 8.53 (2); Llama-3.2-1B
+// M = 16 22.02 -> 19.57, 3B 30.37 -> 28.01 (2). Grids already resident
+// (1024 x 2816) and those still not resident with fewer (8B) keep one warp
+// per k-block.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 
 #include "decode_glu/decode_glu.hpp"
@@ -130,6 +138,15 @@ int gathered_tile_rows(const Problem& r, int max_rows) {
   return tile;
 }
 
+int warps_per_cta(const Shape& s, int64_t ctas, int sms) {
+  // Resident CTAs per SM by registers: the m <= 8 and one-wave m <= 16
+  // instantiations (<= 80 registers) fit 3 CTAs of 8 warps, 6 of 4; the
+  // bigger m <= 16 one (<= 128) 2 of 8, 8 of 2.
+  if (s.nt == 1) return ctas > 3 * int64_t(sms) && ctas <= 6 * int64_t(sms) ? 4 : 0;
+  if (!s.one_wave && ctas <= 8 * int64_t(sms)) return 2;
+  return 0;
+}
+
 cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream) {
   Params p = make_params(r, a);
 
@@ -138,8 +155,18 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
   s.gather = r.gather.experts > 0;
   if (s.gather) s.nt = gathered_tile_rows(r, 8 * 2) / 8;
   const int64_t cols = columns_per_cta(p);
-  s.one_wave = (r.u + cols - 1) / cols * r.batch <= 3 * int64_t(sms);
+  const int64_t ctas = (r.u + cols - 1) / cols * r.batch;
+  s.one_wave = ctas <= 3 * int64_t(sms);
   p.warps = 0;  // one per k-block, at most kMaxWarps
+  if (const int w = s.gather || p.down ? 0 : warps_per_cta(s, ctas, sms)) p.warps = std::min(warps_for(r.k), w);
+  // GATEDMLP_DECODE_WARPS=w (1 ... 8): at most w warps per CTA instead, a
+  // tuning knob read once per process (h75).
+  static const int max_warps = [] {
+    const char* v = std::getenv("GATEDMLP_DECODE_WARPS");
+    const int w = v ? std::atoi(v) : 0;
+    return w >= 1 && w <= kMaxWarps ? w : 0;
+  }();
+  if (max_warps && !s.gather) p.warps = std::min(warps_for(r.k), max_warps);
   return r.input_dtype == DType::bf16 ? launch_bf16(p, s, stream) : launch_fp16(p, s, stream);
 }
 

@@ -16,6 +16,10 @@
 //            k-blocks of slot w, from shared memory
 //   rbS      the same ring filled by 16 one-row bulk copies (cp.async.bulk,
 //            256 bytes each) per k-block, no tensor map
+//   reg+smem reg launched with the epilogue's dynamic shared memory, unused
+//   reg+epi  reg with the decode kernel's end of a tile: partial sums
+//            through shared memory, __syncthreads, one thread per output
+//            summing them, silu(g) * u stored as bf16, __syncthreads
 // per shape, M = 1 and 16: us per call (median of 7 replays of 20 calls).
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -94,9 +98,12 @@ __device__ __forceinline__ void sink_out(const float (&acc)[NT][4], unsigned* si
   if (s == 1234.5f) *sink = 1;
 }
 
-template <int NT>
+// EPI: the decode kernel's end of a tile: each warp's C fragments into
+// shared memory (dynamic), __syncthreads, one thread per (token, column)
+// summing the warps' partials and storing silu(g) * u as bf16, __syncthreads.
+template <int NT, bool EPI>
 __global__ void __launch_bounds__(256, 3) reg(const __nv_bfloat16* w, const __nv_bfloat16* x, int64_t k, int64_t u,
-                                             int m, unsigned* sink) {
+                                             int m, unsigned* sink, __nv_bfloat16* y) {
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   const int64_t j = int64_t(blockIdx.x) * 8 + g;
@@ -111,7 +118,28 @@ __global__ void __launch_bounds__(256, 3) reg(const __nv_bfloat16* w, const __nv
         wa[c][h] = k0 + 32 * c + 8 * t < k ? ldw(row[h] + k0 + 32 * c) : make_uint4(0, 0, 0, 0);
     kblock<NT>(acc, wa, x, k, k0, m);
   }
-  sink_out<NT>(acc, sink);
+  if constexpr (!EPI) {
+    sink_out<NT>(acc, sink);
+  } else {
+    extern __shared__ float red[];
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[warp * (NT * 128) + (nt * 4 + r) * 32 + lane] = acc[nt][r];
+    __syncthreads();
+    for (int e = threadIdx.x; e < 8 * m; e += blockDim.x) {
+      const int c = e % 8, mm = e / 8, nt = mm >> 3, parity = mm & 1;
+      const float* part = red + nt * 128 + ((c & 7) << 2) + ((mm & 7) >> 1);
+      float gs = 0.f, us = 0.f;
+      for (int i = 0; i < warps; ++i) {
+        gs += part[i * (NT * 128) + parity * 32];
+        us += part[i * (NT * 128) + (2 + parity) * 32];
+      }
+      y[int64_t(mm) * u + int64_t(blockIdx.x) * 8 + c] = __float2bfloat16(gs / (1.f + __expf(-gs)) * us);
+    }
+    __syncthreads();
+  }
 }
 
 // The ring: S slots of one k-block (16 rows x 128 k, rows 256 bytes apart:
@@ -222,7 +250,7 @@ int main() {
     const char* name;
     int64_t k, u;
   } shapes[] = {{"qwen-0.5b", 896, 4864}, {"1024x2816", 1024, 2816}, {"llama-1b", 2048, 8192}, {"llama-3b", 3072, 8192}};
-  const char* names[] = {"reg", "tm4", "tm8", "rb4", "rb8"};
+  const char* names[] = {"reg", "tm4", "tm8", "rb4", "rb8", "reg+smem", "reg+epi"};
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
   std::printf("   (us per call)\n");
@@ -236,12 +264,13 @@ int main() {
       CK(cudaMemset(b, 0, bytes));
       maps.push_back(make_map(b, sh.k, sh.u));
     }
-    __nv_bfloat16* x;
+    __nv_bfloat16 *x, *y;
     CK(cudaMalloc(&x, 16 * sh.k * 2));
     CK(cudaMemset(x, 0, 16 * sh.k * 2));
+    CK(cudaMalloc(&y, 16 * sh.u * 2));
     for (int m : {1, 16}) {
       std::printf("%-10s %3d |", sh.name, m);
-      for (int v = 0; v < 5; ++v) {
+      for (int v = 0; v < 7; ++v) {
         const int calls = 20;
         const unsigned grid = unsigned(sh.u / 8);
         const int64_t kbs = (sh.k + 127) / 128;
@@ -253,10 +282,20 @@ int main() {
           const CUtensorMap& mp = maps[c % copies];
           const bool two = m > 8;
           switch (v) {
-            case 0: {
+            case 0:
+            case 5:
+            case 6: {
+              // 5: as 0 with the epilogue's dynamic shared memory allocated
+              // and unused; 6: with the epilogue.
               const unsigned th = unsigned(32 * std::min<int64_t>(kbs, 8));
-              if (two) reg<2><<<grid, th, 0, s>>>(w, x, sh.k, sh.u, m, sink);
-              else reg<1><<<grid, th, 0, s>>>(w, x, sh.k, sh.u, m, sink);
+              const size_t red = v == 0 ? 0 : size_t(th / 32) * (two ? 2 : 1) * 512;
+              if (v == 6) {
+                if (two) reg<2, true><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
+                else reg<1, true><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
+              } else {
+                if (two) reg<2, false><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
+                else reg<1, false><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
+              }
               break;
             }
             case 1:
@@ -303,6 +342,7 @@ int main() {
     }
     for (auto& b : bufs) CK(cudaFree(b));
     CK(cudaFree(x));
+    CK(cudaFree(y));
   }
   return 0;
 }
