@@ -32,7 +32,7 @@ struct Shape;
 // on `sms` SMs; 0: one per k-block, at most kMaxWarps. Fewer warps, each
 // taking more k-blocks, where that lets the whole grid be resident at once:
 // on the small shapes a CTA's end (partial sums through shared memory, the
-// epilogue) cost 0.7-2.4 us over the same sums without it, paid again by
+// epilogue) cost 0.2-2.5 us over the same sums without it, paid again by
 // each wave of a grid of 1.5-3.9 waves (h75).
 int warps_per_cta(const Shape& s, int64_t ctas, int sms);
 
