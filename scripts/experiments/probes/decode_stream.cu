@@ -21,33 +21,10 @@
 //            through shared memory, __syncthreads, one thread per output
 //            summing them, silu(g) * u stored as bf16, __syncthreads
 // per shape, M = 1 and 16: us per call (median of 7 replays of 20 calls).
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
+#include "h75_common.cuh"
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-__device__ __forceinline__ uint4 ldw(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 __device__ __forceinline__ uint4 ldx(const void* p, bool ok) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (ok) asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -60,14 +37,6 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(saddr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
 // One k-block's sums: wa[u][h] rows g (h = 0) and 8 + g (h = 1) at k0 + 32u + 8t.
 template <int NT>
 __device__ __forceinline__ void kblock(float (&acc)[NT][4], const uint4 (&wa)[4][2], const __nv_bfloat16* x, int64_t k,
@@ -115,7 +84,7 @@ __global__ void __launch_bounds__(256, 3) reg(const __nv_bfloat16* w, const __nv
     for (int c = 0; c < 4; ++c)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        wa[c][h] = k0 + 32 * c + 8 * t < k ? ldw(row[h] + k0 + 32 * c) : make_uint4(0, 0, 0, 0);
+        wa[c][h] = k0 + 32 * c + 8 * t < k ? ld_stream(row[h] + k0 + 32 * c) : make_uint4(0, 0, 0, 0);
     kblock<NT>(acc, wa, x, k, k0, m);
   }
   if constexpr (!EPI) {
@@ -154,13 +123,7 @@ __global__ void __launch_bounds__(32 * (S + 1)) ring(const __grid_constant__ CUt
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t kbs = (k + 127) / 128;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[i])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[i])));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  ring_init<S>(full, empty, 1);
   __syncthreads();
   const int64_t j0 = int64_t(blockIdx.x) * 8;
   if (warp == S) {  // the producer
@@ -169,7 +132,7 @@ __global__ void __launch_bounds__(32 * (S + 1)) ring(const __grid_constant__ CUt
       if (p >= S) bar_wait(&empty[st], uint32_t((p / S - 1) & 1));
       if constexpr (TM) {
         if (lane == 0) {
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 4096;" ::"r"(saddr(&full[st])) : "memory");
+          arrive_expect(&full[st], 4096);
           asm volatile(
               "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
               "%4, %5}], [%6];" ::"r"(saddr(slots[st])),
@@ -181,16 +144,12 @@ __global__ void __launch_bounds__(32 * (S + 1)) ring(const __grid_constant__ CUt
         // consumers zero what lies past K).
         const uint32_t bytes = uint32_t((k - p * 128 < 128 ? k - p * 128 : 128) * 2);
         if (lane == 0)
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[st])), "r"(16 * bytes)
-                       : "memory");
+          arrive_expect(&full[st], 16 * bytes);
         __syncwarp();
         if (lane < 16) {
           const int h = lane >> 3, r = lane & 7;
           const __nv_bfloat16* src = w + (h * u + j0 + r) * k + p * 128;
-          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                           saddr(slots[st] + lane * 256)),
-                       "l"(src), "r"(bytes), "r"(saddr(&full[st]))
-                       : "memory");
+          bulk_copy(slots[st] + lane * 256, src, bytes, &full[st]);
         }
       }
     }
@@ -209,78 +168,40 @@ __global__ void __launch_bounds__(32 * (S + 1)) ring(const __grid_constant__ CUt
         wa[c][h] = k0 + 32 * c + 8 * t < k ? *reinterpret_cast<const uint4*>(slots[st] + (h * 8 + g) * 256 + (32 * c + 8 * t) * 2)
                                            : make_uint4(0, 0, 0, 0);
     __syncwarp();
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[st])) : "memory");
+    if (lane == 0) arrive(&empty[st]);
     kblock<NT>(acc, wa, x, k, k0, m);
   }
   sink_out<NT>(acc, sink);
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-}
-
-// (K, 8, 2, U / 8) over stacked bf16 [2U, K]; box (128, 8, 2, 1).
-CUtensorMap make_map(const void* base, int64_t k, int64_t u) {
-  CUtensorMap m;
-  const cuuint64_t dims[4] = {cuuint64_t(k), 8, 2, cuuint64_t(u / 8)};
-  const cuuint64_t strides[3] = {cuuint64_t(k * 2), cuuint64_t(u * k * 2), cuuint64_t(8 * k * 2)};
-  const cuuint32_t box[4] = {128, 8, 2, 1};
-  const cuuint32_t es[4] = {1, 1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, es,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::printf("cuTensorMapEncodeTiled: error %d\n", int(r));
-    std::exit(1);
-  }
-  return m;
-}
-
 int main() {
-  int l2 = 0;
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   unsigned* sink;
   CK(cudaMalloc(&sink, 4));
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  const struct {
-    const char* name;
-    int64_t k, u;
-  } shapes[] = {{"qwen-0.5b", 896, 4864}, {"1024x2816", 1024, 2816}, {"llama-1b", 2048, 8192}, {"llama-3b", 3072, 8192}};
   const char* names[] = {"reg", "tm4", "tm8", "rb4", "rb8", "reg+smem", "reg+epi"};
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
   std::printf("   (us per call)\n");
-  for (const auto& sh : shapes) {
+  for (const SmallShape& sh : kSmallShapes) {
     const int64_t bytes = 2 * sh.u * sh.k * 2;
-    const int copies = int(std::max<int64_t>(2, 3 * int64_t(l2) / bytes + 1));
-    std::vector<__nv_bfloat16*> bufs(copies);
+    const std::vector<void*> bufs = rotated_buffers(bytes, 0);
+    const int copies = int(bufs.size());
     std::vector<CUtensorMap> maps;
-    for (auto& b : bufs) {
-      CK(cudaMalloc(&b, bytes));
-      CK(cudaMemset(b, 0, bytes));
-      maps.push_back(make_map(b, sh.k, sh.u));
-    }
+    for (void* b : bufs) maps.push_back(make_decode_map(b, sh.k, sh.u, 128, 1));
     __nv_bfloat16 *x, *y;
     CK(cudaMalloc(&x, 16 * sh.k * 2));
     CK(cudaMemset(x, 0, 16 * sh.k * 2));
     CK(cudaMalloc(&y, 16 * sh.u * 2));
     for (int m : {1, 16}) {
       std::printf("%-10s %3d |", sh.name, m);
+      const unsigned grid = unsigned(sh.u / 8);
+      const int64_t kbs = (sh.k + 127) / 128;
+      const bool two = m > 8;
       for (int v = 0; v < 7; ++v) {
-        const int calls = 20;
-        const unsigned grid = unsigned(sh.u / 8);
-        const int64_t kbs = (sh.k + 127) / 128;
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-        for (int c = 0; c < calls; ++c) {
-          const __nv_bfloat16* w = bufs[c % copies];
+        const float us = replay_us(s, 20, [&](int c) {
+          const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(bufs[c % copies]);
           const CUtensorMap& mp = maps[c % copies];
-          const bool two = m > 8;
           switch (v) {
             case 0:
             case 5:
@@ -314,33 +235,12 @@ int main() {
               if (two) ring<2, 8, false><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
               else ring<1, 8, false><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
           }
-        }
-        CK(cudaGetLastError());
-        CK(cudaStreamEndCapture(s, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphLaunch(ge, s));
-        CK(cudaStreamSynchronize(s));
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        std::vector<float> ts;
-        for (int r = 0; r < 7; ++r) {
-          CK(cudaEventRecord(a, s));
-          CK(cudaGraphLaunch(ge, s));
-          CK(cudaEventRecord(b, s));
-          CK(cudaEventSynchronize(b));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, a, b));
-          ts.push_back(ms * 1000.f / calls);
-        }
-        std::sort(ts.begin(), ts.end());
-        std::printf(" %8.2f", ts[3]);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
+        });
+        std::printf(" %8.2f", us);
       }
       std::printf("\n");
     }
-    for (auto& b : bufs) CK(cudaFree(b));
+    for (void* b : bufs) CK(cudaFree(b));
     CK(cudaFree(x));
     CK(cudaFree(y));
   }

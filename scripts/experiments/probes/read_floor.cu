@@ -3,6 +3,7 @@
 // buffers rotated past L2, as `gatedmlp bench` times its kernels.
 // Standalone, not library code.
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/read_floor.cu -o read_floor && ./read_floor
+// (h75_common.cuh, beside it, holds what it shares with decode_stream.cu.)
 // Per size (MB, as the shapes' 2 x U x K x 2 bytes) and launch shape:
 //   flat    one 16-byte load per thread of a grid covering the bytes once
 //           (every load issued at the start: the most bytes in flight)
@@ -21,39 +22,14 @@
 //           B k x 8 rows x gate and up x G groups per stage (G = 1: the
 //           decode kernel's 8 columns; 8 G x 2 rows of B x 2 bytes each)
 // us per call (median of 7 graph replays of 20 calls each) and TB/s.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-
-__device__ __forceinline__ uint4 ld(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+#include "h75_common.cuh"
 
 // The xor of everything read goes to *sink only if it equals a value no
 // input has, so that no load is dead code.
 __global__ void flat(const uint4* p, int64_t n, unsigned* sink) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint4 v = ld(p + i);
+  const uint4 v = ld_stream(p + i);
   if ((v.x ^ v.y ^ v.z ^ v.w) == 0x9e3779b9u) *sink = 1;
 }
 
@@ -62,10 +38,11 @@ __global__ void gridstride(const uint4* p, int64_t n, unsigned* sink) {
   unsigned acc = 0;
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = ld(p + i), b = ld(p + i + stride), c = ld(p + i + 2 * stride), d = ld(p + i + 3 * stride);
+    const uint4 a = ld_stream(p + i), b = ld_stream(p + i + stride);
+    const uint4 c = ld_stream(p + i + 2 * stride), d = ld_stream(p + i + 3 * stride);
     acc ^= a.x ^ b.y ^ c.z ^ d.w ^ a.w ^ b.x ^ c.y ^ d.z;
   }
-  for (; i < n; i += stride) acc ^= ld(p + i).x;
+  for (; i < n; i += stride) acc ^= ld_stream(p + i).x;
   if (acc == 0x9e3779b9u) *sink = 1;
 }
 
@@ -82,8 +59,8 @@ __global__ void __launch_bounds__(256, 3) rows(const uint4* w, int64_t k, int64_
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const bool ok = k0 + 32 * c + 8 * t < k;
-      a[c] = ok ? ld(reinterpret_cast<const uint4*>(gate + (k0 + 32 * c) * 2)) : make_uint4(0, 0, 0, 0);
-      b[c] = ok ? ld(reinterpret_cast<const uint4*>(up + (k0 + 32 * c) * 2)) : make_uint4(0, 0, 0, 0);
+      a[c] = ok ? ld_stream(reinterpret_cast<const uint4*>(gate + (k0 + 32 * c) * 2)) : make_uint4(0, 0, 0, 0);
+      b[c] = ok ? ld_stream(reinterpret_cast<const uint4*>(up + (k0 + 32 * c) * 2)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc ^= a[c].x ^ b[c].y ^ a[c].z ^ b[c].w;
@@ -98,14 +75,6 @@ __global__ void __launch_bounds__(256, 3) rows(const uint4* w, int64_t k, int64_
   }
 }
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(saddr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
 // 1-D bulk copies of a CTA's two contiguous regions (R gate rows, R up rows
 // of K each), 2 x kPiece bytes per stage, S stages.
 constexpr int kPiece = 4096;
@@ -118,13 +87,7 @@ __global__ void __launch_bounds__(160) bulk(const char* w, int64_t k, int64_t u,
   const char* gate = w + int64_t(blockIdx.x) * region;
   const char* up = w + u * k * 2 + int64_t(blockIdx.x) * region;
   const int64_t pieces = (region + kPiece - 1) / kPiece;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[i])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 4;" ::"r"(saddr(&empty[i])));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  ring_init<S>(full, empty, 4);
   __syncthreads();
   if (warp == 4) {
     if (lane == 0) {
@@ -132,17 +95,10 @@ __global__ void __launch_bounds__(160) bulk(const char* w, int64_t k, int64_t u,
         const int st = int(p % S);
         if (p >= S) bar_wait(&empty[st], uint32_t((p / S - 1) & 1));
         const uint32_t bytes = uint32_t(region - p * kPiece < kPiece ? region - p * kPiece : kPiece);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[st])), "r"(2 * bytes)
-                     : "memory");
+        arrive_expect(&full[st], 2 * bytes);
         char* dst = ring + st * 2 * kPiece;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         saddr(dst)),
-                     "l"(gate + p * kPiece), "r"(bytes), "r"(saddr(&full[st]))
-                     : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         saddr(dst + kPiece)),
-                     "l"(up + p * kPiece), "r"(bytes), "r"(saddr(&full[st]))
-                     : "memory");
+        bulk_copy(dst, gate + p * kPiece, bytes, &full[st]);
+        bulk_copy(dst + kPiece, up + p * kPiece, bytes, &full[st]);
       }
     }
     return;
@@ -153,7 +109,7 @@ __global__ void __launch_bounds__(160) bulk(const char* w, int64_t k, int64_t u,
     bar_wait(&full[st], uint32_t((p / S) & 1));
     acc ^= reinterpret_cast<const unsigned*>(ring + st * 2 * kPiece)[threadIdx.x];
     __syncwarp();
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[st])) : "memory");
+    if (lane == 0) arrive(&empty[st]);
   }
   if (acc == 0x9e3779b9u) *sink = 1;
 }
@@ -166,21 +122,14 @@ __global__ void __launch_bounds__(160) tmap(const __grid_constant__ CUtensorMap 
   __shared__ uint64_t full[S], empty[S];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t kbs = (k + bk - 1) / bk;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[i])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 4;" ::"r"(saddr(&empty[i])));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  ring_init<S>(full, empty, 4);
   __syncthreads();
   if (warp == 4) {
     if (lane == 0) {
       for (int64_t p = 0; p < kbs; ++p) {
         const int st = int(p % S);
         if (p >= S) bar_wait(&empty[st], uint32_t((p / S - 1) & 1));
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[st])), "r"(box_bytes)
-                     : "memory");
+        arrive_expect(&full[st], box_bytes);
         asm volatile(
             "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
             "%5}], [%6];" ::"r"(saddr(ring + st * box_bytes)),
@@ -196,136 +145,70 @@ __global__ void __launch_bounds__(160) tmap(const __grid_constant__ CUtensorMap 
     bar_wait(&full[st], uint32_t((p / S) & 1));
     acc ^= reinterpret_cast<const unsigned*>(ring + st * box_bytes)[threadIdx.x];
     __syncwarp();
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[st])) : "memory");
+    if (lane == 0) arrive(&empty[st]);
   }
   if (acc == 0x9e3779b9u) *sink = 1;
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-}
-
-// (K, 8, 2, U / 8) over stacked bf16 [2U, K] at base; box (bk, 8, 2, g).
-CUtensorMap make_map(const void* base, int64_t k, int64_t u, int bk, int g) {
-  CUtensorMap m;
-  const cuuint64_t dims[4] = {cuuint64_t(k), 8, 2, cuuint64_t(u / 8)};
-  const cuuint64_t strides[3] = {cuuint64_t(k * 2), cuuint64_t(u * k * 2), cuuint64_t(8 * k * 2)};
-  const cuuint32_t box[4] = {cuuint32_t(bk), 8, 2, cuuint32_t(g)};
-  const cuuint32_t es[4] = {1, 1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, es,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::printf("cuTensorMapEncodeTiled: error %d\n", int(r));
-    std::exit(1);
-  }
-  return m;
 }
 
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  int l2 = 0;
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   unsigned* sink;
   CK(cudaMalloc(&sink, 4));
-  CK(cudaFuncSetAttribute(tmap<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * 1024));
-  CK(cudaFuncSetAttribute(tmap<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * 1024));
-  CK(cudaFuncSetAttribute(tmap<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * 1024));
+  for (auto kernel : {tmap<4>, tmap<6>, tmap<8>})
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 * 1024));
+  CK(cudaFuncSetAttribute(bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 2 * kPiece));
+  CK(cudaFuncSetAttribute(bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * 2 * kPiece));
+  CK(cudaFuncSetAttribute(bulk<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12 * 2 * kPiece));
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  const struct {
-    const char* name;
-    double k, u;
-  } shapes[] = {{"qwen-0.5b", 896, 4864}, {"1024x2816", 1024, 2816}, {"llama-1b", 2048, 8192}, {"llama-3b", 3072, 8192}};
   std::printf("%-10s %8s | %-6s %9s %8s\n", "shape", "MB", "kernel", "us", "TB/s");
-  for (const auto& sh : shapes) {
-    const int64_t bytes = int64_t(2 * sh.u * sh.k * 2);
+  const char* names[] = {"flat", "gs2", "gs4", "gs8", "rows", "b8s4", "b8s8", "b16s8", "b32s8", "b64s12",
+                         "t1c128s4", "t1c256s4", "t4c128s4", "t4c64s8", "t2c128s6"};
+  const int per_sm[] = {0, 2, 4, 8};
+  const int bulk_rows[] = {0, 0, 0, 0, 0, 8, 8, 16, 32, 64}, bulk_stages[] = {0, 0, 0, 0, 0, 4, 8, 8, 8, 12};
+  const int tm_g[] = {1, 1, 4, 4, 2}, tm_bk[] = {128, 256, 128, 64, 128}, tm_s[] = {4, 4, 4, 8, 6};
+  for (const SmallShape& sh : kSmallShapes) {
+    const int64_t bytes = 2 * sh.u * sh.k * 2;
     const int64_t n = bytes / 16;
-    // Copies rotating past 3x L2, as the benchmark's weights do.
-    const int copies = int(std::max<int64_t>(2, 3 * int64_t(l2) / bytes + 1));
-    std::vector<uint4*> bufs(copies);
-    for (auto& b : bufs) {
-      CK(cudaMalloc(&b, bytes));
-      CK(cudaMemset(b, 1, bytes));
-    }
-    const char* names[] = {"flat", "gs2", "gs4", "gs8", "rows", "b8s4", "b8s8", "b16s8", "b32s8", "b64s12",
-                           "t1c128s4", "t1c256s4", "t4c128s4", "t4c64s8", "t2c128s6"};
-    const int bulk_rows[] = {0, 0, 0, 0, 0, 8, 8, 16, 32, 64, 0, 0, 0, 0, 0};
-    const int tm_g[] = {1, 1, 4, 4, 2}, tm_bk[] = {128, 256, 128, 64, 128}, tm_s[] = {4, 4, 4, 8, 6};
+    const std::vector<void*> bufs = rotated_buffers(bytes, 1);
+    const int copies = int(bufs.size());
+    std::vector<CUtensorMap> maps[5];
+    for (int v = 0; v < 5; ++v)
+      for (void* b : bufs) maps[v].push_back(make_decode_map(b, sh.k, sh.u, tm_bk[v], tm_g[v]));
     for (int variant = 0; variant < 15; ++variant) {
-      std::vector<CUtensorMap> maps;
-      if (variant >= 10)
-        for (auto* b : bufs) maps.push_back(make_map(b, int64_t(sh.k), int64_t(sh.u), tm_bk[variant - 10], tm_g[variant - 10]));
-      const int per_sm[] = {0, 2, 4, 8};
       const int threads = 256;
-      const int r = bulk_rows[variant];
-      const int64_t kk = int64_t(sh.k), uu = int64_t(sh.u);
-      const int stages = variant == 5 ? 4 : variant == 9 ? 12 : 8;
-      const int smem = stages * 2 * kPiece;
-      if (r) {
-        CK(cudaFuncSetAttribute(bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 2 * kPiece));
-        CK(cudaFuncSetAttribute(bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * 2 * kPiece));
-        CK(cudaFuncSetAttribute(bulk<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12 * 2 * kPiece));
-      }
-      const int calls = 20;
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-      for (int c = 0; c < calls; ++c) {
-        const uint4* p = bufs[c % copies];
-        if (variant == 0) flat<<<unsigned((n + threads - 1) / threads), threads, 0, s>>>(p, n, sink);
-        else if (variant < 4) gridstride<<<unsigned(per_sm[variant] * sms), threads, 0, s>>>(p, n, sink);
-        else if (variant == 4) {
-          const int64_t kb = (kk + 127) / 128;
-          rows<<<unsigned(uu / 8), unsigned(32 * (kb < 8 ? kb : 8)), 0, s>>>(p, kk, uu, sink);
-        } else if (variant >= 10) {
+      const float us = replay_us(s, 20, [&](int c) {
+        const uint4* p = static_cast<const uint4*>(bufs[c % copies]);
+        if (variant == 0) {
+          flat<<<unsigned((n + threads - 1) / threads), threads, 0, s>>>(p, n, sink);
+        } else if (variant < 4) {
+          gridstride<<<unsigned(per_sm[variant] * sms), threads, 0, s>>>(p, n, sink);
+        } else if (variant == 4) {
+          const int64_t kb = (sh.k + 127) / 128;
+          rows<<<unsigned(sh.u / 8), unsigned(32 * (kb < 8 ? kb : 8)), 0, s>>>(p, sh.k, sh.u, sink);
+        } else if (variant < 10) {
+          const char* wp = reinterpret_cast<const char*>(p);
+          const int r = bulk_rows[variant], st = bulk_stages[variant];
+          const unsigned grid = unsigned(sh.u / r);
+          const int smem = st * 2 * kPiece;
+          if (st == 4) bulk<4><<<grid, 160, smem, s>>>(wp, sh.k, sh.u, r, sink);
+          else if (st == 8) bulk<8><<<grid, 160, smem, s>>>(wp, sh.k, sh.u, r, sink);
+          else bulk<12><<<grid, 160, smem, s>>>(wp, sh.k, sh.u, r, sink);
+        } else {
           const int v = variant - 10;
           const uint32_t box = uint32_t(tm_bk[v]) * 16 * tm_g[v] * 2;
-          const unsigned grid = unsigned(uu / 8 / tm_g[v]);
-          const int sm = int(box) * tm_s[v];
-          if (tm_s[v] == 4) {
-            tmap<4><<<grid, 160, sm, s>>>(maps[c % copies], kk, tm_bk[v], tm_g[v], box, sink);
-          } else if (tm_s[v] == 6) {
-            tmap<6><<<grid, 160, sm, s>>>(maps[c % copies], kk, tm_bk[v], tm_g[v], box, sink);
-          } else {
-            tmap<8><<<grid, 160, sm, s>>>(maps[c % copies], kk, tm_bk[v], tm_g[v], box, sink);
-          }
-        } else {
-          const char* wp = reinterpret_cast<const char*>(p);
-          const unsigned grid = unsigned(uu / r);
-          if (stages == 4) bulk<4><<<grid, 160, smem, s>>>(wp, kk, uu, r, sink);
-          else if (stages == 8) bulk<8><<<grid, 160, smem, s>>>(wp, kk, uu, r, sink);
-          else bulk<12><<<grid, 160, smem, s>>>(wp, kk, uu, r, sink);
+          const unsigned grid = unsigned(sh.u / 8 / tm_g[v]);
+          const int smem = int(box) * tm_s[v];
+          const CUtensorMap& mp = maps[v][c % copies];
+          if (tm_s[v] == 4) tmap<4><<<grid, 160, smem, s>>>(mp, sh.k, tm_bk[v], tm_g[v], box, sink);
+          else if (tm_s[v] == 6) tmap<6><<<grid, 160, smem, s>>>(mp, sh.k, tm_bk[v], tm_g[v], box, sink);
+          else tmap<8><<<grid, 160, smem, s>>>(mp, sh.k, tm_bk[v], tm_g[v], box, sink);
         }
-      }
-      CK(cudaGetLastError());
-      CK(cudaStreamEndCapture(s, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      CK(cudaGraphLaunch(ge, s));
-      CK(cudaStreamSynchronize(s));
-      cudaEvent_t a, b;
-      CK(cudaEventCreate(&a));
-      CK(cudaEventCreate(&b));
-      std::vector<float> t;
-      for (int r = 0; r < 7; ++r) {
-        CK(cudaEventRecord(a, s));
-        CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms * 1000.f / calls);
-      }
-      std::sort(t.begin(), t.end());
-      std::printf("%-10s %8.1f | %-6s %9.2f %8.2f\n", sh.name, bytes / 1e6, names[variant], t[3], bytes / (t[3] * 1e-6) / 1e12);
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(g));
+      });
+      std::printf("%-10s %8.1f | %-6s %9.2f %8.2f\n", sh.name, bytes / 1e6, names[variant], us, bytes / (us * 1e-6) / 1e12);
     }
-    for (auto& b : bufs) CK(cudaFree(b));
+    for (void* b : bufs) CK(cudaFree(b));
   }
   return 0;
 }
