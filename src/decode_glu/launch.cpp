@@ -166,7 +166,7 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
     const int w = v ? std::atoi(v) : 0;
     return w >= 1 && w <= kMaxWarps ? w : 0;
   }();
-  if (max_warps && !s.gather) p.warps = std::min(warps_for(r.k), max_warps);
+  if (max_warps && !s.gather && !p.down) p.warps = std::min(warps_for(r.k), max_warps);
   return r.input_dtype == DType::bf16 ? launch_bf16(p, s, stream) : launch_fp16(p, s, stream);
 }
 
