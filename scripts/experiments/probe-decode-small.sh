@@ -12,7 +12,7 @@
 #          SETTINGS (space-separated VAR=VALUE[,VAR=VALUE...], default
 #          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2). The
 #          staged form h75 measured is docs/notes/data/h75-staged-form.patch
-#          (git apply it; its knobs: GATEDMLP_DECODE_STAGED=0,
+#          (git apply it on b2fe4f1; its knobs: GATEDMLP_DECODE_STAGED=0,
 #          GATEDMLP_DECODE_STAGED_WARPS=w)
 #   ncu:   per-kernel duration, DRAM bytes and throughput, waves, of the
 #          decode kernel and of torch.mm's cuBLAS kernel, at
