@@ -20,8 +20,18 @@
 //   reg+epi  reg with the decode kernel's end of a tile: partial sums
 //            through shared memory, __syncthreads, one thread per output
 //            summing them, silu(g) * u stored as bf16, __syncthreads
+//   ownS     a CTA of S warps per 8 columns, each warp taking every S-th
+//            k-block with the next one's loads in flight under this one's
+//            mma (two register buffers); a lean end: warps 1 ... S-1 hand
+//            their C fragments to warp 0 through shared memory, which adds
+//            them in order and stores silu(g) * u straight from the
+//            fragment (S = 1: no shared memory, no barrier)
+// Then a check: every variant that stores Y (reg+epi, ownS) against
+// reg+epi on random inputs (max |difference| / max |Y|).
 // per shape, M = 1 and 16: us per call (median of 7 replays of 20 calls).
 #include <cuda_bf16.h>
+
+#include <cmath>
 
 #include "h75_common.cuh"
 
@@ -174,12 +184,81 @@ __global__ void __launch_bounds__(32 * (S + 1)) ring(const __grid_constant__ CUt
   sink_out<NT>(acc, sink);
 }
 
+// The ownS variants (see the top): a CTA of S warps owns 8 columns.
+template <int NT, int S>
+__global__ void __launch_bounds__(32 * S) own(const __nv_bfloat16* w, const __nv_bfloat16* x, int64_t k, int64_t u,
+                                             int m, __nv_bfloat16* y) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t j = int64_t(blockIdx.x) * 8 + g;
+  const __nv_bfloat16* row[2] = {w + j * k + 8 * t, w + (u + j) * k + 8 * t};
+  const int64_t kbs = (k + 127) / 128;
+  auto load = [&](uint4(&wa)[4][2], int64_t kb) {
+    const int64_t k0 = kb * 128;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wa[c][h] = k0 + 32 * c + 8 * t < k ? ld_stream(row[h] + k0 + 32 * c) : make_uint4(0, 0, 0, 0);
+  };
+  float acc[NT][4] = {};
+  uint4 cur[4][2], nxt[4][2];
+  if (warp < kbs) load(cur, warp);
+  for (int64_t kb = warp; kb < kbs; kb += S) {
+    if (kb + S < kbs) load(nxt, kb + S);
+    kblock<NT>(acc, cur, x, k, kb * 128, m);
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) cur[c][h] = nxt[c][h];
+  }
+  if constexpr (S > 1) {
+    __shared__ float xfer[S - 1][NT][4][32];
+    if (warp > 0) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) xfer[warp - 1][nt][r][lane] = acc[nt][r];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[nt][r] += xfer[i][nt][r][lane];
+  }
+  // Lane (g, t): acc[nt][p] the gate of column j for token nt * 8 + 2t + p,
+  // acc[nt][2 + p] its up.
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const int token = nt * 8 + 2 * t + p;
+      const float gv = acc[nt][p], uv = acc[nt][2 + p];
+      if (token < m) y[int64_t(token) * u + j] = __float2bfloat16(gv / (1.f + __expf(-gv)) * uv);
+    }
+}
+
+// Random bf16 in [-1, 1) from a hash of the index.
+__global__ void fill_random(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
+  }
+}
+
 int main() {
   unsigned* sink;
   CK(cudaMalloc(&sink, 4));
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  const char* names[] = {"reg", "tm4", "tm8", "rb4", "rb8", "reg+smem", "reg+epi"};
+  const char* names[] = {"reg", "tm4", "tm8", "rb4", "rb8", "reg+smem", "reg+epi", "own1", "own2", "own4"};
+  constexpr int kVariants = 10;
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
   std::printf("   (us per call)\n");
@@ -189,54 +268,86 @@ int main() {
     const int copies = int(bufs.size());
     std::vector<CUtensorMap> maps;
     for (void* b : bufs) maps.push_back(make_decode_map(b, sh.k, sh.u, 128, 1));
+    for (void* b : bufs) fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(b), bytes / 2, 0x1234u);
     __nv_bfloat16 *x, *y;
     CK(cudaMalloc(&x, 16 * sh.k * 2));
-    CK(cudaMemset(x, 0, 16 * sh.k * 2));
+    fill_random<<<64, 256>>>(x, 16 * sh.k, 0x9876u);
+    CK(cudaDeviceSynchronize());
     CK(cudaMalloc(&y, 16 * sh.u * 2));
     for (int m : {1, 16}) {
       std::printf("%-10s %3d |", sh.name, m);
       const unsigned grid = unsigned(sh.u / 8);
       const int64_t kbs = (sh.k + 127) / 128;
       const bool two = m > 8;
-      for (int v = 0; v < 7; ++v) {
-        const float us = replay_us(s, 20, [&](int c) {
-          const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(bufs[c % copies]);
-          const CUtensorMap& mp = maps[c % copies];
-          switch (v) {
-            case 0:
-            case 5:
-            case 6: {
-              // 5: as 0 with the epilogue's dynamic shared memory allocated
-              // and unused; 6: with the epilogue.
-              const unsigned th = unsigned(32 * std::min<int64_t>(kbs, 8));
-              const size_t red = v == 0 ? 0 : size_t(th / 32) * (two ? 2 : 1) * 512;
-              if (v == 6) {
-                if (two) reg<2, true><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
-                else reg<1, true><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
-              } else {
-                if (two) reg<2, false><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
-                else reg<1, false><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
-              }
-              break;
+      // Variant v's launch on weight copy c.
+      auto launch = [&](int v, int c) {
+        const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(bufs[c % copies]);
+        const CUtensorMap& mp = maps[c % copies];
+        switch (v) {
+          case 0:
+          case 5:
+          case 6: {
+            // 5: as 0 with the epilogue's dynamic shared memory allocated
+            // and unused; 6: with the epilogue.
+            const unsigned th = unsigned(32 * std::min<int64_t>(kbs, 8));
+            const size_t red = v == 0 ? 0 : size_t(th / 32) * (two ? 2 : 1) * 512;
+            if (v == 6) {
+              if (two) reg<2, true><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
+              else reg<1, true><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
+            } else {
+              if (two) reg<2, false><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
+              else reg<1, false><<<grid, th, red, s>>>(w, x, sh.k, sh.u, m, sink, y);
             }
-            case 1:
-              if (two) ring<2, 4, true><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
-              else ring<1, 4, true><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
-              break;
-            case 2:
-              if (two) ring<2, 8, true><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
-              else ring<1, 8, true><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
-              break;
-            case 3:
-              if (two) ring<2, 4, false><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
-              else ring<1, 4, false><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
-              break;
-            default:
-              if (two) ring<2, 8, false><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
-              else ring<1, 8, false><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            break;
           }
-        });
+          case 1:
+            if (two) ring<2, 4, true><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            else ring<1, 4, true><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            break;
+          case 2:
+            if (two) ring<2, 8, true><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            else ring<1, 8, true><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            break;
+          case 7:
+            if (two) own<2, 1><<<grid, 32, 0, s>>>(w, x, sh.k, sh.u, m, y);
+            else own<1, 1><<<grid, 32, 0, s>>>(w, x, sh.k, sh.u, m, y);
+            break;
+          case 8:
+            if (two) own<2, 2><<<grid, 64, 0, s>>>(w, x, sh.k, sh.u, m, y);
+            else own<1, 2><<<grid, 64, 0, s>>>(w, x, sh.k, sh.u, m, y);
+            break;
+          case 9:
+            if (two) own<2, 4><<<grid, 128, 0, s>>>(w, x, sh.k, sh.u, m, y);
+            else own<1, 4><<<grid, 128, 0, s>>>(w, x, sh.k, sh.u, m, y);
+            break;
+          case 3:
+            if (two) ring<2, 4, false><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            else ring<1, 4, false><<<grid, 160, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            break;
+          default:
+            if (two) ring<2, 8, false><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+            else ring<1, 8, false><<<grid, 288, 0, s>>>(mp, w, x, sh.k, sh.u, m, sink);
+        }
+      };
+      for (int v = 0; v < kVariants; ++v) {
+        const float us = replay_us(s, 20, [&](int c) { launch(v, c); });
         std::printf(" %8.2f", us);
+      }
+      // The variants that store Y against reg+epi, on weight copy 0.
+      std::vector<__nv_bfloat16> want(size_t(m) * sh.u), got(size_t(m) * sh.u);
+      launch(6, 0);
+      CK(cudaMemcpy(want.data(), y, want.size() * 2, cudaMemcpyDeviceToHost));
+      float top = 0.f;
+      for (auto v : want) top = std::max(top, std::fabs(__bfloat162float(v)));
+      std::printf("   check vs reg+epi (max |Y| %.3g):", top);
+      for (int v = 7; v < kVariants; ++v) {
+        CK(cudaMemset(y, 0xff, want.size() * 2));
+        launch(v, 0);
+        CK(cudaMemcpy(got.data(), y, got.size() * 2, cudaMemcpyDeviceToHost));
+        float worst = 0.f;
+        for (size_t i = 0; i < got.size(); ++i)
+          worst = std::max(worst, std::fabs(__bfloat162float(got[i]) - __bfloat162float(want[i])));
+        std::printf(" %s %.2e", names[v], worst / top);
       }
       std::printf("\n");
     }
