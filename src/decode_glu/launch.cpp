@@ -157,16 +157,15 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
   const int64_t cols = columns_per_cta(p);
   const int64_t ctas = (r.u + cols - 1) / cols * r.batch;
   s.one_wave = ctas <= 3 * int64_t(sms);
-  p.warps = 0;  // one per k-block, at most kMaxWarps
-  if (const int w = s.gather || p.down ? 0 : warps_per_cta(s, ctas, sms)) p.warps = std::min(warps_for(r.k), w);
-  // GATEDMLP_DECODE_WARPS=w (1 ... 8): at most w warps per CTA instead, a
-  // tuning knob read once per process (h75).
+  // GATEDMLP_DECODE_WARPS=w (1 ... 8): at most w warps per CTA instead of
+  // the rule's, a tuning knob read once per process (h75).
   static const int max_warps = [] {
     const char* v = std::getenv("GATEDMLP_DECODE_WARPS");
     const int w = v ? std::atoi(v) : 0;
     return w >= 1 && w <= kMaxWarps ? w : 0;
   }();
-  if (max_warps && !s.gather && !p.down) p.warps = std::min(warps_for(r.k), max_warps);
+  const int w = s.gather || p.down ? 0 : max_warps ? max_warps : warps_per_cta(s, ctas, sms);
+  p.warps = w ? std::min(warps_for(r.k), w) : 0;  // 0: one per k-block, at most kMaxWarps
   return r.input_dtype == DType::bf16 ? launch_bf16(p, s, stream) : launch_fp16(p, s, stream);
 }
 
