@@ -247,12 +247,17 @@ struct Variant {
   const char* tile = nullptr;        // GATEDMLP_SM90_TILE for the run; nullptr: as the environment has it
   const char* cluster = nullptr;     // GATEDMLP_SM90_CLUSTER (CTAs per cluster); nullptr: as the environment has it
   const char* decode = nullptr;      // GATEDMLP_DECODE ("0": the decode kernel left out); nullptr: as the environment has it
+  const char* decode_hopper = nullptr;  // GATEDMLP_DECODE_HOPPER ("0": the decode kernel's register form on sm_90 too)
 };
 inline const Variant kAsIs{};
 // The same call with the decode kernel left out: M <= 16 then takes the
 // Hopper or portable kernel, whose small-M coverage this keeps.
 inline const Variant kNoDecode{"fused, GATEDMLP_DECODE=0", false, nullptr, true, nullptr, nullptr, nullptr, nullptr,
                                "0"};
+// The decode kernel's register form where its Hopper form would take the
+// call (sm_90), whose coverage on Hopper this keeps.
+inline const Variant kDecodeRegisters{"fused, GATEDMLP_DECODE_HOPPER=0", false, nullptr, true, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, "0"};
 
 struct CaseOptions {
   std::vector<Variant> variants{kAsIs};  // one fused run each, on the same inputs
@@ -351,8 +356,9 @@ inline void run_case(const Problem& p, std::mt19937_64& rng, CaseStats* stats, c
     if (v.clusters) clusters_env.emplace("GATEDMLP_SM90_CLUSTERS", v.clusters);
     if (v.cluster) cluster_env.emplace("GATEDMLP_SM90_CLUSTER", v.cluster);
     if (v.tile) tile_env.emplace("GATEDMLP_SM90_TILE", v.tile);
-    std::optional<ScopedEnv> decode_env;
+    std::optional<ScopedEnv> decode_env, decode_hopper_env;
     if (v.decode) decode_env.emplace("GATEDMLP_DECODE", v.decode);
+    if (v.decode_hopper) decode_hopper_env.emplace("GATEDMLP_DECODE_HOPPER", v.decode_hopper);
     Config cfg;
     const Status sp = plan(p, &cfg);
     ASSERT_TRUE(sp.ok()) << v.label << ": plan: " << sp.message();

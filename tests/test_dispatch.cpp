@@ -15,6 +15,7 @@
 
 #include "core/internal.hpp"
 #include "decode_glu/decode_glu.hpp"
+#include "decode_glu/hopper.hpp"
 #include "decode_glu/params.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
@@ -405,6 +406,67 @@ TEST(Dispatch, DecodeKnobs) {
   ASSERT_TRUE(detail::select_config(llama8b(1).resolved(), nullptr, a100(), &c).ok());
   unsetenv("GATEDMLP_DECODE");
   EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+}
+
+// The decode kernel's Hopper form (decode_glu/hopper.hpp, h76): on sm_90,
+// for the fused one-batch layouts its tensor map can view (stacked, blocks
+// of G % 8 == 0 rows, either half first); the register form elsewhere, the
+// reason saying why.
+TEST(Dispatch, DecodeHopperForm) {
+  const bool built = sm90::compiled();
+  for (int64_t m : {1, 8, 9, 16}) {
+    const Config c = route(llama8b(m), h200());
+    EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+    EXPECT_EQ(decode::is_hopper_form(c), built) << to_string(c);
+    if (built) {
+      EXPECT_EQ(c.tile_n, decode::kHopperColumns) << to_string(c);
+      EXPECT_EQ(c.stages, decode::kHopperStages) << to_string(c);
+      EXPECT_NE(c.reason.find("Hopper form: a TMA ring"), std::string::npos) << c.reason;
+    }
+  }
+  // Blocks of 16 or 448 rows, up first: taken too.
+  for (int64_t g : {16, 448}) {
+    Problem p = llama8b(4);
+    p.weights.group = g;
+    p.weights.first = Half::up;
+    EXPECT_EQ(decode::is_hopper_form(route(p, h200())), built) << g;
+  }
+  // Never off sm_90.
+  const Config ampere = route(llama8b(4), a100());
+  EXPECT_FALSE(decode::is_hopper_form(ampere)) << to_string(ampere);
+  EXPECT_EQ(ampere.reason.find("Hopper form"), std::string::npos) << ampere.reason;
+  // What it does not take: the register form runs it, and says why.
+  struct Case {
+    const char* why;
+    Problem p;
+  };
+  std::vector<Case> cases;
+  Problem p = llama8b(4);
+  p.weights.format = WeightFormat::separate;
+  cases.push_back({"separate gate and up weights", p});
+  p = llama8b(4);
+  p.weights.group = 4;
+  cases.push_back({"weights.group=4 is not a multiple of 8", p});
+  p = llama8b(4);
+  p.u = 14340;  // stacked: G = U
+  cases.push_back({"weights.group=14340 is not a multiple of 8", p});
+  p = llama8b(4);
+  p.batch = 2;
+  cases.push_back({"batch=2 (the Hopper form takes one batch)", p});
+  for (const Case& k : cases) {
+    const Config c = route(k.p, h200());
+    EXPECT_EQ(c.path, KernelPath::decode) << k.why << ": " << to_string(c);
+    EXPECT_FALSE(decode::is_hopper_form(c)) << k.why << ": " << to_string(c);
+    const std::string why = built ? k.why : "this build has no sm_90a kernel";
+    EXPECT_NE(c.reason.find("Hopper form not taken: " + why), std::string::npos) << c.reason;
+  }
+  // GATEDMLP_DECODE_HOPPER=0 leaves it out.
+  setenv("GATEDMLP_DECODE_HOPPER", "0", 1);
+  const Config off = route(llama8b(1), h200());
+  unsetenv("GATEDMLP_DECODE_HOPPER");
+  EXPECT_EQ(off.path, KernelPath::decode) << to_string(off);
+  EXPECT_FALSE(decode::is_hopper_form(off)) << to_string(off);
+  EXPECT_NE(off.reason.find("Hopper form not taken: GATEDMLP_DECODE_HOPPER=0"), std::string::npos) << off.reason;
 }
 
 // Warps per CTA of a gate/up decode launch (decode::warps_per_cta, h75):

@@ -9,6 +9,9 @@
 // around them (row and batch padding) left alone; the fused error must be at
 // most 2x the unfused (cuBLASLt + GLU kernel) error plus a tiny atol
 // (run_case, gpu_util.hpp). plan() must say KernelPath::decode for each.
+// On an sm_90 device the kernel's Hopper form takes the fused one-batch
+// layouts it maps; a quarter of those cases also run on its register form
+// (GATEDMLP_DECODE_HOPPER=0).
 //
 // GeGLU (erf) deep in its negative tail against float64 directly.
 //
@@ -24,7 +27,9 @@
 #include <vector>
 
 #include "core/internal.hpp"
+#include "decode_glu/hopper.hpp"
 #include "gpu_util.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 
 using namespace gatedmlp;
 using namespace gatedmlp::test;
@@ -128,12 +133,18 @@ TEST(GpuDecode, RandomEveryLayoutAndOption) {
   const int n = cases(480);
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  int by_layout[3] = {0, 0, 0}, two_tiles = 0, batched = 0, tails = 0;
+  int by_layout[3] = {0, 0, 0}, two_tiles = 0, batched = 0, tails = 0, hopper = 0;
   for (int i = 0; i < n; ++i) {
     const Problem p = random_decode_problem(rng);
     SCOPED_TRACE("case " + std::to_string(i));
     std::vector<Variant> variants = {kAsIs};
     if (i % 16 == 0) variants.push_back(kNoDecode);
+    Config cfg;
+    ASSERT_TRUE(plan(p, &cfg).ok());
+    if (decode::is_hopper_form(cfg)) {
+      ++hopper;
+      if (i % 4 == 1) variants.push_back(kDecodeRegisters);
+    }
     run_decode_case(p, rng, &st, variants);
     if (HasFailure()) return;
     by_layout[p.weights.format == WeightFormat::separate ? 0 : (p.weights.group == 0 ? 1 : 2)]++;
@@ -143,8 +154,14 @@ TEST(GpuDecode, RandomEveryLayoutAndOption) {
   }
   std::printf(
       "[ cases ] %d passed on the decode kernel (%d separate, %d stacked, %d interleaved; %d with M > 8, %d batched, "
-      "%d with a K tail); worst fused/unfused relative-error ratio %.3f\n",
-      st.cases, by_layout[0], by_layout[1], by_layout[2], two_tiles, batched, tails, st.worst_ratio);
+      "%d with a K tail; %d on its Hopper form); worst fused/unfused relative-error ratio %.3f\n",
+      st.cases, by_layout[0], by_layout[1], by_layout[2], two_tiles, batched, tails, hopper, st.worst_ratio);
+  // On an sm_90 device the Hopper form takes the fused one-batch layouts it
+  // maps (about a third of the cases): it must have been exercised.
+  detail::DeviceInfo dev;
+  if (detail::device_info(-1, &dev).ok() && dev.major == 9 && dev.minor == 0 && sm90::compiled()) {
+    EXPECT_GT(hopper, n / 8) << "the decode kernel's Hopper form took too few cases";
+  }
 }
 
 // Every layout x every activation x M in {1, 8, 9, 16}, on one odd shape
@@ -175,7 +192,12 @@ TEST(GpuDecode, EveryLayoutActivationAndTileEdge) {
         p.has_preact = i % 3 == 0;
         p.preact_dtype = static_cast<DType>((i / 3) % 3);
         p.alpha = i % 4 == 1 ? -0.75f : 1.0f;
-        run_decode_case(p, rng, &st, {kAsIs});
+        // Where the Hopper form takes it, the register form too.
+        Config cfg;
+        ASSERT_TRUE(plan(p, &cfg).ok());
+        std::vector<Variant> variants = {kAsIs};
+        if (decode::is_hopper_form(cfg)) variants.push_back(kDecodeRegisters);
+        run_decode_case(p, rng, &st, variants);
         if (HasFailure()) return;
         ++i;
       }

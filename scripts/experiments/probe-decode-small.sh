@@ -8,9 +8,13 @@
 #   stream: probes/decode_stream.cu, the decode kernel's sums fed by a
 #          shared-memory ring that bulk copies fill (tensor-map boxes or
 #          one-row copies) against the same sums on register loads
+#   wgmma: probes/decode_wgmma.cu (h76), the weights as wgmma's A operand
+#          from a TMA ring, N = 8 or 16 tokens, against cublasGemmEx in
+#          the same run
 #   bench: `gatedmlp bench --model small` as shipped and under each of
 #          SETTINGS (space-separated VAR=VALUE[,VAR=VALUE...], default
-#          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2). The
+#          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2), for
+#          each of MODELS (default small; e.g. "small 8b 70b"), graph-timed. The
 #          staged form h75 measured is docs/notes/data/h75-staged-form.patch
 #          (git apply it on b2fe4f1; its knobs: GATEDMLP_DECODE_STAGED=0,
 #          GATEDMLP_DECODE_STAGED_WARPS=w)
@@ -35,7 +39,7 @@ build() {
     { tail -20 "$out/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"
 }
-rows() { grep -E "^(model|qwen-0.5b|1024x2816|llama-1b|llama-3b) " | cut -c1-110; }
+rows() { grep -E "^(model|qwen-0.5b|1024x2816|llama-1b|llama-3b|8b|70b) " | cut -c1-110; }
 
 for step in ${@:-floor bench ncu}; do
   case "$step" in
@@ -45,15 +49,21 @@ for step in ${@:-floor bench ncu}; do
   stream)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/decode_stream.cu -o "$out/decode_stream" &&
       "$out/decode_stream" | tee "$out/stream.txt" ;;
+  wgmma)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/decode_wgmma.cu -lcublas -lcuda \
+      -o "$out/decode_wgmma" && "$out/decode_wgmma" | tee "$out/wgmma.txt" ;;
   bench)
     build
     for r in $(seq "${ROUNDS:-2}"); do
-      echo "-- round $r: as shipped"
-      "$g" bench --model small --m "$ms" 2>>"$out/bench.err" | rows | tee -a "$out/bench-default.txt"
-      for set in ${SETTINGS:-GATEDMLP_DECODE=0}; do
-        echo "-- round $r: $set"
-        IFS=, read -ra kv <<<"$set"
-        env "${kv[@]}" "$g" bench --model small --m "$ms" 2>>"$out/bench.err" | rows | tee -a "$out/bench-${set//[=,]/_}.txt"
+      for model in ${MODELS:-small}; do
+        echo "-- round $r: $model, as shipped"
+        "$g" bench --model "$model" --m "$ms" --graph 2>>"$out/bench.err" | rows | tee -a "$out/bench-default.txt"
+        for set in ${SETTINGS:-GATEDMLP_DECODE=0}; do
+          echo "-- round $r: $model, $set"
+          IFS=, read -ra kv <<<"$set"
+          env "${kv[@]}" "$g" bench --model "$model" --m "$ms" --graph 2>>"$out/bench.err" | rows |
+            tee -a "$out/bench-${set//[=,]/_}.txt"
+        done
       done
     done
     echo "bench warnings (fused against unfused): $(grep -c WARNING "$out/bench.err")"; grep WARNING "$out/bench.err" | head -5 ;;

@@ -7,6 +7,7 @@
 #include "core/internal.hpp"
 #include "gatedmlp/quant.hpp"
 #include "decode_glu/decode_glu.hpp"
+#include "decode_glu/hopper.hpp"
 #include "down/down.hpp"
 #include "quant_decode/quant_decode.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
@@ -52,6 +53,17 @@ std::string decode_blocker(const Problem& r, const Arguments* a) {
   if (portable_forced()) return "GATEDMLP_FORCE_PATH=portable";
   if (const char* v = std::getenv("GATEDMLP_DECODE"); v && std::string(v) == "0") return "GATEDMLP_DECODE=0";
   return decode::blocker(r, a);
+}
+
+// Why the decode kernel's Hopper form (decode_glu/hopper.hpp) does not take
+// a call the decode kernel takes, or "" if it does: on the small shapes it
+// measured 0.96-1.06x cuBLAS's GEMM alone where the register-load form stood
+// at 0.82-0.97x (docs/notes/drop-in-and-decode.md, h76).
+// GATEDMLP_DECODE_HOPPER=0 leaves it out (tests and timing of the other form).
+std::string decode_hopper_blocker(const Problem& r, const Arguments* a, const DeviceInfo& dev) {
+  if (dev.major != 9 || dev.minor != 0) return "not an sm_90 device";
+  if (const char* v = std::getenv("GATEDMLP_DECODE_HOPPER"); v && std::string(v) == "0") return "GATEDMLP_DECODE_HOPPER=0";
+  return decode::hopper_blocker(r, a);
 }
 
 // Why the Hopper kernel does not take this call, or "" if it does.
@@ -398,6 +410,16 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     c.vector_loads = true;
     c.reason = "decode kernel: m=" + std::to_string(r.m) + " <= " + std::to_string(decode::kMaxM) +
                " rows stream the weights once";
+    const std::string hopper_no = decode_hopper_blocker(r, a, dev);
+    if (hopper_no.empty()) {
+      c.tile_n = decode::kHopperColumns;
+      c.tile_k = decode::kHopperBk;
+      c.stages = decode::kHopperStages;
+      c.threads = decode::kHopperThreads;
+      c.reason += "; Hopper form: a TMA ring, wgmma with the weights as the A operand";
+    } else if (dev.major == 9 && dev.minor == 0) {
+      c.reason += "; Hopper form not taken: " + hopper_no;
+    }
     *cfg = c;
     return Status::Ok();
   }

@@ -47,6 +47,37 @@ __device__ __forceinline__ void store_partials(float* red, const float (&acc)[CG
       for (int r = 0; r < 4; ++r) mine[((cg * NT + nt) * 4 + r) * 32 + lane] = acc[cg][nt][r];
 }
 
+// One output from its gate and up sums: alpha, bias, pre-activation,
+// activation, Y (batch l, output row `row`, column j).
+__device__ __forceinline__ void finish(const Params& p, float gs, float us, int64_t j, int64_t l, int64_t row) {
+  float gv = gs * p.alpha, uv = us * p.alpha;
+  if (p.has_bias) {
+    const int64_t boff = int64_t(l) * p.sb;
+    gv += gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j));  // separate: j
+    uv += p.separate ? gatedmlp::detail::load_float(p.bias_up, p.bias_dtype, boff + j)
+                     : gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
+  }
+  if (p.has_pre) {
+    const int64_t base = l * p.spre + row * p.ldpre;
+    gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j), gv);
+    gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j), uv);
+  }
+  // 16-bit Y: the one-MUFU tanh form of the activation, as the other
+  // kernels use for rounded outputs; fp32 Y: the exp form. GeGLU (erf)
+  // as 0.5 g erfc(-g / sqrt 2) u, the same function as glu()'s
+  // 0.5 g (1 + erf(g / sqrt 2)) u without its cancellation where g << 0:
+  // at g = -4.6, 1 + erf is ~5e-6 and erf's absolute error (~6e-8)
+  // would be ~1 % of the result, more than the unfused path's own error
+  // on a one-element output (GpuDecode.GeluErfNegativeTail).
+  float y;
+  if (p.act == gatedmlp::detail::kGeluErf)
+    y = 0.5f * gv * erfcf(-0.7071067811865476f * gv) * uv;
+  else
+    y = p.out_dtype == 2 ? gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit)
+                         : gatedmlp::detail::glu_out16<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
+  gatedmlp::detail::store_float(p.y, p.out_dtype, l * p.sy + row * p.ldy + j, y);
+}
+
 // One (token, column) output per thread, columns fastest so neighbouring
 // threads store neighbouring Y elements. Token m sits in n-tile m / 8 at C
 // column m % 8 = 2t + parity; column c of the CTA in group c / 8, C row
@@ -69,33 +100,7 @@ __device__ __forceinline__ void epilogue(const Params& p, const float* red, int6
       gs += part[w * (CG * NT * 128) + parity * 32];
       us += part[w * (CG * NT * 128) + (2 + parity) * 32];
     }
-    float gv = gs * p.alpha, uv = us * p.alpha;
-    if (p.has_bias) {
-      const int64_t boff = int64_t(l) * p.sb;
-      gv += gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 0, j));  // separate: j
-      uv += p.separate ? gatedmlp::detail::load_float(p.bias_up, p.bias_dtype, boff + j)
-                       : gatedmlp::detail::load_float(p.bias, p.bias_dtype, boff + pre_col(p, 1, j));
-    }
-    const int64_t row = yrows ? yrows[m] : m;
-    if (p.has_pre) {
-      const int64_t base = l * p.spre + row * p.ldpre;
-      gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 0, j), gv);
-      gatedmlp::detail::store_float(p.pre, p.pre_dtype, base + pre_col(p, 1, j), uv);
-    }
-    // 16-bit Y: the one-MUFU tanh form of the activation, as the other
-    // kernels use for rounded outputs; fp32 Y: the exp form. GeGLU (erf)
-    // as 0.5 g erfc(-g / sqrt 2) u, the same function as glu()'s
-    // 0.5 g (1 + erf(g / sqrt 2)) u without its cancellation where g << 0:
-    // at g = -4.6, 1 + erf is ~5e-6 and erf's absolute error (~6e-8)
-    // would be ~1 % of the result, more than the unfused path's own error
-    // on a one-element output (GpuDecode.GeluErfNegativeTail).
-    float y;
-    if (p.act == gatedmlp::detail::kGeluErf)
-      y = 0.5f * gv * erfcf(-0.7071067811865476f * gv) * uv;
-    else
-      y = p.out_dtype == 2 ? gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit)
-                           : gatedmlp::detail::glu_out16<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
-    gatedmlp::detail::store_float(p.y, p.out_dtype, l * p.sy + row * p.ldy + j, y);
+    finish(p, gs, us, j, l, yrows ? yrows[m] : m);
   }
 }
 

@@ -212,23 +212,19 @@ Fn driver_entry(const char* name, Status* s) {
   return fn;
 }
 
+}  // namespace
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
   return driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", s);
 }
 
-// cuTensorMapReplaceAddress: a prepared call's tensor maps take the next
-// call's addresses without being encoded again.
 PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s) {
   return driver_entry<PFN_cuTensorMapReplaceAddress_v12000>("cuTensorMapReplaceAddress", s);
 }
 
-// A row-major 16-bit (or FP8) tensor with 128-byte-swizzled boxes whose
-// inner extent is 128 bytes (64-byte swizzle: 64; unswizzled: any multiple
-// of 16 bytes).
-// dims[0] is the contiguous one; strides in bytes, for dims 1...
 Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
               const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what,
-              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
+              CUtensorMapSwizzle swizzle) {
   cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUtensorMapDataType type = dt == DType::bf16       ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                    : dt == DType::fp8_e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8  // bytes, read as e4m3 by wgmma
@@ -251,8 +247,6 @@ Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, 
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 namespace {
 // A fresh, nonzero 64-bit token per launch (splitmix64 of a counter seeded

@@ -1,6 +1,7 @@
 // Host side of the Hopper fast path: what it takes, its tile, its launcher.
 #pragma once
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -9,6 +10,20 @@
 #include "sm90_gemm_glu/params.hpp"
 
 namespace gatedmlp::sm90 {
+
+// Tensor maps (launch.cpp), for every kernel that loads by TMA. The driver's
+// entry points are looked up once per process; null with *s set if the
+// driver lacks them. cuTensorMapReplaceAddress: a prepared call's maps take
+// the next call's addresses without being encoded again.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s);
+PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s);
+// A row-major 16-bit (or FP8) tensor with 128-byte-swizzled boxes whose
+// inner extent is 128 bytes (64-byte swizzle: 64; unswizzled: any multiple
+// of 16 bytes). dims[0] is the contiguous one; strides in bytes, for dims
+// 1...; `what` names the tensor in the error.
+Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
+              const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box, const char* what,
+              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B);
 
 // The compiled tiles (see the note at the top of sm90_gemm_glu.cuh).
 struct Tile {
