@@ -247,17 +247,17 @@ struct Variant {
   const char* tile = nullptr;        // GATEDMLP_SM90_TILE for the run; nullptr: as the environment has it
   const char* cluster = nullptr;     // GATEDMLP_SM90_CLUSTER (CTAs per cluster); nullptr: as the environment has it
   const char* decode = nullptr;      // GATEDMLP_DECODE ("0": the decode kernel left out); nullptr: as the environment has it
-  const char* decode_hopper = nullptr;  // GATEDMLP_DECODE_HOPPER ("0": the decode kernel's register form on sm_90 too)
+  const char* decode_hopper = nullptr;  // GATEDMLP_DECODE_HOPPER ("1": the decode kernel's Hopper form wherever it can run)
 };
 inline const Variant kAsIs{};
 // The same call with the decode kernel left out: M <= 16 then takes the
 // Hopper or portable kernel, whose small-M coverage this keeps.
 inline const Variant kNoDecode{"fused, GATEDMLP_DECODE=0", false, nullptr, true, nullptr, nullptr, nullptr, nullptr,
                                "0"};
-// The decode kernel's register form where its Hopper form would take the
-// call (sm_90), whose coverage on Hopper this keeps.
-inline const Variant kDecodeRegisters{"fused, GATEDMLP_DECODE_HOPPER=0", false, nullptr, true, nullptr, nullptr,
-                                      nullptr, nullptr, nullptr, "0"};
+// The decode kernel's Hopper form wherever it can run (sm_90), also on the
+// small shapes where the dispatcher keeps the register form.
+inline const Variant kDecodeHopper{"fused, GATEDMLP_DECODE_HOPPER=1", false, nullptr, true, nullptr, nullptr,
+                                   nullptr, nullptr, nullptr, "1"};
 
 struct CaseOptions {
   std::vector<Variant> variants{kAsIs};  // one fused run each, on the same inputs

@@ -410,47 +410,72 @@ TEST(Dispatch, DecodeKnobs) {
 
 // The decode kernel's Hopper form (decode_glu/hopper.hpp, h76): on sm_90,
 // for the fused one-batch layouts its tensor map can view (stacked, blocks
-// of G % 8 == 0 rows, either half first); the register form elsewhere, the
-// reason saying why.
+// of G % 8 == 0 rows, either half first), where its grid was measured
+// faster than the register form's; the register form elsewhere, the reason
+// saying why.
 TEST(Dispatch, DecodeHopperForm) {
   const bool built = sm90::compiled();
-  for (int64_t m : {1, 8, 9, 16}) {
-    const Config c = route(llama8b(m), h200());
+  auto shape = [](int64_t m, int64_t k, int64_t u) {
+    Problem p = llama8b(m);
+    p.k = k;
+    p.u = u;
+    return p;
+  };
+  // Taken: 8B (448 CTAs of 32 columns on 132 SMs) at m > 8, Llama-3.2-1B
+  // (256 CTAs) at any m, Qwen2.5-0.5B (152) at m > 8.
+  for (const Problem& p : {llama8b(9), llama8b(16), shape(1, 2048, 8192), shape(8, 3072, 8192), shape(9, 896, 4864),
+                           shape(16, 896, 4864)}) {
+    const Config c = route(p, h200());
     EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
-    EXPECT_EQ(decode::is_hopper_form(c), built) << to_string(c);
+    EXPECT_EQ(decode::is_hopper_form(c), built) << to_string(p) << ": " << to_string(c);
     if (built) {
       EXPECT_EQ(c.tile_n, decode::kHopperColumns) << to_string(c);
       EXPECT_EQ(c.stages, decode::kHopperStages) << to_string(c);
       EXPECT_NE(c.reason.find("Hopper form: a TMA ring"), std::string::npos) << c.reason;
     }
   }
+  // Left to the register form by its grid, the reason saying so.
+  struct Case {
+    const char* why;
+    Problem p;
+  };
+  std::vector<Case> grids = {
+      {"its 88 CTAs of 32 columns leave some of the 132 SMs idle", shape(16, 1024, 2816)},
+      {"m=1 <= 8 and its 448 CTAs are not 1.5-2 per SM", llama8b(1)},
+      {"m=8 <= 8 and its 448 CTAs are not 1.5-2 per SM", llama8b(8)},
+      {"m=4 <= 8 and its 152 CTAs are not 1.5-2 per SM", shape(4, 896, 4864)},
+  };
+  for (const Case& k : grids) {
+    const Config c = route(k.p, h200());
+    EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
+    EXPECT_FALSE(decode::is_hopper_form(c)) << to_string(c);
+    if (built) {
+      EXPECT_NE(c.reason.find(std::string("Hopper form not taken: ") + k.why), std::string::npos) << c.reason;
+    }
+  }
   // Blocks of 16 or 448 rows, up first: taken too.
   for (int64_t g : {16, 448}) {
-    Problem p = llama8b(4);
+    Problem p = llama8b(16);
     p.weights.group = g;
     p.weights.first = Half::up;
     EXPECT_EQ(decode::is_hopper_form(route(p, h200())), built) << g;
   }
   // Never off sm_90.
-  const Config ampere = route(llama8b(4), a100());
+  const Config ampere = route(llama8b(16), a100());
   EXPECT_FALSE(decode::is_hopper_form(ampere)) << to_string(ampere);
   EXPECT_EQ(ampere.reason.find("Hopper form"), std::string::npos) << ampere.reason;
-  // What it does not take: the register form runs it, and says why.
-  struct Case {
-    const char* why;
-    Problem p;
-  };
+  // What it cannot run: the register form runs it, and says why.
   std::vector<Case> cases;
-  Problem p = llama8b(4);
+  Problem p = llama8b(16);
   p.weights.format = WeightFormat::separate;
   cases.push_back({"separate gate and up weights", p});
-  p = llama8b(4);
+  p = llama8b(16);
   p.weights.group = 4;
   cases.push_back({"weights.group=4 is not a multiple of 8", p});
-  p = llama8b(4);
+  p = llama8b(16);
   p.u = 14340;  // stacked: G = U
   cases.push_back({"weights.group=14340 is not a multiple of 8", p});
-  p = llama8b(4);
+  p = llama8b(16);
   p.batch = 2;
   cases.push_back({"batch=2 (the Hopper form takes one batch)", p});
   for (const Case& k : cases) {
@@ -460,13 +485,18 @@ TEST(Dispatch, DecodeHopperForm) {
     const std::string why = built ? k.why : "this build has no sm_90a kernel";
     EXPECT_NE(c.reason.find("Hopper form not taken: " + why), std::string::npos) << c.reason;
   }
-  // GATEDMLP_DECODE_HOPPER=0 leaves it out.
+  // GATEDMLP_DECODE_HOPPER=0 leaves it out; =1 takes it wherever it can run.
   setenv("GATEDMLP_DECODE_HOPPER", "0", 1);
-  const Config off = route(llama8b(1), h200());
+  const Config off = route(llama8b(16), h200());
+  setenv("GATEDMLP_DECODE_HOPPER", "1", 1);
+  const Config on = route(shape(1, 1024, 2816), h200());
+  const Config cannot = route(cases[0].p, h200());
   unsetenv("GATEDMLP_DECODE_HOPPER");
   EXPECT_EQ(off.path, KernelPath::decode) << to_string(off);
   EXPECT_FALSE(decode::is_hopper_form(off)) << to_string(off);
   EXPECT_NE(off.reason.find("Hopper form not taken: GATEDMLP_DECODE_HOPPER=0"), std::string::npos) << off.reason;
+  EXPECT_EQ(decode::is_hopper_form(on), built) << to_string(on);
+  EXPECT_FALSE(decode::is_hopper_form(cannot)) << to_string(cannot);
 }
 
 // Warps per CTA of a gate/up decode launch (decode::warps_per_cta, h75):

@@ -56,14 +56,18 @@ std::string decode_blocker(const Problem& r, const Arguments* a) {
 }
 
 // Why the decode kernel's Hopper form (decode_glu/hopper.hpp) does not take
-// a call the decode kernel takes, or "" if it does: on the small shapes it
-// measured 0.96-1.06x cuBLAS's GEMM alone where the register-load form stood
-// at 0.82-0.97x (docs/notes/drop-in-and-decode.md, h76).
-// GATEDMLP_DECODE_HOPPER=0 leaves it out (tests and timing of the other form).
+// a call the decode kernel takes, or "" if it does: what it can run
+// (decode::hopper_blocker), then where it was measured faster than the
+// register form (decode::hopper_grid_blocker, h76).
+// GATEDMLP_DECODE_HOPPER=0 leaves it out, =1 takes it wherever it can run
+// (tests and timing of either form).
 std::string decode_hopper_blocker(const Problem& r, const Arguments* a, const DeviceInfo& dev) {
   if (dev.major != 9 || dev.minor != 0) return "not an sm_90 device";
-  if (const char* v = std::getenv("GATEDMLP_DECODE_HOPPER"); v && std::string(v) == "0") return "GATEDMLP_DECODE_HOPPER=0";
-  return decode::hopper_blocker(r, a);
+  const char* v = std::getenv("GATEDMLP_DECODE_HOPPER");
+  const std::string knob = v ? v : "";
+  if (knob == "0") return "GATEDMLP_DECODE_HOPPER=0";
+  if (std::string no = decode::hopper_blocker(r, a); !no.empty()) return no;
+  return knob == "1" ? std::string() : decode::hopper_grid_blocker(r, dev.sms);
 }
 
 // Why the Hopper kernel does not take this call, or "" if it does.

@@ -31,6 +31,16 @@ inline constexpr int kHopperThreads = 128 + 32;
 // aligned.
 std::string hopper_blocker(const Problem& resolved, const Arguments* a);
 
+// Why the Hopper form is not the faster one for this problem (which
+// hopper_blocker() accepted) on `sms` SMs, or "" if it is. Its CTAs (32
+// columns, two per SM) against the register form's (8 columns, 3-8 per SM),
+// measured in one H200 run (docs/notes/drop-in-and-decode.md, h76): faster
+// where its grid is more than one CTA per SM and either m > 8 or the grid
+// fills 1.5-2 CTAs per SM (Llama-3.2-1B/3B); slower where it leaves SMs idle
+// (1024 x 2816: 88 CTAs) and at m <= 8 where its grid is under 1.5 per SM
+// (Qwen2.5-0.5B) or over 2 (8B: 448 CTAs, 1.7 waves).
+std::string hopper_grid_blocker(const Problem& resolved, int sms);
+
 // A decode call on the Hopper form, prepared once: the parameters and the
 // two tensor maps (weights viewed as (K, 8 rows, 2 halves, G / 8 groups,
 // U / G blocks), X as (K, M, 1)). hopper_launch() points them at each

@@ -35,6 +35,19 @@ std::string hopper_blocker(const Problem& r, const Arguments* a) {
   return os.str();
 }
 
+std::string hopper_grid_blocker(const Problem& r, int sms) {
+  const int64_t g = r.weights.group;
+  const int64_t ctas = (g + kHopperColumns - 1) / kHopperColumns * (r.u / g);
+  std::ostringstream os;
+  if (ctas <= sms)
+    os << "its " << ctas << " CTAs of " << kHopperColumns << " columns leave some of the " << sms
+       << " SMs idle (the register form's CTAs of 8 fill them)";
+  else if (r.m <= 8 && (2 * ctas < 3 * int64_t(sms) || ctas > 2 * int64_t(sms)))
+    os << "m=" << r.m << " <= 8 and its " << ctas << " CTAs are not 1.5-2 per SM (" << sms
+       << " SMs): the register form streams as fast there";
+  return os.str();
+}
+
 Status hopper_prepare(const Problem& r, const Arguments& a, HopperPrepared* out) {
   Status s;
   auto fn = sm90::encode_fn(&s);
