@@ -50,7 +50,7 @@ for step in ${@:-floor bench ncu}; do
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/decode_stream.cu -o "$out/decode_stream" &&
       "$out/decode_stream" | tee "$out/stream.txt" ;;
   wgmma)
-    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/decode_wgmma.cu -lcublas -lcuda \
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/decode_wgmma.cu -lcublas -lcuda \
       -o "$out/decode_wgmma" && "$out/decode_wgmma" | tee "$out/wgmma.txt" ;;
   bench)
     build

@@ -21,15 +21,25 @@
 //     shared memory at the end);
 //   - a CTA owns 32 T output columns over all of K.
 //
+// Then the same probe kernel (T = 1, 8 stages) against the library's own
+// (decode_glu/decode_hopper.cu, included here and launched as the library
+// launches it) and cuBLAS, each with X fixed or rotated over as many
+// copies as the weights: which of harness and kernel makes the library's
+// form slower than this one. (The variant sweep over T, S, W and K slices
+// is at commit d281eb6, its table in docs/notes/data/h76-probe-kslices.txt.)
+//
 // Each variant's Y is checked against a plain float reference on random
-// inputs. Standalone, not library code: nvcc -O3 -std=c++17
-// -gencode arch=compute_90a,code=sm_90a decode_wgmma.cu -lcublas -lcuda.
+// inputs. Standalone: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a
+// -Isrc -Iinclude decode_wgmma.cu -lcublas -lcuda, from the repository root.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
 
+#include "decode_glu/decode_hopper.cu"  // the library's kernel (nvcc -Isrc -Iinclude from the repository root)
 #include "h75_common.cuh"
+
+using namespace gatedmlp;
 
 namespace {
 
@@ -310,6 +320,53 @@ CUtensorMap x_map(const void* base, int64_t k, int m, int n, int ks = 1) {
 
 }  // namespace
 
+// The library's kernel on the probe's buffers: a HopperPrepared as
+// hopper_prepare() builds it (stacked weights, silu, bf16 Y, no options).
+decode::HopperPrepared lib_call(const void* w, const void* x, __nv_bfloat16* y, int k, int u, int m) {
+  decode::HopperPrepared pr;
+  decode::Params& p = pr.p;
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  p.m = m;
+  p.batch = 1;
+  p.k = k;
+  p.u = u;
+  p.ldx = p.ldw = k;
+  p.ldy = u;
+  p.group = u;
+  p.act = int(Activation::silu);
+  p.alpha = 1.f;
+  p.out_dtype = 0;
+  p.warps = 1;
+  pr.input = DType::bf16;
+  pr.n = m <= 8 ? 8 : 16;
+  pr.ctas_per_block = (u + 31) / 32;
+  pr.grid = unsigned(pr.ctas_per_block);
+  {
+    const cuuint64_t dims[5] = {cuuint64_t(k), 8, 2, cuuint64_t(u / 8), 1};
+    const cuuint64_t strides[4] = {cuuint64_t(2 * k), cuuint64_t(2 * int64_t(u) * k), cuuint64_t(16 * k),
+                                   cuuint64_t(4 * int64_t(u) * k)};
+    const cuuint32_t box[5] = {kBk, 8, 2, 4, 1};
+    const cuuint32_t es[5] = {1, 1, 1, 1, 1};
+    if (encode_fn()(&pr.wmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(w), dims, strides, box, es,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      std::exit(1);
+  }
+  {
+    const cuuint64_t dims[3] = {cuuint64_t(k), cuuint64_t(m), 1};
+    const cuuint64_t strides[2] = {cuuint64_t(2 * k), cuuint64_t(2 * int64_t(m) * k)};
+    const cuuint32_t box[3] = {kBk, cuuint32_t(pr.n), 1};
+    const cuuint32_t es[3] = {1, 1, 1};
+    if (encode_fn()(&pr.xmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(x), dims, strides, box, es,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      std::exit(1);
+  }
+  return pr;
+}
+
 int main() {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
@@ -319,63 +376,68 @@ int main() {
   void* ws;
   CK(cudaMalloc(&ws, 32 << 20));
   cublasSetWorkspace(h, ws, 32 << 20);
-  const char* names[] = {"cuBLAS", "T1S8", "T1S12", "T2S6", "KS2S8", "KS2S12", "KS4S8", "KS4S12"};
-  constexpr int kVariants = 8;
+  // xr: X rotated over as many copies as the weights (as the benchmark
+  // rotates it), else one X for every call; lib: the library's kernel
+  // (decode_glu/decode_hopper.cu) launched as it launches it.
+  const char* names[] = {"cuBLAS", "cuBLASxr", "T1S8", "T1S8xr", "lib", "libxr"};
+  constexpr int kVariants = 6;
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
-  std::printf(" | best/cuBLAS  (us per call; T: 64-row tiles per CTA, W: consumer warpgroups, S: stages)\n");
+  std::printf("   (us per call)\n");
   for (const SmallShape& sh : kSmallShapes) {
     const int k = int(sh.k), u = int(sh.u);
     const int64_t bytes = 2 * sh.u * sh.k * 2;
     const std::vector<void*> bufs = rotated_buffers(bytes, 0);
     const int copies = int(bufs.size());
     for (void* b : bufs) fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(b), bytes / 2, 0x1234u);
-    __nv_bfloat16 *x, *y, *yc;
+    std::vector<__nv_bfloat16*> xs(copies);
+    for (auto& x : xs) {
+      CK(cudaMalloc(&x, 16 * sh.k * 2));
+      fill_random<<<64, 256>>>(x, 16 * sh.k, 0x9876u);  // every copy the same values
+    }
+    __nv_bfloat16 *y, *yc;
     float* yr;
-    CK(cudaMalloc(&x, 16 * sh.k * 2));
-    fill_random<<<64, 256>>>(x, 16 * sh.k, 0x9876u);
     CK(cudaMalloc(&y, 16 * sh.u * 2));
     CK(cudaMalloc(&yc, 16 * 2 * sh.u * 2));
     CK(cudaMalloc(&yr, 16 * sh.u * 4));
     CK(cudaDeviceSynchronize());
-    std::vector<CUtensorMap> w1, w2, k2, k4;
+    std::vector<CUtensorMap> w1;
     for (void* b : bufs) w1.push_back(weight_map(b, sh.k, sh.u, 1));
-    for (void* b : bufs) w2.push_back(weight_map(b, sh.k, sh.u, 2));
-    for (void* b : bufs) k2.push_back(weight_map(b, sh.k, sh.u, 1, 2));
-    for (void* b : bufs) k4.push_back(weight_map(b, sh.k, sh.u, 1, 4));
     for (int m : {1, 4, 8, 9, 16}) {
-      const CUtensorMap x8 = x_map(x, sh.k, m, 8), x16 = x_map(x, sh.k, m, 16);
-      const CUtensorMap x8k2 = x_map(x, sh.k, m, 8, 2), x16k2 = x_map(x, sh.k, m, 16, 2);
-      const CUtensorMap x8k4 = x_map(x, sh.k, m, 8, 4), x16k4 = x_map(x, sh.k, m, 16, 4);
+      std::vector<CUtensorMap> x8, x16;
+      std::vector<decode::HopperPrepared> lib, libxr;
+      for (int i = 0; i < copies; ++i) {
+        x8.push_back(x_map(xs[i], sh.k, m, 8));
+        x16.push_back(x_map(xs[i], sh.k, m, 16));
+        lib.push_back(lib_call(bufs[i], xs[0], y, k, u, m));
+        libxr.push_back(lib_call(bufs[i], xs[i], y, k, u, m));
+      }
       auto launch = [&](int v, int c) {
-        const int i = c % copies;
-        if (v == 0) {
-          const float one = 1.f, zero = 0.f;
-          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2 * u, m, k, &one, bufs[i], CUDA_R_16BF, k, x, CUDA_R_16BF, k,
-                       &zero, yc, CUDA_R_16BF, 2 * u, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-          return;
-        }
-#define L(T, S, KS, MAP, X8, X16)                                   \
-  (m <= 8 ? launch_swab<8, T, S, KS>(MAP[i], X8, k, u, m, y, s) \
-          : launch_swab<16, T, S, KS>(MAP[i], X16, k, u, m, y, s))
+        const int i = c % copies, xi = v % 2 ? i : 0;
         switch (v) {
-          case 1: L(1, 8, 1, w1, x8, x16); break;
-          case 2: L(1, 12, 1, w1, x8, x16); break;
-          case 3: L(2, 6, 1, w2, x8, x16); break;
-          case 4: L(1, 8, 2, k2, x8k2, x16k2); break;
-          case 5: L(1, 12, 2, k2, x8k2, x16k2); break;
-          case 6: L(1, 8, 4, k4, x8k4, x16k4); break;
-          default: L(1, 12, 4, k4, x8k4, x16k4);
+          case 0:
+          case 1: {
+            const float one = 1.f, zero = 0.f;
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2 * u, m, k, &one, bufs[i], CUDA_R_16BF, k, xs[xi], CUDA_R_16BF,
+                         k, &zero, yc, CUDA_R_16BF, 2 * u, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            break;
+          }
+          case 2:
+          case 3:
+            if (m <= 8) launch_swab<8, 1, 8, 1>(w1[i], x8[xi], k, u, m, y, s);
+            else launch_swab<16, 1, 8, 1>(w1[i], x16[xi], k, u, m, y, s);
+            break;
+          default:
+            CK(decode::hopper_kernel_launch(v == 4 ? lib[i] : libxr[i], s));
         }
-#undef L
       };
       // Check every variant's Y against the float reference on copy 0.
-      reference<<<dim3((u + 127) / 128, m), 128, 0, s>>>(static_cast<const __nv_bfloat16*>(bufs[0]), x, k, u, m, yr);
+      reference<<<dim3((u + 127) / 128, m), 128, 0, s>>>(static_cast<const __nv_bfloat16*>(bufs[0]), xs[0], k, u, m, yr);
       std::vector<float> ref(size_t(m) * u);
       CK(cudaMemcpyAsync(ref.data(), yr, ref.size() * 4, cudaMemcpyDeviceToHost, s));
       CK(cudaStreamSynchronize(s));
       double worst = 0;
-      for (int v = 1; v < kVariants; ++v) {
+      for (int v = 2; v < kVariants; ++v) {
         CK(cudaMemsetAsync(y, 0xFF, size_t(m) * u * 2, s));  // NaN poison
         launch(v, 0);
         std::vector<__nv_bfloat16> got(size_t(m) * u);
@@ -397,11 +459,10 @@ int main() {
         t[v] = replay_us(s, 20, [&](int c) { launch(v, c); });
         std::printf(" %8.2f", t[v]);
       }
-      std::printf(" | %.3f  (Y checked, worst rel. error %.1e)\n", t[0] / *std::min_element(t + 1, t + kVariants),
-                  worst);
+      std::printf("   (Y checked, worst rel. error %.1e)\n", worst);
     }
     for (void* b : bufs) CK(cudaFree(b));
-    CK(cudaFree(x));
+    for (auto x : xs) CK(cudaFree(x));
     CK(cudaFree(y));
     CK(cudaFree(yc));
     CK(cudaFree(yr));
