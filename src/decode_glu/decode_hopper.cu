@@ -162,13 +162,22 @@ __global__ void __launch_bounds__(kHopperThreads)
 
 template <typename T, int N>
 cudaError_t launch_typed(const HopperPrepared& pr, cudaStream_t stream) {
-  if (const cudaError_t e = detail::allow_smem(decode_hopper_kernel<T, N>, Ring<N>::kSmem); e != cudaSuccess) return e;
   decode_hopper_kernel<T, N><<<pr.grid, kHopperThreads, Ring<N>::kSmem, stream>>>(pr.p, pr.wmap, pr.xmap,
                                                                                   pr.ctas_per_block, pr.p.group);
   return cudaGetLastError();
 }
 
+template <typename T, int N>
+cudaError_t setup_typed() {
+  return detail::allow_smem(decode_hopper_kernel<T, N>, Ring<N>::kSmem);
+}
+
 }  // namespace
+
+cudaError_t hopper_kernel_setup(const HopperPrepared& pr) {
+  if (pr.input == DType::bf16) return pr.n == 8 ? setup_typed<__nv_bfloat16, 8>() : setup_typed<__nv_bfloat16, 16>();
+  return pr.n == 8 ? setup_typed<__half, 8>() : setup_typed<__half, 16>();
+}
 
 cudaError_t hopper_kernel_launch(const HopperPrepared& pr, cudaStream_t stream) {
   if (pr.input == DType::bf16)

@@ -65,7 +65,10 @@ inline bool is_hopper_form(const Config& c) { return c.path == KernelPath::decod
 Status hopper_prepare(const Problem& resolved, const Arguments& args, HopperPrepared* out);
 Status hopper_launch(HopperPrepared& prepared, const Arguments& args, cudaStream_t stream);
 
-// The kernel's launch (decode_hopper.cu, built for sm_90a only).
+// The kernel's set-up on the current device (its shared-memory limit, once
+// per device: hopper_prepare() calls it) and its launch (decode_hopper.cu,
+// built for sm_90a only).
+cudaError_t hopper_kernel_setup(const HopperPrepared& prepared);
 cudaError_t hopper_kernel_launch(const HopperPrepared& prepared, cudaStream_t stream);
 
 }  // namespace gatedmlp::decode

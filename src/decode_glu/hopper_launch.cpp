@@ -77,6 +77,8 @@ Status hopper_prepare(const Problem& r, const Arguments& a, HopperPrepared* out)
   }
   pr.w = a.w;
   pr.x = a.x;
+  if (const cudaError_t e = hopper_kernel_setup(pr); e != cudaSuccess)
+    return err(StatusCode::cuda_error, "decode kernel (Hopper form) set-up failed: ", cudaGetErrorString(e));
   *out = pr;
   return Status::Ok();
 }
@@ -106,6 +108,7 @@ Status hopper_launch(HopperPrepared& pr, const Arguments& a, cudaStream_t stream
 }
 
 #if !defined(GATEDMLP_HAS_SM90)
+cudaError_t hopper_kernel_setup(const HopperPrepared&) { return cudaErrorNotSupported; }
 cudaError_t hopper_kernel_launch(const HopperPrepared&, cudaStream_t) { return cudaErrorNotSupported; }
 #endif
 

@@ -241,17 +241,6 @@ __global__ void __launch_bounds__(32 * S) own(const __nv_bfloat16* w, const __nv
     }
 }
 
-// Random bf16 in [-1, 1) from a hash of the index.
-__global__ void fill_random(__nv_bfloat16* p, int64_t n, uint32_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
-  }
-}
-
 int main() {
   unsigned* sink;
   CK(cudaMalloc(&sink, 4));

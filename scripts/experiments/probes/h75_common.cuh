@@ -1,11 +1,13 @@
-// What the h75 probes (read_floor.cu, decode_stream.cu) share: error
-// checks, the streaming load, mbarrier waits, the decode tile's tensor map
+// What the h75 / h76 probes (read_floor.cu, decode_stream.cu,
+// decode_wgmma.cu) share: error checks, random fills, the streaming load,
+// mbarrier waits, the decode tile's tensor map
 // over stacked [2U, K] bf16 weights, and timing in CUDA-graph replay.
 // Standalone, not library code.
 #pragma once
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -95,6 +97,17 @@ inline CUtensorMap make_decode_map(const void* base, int64_t k, int64_t u, int b
     std::exit(1);
   }
   return m;
+}
+
+// Random bf16 in [-1, 1) from a hash of the index.
+inline __global__ void fill_random(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
+  }
 }
 
 // The small model set's shapes (K, U).
