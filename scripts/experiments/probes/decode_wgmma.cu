@@ -45,32 +45,11 @@ namespace {
 
 constexpr int kBk = 64;  // k per stage: one 128-byte swizzled row
 
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t a) {
-  // K-major, 128-byte swizzle: 8-row groups 1024 bytes apart (SBO), LBO
-  // unused (1), layout type 1 (128B) in bits 62-63.
-  return (uint64_t((1024u >> 4) | (1u << 30)) << 32) | (((a & 0x3FFFFu) >> 4) | (1u << 16));
-}
-
 __device__ __forceinline__ void tma_4d(void* dst, const CUtensorMap* m, uint64_t* bar, int c0, int c1, int c2, int c3) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
       "[%6];" ::"r"(saddr(dst)),
       "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(saddr(bar))
-      : "memory");
-}
-__device__ __forceinline__ void tma_5d(void* dst, const CUtensorMap* m, uint64_t* bar, int c0, int c1, int c2, int c3,
-                                       int c4) {
-  asm volatile(
-      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
-      "%6}], [%7];" ::"r"(saddr(dst)),
-      "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(saddr(bar))
-      : "memory");
-}
-__device__ __forceinline__ void tma_3d(void* dst, const CUtensorMap* m, uint64_t* bar, int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];" ::"r"(saddr(dst)),
-      "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(saddr(bar))
       : "memory");
 }
 __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* m, uint64_t* bar, int c0, int c1) {
@@ -83,7 +62,6 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* m, uint64_t
 
 // D[64 x N] += A[64 x 16] * B[N x 16]^T, both K-major in shared memory; N = 8
 // ... 64, N / 2 accumulators per thread.
-#define DW_R4(a) "%" #a ", %" #a "+1"
 template <int N>
 __device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t a, uint64_t b) {
 #define DW_PRE "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n"
@@ -118,7 +96,6 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t a, uint64_t b)
 #undef DW_PRE
 #undef DW_F
 }
-#undef DW_R4
 
 // N tokens (8 or 16), T 64-row tiles (32 T columns) per CTA, S stages, KS
 // slices of K: with KS > 1 (T = 1) a tile's 64 rows are 4 / KS groups of
@@ -174,8 +151,8 @@ __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_
           tma_4d(st, &wmap, &full[s], kb * kBk, 0, 0, g0);
           tma_2d(st + C::kA, &xmap, &full[s], kb * kBk, 0);
         } else {
-          tma_5d(st, &wmap, &full[s], kb * kBk, 0, 0, g0, 0);
-          tma_3d(st + C::kA, &xmap, &full[s], kb * kBk, 0, 0);
+          sm90::tma_load_5d(st, &wmap, &full[s], kb * kBk, 0, 0, g0, 0);
+          sm90::tma_load_3d(st + C::kA, &xmap, &full[s], kb * kBk, 0, 0);
         }
       }
     }
@@ -194,9 +171,9 @@ __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) {
-      const uint64_t b = desc_sw128(st + C::kA + kk * 32);
+      const uint64_t b = sm90::desc_sw128(st + C::kA + kk * 32);
 #pragma unroll
-      for (int t = 0; t < T; ++t) wgmma<kWN>(d[t], desc_sw128(st + t * 64 * 128 + kk * 32), b);
+      for (int t = 0; t < T; ++t) wgmma<kWN>(d[t], sm90::desc_sw128(st + t * 64 * 128 + kk * 32), b);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");

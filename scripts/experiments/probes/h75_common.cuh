@@ -100,7 +100,7 @@ inline CUtensorMap make_decode_map(const void* base, int64_t k, int64_t u, int b
 }
 
 // Random bf16 in [-1, 1) from a hash of the index.
-inline __global__ void fill_random(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+__global__ void fill_random(__nv_bfloat16* p, int64_t n, uint32_t seed) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;
     h ^= h >> 15;
