@@ -136,20 +136,27 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 // result is tiny next to g and tanh's error near -1 makes its relative
 // error grow, which no norm-wise comparison sees. fp32 outputs keep glu()
 // (|error| <= 2e-7 |g u|). Host code (no MUFU): glu().
+// glu_out16's silu (gelu = false) and gelu_tanh (true), and nothing else:
+// for epilogues that keep the common case's code short (decode::finish).
+GATEDMLP_HD float glu_out16_silu_gelu(bool gelu, float g, float u) {
+#if defined(__CUDA_ARCH__)
+  const float c = 0.7978845608028654f;  // sqrt(2/pi)
+  const float h = 0.5f * g;
+  return fmaf(h, tanh_approx(gelu ? g * fmaf(c * 0.044715f, g * g, c) : h), h) * u;
+#else
+  return glu<float>(gelu ? kGeluTanh : kSilu, g, u, 0.f, 0.f);
+#endif
+}
+
 template <typename F>
 GATEDMLP_HD F glu_out16(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 #if defined(__CUDA_ARCH__)
   if constexpr (sizeof(F) == 4) {
     switch (act) {
-      case kSilu: {
-        const float h = 0.5f * g;
-        return fmaf(h, tanh_approx(h), h) * u;
-      }
-      case kGeluTanh: {
-        const float c = 0.7978845608028654f;  // sqrt(2/pi)
-        const float h = 0.5f * g;
-        return fmaf(h, tanh_approx(g * fmaf(c * 0.044715f, g * g, c)), h) * u;
-      }
+      case kSilu:
+        return glu_out16_silu_gelu(false, g, u);
+      case kGeluTanh:
+        return glu_out16_silu_gelu(true, g, u);
       case kSwigluClamped: {
         g = min_keep_nan(g, clamp_limit);
         u = u < -clamp_limit ? -clamp_limit : (u > clamp_limit ? clamp_limit : u);

@@ -47,9 +47,10 @@ __device__ __forceinline__ void store_partials(float* red, const float (&acc)[CG
       for (int r = 0; r < 4; ++r) mine[((cg * NT + nt) * 4 + r) * 32 + lane] = acc[cg][nt][r];
 }
 
-// One output from its gate and up sums: alpha, bias, pre-activation,
-// activation, Y (batch l, output row `row`, column j).
-__device__ __forceinline__ void finish(const Params& p, float gs, float us, int64_t j, int64_t l, int64_t row) {
+// One output from its gate and up sums, every option: alpha, bias,
+// pre-activation, activation, Y (batch l, output row `row`, column j). Out
+// of line: see finish().
+__device__ __noinline__ void finish_any(const Params& p, float gs, float us, int64_t j, int64_t l, int64_t row) {
   float gv = gs * p.alpha, uv = us * p.alpha;
   if (p.has_bias) {
     const int64_t boff = int64_t(l) * p.sb;
@@ -76,6 +77,22 @@ __device__ __forceinline__ void finish(const Params& p, float gs, float us, int6
     y = p.out_dtype == 2 ? gatedmlp::detail::glu<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit)
                          : gatedmlp::detail::glu_out16<float>(p.act, gv, uv, p.clamp_alpha, p.clamp_limit);
   gatedmlp::detail::store_float(p.y, p.out_dtype, l * p.sy + row * p.ldy + j, y);
+}
+
+// finish_any() for any call; inline only for what models run: silu or
+// gelu_tanh to a 16-bit Y, without bias or pre-activation. Why: with
+// finish_any() inline at each of the Hopper form's 4 unrolled outputs the
+// kernel's code grew from 17 to 46 KB, and its end, which every CTA
+// reaches at once, ran 0.3-0.8 us slower on the small shapes than the same
+// kernel ending in a bare silu (docs/notes/drop-in-and-decode.md, h77).
+__device__ __forceinline__ void finish(const Params& p, float gs, float us, int64_t j, int64_t l, int64_t row) {
+  namespace d = gatedmlp::detail;
+  if ((p.has_bias | p.has_pre) == 0 && p.out_dtype != 2 && (p.act == d::kSilu || p.act == d::kGeluTanh)) {
+    const float y = d::glu_out16_silu_gelu(p.act == d::kGeluTanh, gs * p.alpha, us * p.alpha);
+    d::store_float(p.y, p.out_dtype, l * p.sy + row * p.ldy + j, y);
+    return;
+  }
+  finish_any(p, gs, us, j, l, row);
 }
 
 // One (token, column) output per thread, columns fastest so neighbouring

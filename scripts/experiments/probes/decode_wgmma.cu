@@ -35,6 +35,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "decode_glu/decode_hopper.cu"  // the library's kernel (nvcc -Isrc -Iinclude from the repository root)
 #include "h75_common.cuh"
@@ -116,10 +117,20 @@ struct Cfg {
   static constexpr int kThreads = 128 + 32;
 };
 
-template <int N, int T, int S, int KS>
+// V (h77, T = 1, KS = 1 only): what the library's kernel does beside this
+// one, a bit each: 1 takes the library's Params as a kernel argument (the
+// launch's parameter bytes), 2 ends with its finish() per output (and so
+// takes the Params), 4 loads through its 5-D weight and 3-D X maps and
+// prefetches them.
+template <int V>
+using ParamArg = std::conditional_t<(V & 3) != 0, decode::Params, char>;
+
+template <int N, int T, int S, int KS, int V = 0>
 __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_constant__ CUtensorMap wmap,
                                                                    const __grid_constant__ CUtensorMap xmap, int k,
-                                                                   int u, int m, __nv_bfloat16* __restrict__ y) {
+                                                                   int u, int m, __nv_bfloat16* __restrict__ y,
+                                                                   const __grid_constant__ ParamArg<V> p) {
+  static_assert(V == 0 || (T == 1 && KS == 1), "variants: one tile, one slice");
   using C = Cfg<N, T, S, KS>;
   constexpr int kGroups = 4 / KS;  // column groups per 64-row tile
   constexpr int kWN = C::kWN;
@@ -141,13 +152,20 @@ __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_
   if (warp == 4) {
     // Producer: one thread issues every stage's two boxes.
     if (lane == 0) {
+      if constexpr (V & 4) {
+        sm90::tma_prefetch_map(&wmap);
+        sm90::tma_prefetch_map(&xmap);
+      }
       const int g0 = blockIdx.x * kGroups * T;
       for (int kb = 0; kb < nkb; ++kb) {
         const int s = kb % S;
         if (kb >= S) bar_wait(&empty[s], ((kb / S) - 1) & 1);
         arrive_expect(&full[s], C::kStage);
         uint8_t* st = smem + s * C::kStage;
-        if constexpr (KS == 1) {
+        if constexpr (V & 4) {
+          sm90::tma_load_5d(st, &wmap, &full[s], kb * kBk, 0, 0, g0, 0);
+          sm90::tma_load_3d(st + C::kA, &xmap, &full[s], kb * kBk, 0, 0);
+        } else if constexpr (KS == 1) {
           tma_4d(st, &wmap, &full[s], kb * kBk, 0, 0, g0);
           tma_2d(st + C::kA, &xmap, &full[s], kb * kBk, 0);
         } else {
@@ -219,22 +237,29 @@ __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_
       for (int e = 0; e < 2; ++e) {
         const int token = 8 * c + 2 * (lane % 4) + e;
         const float g = v[t][4 * c + e], uu = v[t][4 * c + 2 + e];
-        if (token < m) y[int64_t(token) * u + j] = __float2bfloat16(g / (1.f + __expf(-g)) * uu);
+        if constexpr (V & 2) {
+          if (token < p.m) decode::finish(p, g, uu, j, 0, token);
+        } else if (token < m) {
+          y[int64_t(token) * u + j] = __float2bfloat16(g / (1.f + __expf(-g)) * uu);
+        }
       }
   }
 }
 
-template <int N, int T, int S, int KS = 1>
-void launch_swab(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, int m, __nv_bfloat16* y, cudaStream_t s) {
+template <int N, int T, int S, int KS = 1, int V = 0>
+void launch_swab(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, int m, __nv_bfloat16* y, cudaStream_t s,
+                 const decode::Params& lib = decode::Params{}) {
   using C = Cfg<N, T, S, KS>;
   static bool once = [] {
-    CK(cudaFuncSetAttribute(swab<N, T, S, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    CK(cudaFuncSetAttribute(swab<N, T, S, KS, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     return true;
   }();
   (void)once;
   const int cols = 32 * T / KS;
   const unsigned grid = unsigned((u + cols - 1) / cols);
-  swab<N, T, S, KS><<<grid, C::kThreads, C::kSmem, s>>>(wm, xm, k, u, m, y);
+  ParamArg<V> p{};
+  if constexpr ((V & 3) != 0) p = lib;
+  swab<N, T, S, KS, V><<<grid, C::kThreads, C::kSmem, s>>>(wm, xm, k, u, m, y, p);
 }
 
 // One thread per (token, column), float sums.
@@ -342,11 +367,14 @@ int main() {
   void* ws;
   CK(cudaMalloc(&ws, 32 << 20));
   cublasSetWorkspace(h, ws, 32 << 20);
-  // xr: X rotated over as many copies as the weights (as the benchmark
-  // rotates it), else one X for every call; lib: the library's kernel
-  // (decode_glu/decode_hopper.cu) launched as it launches it.
-  const char* names[] = {"cuBLAS", "cuBLASxr", "T1S8", "T1S8xr", "lib", "libxr"};
-  constexpr int kVariants = 6;
+  // T1S8: the probe's kernel; V1, V3, V5, V7: the same with the library's
+  // pieces (launch_swab's V: 1 its Params as an argument, 2 its finish(),
+  // 4 its tensor maps), V7 having all three; lib: the library's kernel
+  // (decode_glu/decode_hopper.cu) launched as it launches it. X and the
+  // weights rotate over `copies` copies (h77: X fixed or rotated timed the
+  // same).
+  const char* names[] = {"cuBLAS", "T1S8", "V1", "V3", "V5", "V7", "lib"};
+  constexpr int kVariants = 7;
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
   std::printf("   (us per call)\n");
@@ -371,32 +399,37 @@ int main() {
     for (void* b : bufs) w1.push_back(weight_map(b, sh.k, sh.u, 1));
     for (int m : {1, 4, 8, 9, 16}) {
       std::vector<CUtensorMap> x8, x16;
-      std::vector<decode::HopperPrepared> lib, libxr;
+      std::vector<decode::HopperPrepared> lib;
       for (int i = 0; i < copies; ++i) {
         x8.push_back(x_map(xs[i], sh.k, m, 8));
         x16.push_back(x_map(xs[i], sh.k, m, 16));
-        lib.push_back(lib_call(bufs[i], xs[0], y, k, u, m));
-        libxr.push_back(lib_call(bufs[i], xs[i], y, k, u, m));
+        lib.push_back(lib_call(bufs[i], xs[i], y, k, u, m));
       }
       CK(decode::hopper_kernel_setup(lib[0]));
       auto launch = [&](int v, int c) {
-        const int i = c % copies, xi = v % 2 ? i : 0;
+        const int i = c % copies;
+        const decode::HopperPrepared& l = lib[i];
+        // V & 4: the library's maps, else the probe's.
+        const CUtensorMap& wm = (v == 4 || v == 5) ? l.wmap : w1[i];
+        const CUtensorMap& xm = (v == 4 || v == 5) ? l.xmap : (m <= 8 ? x8[i] : x16[i]);
+#define DW_SWAB(V)                                                  \
+  (m <= 8 ? launch_swab<8, 1, 8, 1, V>(wm, xm, k, u, m, y, s, l.p) \
+          : launch_swab<16, 1, 8, 1, V>(wm, xm, k, u, m, y, s, l.p))
         switch (v) {
-          case 0:
-          case 1: {
+          case 0: {
             const float one = 1.f, zero = 0.f;
-            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2 * u, m, k, &one, bufs[i], CUDA_R_16BF, k, xs[xi], CUDA_R_16BF,
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2 * u, m, k, &one, bufs[i], CUDA_R_16BF, k, xs[i], CUDA_R_16BF,
                          k, &zero, yc, CUDA_R_16BF, 2 * u, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             break;
           }
-          case 2:
-          case 3:
-            if (m <= 8) launch_swab<8, 1, 8, 1>(w1[i], x8[xi], k, u, m, y, s);
-            else launch_swab<16, 1, 8, 1>(w1[i], x16[xi], k, u, m, y, s);
-            break;
-          default:
-            CK(decode::hopper_kernel_launch(v == 4 ? lib[i] : libxr[i], s));
+          case 1: DW_SWAB(0); break;
+          case 2: DW_SWAB(1); break;
+          case 3: DW_SWAB(3); break;
+          case 4: DW_SWAB(5); break;
+          case 5: DW_SWAB(7); break;
+          default: CK(decode::hopper_kernel_launch(l, s));
         }
+#undef DW_SWAB
       };
       // Check every variant's Y against the float reference on copy 0.
       reference<<<dim3((u + 127) / 128, m), 128, 0, s>>>(static_cast<const __nv_bfloat16*>(bufs[0]), xs[0], k, u, m, yr);
@@ -404,7 +437,7 @@ int main() {
       CK(cudaMemcpyAsync(ref.data(), yr, ref.size() * 4, cudaMemcpyDeviceToHost, s));
       CK(cudaStreamSynchronize(s));
       double worst = 0;
-      for (int v = 2; v < kVariants; ++v) {
+      for (int v = 1; v < kVariants; ++v) {
         CK(cudaMemsetAsync(y, 0xFF, size_t(m) * u * 2, s));  // NaN poison
         launch(v, 0);
         std::vector<__nv_bfloat16> got(size_t(m) * u);
