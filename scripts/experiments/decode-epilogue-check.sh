@@ -10,12 +10,12 @@
 #   4. `gatedmlp bench` on the small models and 8B, graph-timed, as
 #      shipped and with the Hopper form forced on (=1) and off (=0);
 #   5. racecheck over the decode suites (the Hopper form's ring).
-# Needs a CUDA machine. Output to $OUT or ./profile-out.
+# PROBE=0 leaves out step 1. Needs a CUDA machine. Output to $OUT or ./profile-out.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-$PWD/profile-out}"
 mkdir -p "$out"
-scripts/experiments/probe-decode-small.sh wgmma | tail -21
+[ "${PROBE:-1}" = 1 ] && scripts/experiments/probe-decode-small.sh wgmma | tail -21
 ARCHS=90a BUILD_TARGETS="test_gpu gatedmlp_tool" scripts/gpu-check.sh build | tail -1
 timeout 150 build-gpu/tests/test_gpu --gtest_filter='GpuDecode.*:GpuQuant.*:GpuGather.*:GpuActivation.*' \
   >"$out/suites.log" 2>&1

@@ -50,7 +50,7 @@ __device__ __forceinline__ void store_partials(float* red, const float (&acc)[CG
 // One output from its gate and up sums, every option: alpha, bias,
 // pre-activation, activation, Y (batch l, output row `row`, column j). Out
 // of line: see finish().
-__device__ __noinline__ void finish_any(const Params& p, float gs, float us, int64_t j, int64_t l, int64_t row) {
+inline __device__ __noinline__ void finish_any(const Params& p, float gs, float us, int64_t j, int64_t l, int64_t row) {
   float gv = gs * p.alpha, uv = us * p.alpha;
   if (p.has_bias) {
     const int64_t boff = int64_t(l) * p.sb;
