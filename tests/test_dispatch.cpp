@@ -421,10 +421,12 @@ TEST(Dispatch, DecodeHopperForm) {
     p.u = u;
     return p;
   };
-  // Taken: 8B (448 CTAs of 32 columns on 132 SMs) at m > 8, Llama-3.2-1B
-  // (256 CTAs) at any m, Qwen2.5-0.5B (152) at m > 8.
-  for (const Problem& p : {llama8b(9), llama8b(16), shape(1, 2048, 8192), shape(8, 3072, 8192), shape(9, 896, 4864),
-                           shape(16, 896, 4864)}) {
+  // Taken: 8B (448 CTAs of 32 columns on 132 SMs) at m > 8; at any m where
+  // the grid is at most 2 CTAs per SM and at least half the SMs: Llama-3.2-1B
+  // (256 CTAs), Qwen2.5-0.5B (152), 1024 x 2816 (88).
+  for (const Problem& p : {llama8b(9), llama8b(16), shape(1, 2048, 8192), shape(8, 3072, 8192), shape(1, 896, 4864),
+                           shape(4, 896, 4864), shape(16, 896, 4864), shape(1, 1024, 2816), shape(16, 1024, 2816),
+                           shape(8, 4096, 264 * 32), shape(16, 1024, 66 * 32)}) {
     const Config c = route(p, h200());
     EXPECT_EQ(c.path, KernelPath::decode) << to_string(c);
     EXPECT_EQ(decode::is_hopper_form(c), built) << to_string(p) << ": " << to_string(c);
@@ -440,10 +442,10 @@ TEST(Dispatch, DecodeHopperForm) {
     Problem p;
   };
   std::vector<Case> grids = {
-      {"its 88 CTAs of 32 columns leave some of the 132 SMs idle", shape(16, 1024, 2816)},
-      {"m=1 <= 8 and its 448 CTAs are not 1.5-2 per SM", llama8b(1)},
-      {"m=8 <= 8 and its 448 CTAs are not 1.5-2 per SM", llama8b(8)},
-      {"m=4 <= 8 and its 152 CTAs are not 1.5-2 per SM", shape(4, 896, 4864)},
+      {"its 65 CTAs of 32 columns leave over half of the 132 SMs idle", shape(16, 1024, 65 * 32)},
+      {"m=1 <= 8 and its 448 CTAs are more than 2 per SM", llama8b(1)},
+      {"m=8 <= 8 and its 448 CTAs are more than 2 per SM", llama8b(8)},
+      {"m=8 <= 8 and its 265 CTAs are more than 2 per SM", shape(8, 4096, 265 * 32)},
   };
   for (const Case& k : grids) {
     const Config c = route(k.p, h200());

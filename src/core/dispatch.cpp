@@ -58,7 +58,7 @@ std::string decode_blocker(const Problem& r, const Arguments* a) {
 // Why the decode kernel's Hopper form (decode_glu/hopper.hpp) does not take
 // a call the decode kernel takes, or "" if it does: what it can run
 // (decode::hopper_blocker), then where it was measured faster than the
-// register form (decode::hopper_grid_blocker, h76).
+// register form (decode::hopper_grid_blocker, h76, h77).
 // GATEDMLP_DECODE_HOPPER=0 leaves it out, =1 takes it wherever it can run
 // (tests and timing of either form).
 std::string decode_hopper_blocker(const Problem& r, const Arguments* a, const DeviceInfo& dev) {

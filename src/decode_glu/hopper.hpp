@@ -34,11 +34,14 @@ std::string hopper_blocker(const Problem& resolved, const Arguments* a);
 // Why the Hopper form is not the faster one for this problem (which
 // hopper_blocker() accepted) on `sms` SMs, or "" if it is. Its CTAs (32
 // columns, two per SM) against the register form's (8 columns, 3-8 per SM),
-// measured in one H200 run (docs/notes/drop-in-and-decode.md, h76): faster
-// where its grid is more than one CTA per SM and either m > 8 or the grid
-// fills 1.5-2 CTAs per SM (Llama-3.2-1B/3B); slower where it leaves SMs idle
-// (1024 x 2816: 88 CTAs) and at m <= 8 where its grid is under 1.5 per SM
-// (Qwen2.5-0.5B) or over 2 (8B: 448 CTAs, 1.7 waves).
+// measured in one H200 run once the epilogue's code was short
+// (docs/notes/drop-in-and-decode.md, h77): faster or level at m > 8 on
+// every small shape and 8B, and at m <= 8 where its whole grid is resident
+// at once (at most 2 CTAs per SM: Qwen2.5-0.5B, 1024 x 2816, Llama-3.2-1B
+// and 3B); slower at m <= 8 past that (8B: 448 CTAs, 0.86-0.88x cuBLAS
+// against the register form's 0.91-0.94x). Grids under half the SMs were
+// not measured (the smallest was 1024 x 2816's 88 CTAs on 132 SMs): the
+// register form keeps them.
 std::string hopper_grid_blocker(const Problem& resolved, int sms);
 
 // A decode call on the Hopper form, prepared once: the parameters and the

@@ -39,12 +39,12 @@ std::string hopper_grid_blocker(const Problem& r, int sms) {
   const int64_t g = r.weights.group;
   const int64_t ctas = (g + kHopperColumns - 1) / kHopperColumns * (r.u / g);
   std::ostringstream os;
-  if (ctas <= sms)
-    os << "its " << ctas << " CTAs of " << kHopperColumns << " columns leave some of the " << sms
+  if (2 * ctas < sms)
+    os << "its " << ctas << " CTAs of " << kHopperColumns << " columns leave over half of the " << sms
        << " SMs idle (the register form's CTAs of 8 fill them)";
-  else if (r.m <= 8 && (2 * ctas < 3 * int64_t(sms) || ctas > 2 * int64_t(sms)))
-    os << "m=" << r.m << " <= 8 and its " << ctas << " CTAs are not 1.5-2 per SM (" << sms
-       << " SMs): the register form streams as fast there";
+  else if (r.m <= 8 && ctas > 2 * int64_t(sms))
+    os << "m=" << r.m << " <= 8 and its " << ctas << " CTAs are more than 2 per SM (" << sms
+       << " SMs): the register form streams faster there";
   return os.str();
 }
 
