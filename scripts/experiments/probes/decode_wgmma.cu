@@ -21,12 +21,14 @@
 //     shared memory at the end);
 //   - a CTA owns 32 T output columns over all of K.
 //
-// Then the same probe kernel (T = 1, 8 stages) against the library's own
+// Then the same probe kernel (T = 1, 8 stages) with the library's pieces
+// added one at a time (h77: its Params as an argument, its finish()
+// epilogue, its tensor maps), against the library's own kernel
 // (decode_glu/decode_hopper.cu, included here and launched as the library
-// launches it) and cuBLAS, each with X fixed or rotated over as many
-// copies as the weights: which of harness and kernel makes the library's
-// form slower than this one. (The variant sweep over T, S, W and K slices
-// is at commit d281eb6, its table in docs/notes/data/h76-probe-kslices.txt.)
+// launches it) and cuBLAS: which piece makes the library's form slower
+// than this one. (The variant sweep over T, S, W and K slices is at commit
+// d281eb6, its table in docs/notes/data/h76-probe-kslices.txt; X fixed
+// against rotated at 0a6c2ed, docs/notes/data/h77-probe-x-rotated.txt.)
 //
 // Each variant's Y is checked against a plain float reference on random
 // inputs. Standalone: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a
