@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Experiment h77 (docs/notes/drop-in-and-decode.md): the decode epilogue's
 # code size, checked and timed in one machine session:
-#   1. probes/decode_wgmma.cu: the probe's Hopper-form kernel against itself
-#      with the library's Params, finish() and tensor maps, and against the
-#      library's kernel and cuBLAS (probe-decode-small.sh wgmma);
+#   1. probes/decode_wgmma.cu (probe-decode-small.sh wgmma): at 81367b6 the
+#      probe's Hopper-form kernel against itself with the library's Params,
+#      finish() and tensor maps, the library's kernel and cuBLAS; later, the
+#      variants its header names;
 #   2. a 90a build of the tests and the tool (gpu-check.sh build);
 #   3. every suite that runs finish(): decode, quantized decode, gathered,
 #      activations;

@@ -8,9 +8,9 @@
 #   stream: probes/decode_stream.cu, the decode kernel's sums fed by a
 #          shared-memory ring that bulk copies fill (tensor-map boxes or
 #          one-row copies) against the same sums on register loads
-#   wgmma: probes/decode_wgmma.cu (h76), the weights as wgmma's A operand
-#          from a TMA ring, N = 8 or 16 tokens, against cublasGemmEx in
-#          the same run
+#   wgmma: probes/decode_wgmma.cu (h76-h78), the weights as wgmma's A operand
+#          from a TMA ring, N = 8 or 16 tokens, against cublasGemmEx and
+#          the library's kernel in the same run (variants: its header)
 #   bench: `gatedmlp bench --model small` as shipped and under each of
 #          SETTINGS (space-separated VAR=VALUE[,VAR=VALUE...], default
 #          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2), for

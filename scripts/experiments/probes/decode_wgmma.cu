@@ -21,14 +21,13 @@
 //     shared memory at the end);
 //   - a CTA owns 32 T output columns over all of K.
 //
-// Then the same probe kernel (T = 1, 8 stages) with the library's pieces
-// added one at a time (h77: its Params as an argument, its finish()
-// epilogue, its tensor maps), against the library's own kernel
+// Then the same probe kernel (T = 1, 8 stages) against K split over a
+// cluster of 2 or 4 CTAs (h78, swab_cluster), the library's own kernel
 // (decode_glu/decode_hopper.cu, included here and launched as the library
-// launches it) and cuBLAS: which piece makes the library's form slower
-// than this one. (The variant sweep over T, S, W and K slices is at commit
-// d281eb6, its table in docs/notes/data/h76-probe-kslices.txt; X fixed
-// against rotated at 0a6c2ed, docs/notes/data/h77-probe-x-rotated.txt.)
+// launches it) and cuBLAS. (The variant sweep over T, S, W and K slices is
+// at commit d281eb6, its table in docs/notes/data/h76-probe-kslices.txt;
+// X fixed against rotated at 0a6c2ed, docs/notes/data/h77-probe-x-rotated.txt;
+// the library's pieces one at a time, h77, at 81367b6.)
 //
 // Each variant's Y is checked against a plain float reference on random
 // inputs. Standalone: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a
@@ -37,7 +36,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <type_traits>
 
 #include "decode_glu/decode_hopper.cu"  // the library's kernel (nvcc -Isrc -Iinclude from the repository root)
 #include "h75_common.cuh"
@@ -119,20 +117,10 @@ struct Cfg {
   static constexpr int kThreads = 128 + 32;
 };
 
-// V (h77, T = 1, KS = 1 only): what the library's kernel does beside this
-// one, a bit each: 1 takes the library's Params as a kernel argument (the
-// launch's parameter bytes), 2 ends with its finish() per output (and so
-// takes the Params), 4 loads through its 5-D weight and 3-D X maps and
-// prefetches them.
-template <int V>
-using ParamArg = std::conditional_t<(V & 3) != 0, decode::Params, char>;
-
-template <int N, int T, int S, int KS, int V = 0>
+template <int N, int T, int S, int KS>
 __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_constant__ CUtensorMap wmap,
                                                                    const __grid_constant__ CUtensorMap xmap, int k,
-                                                                   int u, int m, __nv_bfloat16* __restrict__ y,
-                                                                   const __grid_constant__ ParamArg<V> p) {
-  static_assert(V == 0 || (T == 1 && KS == 1), "variants: one tile, one slice");
+                                                                   int u, int m, __nv_bfloat16* __restrict__ y) {
   using C = Cfg<N, T, S, KS>;
   constexpr int kGroups = 4 / KS;  // column groups per 64-row tile
   constexpr int kWN = C::kWN;
@@ -154,20 +142,13 @@ __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_
   if (warp == 4) {
     // Producer: one thread issues every stage's two boxes.
     if (lane == 0) {
-      if constexpr (V & 4) {
-        sm90::tma_prefetch_map(&wmap);
-        sm90::tma_prefetch_map(&xmap);
-      }
       const int g0 = blockIdx.x * kGroups * T;
       for (int kb = 0; kb < nkb; ++kb) {
         const int s = kb % S;
         if (kb >= S) bar_wait(&empty[s], ((kb / S) - 1) & 1);
         arrive_expect(&full[s], C::kStage);
         uint8_t* st = smem + s * C::kStage;
-        if constexpr (V & 4) {
-          sm90::tma_load_5d(st, &wmap, &full[s], kb * kBk, 0, 0, g0, 0);
-          sm90::tma_load_3d(st + C::kA, &xmap, &full[s], kb * kBk, 0, 0);
-        } else if constexpr (KS == 1) {
+        if constexpr (KS == 1) {
           tma_4d(st, &wmap, &full[s], kb * kBk, 0, 0, g0);
           tma_2d(st + C::kA, &xmap, &full[s], kb * kBk, 0);
         } else {
@@ -239,29 +220,168 @@ __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_
       for (int e = 0; e < 2; ++e) {
         const int token = 8 * c + 2 * (lane % 4) + e;
         const float g = v[t][4 * c + e], uu = v[t][4 * c + 2 + e];
-        if constexpr (V & 2) {
-          if (token < p.m) decode::finish(p, g, uu, j, 0, token);
-        } else if (token < m) {
-          y[int64_t(token) * u + j] = __float2bfloat16(g / (1.f + __expf(-g)) * uu);
-        }
+        if (token < m) y[int64_t(token) * u + j] = __float2bfloat16(g / (1.f + __expf(-g)) * uu);
       }
   }
 }
 
-template <int N, int T, int S, int KS = 1, int V = 0>
-void launch_swab(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, int m, __nv_bfloat16* y, cudaStream_t s,
-                 const decode::Params& lib = decode::Params{}) {
+template <int N, int T, int S, int KS = 1>
+void launch_swab(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, int m, __nv_bfloat16* y, cudaStream_t s) {
   using C = Cfg<N, T, S, KS>;
   static bool once = [] {
-    CK(cudaFuncSetAttribute(swab<N, T, S, KS, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    CK(cudaFuncSetAttribute(swab<N, T, S, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     return true;
   }();
   (void)once;
   const int cols = 32 * T / KS;
   const unsigned grid = unsigned((u + cols - 1) / cols);
-  ParamArg<V> p{};
-  if constexpr ((V & 3) != 0) p = lib;
-  swab<N, T, S, KS, V><<<grid, C::kThreads, C::kSmem, s>>>(wm, xm, k, u, m, y, p);
+  swab<N, T, S, KS><<<grid, C::kThreads, C::kSmem, s>>>(wm, xm, k, u, m, y);
+}
+
+
+// h78: K split over a cluster of KC CTAs (T = 1, the probe's maps). CTA
+// rank r of a cluster takes the r-th KC-th of the k-blocks of the same 32
+// columns; ranks > 0 store their sums into rank 0's shared memory
+// (distributed shared memory), and rank 0 adds them and ends the tile.
+// Why: on 1024 x 2816 the 88 CTAs of the one-CTA form keep only 88 of 132
+// SMs streaming, each with at most its ring's 8 stages in flight; KC CTAs
+// per tile put KC times the bytes in flight over more SMs, for one
+// exchange of N / 2 floats per thread at the end. S: stages per CTA, small
+// enough that the grid stays resident (each CTA's share of K is short).
+template <int N, int S, int KC>
+struct ClusterCfg {
+  static constexpr int kA = 64 * 128;  // weight bytes per stage
+  static constexpr int kB = N * 128;   // X bytes per stage
+  static constexpr int kStage = kA + kB;
+  static constexpr int kRed = (KC - 1) * (N / 2) * 128 * 4;  // ranks > 0's sums
+  static constexpr int kSmem = S * kStage + kRed + 1024 /* alignment */ + 2 * S * 8;
+};
+
+// A float into the same shared-memory offset of CTA `rank` of the cluster.
+__device__ __forceinline__ void st_cluster(const float* mine, uint32_t rank, float v) {
+  asm volatile(
+      "{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nst.shared::cluster.f32 [r], %2;\n}" ::"r"(saddr(mine)),
+      "r"(rank), "f"(v)
+      : "memory");
+}
+
+template <int N, int S, int KC>
+__global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUtensorMap wmap,
+                                                    const __grid_constant__ CUtensorMap xmap, int k, int u, int m,
+                                                    __nv_bfloat16* __restrict__ y) {
+  using C = ClusterCfg<N, S, KC>;
+  extern __shared__ uint8_t raw[];
+  // The same offset in every CTA of the kernel: st_cluster's addresses
+  // name the peer's copy of `red`.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  float* red = reinterpret_cast<float*>(smem + S * C::kStage);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * C::kStage + C::kRed);
+  uint64_t* empty = full + S;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t rank = KC > 1 ? sm90::cluster_rank() : 0;
+  const int tile = blockIdx.x / KC;
+  const int all = (k + kBk - 1) / kBk, per = (all + KC - 1) / KC;
+  const int kb0 = int(rank) * per;
+  const int end = kb0 + per < all ? kb0 + per : all;
+  const int nkb = end > kb0 ? end - kb0 : 0;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[i])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[i])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // A peer's shared memory may be written only once that CTA has started:
+  // every thread arrives here and waits before the exchange at the end.
+  if constexpr (KC > 1) asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+  if (warp == 4) {
+    if (lane == 0) {
+      for (int i = 0; i < nkb; ++i) {
+        const int s = i % S;
+        if (i >= S) bar_wait(&empty[s], ((i / S) - 1) & 1);
+        arrive_expect(&full[s], C::kStage);
+        uint8_t* st = smem + s * C::kStage;
+        tma_4d(st, &wmap, &full[s], (kb0 + i) * kBk, 0, 0, 4 * tile);
+        tma_2d(st + C::kA, &xmap, &full[s], (kb0 + i) * kBk, 0);
+      }
+    }
+    __syncwarp();
+    if constexpr (KC > 1) {
+      asm volatile("barrier.cluster.wait;" ::: "memory");
+      sm90::cluster_sync();  // every thread of the cluster takes part
+    }
+    return;
+  }
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  int prev = -1;
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % S;
+    bar_wait(&full[s], (i / S) & 1);
+    const uint32_t st = saddr(smem + s * C::kStage);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk)
+      wgmma<N>(d, sm90::desc_sw128(st + kk * 32), sm90::desc_sw128(st + C::kA + kk * 32));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    if (prev >= 0 && threadIdx.x == 0) arrive(&empty[prev]);
+    prev = s;
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  if constexpr (KC > 1) {
+    asm volatile("barrier.cluster.wait;" ::: "memory");  // every CTA of the cluster has started
+    // Slot (rank - 1) of rank 0's `red`, [slot][i][thread]: 128 consecutive floats per store.
+    if (rank > 0)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) st_cluster(&red[((rank - 1) * (N / 2) + i) * 128 + threadIdx.x], 0, d[i]);
+    sm90::cluster_sync();  // release the stores, acquire them in rank 0
+    if (rank > 0) return;
+#pragma unroll
+    for (int r = 1; r < KC; ++r)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) d[i] += red[((r - 1) * (N / 2) + i) * 128 + threadIdx.x];
+  }
+  // Lane (g, t) of warp w: column (4 tile + w) 8 + g; gate in d[4c + e], up
+  // in d[4c + 2 + e], for tokens 8c + 2t + e.
+  const int j = (4 * tile + warp) * 8 + lane / 4;
+  if (j >= u) return;
+#pragma unroll
+  for (int c = 0; c < N / 8; ++c)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int token = 8 * c + 2 * (lane % 4) + e;
+      const float g = d[4 * c + e], uu = d[4 * c + 2 + e];
+      if (token < m) y[int64_t(token) * u + j] = __float2bfloat16(g / (1.f + __expf(-g)) * uu);
+    }
+}
+
+template <int N, int S, int KC>
+void launch_cluster(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, int m, __nv_bfloat16* y,
+                    cudaStream_t s) {
+  using C = ClusterCfg<N, S, KC>;
+  static bool once = [] {
+    CK(cudaFuncSetAttribute(swab_cluster<N, S, KC>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    return true;
+  }();
+  (void)once;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((u + 31) / 32 * KC));
+  cfg.blockDim = dim3(160);
+  cfg.dynamicSmemBytes = C::kSmem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = KC;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CK(cudaLaunchKernelEx(&cfg, swab_cluster<N, S, KC>, wm, xm, k, u, m, y));
 }
 
 // One thread per (token, column), float sums.
@@ -369,13 +489,12 @@ int main() {
   void* ws;
   CK(cudaMalloc(&ws, 32 << 20));
   cublasSetWorkspace(h, ws, 32 << 20);
-  // T1S8: the probe's kernel; V1, V3, V5, V7: the same with the library's
-  // pieces (launch_swab's V: 1 its Params as an argument, 2 its finish(),
-  // 4 its tensor maps), V7 having all three; lib: the library's kernel
+  // T1S8: the probe's kernel; CnSs: K split over a cluster of n CTAs of s
+  // stages each (swab_cluster); lib: the library's kernel
   // (decode_glu/decode_hopper.cu) launched as it launches it. X and the
   // weights rotate over `copies` copies (h77: X fixed or rotated timed the
   // same).
-  const char* names[] = {"cuBLAS", "T1S8", "V1", "V3", "V5", "V7", "lib"};
+  const char* names[] = {"cuBLAS", "T1S8", "C2S8", "C2S6", "C2S4", "C4S4", "lib"};
   constexpr int kVariants = 7;
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
@@ -410,13 +529,10 @@ int main() {
       CK(decode::hopper_kernel_setup(lib[0]));
       auto launch = [&](int v, int c) {
         const int i = c % copies;
-        const decode::HopperPrepared& l = lib[i];
-        // V & 4: the library's maps, else the probe's.
-        const CUtensorMap& wm = (v == 4 || v == 5) ? l.wmap : w1[i];
-        const CUtensorMap& xm = (v == 4 || v == 5) ? l.xmap : (m <= 8 ? x8[i] : x16[i]);
-#define DW_SWAB(V)                                                  \
-  (m <= 8 ? launch_swab<8, 1, 8, 1, V>(wm, xm, k, u, m, y, s, l.p) \
-          : launch_swab<16, 1, 8, 1, V>(wm, xm, k, u, m, y, s, l.p))
+        const CUtensorMap& xm = m <= 8 ? x8[i] : x16[i];
+#define DW_CLUSTER(S, KC)                                                \
+  (m <= 8 ? launch_cluster<8, S, KC>(w1[i], xm, k, u, m, y, s) \
+          : launch_cluster<16, S, KC>(w1[i], xm, k, u, m, y, s))
         switch (v) {
           case 0: {
             const float one = 1.f, zero = 0.f;
@@ -424,14 +540,17 @@ int main() {
                          k, &zero, yc, CUDA_R_16BF, 2 * u, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             break;
           }
-          case 1: DW_SWAB(0); break;
-          case 2: DW_SWAB(1); break;
-          case 3: DW_SWAB(3); break;
-          case 4: DW_SWAB(5); break;
-          case 5: DW_SWAB(7); break;
-          default: CK(decode::hopper_kernel_launch(l, s));
+          case 1:
+            if (m <= 8) launch_swab<8, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
+            else launch_swab<16, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
+            break;
+          case 2: DW_CLUSTER(8, 2); break;
+          case 3: DW_CLUSTER(6, 2); break;
+          case 4: DW_CLUSTER(4, 2); break;
+          case 5: DW_CLUSTER(4, 4); break;
+          default: CK(decode::hopper_kernel_launch(lib[i], s));
         }
-#undef DW_SWAB
+#undef DW_CLUSTER
       };
       // Check every variant's Y against the float reference on copy 0.
       reference<<<dim3((u + 127) / 128, m), 128, 0, s>>>(static_cast<const __nv_bfloat16*>(bufs[0]), xs[0], k, u, m, yr);
