@@ -98,6 +98,17 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t a, uint64_t b)
 #undef DW_F
 }
 
+// The ring's barriers (one arrival each, the copies' bytes on `full`);
+// thread 0 initialises, the caller synchronises the CTA after.
+__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty, int stages) {
+  if (threadIdx.x != 0) return;
+  for (int i = 0; i < stages; ++i) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[i])));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[i])));
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
 // N tokens (8 or 16), T 64-row tiles (32 T columns) per CTA, S stages, KS
 // slices of K: with KS > 1 (T = 1) a tile's 64 rows are 4 / KS groups of
 // columns at KS slices of K (K / KS apart), and X's box holds the same KS
@@ -131,13 +142,7 @@ __global__ void __launch_bounds__(Cfg<N, T, S, KS>::kThreads) swab(const __grid_
   float* red = reinterpret_cast<float*>(smem + S * C::kStage);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int nkb = (k / KS + kBk - 1) / kBk;  // KS > 1: K % (8 KS) == 0
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[i])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[i])));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  ring_init(full, empty, S);
   __syncthreads();
   if (warp == 4) {
     // Producer: one thread issues every stage's two boxes.
@@ -284,13 +289,7 @@ __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUte
   const int kb0 = int(rank) * per;
   const int end = kb0 + per < all ? kb0 + per : all;
   const int nkb = end > kb0 ? end - kb0 : 0;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[i])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[i])));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  ring_init(full, empty, S);
   __syncthreads();
   // A peer's shared memory may be written only once that CTA has started:
   // every thread arrives here and waits before the exchange at the end.
