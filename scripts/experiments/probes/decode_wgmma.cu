@@ -22,7 +22,8 @@
 //   - a CTA owns 32 T output columns over all of K.
 //
 // Then the same probe kernel (T = 1, 8 stages) against K split over a
-// cluster of 2 or 4 CTAs (h78, swab_cluster), the library's own kernel
+// cluster of 2 or 4 CTAs and against launches with programmatic dependent
+// launch (h78, swab_cluster), the library's own kernel
 // (decode_glu/decode_hopper.cu, included here and launched as the library
 // launches it) and cuBLAS. (The variant sweep over T, S, W and K slices is
 // at commit d281eb6, its table in docs/notes/data/h76-probe-kslices.txt;
@@ -270,7 +271,14 @@ __device__ __forceinline__ void st_cluster(const float* mine, uint32_t rank, flo
       : "memory");
 }
 
-template <int N, int S, int KC>
+// PDL (h78 too): launched as a programmatic dependent of the kernel before
+// it in the stream. The CTA lets the next launch start at once, and the
+// producer issues the first S stages' weight boxes before waiting for the
+// previous grid (griddepcontrol.wait), X's only after it: the weights
+// stream while the previous kernel ends. Sound only where no earlier
+// kernel writes the weights; a measure of the lever, not a form the
+// library could take as it is.
+template <int N, int S, int KC, bool PDL = false>
 __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUtensorMap wmap,
                                                     const __grid_constant__ CUtensorMap xmap, int k, int u, int m,
                                                     __nv_bfloat16* __restrict__ y) {
@@ -294,9 +302,19 @@ __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUte
   // A peer's shared memory may be written only once that CTA has started:
   // every thread arrives here and waits before the exchange at the end.
   if constexpr (KC > 1) asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+  if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (warp == 4) {
     if (lane == 0) {
-      for (int i = 0; i < nkb; ++i) {
+      // PDL: the first stages' weights now, their X once the previous grid is done.
+      const int early = PDL ? (nkb < S ? nkb : S) : 0;
+      for (int i = 0; i < early; ++i) {
+        arrive_expect(&full[i], C::kStage);
+        tma_4d(smem + i * C::kStage, &wmap, &full[i], (kb0 + i) * kBk, 0, 0, 4 * tile);
+      }
+      if constexpr (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+      for (int i = 0; i < early; ++i)
+        tma_2d(smem + i * C::kStage + C::kA, &xmap, &full[i], (kb0 + i) * kBk, 0);
+      for (int i = early; i < nkb; ++i) {
         const int s = i % S;
         if (i >= S) bar_wait(&empty[s], ((i / S) - 1) & 1);
         arrive_expect(&full[s], C::kStage);
@@ -359,12 +377,12 @@ __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUte
     }
 }
 
-template <int N, int S, int KC>
+template <int N, int S, int KC, bool PDL = false>
 void launch_cluster(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, int m, __nv_bfloat16* y,
                     cudaStream_t s) {
   using C = ClusterCfg<N, S, KC>;
   static bool once = [] {
-    CK(cudaFuncSetAttribute(swab_cluster<N, S, KC>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    CK(cudaFuncSetAttribute(swab_cluster<N, S, KC, PDL>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     return true;
   }();
   (void)once;
@@ -373,14 +391,16 @@ void launch_cluster(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, 
   cfg.blockDim = dim3(160);
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = KC;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, swab_cluster<N, S, KC>, wm, xm, k, u, m, y));
+  cfg.numAttrs = PDL ? 2 : 1;
+  CK(cudaLaunchKernelEx(&cfg, swab_cluster<N, S, KC, PDL>, wm, xm, k, u, m, y));
 }
 
 // One thread per (token, column), float sums.
@@ -489,12 +509,12 @@ int main() {
   CK(cudaMalloc(&ws, 32 << 20));
   cublasSetWorkspace(h, ws, 32 << 20);
   // T1S8: the probe's kernel; CnSs: K split over a cluster of n CTAs of s
-  // stages each (swab_cluster); lib: the library's kernel
+  // stages each (swab_cluster), p: launched with PDL; lib: the library's kernel
   // (decode_glu/decode_hopper.cu) launched as it launches it. X and the
   // weights rotate over `copies` copies (h77: X fixed or rotated timed the
   // same).
-  const char* names[] = {"cuBLAS", "T1S8", "C2S8", "C2S6", "C2S4", "C4S4", "lib"};
-  constexpr int kVariants = 7;
+  const char* names[] = {"cuBLAS", "T1S8", "C1S8p", "C2S8", "C2S6", "C2S4", "C4S4", "C2S6p", "lib"};
+  constexpr int kVariants = 9;
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
   std::printf("   (us per call)\n");
@@ -529,9 +549,9 @@ int main() {
       auto launch = [&](int v, int c) {
         const int i = c % copies;
         const CUtensorMap& xm = m <= 8 ? x8[i] : x16[i];
-#define DW_CLUSTER(S, KC)                                                \
-  (m <= 8 ? launch_cluster<8, S, KC>(w1[i], xm, k, u, m, y, s) \
-          : launch_cluster<16, S, KC>(w1[i], xm, k, u, m, y, s))
+#define DW_CLUSTER(S, KC, PDL)                                           \
+  (m <= 8 ? launch_cluster<8, S, KC, PDL>(w1[i], xm, k, u, m, y, s) \
+          : launch_cluster<16, S, KC, PDL>(w1[i], xm, k, u, m, y, s))
         switch (v) {
           case 0: {
             const float one = 1.f, zero = 0.f;
@@ -543,10 +563,12 @@ int main() {
             if (m <= 8) launch_swab<8, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
             else launch_swab<16, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
             break;
-          case 2: DW_CLUSTER(8, 2); break;
-          case 3: DW_CLUSTER(6, 2); break;
-          case 4: DW_CLUSTER(4, 2); break;
-          case 5: DW_CLUSTER(4, 4); break;
+          case 2: DW_CLUSTER(8, 1, true); break;
+          case 3: DW_CLUSTER(8, 2, false); break;
+          case 4: DW_CLUSTER(6, 2, false); break;
+          case 5: DW_CLUSTER(4, 2, false); break;
+          case 6: DW_CLUSTER(4, 4, false); break;
+          case 7: DW_CLUSTER(6, 2, true); break;
           default: CK(decode::hopper_kernel_launch(lib[i], s));
         }
 #undef DW_CLUSTER
