@@ -122,6 +122,19 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
   return F(0);
 }
 
+// glu_out16's (below) silu (gelu = false) and gelu_tanh (true), and
+// nothing else: for epilogues that keep the common case's code short
+// (decode::finish).
+GATEDMLP_HD float glu_out16_silu_gelu(bool gelu, float g, float u) {
+#if defined(__CUDA_ARCH__)
+  const float c = 0.7978845608028654f;  // sqrt(2/pi)
+  const float h = 0.5f * g;
+  return fmaf(h, tanh_approx(gelu ? g * fmaf(c * 0.044715f, g * g, c) : h), h) * u;
+#else
+  return glu<float>(gelu ? kGeluTanh : kSilu, g, u, 0.f, 0.f);
+#endif
+}
+
 // The GLU for outputs rounded to 16 bits (bf16 or fp16), in the kernels'
 // epilogues: silu, the clamped SwiGLU and gelu_tanh through the
 // special-function unit's tanh (`tanh.approx.f32`, one MUFU op, relative
@@ -136,18 +149,6 @@ GATEDMLP_HD F glu(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 // result is tiny next to g and tanh's error near -1 makes its relative
 // error grow, which no norm-wise comparison sees. fp32 outputs keep glu()
 // (|error| <= 2e-7 |g u|). Host code (no MUFU): glu().
-// glu_out16's silu (gelu = false) and gelu_tanh (true), and nothing else:
-// for epilogues that keep the common case's code short (decode::finish).
-GATEDMLP_HD float glu_out16_silu_gelu(bool gelu, float g, float u) {
-#if defined(__CUDA_ARCH__)
-  const float c = 0.7978845608028654f;  // sqrt(2/pi)
-  const float h = 0.5f * g;
-  return fmaf(h, tanh_approx(gelu ? g * fmaf(c * 0.044715f, g * g, c) : h), h) * u;
-#else
-  return glu<float>(gelu ? kGeluTanh : kSilu, g, u, 0.f, 0.f);
-#endif
-}
-
 template <typename F>
 GATEDMLP_HD F glu_out16(int act, F g, F u, F clamp_alpha, F clamp_limit) {
 #if defined(__CUDA_ARCH__)
