@@ -17,6 +17,9 @@
 //   (g) cudaLaunchKernelEx of the empty kernel with a cluster dimension of 1
 //       (the Hopper launcher's launch; sm_90 and newer)
 //   (h) cudaLaunchKernelEx of the empty kernel with no attribute
+//   (i), (j) as (b), (c) on M = 1, K = 1024, U = 2816: a grid the decode
+//       kernel's Hopper form takes on sm_90 (its tensor maps' addresses
+//       replaced per call in (j)); the register form elsewhere
 //
 // Method: host time only. A batch of N calls (no synchronisation inside it)
 // is timed with std::chrono::steady_clock; the stream is synchronised before
@@ -88,7 +91,7 @@ std::vector<FlagSpec> host_bench_flag_specs() {
       {"host", "",
        "a separate mode: host time per call (us) of an empty kernel launch, run() on a cached problem, run() with "
        "x/y rotating over 4 buffers, validate(), plan(), cudaPointerGetAttributes and cudaLaunchKernelEx, "
-       "interleaved batch by batch; prints each against the empty launch and the bar run() <= 2x it"},
+       "run() on a decode-size problem (M=1, K=1024, U=2816), interleaved batch by batch; prints each against the empty launch and the bar run() <= 2x it"},
       {"host-batches", "N", "--host: timed batches per entry (default 200); the median batch is reported"},
       {"host-calls", "N", "--host: calls per batch, no sync inside a batch (default 100, at most 500)"},
   };
@@ -146,6 +149,30 @@ int host_bench(const Flags& f) {
   const Arguments a0 = args[0];
   Config cfg;
   const Status planned = plan(p, &cfg, dev.device);
+
+  // (i), (j): the decode-size problem, its own buffers.
+  Problem pd = p;
+  pd.k = 1024;
+  pd.u = 2816;
+  DeviceBuffer wd(size_t(2 * pd.u) * size_t(pd.k) * esz, "W (decode)");
+  std::vector<DeviceBuffer> xds, yds;
+  std::vector<Arguments> dargs(kBuffers);
+  for (int i = 0; i < kBuffers; ++i) {
+    xds.emplace_back(size_t(pd.m) * size_t(pd.k) * esz, "X (decode)");
+    yds.emplace_back(size_t(pd.m) * size_t(pd.u) * dtype_size(pd.output_dtype), "Y (decode)");
+    status_check(ref::fill_random(xds.back().get(), pd.input_dtype, pd.m * pd.k, 31 + i, 0.0f, 1.0f, true, s),
+                 "fill_random(X, decode)");
+    dargs[i].x = xds[i].get();
+    dargs[i].w = wd.get();
+    dargs[i].y = yds[i].get();
+  }
+  status_check(ref::fill_random(wd.get(), pd.input_dtype, 2 * pd.u * pd.k, 29, -0.0625f, 0.0625f, false, s),
+               "fill_random(W, decode)");
+  cuda_check(cudaStreamSynchronize(s), "fill (decode)");
+  const size_t wsd_bytes = workspace_size(pd);
+  DeviceBuffer wsd(wsd_bytes, "workspace (decode)");
+  Config cfgd;
+  const Status planned_d = plan(pd, &cfgd, dev.device);
 
   std::vector<Entry> entries;
   auto add = [&](const char* key, const char* label, std::function<Status(int64_t)> fn) {
@@ -205,6 +232,19 @@ int host_bench(const Flags& f) {
     return Status::Ok();
   });
 
+  add("i", "run(), M=1 K=1024 U=2816, same pointers", [&](int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (Status st = run(pd, dargs[0], wsd.get(), wsd_bytes, s); !st.ok()) return st;
+    }
+    return Status::Ok();
+  });
+  add("j", "run(), M=1 K=1024 U=2816, x and y rotating", [&](int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (Status st = run(pd, dargs[static_cast<size_t>(i % kBuffers)], wsd.get(), wsd_bytes, s); !st.ok()) return st;
+    }
+    return Status::Ok();
+  });
+
   // Which entries run here: one call each, checked. A failure marks the entry
   // n/a (run() on a GPU the library does not support, a cluster launch
   // before sm_90) instead of ending the bench: it must run on any CUDA GPU.
@@ -259,6 +299,9 @@ int host_bench(const Flags& f) {
   const std::string plan_text = planned.ok() ? to_string(cfg) : "failed: " + planned.message();
   std::printf("problem: M=%lld K=%lld U=%lld %s %s, workspace %zu bytes; plan: %s\n", (long long)p.m, (long long)p.k,
               (long long)p.u, to_string(p.input_dtype), layout_name(p.weights).c_str(), ws_bytes, plan_text.c_str());
+  const std::string plan_text_d = planned_d.ok() ? to_string(cfgd) : "failed: " + planned_d.message();
+  std::printf("(i), (j): M=%lld K=%lld U=%lld, workspace %zu bytes; plan: %s\n", (long long)pd.m, (long long)pd.k,
+              (long long)pd.u, wsd_bytes, plan_text_d.c_str());
   std::printf(
       "host time per call, microseconds: median (p10, p90) of %lld batches of %lld calls, steady_clock around each "
       "batch,\nthe stream synchronised between batches (never inside one), the entries interleaved batch by batch\n",
@@ -296,6 +339,8 @@ int host_bench(const Flags& f) {
     out << "  \"problem\": " << json_str(to_string(p)) << ",\n";
     out << "  \"config\": " << json_str(plan_text) << ",\n";
     out << "  \"workspace_bytes\": " << ws_bytes << ",\n";
+    out << "  \"problem_ij\": " << json_str(to_string(pd)) << ",\n";
+    out << "  \"config_ij\": " << json_str(plan_text_d) << ",\n";
     out << "  \"entries\": [";
     for (size_t i = 0; i < n; ++i) {
       const Entry& e = entries[i];
