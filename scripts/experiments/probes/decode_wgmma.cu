@@ -272,13 +272,15 @@ __device__ __forceinline__ void st_cluster(const float* mine, uint32_t rank, flo
 }
 
 // PDL (h78 too): launched as a programmatic dependent of the kernel before
-// it in the stream. The CTA lets the next launch start at once, and the
-// producer issues the first S stages' weight boxes before waiting for the
-// previous grid (griddepcontrol.wait), X's only after it: the weights
-// stream while the previous kernel ends. Sound only where no earlier
-// kernel writes the weights; a measure of the lever, not a form the
-// library could take as it is.
-template <int N, int S, int KC, bool PDL = false>
+// it in the stream (PDL > 0), the CTA letting the next launch start at
+// once. PDL = 1: the producer issues the first S stages' weight boxes
+// before waiting for the previous grid (griddepcontrol.wait), X's only
+// after it, so the weights stream while the previous kernel ends: sound
+// only where no earlier kernel writes the weights, a measure of the lever.
+// PDL = 2: it waits before any load, so only the launch and the CTA's set-up
+// overlap the previous kernel: sound for any neighbour, what a library
+// could ship.
+template <int N, int S, int KC, int PDL = 0>
 __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUtensorMap wmap,
                                                     const __grid_constant__ CUtensorMap xmap, int k, int u, int m,
                                                     __nv_bfloat16* __restrict__ y) {
@@ -302,16 +304,16 @@ __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUte
   // A peer's shared memory may be written only once that CTA has started:
   // every thread arrives here and waits before the exchange at the end.
   if constexpr (KC > 1) asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-  if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (PDL > 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (warp == 4) {
     if (lane == 0) {
-      // PDL: the first stages' weights now, their X once the previous grid is done.
-      const int early = PDL ? (nkb < S ? nkb : S) : 0;
+      // PDL = 1: the first stages' weights now, their X once the previous grid is done.
+      const int early = PDL == 1 ? (nkb < S ? nkb : S) : 0;
       for (int i = 0; i < early; ++i) {
         arrive_expect(&full[i], C::kStage);
         tma_4d(smem + i * C::kStage, &wmap, &full[i], (kb0 + i) * kBk, 0, 0, 4 * tile);
       }
-      if constexpr (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+      if constexpr (PDL > 0) asm volatile("griddepcontrol.wait;" ::: "memory");
       for (int i = 0; i < early; ++i)
         tma_2d(smem + i * C::kStage + C::kA, &xmap, &full[i], (kb0 + i) * kBk, 0);
       for (int i = early; i < nkb; ++i) {
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUte
     }
 }
 
-template <int N, int S, int KC, bool PDL = false>
+template <int N, int S, int KC, int PDL = 0>
 void launch_cluster(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, int m, __nv_bfloat16* y,
                     cudaStream_t s) {
   using C = ClusterCfg<N, S, KC>;
@@ -399,7 +401,7 @@ void launch_cluster(const CUtensorMap& wm, const CUtensorMap& xm, int k, int u, 
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = PDL ? 2 : 1;
+  cfg.numAttrs = PDL > 0 ? 2 : 1;
   CK(cudaLaunchKernelEx(&cfg, swab_cluster<N, S, KC, PDL>, wm, xm, k, u, m, y));
 }
 
@@ -509,12 +511,13 @@ int main() {
   CK(cudaMalloc(&ws, 32 << 20));
   cublasSetWorkspace(h, ws, 32 << 20);
   // T1S8: the probe's kernel; CnSs: K split over a cluster of n CTAs of s
-  // stages each (swab_cluster), p: launched with PDL; lib: the library's kernel
+  // stages each (swab_cluster), p / w: launched with PDL, weights before
+  // the wait / every load after it; lib: the library's kernel
   // (decode_glu/decode_hopper.cu) launched as it launches it. X and the
   // weights rotate over `copies` copies (h77: X fixed or rotated timed the
   // same).
-  const char* names[] = {"cuBLAS", "T1S8", "C1S8p", "C2S8", "C2S6", "C2S4", "C4S4", "C2S6p", "lib"};
-  constexpr int kVariants = 9;
+  const char* names[] = {"cuBLAS", "T1S8", "C1S8p", "C1S8w", "C2S8", "C2S6", "C2S4", "C4S4", "C2S6p", "lib"};
+  constexpr int kVariants = 10;
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
   std::printf("   (us per call)\n");
@@ -563,12 +566,13 @@ int main() {
             if (m <= 8) launch_swab<8, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
             else launch_swab<16, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
             break;
-          case 2: DW_CLUSTER(8, 1, true); break;
-          case 3: DW_CLUSTER(8, 2, false); break;
-          case 4: DW_CLUSTER(6, 2, false); break;
-          case 5: DW_CLUSTER(4, 2, false); break;
-          case 6: DW_CLUSTER(4, 4, false); break;
-          case 7: DW_CLUSTER(6, 2, true); break;
+          case 2: DW_CLUSTER(8, 1, 1); break;
+          case 3: DW_CLUSTER(8, 1, 2); break;
+          case 4: DW_CLUSTER(8, 2, 0); break;
+          case 5: DW_CLUSTER(6, 2, 0); break;
+          case 6: DW_CLUSTER(4, 2, 0); break;
+          case 7: DW_CLUSTER(4, 4, 0); break;
+          case 8: DW_CLUSTER(6, 2, 1); break;
           default: CK(decode::hopper_kernel_launch(lib[i], s));
         }
 #undef DW_CLUSTER
