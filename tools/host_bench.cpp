@@ -91,7 +91,8 @@ std::vector<FlagSpec> host_bench_flag_specs() {
       {"host", "",
        "a separate mode: host time per call (us) of an empty kernel launch, run() on a cached problem, run() with "
        "x/y rotating over 4 buffers, validate(), plan(), cudaPointerGetAttributes and cudaLaunchKernelEx, "
-       "run() on a decode-size problem (M=1, K=1024, U=2816), interleaved batch by batch; prints each against the empty launch and the bar run() <= 2x it"},
+       "run() on a decode-size problem (M=1, K=1024, U=2816), interleaved batch by batch; prints each against the "
+       "empty launch and the bar run() <= 2x it"},
       {"host-batches", "N", "--host: timed batches per entry (default 200); the median batch is reported"},
       {"host-calls", "N", "--host: calls per batch, no sync inside a batch (default 100, at most 500)"},
   };
