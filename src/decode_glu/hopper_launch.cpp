@@ -84,17 +84,12 @@ Status hopper_prepare(const Problem& r, const Arguments& a, HopperPrepared* out)
 }
 
 Status hopper_launch(HopperPrepared& pr, const Arguments& a, cudaStream_t stream) {
-  if (a.w != pr.w || a.x != pr.x) {
-    Status s;
-    auto replace = sm90::replace_fn(&s);
-    if (!replace) return s;
-    if (a.w != pr.w)
-      if (const CUresult res = replace(&pr.wmap, const_cast<void*>(a.w)); res != CUDA_SUCCESS)
-        return err(StatusCode::cuda_error, "cuTensorMapReplaceAddress failed for w (error ", int(res), ")");
-    if (a.x != pr.x)
-      if (const CUresult res = replace(&pr.xmap, const_cast<void*>(a.x)); res != CUDA_SUCCESS)
-        return err(StatusCode::cuda_error, "cuTensorMapReplaceAddress failed for x (error ", int(res), ")");
+  if (a.w != pr.w) {
+    if (Status e = sm90::replace_address(&pr.wmap, a.w, "w"); !e) return e;
     pr.w = a.w;
+  }
+  if (a.x != pr.x) {
+    if (Status e = sm90::replace_address(&pr.xmap, a.x, "x"); !e) return e;
     pr.x = a.x;
   }
   pr.p.x = a.x;

@@ -212,14 +212,23 @@ Fn driver_entry(const char* name, Status* s) {
   return fn;
 }
 
+PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s) {
+  return driver_entry<PFN_cuTensorMapReplaceAddress_v12000>("cuTensorMapReplaceAddress", s);
+}
+
 }  // namespace
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s) {
   return driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", s);
 }
 
-PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s) {
-  return driver_entry<PFN_cuTensorMapReplaceAddress_v12000>("cuTensorMapReplaceAddress", s);
+Status replace_address(CUtensorMap* map, const void* addr, const char* what) {
+  Status s;
+  auto replace = replace_fn(&s);
+  if (!replace) return s;
+  if (const CUresult res = replace(map, const_cast<void*>(addr)); res != CUDA_SUCCESS)
+    return err(StatusCode::cuda_error, "cuTensorMapReplaceAddress failed for ", what, " (error ", int(res), ")");
+  return Status::Ok();
 }
 
 Status encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap* map, DType dt, const void* base, int rank,
@@ -608,32 +617,24 @@ Status launch_prepared(Prepared& pr, const Arguments& a, void* workspace, size_t
   Params& p = pr.p;
   // New addresses into the tensor maps that hold the old ones.
   if (a.x != pr.x || a.w != pr.w || a.w_up != pr.w_up || (p.y_tma && a.y != pr.y) || a.preact != pr.pre) {
-    Status s;
-    auto replace = replace_fn(&s);
-    if (!replace) return s;
-    auto set = [&](CUtensorMap* map, const void* addr, const char* what) -> Status {
-      if (const CUresult res = replace(map, const_cast<void*>(addr)); res != CUDA_SUCCESS)
-        return err(StatusCode::cuda_error, "cuTensorMapReplaceAddress failed for ", what, " (error ", int(res), ")");
-      return Status::Ok();
-    };
     if (a.x != pr.x)
-      if (Status e = set(&p.tma_x, a.x, "x"); !e) return e;
+      if (Status e = replace_address(&p.tma_x, a.x, "x"); !e) return e;
     if (a.w != pr.w)
-      if (Status e = set(&p.tma_wg, a.w, "w"); !e) return e;
+      if (Status e = replace_address(&p.tma_wg, a.w, "w"); !e) return e;
     if (p.separate ? a.w_up != pr.w_up : a.w != pr.w)
-      if (Status e = set(&p.tma_wu, p.separate ? a.w_up : a.w, "w_up"); !e) return e;
+      if (Status e = replace_address(&p.tma_wu, p.separate ? a.w_up : a.w, "w_up"); !e) return e;
     if (p.y_tma && a.y != pr.y) {
-      if (Status e = set(&p.tma_y, a.y, "y"); !e) return e;
+      if (Status e = replace_address(&p.tma_y, a.y, "y"); !e) return e;
       if (p.tile_n != kTile.tile_n)
-        if (Status e = set(&p.tma_y_tail, a.y, "y"); !e) return e;
+        if (Status e = replace_address(&p.tma_y_tail, a.y, "y"); !e) return e;
     }
     if (a.preact != pr.pre) {
       // Only the maps encoded for it (prepare): a zeroed map has no address to replace.
       const bool pp = p.pingpong && p.has_pre;
       if (p.pre_tma || pp)
-        if (Status e = set(&p.tma_pre, a.preact, "preact"); !e) return e;
+        if (Status e = replace_address(&p.tma_pre, a.preact, "preact"); !e) return e;
       if (pp && !p.w_sub_boxes && p.pre_mode == 0)
-        if (Status e = set(&p.tma_pre_tail, a.preact, "preact"); !e) return e;
+        if (Status e = replace_address(&p.tma_pre_tail, a.preact, "preact"); !e) return e;
     }
     pr.x = a.x;
     pr.w = a.w;

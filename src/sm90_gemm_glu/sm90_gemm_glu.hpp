@@ -12,11 +12,12 @@
 namespace gatedmlp::sm90 {
 
 // Tensor maps (launch.cpp), for every kernel that loads by TMA. The driver's
-// entry points are looked up once per process; null with *s set if the
-// driver lacks them. cuTensorMapReplaceAddress: a prepared call's maps take
-// the next call's addresses without being encoded again.
+// entry point is looked up once per process; null with *s set if the
+// driver lacks it.
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn(Status* s);
-PFN_cuTensorMapReplaceAddress_v12000 replace_fn(Status* s);
+// A prepared call's map takes the next call's address without being encoded
+// again (cuTensorMapReplaceAddress); `what` names the tensor in the error.
+Status replace_address(CUtensorMap* map, const void* addr, const char* what);
 // A row-major 16-bit (or FP8) tensor with 128-byte-swizzled boxes whose
 // inner extent is 128 bytes (64-byte swizzle: 64; unswizzled: any multiple
 // of 16 bytes). dims[0] is the contiguous one; strides in bytes, for dims
