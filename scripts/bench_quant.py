@@ -10,6 +10,8 @@ their own weights, so a decode step finds none of them in L2):
   int4 / int8 / mxfp4  gatedmlp.quantized_gate_up (affine g64 with bf16
   / fp8                scales and biases; MXFP4 with e8m0 scales; FP8 e4m3
                        with fp32 128 x 128 block scales)
+  int4r                int4 g64 with the words repacked (gatedmlp.repack):
+                       the same bytes, the scales applied to the sums
   tinygemm int4        torch._weight_int4pack_mm (g64) on the [2U, K]
                        weights, alone and + silu*mul (what PyTorch / torchao
                        users run)
@@ -140,11 +142,12 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: 
     # 16-bit weights and tinygemm's, rotated.
     nb = copies_for(bf16_bytes)
     w16 = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(nb)]
-    fmts = {f: v for f, v in {"int4": ("affine", 4, 64), "int8": ("affine", 8, 64), "mxfp4": ("mxfp4", 4, 32),
-                              "fp8": ("fp8_e4m3", 8, 128)}.items()
+    fmts = {f: v for f, v in {"int4": ("affine", 4, 64, False), "int4r": ("affine", 4, 64, True),
+                              "int8": ("affine", 8, 64, False), "mxfp4": ("mxfp4", 4, 32, False),
+                              "fp8": ("fp8_e4m3", 8, 128, False)}.items()
             if f in formats}
     qs = {}
-    for f, (mode, bits, group) in fmts.items():
+    for f, (mode, bits, group, _) in fmts.items():
         scale_bytes = {"mxfp4": rows * (k // group), "fp8_e4m3": -(-rows // 128) * -(-k // 128) * 4}
         nbytes = rows * k * bits // 8 + scale_bytes.get(mode, rows * (k // group) * 4)
         qs[f] = ([quant_arrays(rows, k, mode, bits, group) for _ in range(copies_for(nbytes))], nbytes)
@@ -172,27 +175,30 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: 
             return F.silu(g[:, :u]) * g[:, u:]
 
         row["tinygemm_glu_us"] = graph_time_us([lambda p=p: tg_glu(p) for p in tg]) if baselines else nan
-        for f, (mode, bits, group) in fmts.items():
+        for f, (mode, bits, group, repacked) in fmts.items():
             arrays, nbytes = qs[f]
+            # Random words: the same bytes in either order (the tests check the numbers).
             fn = [lambda a=a: gatedmlp.quantized_gate_up(x, a[0], a[1], a[2], out=y, mode=mode, bits=bits,
-                                                         group_size=group) for a in arrays]
+                                                         group_size=group, repacked=repacked) for a in arrays]
             t = graph_time_us(fn)
             row[f"{f}_us"] = t
             row[f"{f}_roofline_us"] = (nbytes + io) / rate * 1e6
             row[f"{f}_of_roofline"] = row[f"{f}_roofline_us"] / t
         for f in fmts:
             row[f"{f}_vs_bf16"] = row["bf16_gatedmlp_us"] / row[f"{f}_us"]
-        if "int4" in fmts:
-            row["int4_vs_tinygemm"] = row["tinygemm_us"] / row["int4_us"]
-            row["int4_vs_tinygemm_glu"] = row["tinygemm_glu_us"] / row["int4_us"]
+        for f in ("int4", "int4r"):
+            if f in fmts:
+                row[f"{f}_vs_tinygemm"] = row["tinygemm_us"] / row[f"{f}_us"]
+                row[f"{f}_vs_tinygemm_glu"] = row["tinygemm_glu_us"] / row[f"{f}_us"]
         out.append(row)
         line = (f"{name:10s} M={m:3d}  bf16 {row['bf16_gatedmlp_us']:8.2f}  F.linear {row['flinear_us']:8.2f}  "
                 f"tinygemm {row['tinygemm_us']:8.2f} (+glu {row['tinygemm_glu_us']:8.2f})")
         for f in fmts:
             line += (f"  {f} {row[f + '_us']:8.2f} ({100 * row[f + '_of_roofline']:5.1f}% roof, "
                      f"{row[f + '_vs_bf16']:.2f}x bf16)")
-        if "int4" in fmts:
-            line += f" int4/tinygemm {row['int4_vs_tinygemm']:.2f}x"
+        for f in ("int4", "int4r"):
+            if f in fmts:
+                line += f" {f}/tinygemm {row[f + '_vs_tinygemm']:.2f}x"
         print(line, flush=True)
     return out
 
@@ -202,7 +208,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--formats", default="int4,int8,mxfp4,fp8")
+    ap.add_argument("--formats", default="int4,int4r,int8,mxfp4,fp8")
     ap.add_argument("--no-baselines", action="store_true", help="time gatedmlp only (tuning sweeps)")
     a = ap.parse_args()
     ms = [int(v) for v in a.m.split(",")]

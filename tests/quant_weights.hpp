@@ -18,7 +18,7 @@ namespace gatedmlp::test {
 // (`int4_weight` draws of 5, the format the bars are about), affine 8,
 // MXFP4 and FP8 (per tensor, per channel, 128 x 128 blocks and the other
 // mixes); half the affine cases with scales of X's dtype (the packed
-// dequantization).
+// dequantization), half the 4-bit ones repacked.
 inline void random_quant_format(Problem& p, std::mt19937_64& rng, int int4_weight = 2) {
   p.quantized = true;
   const int fmt = int(rng() % uint64_t(3 + int4_weight));
@@ -30,6 +30,7 @@ inline void random_quant_format(Problem& p, std::mt19937_64& rng, int int4_weigh
   } else {
     p.quant.bits = fmt == 2 ? 8 : 4;
     p.quant.group_size = int(pick(rng, {32, 64, 128}));
+    p.quant.repacked = p.quant.bits == 4 && rng() % 2;  // the kernels' streaming order (repack_quantized)
     p.scale_dtype = rng() % 2 ? p.input_dtype : static_cast<DType>(rng() % 3);
   }
 }

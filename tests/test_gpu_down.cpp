@@ -191,7 +191,8 @@ void run_down_case(const Problem& p, std::mt19937_64& rng, DownStats* st) {
     hk.x = hr.data();
     hk.x_up = nullptr;
   }
-  const bool exact_weights = fp8 && cfg.path == KernelPath::quant_decode;
+  // Repacked int4 too: its scales multiply the fp32 sums (quant_decode/repacked.cuh).
+  const bool exact_weights = (fp8 || r.quant.repacked) && cfg.path == KernelPath::quant_decode;
   if (r.quantized && !exact_weights) {
     pr.quantized = false;
     pr.weights.ld = r.k;

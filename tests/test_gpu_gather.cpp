@@ -284,7 +284,8 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
     pe.ldx = pe.ldy = pe.ldpre = 0;
     Arguments h;
     h.x = xe.data();
-    const bool exact = fp8;  // FP8 on its decode kernel: the exact e4m3 values, scaled sums
+    // FP8 and repacked int4 on the decode kernel: exact weights, scaled sums.
+    const bool exact = fp8 || r.quant.repacked;
     if (r.quantized && !exact) {
       pe.quantized = false;
       pe.weights.ld = 0;

@@ -189,8 +189,9 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   EXPECT_LE(ef.rel_floor1(), r.output_dtype == DType::fp32 ? 1e-2 : 2e-2) << "relative error " << ef.rel();
   std::vector<double> y_rw, pre_rw;
   // The FP8 decode kernel multiplies the exact e4m3 values and scales the
-  // fp32 sums: its weights are the exact ones, not rounded to X's type.
-  const bool exact_weights = fp8 && expect_decode;
+  // fp32 sums, and the repacked int4 one scales its sums of the codes: their
+  // weights are the exact ones, not rounded to X's type.
+  const bool exact_weights = (fp8 || r.quant.repacked) && expect_decode;
   // Every size: against float64 on the weights the kernel multiplies (the
   // dequantized weights rounded to X's type), every element within a
   // rounding or two of the output (the 16-bit outputs' activation is the
@@ -248,7 +249,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   const int n = cases(1200);
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0;
+  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0, repacked = 0;
   for (int i = 0; i < n; ++i) {
     const Problem p = random_quant_problem(rng);
     SCOPED_TRACE("case " + std::to_string(i));
@@ -258,12 +259,13 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
     by_fmt[fp8 ? 4 : mx ? 3 : p.quant.bits == 8 ? 2 : p.quant.group_size == 64 ? 1 : 0]++;
     packed += !mx && p.quant.bits == 4 && p.scale_dtype == p.input_dtype;
     two_tiles += p.m > 8;
+    repacked += p.quant.repacked;
   }
   std::printf(
       "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d, fp8 %d; %d int4 "
-      "with packed dequantization; %d with M > 8); worst quantized/unfused relative-error ratio %.3f (outputs of 64 "
+      "with packed dequantization, %d repacked; %d with M > 8); worst quantized/unfused relative-error ratio %.3f (outputs of 64 "
       "elements or more)\n",
-      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, two_tiles, st.worst_ratio);
+      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, two_tiles, st.worst_ratio);
 }
 
 // Every format x layout x activation at M in {1, 9, 16, 40}, on one odd shape.
@@ -273,6 +275,7 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
   CaseStats st;
   const QuantFormat formats[] = {{QuantMode::affine, 4, 64},        {QuantMode::affine, 4, 32},
                                  {QuantMode::affine, 4, 128},       {QuantMode::affine, 8, 64},
+                                 {QuantMode::affine, 4, 64, 1, true}, {QuantMode::affine, 4, 32, 1, true},
                                  {QuantMode::mxfp4, 4, 32},         {QuantMode::fp8_e4m3, 8, 128, 128},
                                  {QuantMode::fp8_e4m3, 8, 0, 1}};
   int i = 0;

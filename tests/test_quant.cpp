@@ -199,4 +199,101 @@ TEST(Quant, Mxfp4HandComputed) {
 }
 
 }  // namespace
+
+// The repacked order as quant.hpp documents it, pinned on hand-computed
+// words: element i holds code i % 16.
+TEST(Quant, RepackedOrderHandComputed) {
+  const QuantFormat plain = fmt(4, 32);
+  QuantFormat rep = plain;
+  rep.repacked = true;
+  const int64_t k = 160;  // a whole chunk and a quarter: the second is padded
+  std::vector<uint32_t> words(size_t(k / 8));
+  for (int64_t w = 0; w < k / 8; ++w)
+    for (int e = 0; e < 8; ++e) words[size_t(w)] |= uint32_t((w * 8 + e) % 16) << (4 * e);
+  EXPECT_EQ(quant_words_per_row(rep, k), 32);
+  std::vector<uint32_t> out(32, 0xDEADBEEFu);
+  ASSERT_TRUE(repack_quantized(plain, rep, 1, k, words.data(), out.data()).ok());
+  // Word 0 <- word 0 (codes 0 ... 7), word 1 <- word 4 (elements 32 ... 39:
+  // codes 0 ... 7), word 4 <- word 1 (codes 8 ... 15); nibbles e0 e2 e4 e6
+  // e1 e3 e5 e7 from the lowest.
+  EXPECT_EQ(out[0], 0x75316420u);
+  EXPECT_EQ(out[1], 0x75316420u);
+  EXPECT_EQ(out[4], 0xFDB9ECA8u);
+  // The second chunk: only its first span (elements 128 ... 159, words
+  // 16 ... 19 of the checkpoint) exists; they go to words 16, 20, 24, 28.
+  for (int t = 0; t < 4; ++t)
+    for (int wd = 0; wd < 4; ++wd)
+      EXPECT_EQ(out[size_t(16 + 4 * t + wd)], wd == 0 ? (t % 2 ? 0xFDB9ECA8u : 0x75316420u) : 0u)
+          << "word " << 16 + 4 * t + wd;
+}
+
+// Random words: repacking then unrepacking gives them back, host and
+// reference readers agree, and quantize_host / dequantize_host on the
+// repacked format are the plain ones through the repack.
+TEST(Quant, RepackRoundTrip) {
+  std::mt19937_64 rng(0x5eed);
+  for (int group : {32, 64, 128})
+    for (int64_t k : {128, 256, 384, 1152, 96, 160, 224}) {
+      if (k % group) continue;
+      SCOPED_TRACE("group " + std::to_string(group) + " k " + std::to_string(k));
+      const QuantFormat plain = fmt(4, group);
+      QuantFormat rep = plain;
+      rep.repacked = true;
+      const int64_t rows = 3, wp = quant_words_per_row(plain, k), wr = quant_words_per_row(rep, k);
+      EXPECT_EQ(wr, (k + 127) / 128 * 16);
+      std::vector<uint32_t> words(size_t(rows * wp)), packed(size_t(rows * wr), 0xA5A5A5A5u), back(words.size());
+      for (uint32_t& w : words) w = uint32_t(rng());
+      ASSERT_TRUE(repack_quantized(plain, rep, rows, k, words.data(), packed.data()).ok());
+      ASSERT_TRUE(repack_quantized(rep, plain, rows, k, packed.data(), back.data()).ok());
+      EXPECT_EQ(back, words);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = wp; i < wr; ++i) EXPECT_EQ(packed[size_t(r * wr + i)], 0u) << "padding word " << i;
+
+      // Quantize random weights both ways; dequantize both.
+      std::vector<float> w(size_t(rows * k));
+      for (float& v : w) v = float(int64_t(rng() % 2001) - 1000) / 1000.f;
+      const int64_t groups = quant_groups_per_row(plain, k);
+      std::vector<float> s1(size_t(rows * groups)), b1(s1.size()), s2(s1.size()), b2(s1.size());
+      std::vector<uint32_t> q1(size_t(rows * wp)), q2(size_t(rows * wr)), q1r(q2.size());
+      ASSERT_TRUE(quantize_host(plain, DType::fp32, rows, k, w.data(), q1.data(), s1.data(), b1.data()).ok());
+      ASSERT_TRUE(quantize_host(rep, DType::fp32, rows, k, w.data(), q2.data(), s2.data(), b2.data()).ok());
+      ASSERT_TRUE(repack_quantized(plain, rep, rows, k, q1.data(), q1r.data()).ok());
+      EXPECT_EQ(q2, q1r);
+      EXPECT_EQ(s1, s2);
+      EXPECT_EQ(b1, b2);
+      std::vector<float> d1(w.size()), d2(w.size());
+      ASSERT_TRUE(dequantize_host(plain, DType::fp32, DType::fp32, rows, k, q1.data(), s1.data(), b1.data(), d1.data()).ok());
+      ASSERT_TRUE(dequantize_host(rep, DType::fp32, DType::fp32, rows, k, q2.data(), s2.data(), b2.data(), d2.data()).ok());
+      EXPECT_EQ(d1, d2);
+    }
+}
+
+TEST(Quant, RepackRefusesByName) {
+  const QuantFormat plain = fmt(4, 64);
+  QuantFormat rep = plain;
+  rep.repacked = true;
+  uint32_t a[64] = {}, b[64] = {};
+  Status s = repack_quantized(fmt(8, 64), fmt(8, 64), 1, 128, a, b);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("affine 4-bit"), std::string::npos) << s.message();
+  QuantFormat other = rep;
+  other.group_size = 32;
+  s = repack_quantized(plain, other, 1, 128, a, b);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("group_size=32"), std::string::npos) << s.message();
+  s = repack_quantized(plain, rep, 1, 100, a, b);
+  EXPECT_NE(s.message().find("k=100"), std::string::npos) << s.message();
+  s = repack_quantized(plain, rep, 2, 128, nullptr, b);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("src"), std::string::npos) << s.message();
+  EXPECT_TRUE(repack_quantized(plain, rep, 0, 128, nullptr, nullptr).ok());  // empty
+  QuantFormat mx{QuantMode::mxfp4, 4, 32};
+  mx.repacked = true;
+  s = check_quant_format(mx, 64);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("repacked"), std::string::npos) << s.message();
+  rep.bits = 8;
+  EXPECT_FALSE(check_quant_format(rep, 128).ok());
+}
+
 }  // namespace gatedmlp

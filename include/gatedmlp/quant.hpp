@@ -20,6 +20,17 @@
 // bytes of gpt-oss's `*_blocks`), and one e8m0 scale byte per group of 32
 // along K (w = value * 2^(scale - 127); gpt-oss's `*_scales`). No biases.
 //
+// Repacked affine 4-bit (QuantFormat::repacked): the same codes, scales and
+// biases, with the words in the order the quantized decode kernel streams
+// best (repack_quantized below). Each row's K is cut into chunks of 128
+// elements, 16 words, the last padded with zero words: a row holds
+// ceil(K / 128) * 16 words. Inside a chunk, word 4 wd + t of the
+// checkpoint's order (elements 32 wd + 8 t ... 32 wd + 8 t + 7) moves to
+// word 4 t + wd, and its nibbles are reordered so that nibble i holds
+// element 2i and nibble i + 4 element 2i + 1 (i = 0 ... 3). On this order
+// the kernel applies the scales and biases to its fp32 sums, so the weights
+// enter exactly (q * scale + bias is not rounded to X's type).
+//
 // FP8 e4m3fn weights, as FP8 checkpoints store them: one byte per weight
 // (packed four to a word, the first element of K in the lowest byte: the
 // bytes of a [rows, K] float8_e4m3fn tensor), times a float scale per block
@@ -43,7 +54,8 @@ namespace gatedmlp {
 // positive multiple of the group size. Names the argument and the values.
 Status check_quant_format(const QuantFormat& format, int64_t k);
 
-// Sizes of one quantized row of K elements: uint32 words, and groups (the
+// Sizes of one quantized row of K elements: uint32 words (repacked: whole
+// chunks of 128 elements), and groups (the
 // scales and biases per row of the scale arrays); and the rows of the scale
 // arrays for `rows` weight rows (rows, except FP8's row blocks).
 int64_t quant_words_per_row(const QuantFormat& format, int64_t k);
@@ -77,6 +89,19 @@ Status quantize_host(const QuantFormat& format, DType dtype, int64_t rows, int64
 // quantize_host takes affine and mxfp4 (FP8 weights come quantized).
 Status dequantize_host(const QuantFormat& format, DType dtype, DType out_dtype, int64_t rows, int64_t k,
                        const uint32_t* wq, const void* scales, const void* biases, void* w);
+
+// Converts the words of `rows` quantized rows of K elements between the
+// checkpoint's order and the repacked one: `from` and `to` must be the same
+// affine 4-bit format but for `repacked` (equal: a copy). src and dst are
+// dense, quant_words_per_row(from, k) and quant_words_per_row(to, k) words
+// per row, and must not overlap. Repacking then unrepacking gives the words
+// back bit for bit. repack_quantized works on host memory,
+// repack_quantized_device on device memory, asynchronously on `stream`.
+// Empty input (rows = 0) is not an error.
+Status repack_quantized(const QuantFormat& from, const QuantFormat& to, int64_t rows, int64_t k, const uint32_t* src,
+                        uint32_t* dst);
+Status repack_quantized_device(const QuantFormat& from, const QuantFormat& to, int64_t rows, int64_t k,
+                               const uint32_t* src, uint32_t* dst, cudaStream_t stream);
 
 const char* to_string(QuantMode);
 std::string to_string(const QuantFormat&);

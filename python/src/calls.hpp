@@ -258,5 +258,7 @@ void convert(nb::handle from_w, nb::handle to_w, WeightLayout from, WeightLayout
 // dtypes read from them; the outputs are the caller's.
 void quantize(nb::handle w, nb::handle wq, nb::handle scales, nb::handle biases, const QuantFormat& format);
 void dequantize(nb::handle wq, nb::handle scales, nb::handle biases, nb::handle w, const QuantFormat& format);
+void repack(nb::handle src, nb::handle dst, const QuantFormat& from, const QuantFormat& to, int64_t k,
+            uintptr_t stream_handle);
 
 }  // namespace gatedmlp::py

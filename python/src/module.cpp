@@ -660,14 +660,15 @@ NB_MODULE(_gatedmlp, m) {
   nb::class_<QuantFormat>(m, "QuantFormat")
       .def(
           "__init__",
-          [](QuantFormat* self, QuantMode mode, int bits, int group_size, int row_block) {
-            new (self) QuantFormat{mode, bits, group_size, row_block};
+          [](QuantFormat* self, QuantMode mode, int bits, int group_size, int row_block, bool repacked) {
+            new (self) QuantFormat{mode, bits, group_size, row_block, repacked};
           },
-          "mode"_a = QuantMode::affine, "bits"_a = 4, "group_size"_a = 64, "row_block"_a = 1)
+          "mode"_a = QuantMode::affine, "bits"_a = 4, "group_size"_a = 64, "row_block"_a = 1, "repacked"_a = false)
       .def_rw("mode", &QuantFormat::mode)
       .def_rw("bits", &QuantFormat::bits)
       .def_rw("group_size", &QuantFormat::group_size)
       .def_rw("row_block", &QuantFormat::row_block)
+      .def_rw("repacked", &QuantFormat::repacked)
       .def("__repr__", [](const QuantFormat& f) { return to_string(f); });
   m.def("check_quant_format", &check_quant_format, "format"_a, "k"_a,
         "The format's rules (bits, group size) and K against them.");
@@ -677,6 +678,9 @@ NB_MODULE(_gatedmlp, m) {
   m.def("quantize_into", &quantize, "w"_a, "wq"_a, "scales"_a, "biases"_a.none(), "format"_a,
         "quantize_host on host arrays: w [..., K] into wq [..., K * bits / 32] (uint32), scales and biases "
         "[..., K / group_size] (w's dtype; mxfp4: uint8 scales, biases None). gatedmlp.quantize allocates them.");
+  m.def("repack_into", &repack, "src"_a, "dst"_a, "from_format"_a, "to_format"_a, "k"_a, "stream"_a = 0,
+        "repack_quantized (host arrays) or repack_quantized_device (CUDA arrays, on `stream`): the words of src "
+        "[..., words of from_format] into dst [..., words of to_format]. gatedmlp.repack allocates dst.");
   m.def("dequantize_into", &dequantize, "wq"_a, "scales"_a, "biases"_a.none(), "w"_a, "format"_a,
         "dequantize_host on host arrays into w [..., K] (its dtype). gatedmlp.dequantize allocates it.");
 

@@ -109,4 +109,48 @@ void dequantize(nb::handle wq, nb::handle scales, nb::handle biases, nb::handle 
                         ptr(tb), tw.data));
 }
 
+void repack(nb::handle src, nb::handle dst, const QuantFormat& from, const QuantFormat& to, int64_t k,
+            uintptr_t stream_handle) {
+  const TensorView ts = import_tensor(src, "src", false);
+  const TensorView td = import_tensor(dst, "dst", true);
+  require_uint32(ts);
+  require_uint32(td);
+  check(check_quant_format(from, k));
+  check(check_quant_format(to, k));
+  const bool host = ts.on_host() && td.on_host(), device = ts.on_device() && td.on_device();
+  if (!host && !device)
+    raise_invalid(std::string("repack: 'src' (") + ts.device_name() + ") and 'dst' (" + td.device_name() +
+                  ") must both be host memory or both CUDA memory");
+  // Dense rows: every axis but the last, and the words per row of each order.
+  auto rows_of = [&](const TensorView& t, int64_t words) {
+    if (t.ndim < 1 || t.size(-1) != words)
+      raise_invalid("'" + t.name + "' must have " + str(words) + " words per row (K = " + str(k) + ", " +
+                    to_string(t.name == "src" ? from : to) + "), got shape " + t.shape_str());
+    int64_t rows = 1, expect = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (t.size(i) > 1 && t.stride(i) != expect)
+        raise_invalid("'" + t.name + "' must be C-contiguous, got strides " + t.strides_str());
+      expect *= t.size(i);
+      if (i < t.ndim - 1) rows *= t.size(i);
+    }
+    return rows;
+  };
+  const int64_t rows = rows_of(ts, quant_words_per_row(from, k));
+  if (rows_of(td, quant_words_per_row(to, k)) != rows)
+    raise_invalid("'dst' " + td.shape_str() + " must hold the rows of 'src' " + ts.shape_str());
+  Status s;
+  if (host) {
+    nb::gil_scoped_release release;
+    s = repack_quantized(from, to, rows, k, static_cast<const uint32_t*>(ts.data), static_cast<uint32_t*>(td.data));
+  } else {
+    DeviceGuard guard(ts.device_id);
+    const cudaStream_t stream = as_stream(stream_handle);
+    wait_for_producers({&ts, &td}, stream);
+    nb::gil_scoped_release release;
+    s = repack_quantized_device(from, to, rows, k, static_cast<const uint32_t*>(ts.data),
+                                static_cast<uint32_t*>(td.data), stream);
+  }
+  check(s);
+}
+
 }  // namespace gatedmlp::py

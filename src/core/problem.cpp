@@ -196,7 +196,7 @@ namespace detail {
 
 // A field added to Problem must be added to same_problem too, or run()
 // would reuse a plan made for another call (this size is the x86-64 one).
-static_assert(sizeof(void*) != 8 || sizeof(Problem) == 264, "Problem changed: update same_problem");
+static_assert(sizeof(void*) != 8 || sizeof(Problem) == 272, "Problem changed: update same_problem");
 
 bool same_problem(const Problem& a, const Problem& b) {
   auto bits = [](float f) {
@@ -217,6 +217,7 @@ bool same_problem(const Problem& a, const Problem& b) {
          a.batch_stride_preact == b.batch_stride_preact && a.quantized == b.quantized &&
          (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
                            a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
+                           a.quant.repacked == b.quant.repacked &&
                            a.scale_dtype == b.scale_dtype)) &&
          (a.input_dtype != DType::fp8_e4m3 || (a.x_scale == b.x_scale && a.fp8_promote == b.fp8_promote)) &&
          (a.output_dtype != DType::fp8_e4m3 ||

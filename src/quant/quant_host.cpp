@@ -11,12 +11,15 @@
 #include <cstring>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 #include <limits>
 #include <sstream>
 
 #include "common/host_float16.hpp"
 #include "core/internal.hpp"
 #include "gatedmlp/quant.hpp"
+#include "quant/repack_math.hpp"
+#include "quant_decode/quant_decode.hpp"
 
 namespace gatedmlp {
 
@@ -154,7 +157,9 @@ void quantize_mxfp4(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, 
 }
 
 // Element i of a row's packed codes.
-uint32_t code_at(const uint32_t* row_words, int bits, int64_t i) {
+uint32_t code_at(const uint32_t* row_words, const QuantFormat& f, int64_t i) {
+  if (f.repacked) return detail::repacked_code_at(row_words, i);
+  const int bits = f.bits;
   const int per_word = 32 / bits;
   return (row_words[i / per_word] >> ((i % per_word) * bits)) & ((1u << bits) - 1u);
 }
@@ -177,6 +182,9 @@ Status check_quant_format(const QuantFormat& f, int64_t k) {
                  "packs four values to a word)");
     return Status::Ok();
   }
+  if (f.repacked && (f.mode != QuantMode::affine || f.bits != 4))
+    return err(StatusCode::not_supported, "quant format: repacked words are affine 4-bit only, got mode=",
+               to_string(f.mode), " bits=", f.bits);
   if (f.row_block != 1)
     return err(StatusCode::not_supported, "quant format: row_block=", f.row_block, " (", to_string(f.mode),
                " has a scale per row: 1)");
@@ -193,7 +201,10 @@ Status check_quant_format(const QuantFormat& f, int64_t k) {
   return Status::Ok();
 }
 
-int64_t quant_words_per_row(const QuantFormat& f, int64_t k) { return k * f.bits / 32; }
+int64_t quant_words_per_row(const QuantFormat& f, int64_t k) {
+  if (f.repacked) return (k + 127) / 128 * detail::kRepackChunkWords;
+  return k * f.bits / 32;
+}
 int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) {
   if (f.group_size == 0) return 1;  // fp8_e4m3: one scale along all of K
   return (k + f.group_size - 1) / f.group_size;
@@ -219,10 +230,17 @@ Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k,
   if (f.mode == QuantMode::fp8_e4m3)
     return err(StatusCode::not_supported, "quantize_host: fp8_e4m3 weights come quantized (from checkpoints); ",
                "quantize_host takes affine and mxfp4");
-  if (f.mode == QuantMode::mxfp4)
+  if (f.mode == QuantMode::mxfp4) {
     quantize_mxfp4(f, dtype, rows, k, w, wq, static_cast<uint8_t*>(scales));
-  else
+  } else if (f.repacked) {  // MLX's words, then the repacked order
+    QuantFormat plain = f;
+    plain.repacked = false;
+    std::vector<uint32_t> words(size_t(rows * quant_words_per_row(plain, k)));
+    quantize_affine(plain, dtype, rows, k, w, words.data(), scales, biases);
+    return repack_quantized(plain, f, rows, k, words.data(), wq);
+  } else {
     quantize_affine(f, dtype, rows, k, w, wq, scales, biases);
+  }
   return Status::Ok();
 }
 
@@ -238,7 +256,7 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < k; ++i) {
-      const uint32_t q = code_at(wq + r * words, f.bits, i);
+      const uint32_t q = code_at(wq + r * words, f, i);
       float v;
       if (fp8) {
         const int64_t g = (f.row_block ? r / f.row_block : 0) * groups + (f.group_size ? i / f.group_size : 0);
@@ -255,6 +273,57 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   return Status::Ok();
 }
 
+namespace {
+
+// The checks repack_quantized and repack_quantized_device share.
+Status check_repack(const char* fn, const QuantFormat& from, const QuantFormat& to, int64_t rows, int64_t k,
+                    const void* src, const void* dst) {
+  QuantFormat a = from, b = to;
+  a.repacked = b.repacked = false;
+  if (a.mode != QuantMode::affine || a.bits != 4)
+    return err(StatusCode::not_supported, fn, ": only affine 4-bit words have a repacked order, got from=",
+               to_string(from));
+  if (a.mode != b.mode || a.bits != b.bits || a.group_size != b.group_size || a.row_block != b.row_block)
+    return err(StatusCode::invalid_argument, fn, ": from and to must be one format but for `repacked`, got from=",
+               to_string(from), " to=", to_string(to));
+  if (Status s = check_quant_format(from, k); !s.ok()) return s;
+  if (rows < 0) return err(StatusCode::invalid_argument, fn, ": rows=", rows, " is negative");
+  if (rows > 0 && (!src || !dst))
+    return err(StatusCode::invalid_argument, fn, ": ", !src ? "src" : "dst", " is null with rows=", rows);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status repack_quantized(const QuantFormat& from, const QuantFormat& to, int64_t rows, int64_t k, const uint32_t* src,
+                        uint32_t* dst) {
+  if (Status s = check_repack("repack_quantized", from, to, rows, k, src, dst); !s.ok()) return s;
+  const int64_t wf = quant_words_per_row(from, k), wt = quant_words_per_row(to, k), words = k / 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t* in = src + r * wf;
+    uint32_t* out = dst + r * wt;
+    if (from.repacked == to.repacked) {
+      std::copy(in, in + wf, out);
+    } else if (to.repacked) {
+      std::fill(out, out + wt, 0u);
+      for (int64_t i = 0; i < words; ++i) out[detail::repacked_word_pos(i)] = detail::repack_nibbles(in[i]);
+    } else {
+      for (int64_t i = 0; i < words; ++i) out[i] = detail::unrepack_nibbles(in[detail::repacked_word_pos(i)]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status repack_quantized_device(const QuantFormat& from, const QuantFormat& to, int64_t rows, int64_t k,
+                               const uint32_t* src, uint32_t* dst, cudaStream_t stream) {
+  if (Status s = check_repack("repack_quantized_device", from, to, rows, k, src, dst); !s.ok()) return s;
+  if (rows == 0) return Status::Ok();
+  const cudaError_t e = quant_decode::repack_words_device(from.repacked, to.repacked, rows, k, src, dst, stream);
+  if (e != cudaSuccess)
+    return err(StatusCode::cuda_error, "repack_quantized_device: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+  return Status::Ok();
+}
+
 const char* to_string(QuantMode m) {
   switch (m) {
     case QuantMode::affine: return "affine";
@@ -268,6 +337,7 @@ std::string to_string(const QuantFormat& f) {
   std::ostringstream os;
   os << "QuantFormat{mode=" << to_string(f.mode) << " bits=" << f.bits << " group_size=" << f.group_size;
   if (f.row_block != 1) os << " row_block=" << f.row_block;
+  if (f.repacked) os << " repacked";
   os << "}";
   return os.str();
 }

@@ -10,6 +10,7 @@
 
 #include "common/device_dtype.cuh"
 #include "gatedmlp/quant.hpp"
+#include "quant/repack_math.hpp"
 #include "quant_decode/quant_decode.hpp"
 
 namespace gatedmlp::quant_decode {
@@ -18,8 +19,9 @@ namespace {
 
 // One thread per packed word: 32 / bits weights out. MODE: 0 affine, 1
 // MXFP4, 2 FP8 (its scales per row_shift-block of rows and group of K, the
-// e4m3 value times the scale).
-template <typename T, int BITS, int MODE>
+// e4m3 value times the scale). REPACKED: 4-bit affine words in the
+// repacked order, read back into the checkpoint's.
+template <typename T, int BITS, int MODE, bool REPACKED = false>
 __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ldw, const void* scales,
                                   const void* biases, int scale_dtype, int64_t rows, int64_t k, int group_shift,
                                   int row_shift, int64_t groups, T* __restrict__ out) {
@@ -29,7 +31,9 @@ __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ld
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * words_per_row;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / words_per_row, wi = i % words_per_row;
-    const uint32_t w = __ldg(words + r * ldw + wi);
+    const uint32_t w = REPACKED ? gatedmlp::detail::unrepack_nibbles(
+                                      __ldg(words + r * ldw + gatedmlp::detail::repacked_word_pos(wi)))
+                                : __ldg(words + r * ldw + wi);
     const int64_t k0 = wi * kPer;
     const int64_t gi = (r >> row_shift) * groups + (k0 >> group_shift);
     float s, b = 0.f;
@@ -93,13 +97,46 @@ cudaError_t launch_t(const DequantizeArgs& d, cudaStream_t stream) {
   else if (d.format.bits == 8)
     dequantize_kernel<T, 8, 0><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, gshift,
                                                              rshift, groups, out);
+  else if (d.format.repacked)
+    dequantize_kernel<T, 4, 0, true><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k,
+                                                                   gshift, rshift, groups, out);
   else
     dequantize_kernel<T, 4, 0><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, gshift,
                                                              rshift, groups, out);
   return cudaGetLastError();
 }
 
+// One thread per word of the destination row: repacking reads the word it
+// came from (zero past K), unrepacking the word it goes to.
+__global__ void repack_kernel(bool to_repacked, int64_t rows, int64_t k, const uint32_t* __restrict__ src,
+                              uint32_t* __restrict__ dst) {
+  const int64_t plain = k / 8, packed = (k + 127) / 128 * gatedmlp::detail::kRepackChunkWords;
+  const int64_t wf = to_repacked ? plain : packed, wt = to_repacked ? packed : plain;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * wt; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / wt, wi = i % wt;
+    const int64_t from = gatedmlp::detail::repacked_word_pos(wi);  // its own inverse
+    if (to_repacked)
+      dst[i] = from < plain ? gatedmlp::detail::repack_nibbles(src[r * wf + from]) : 0u;
+    else
+      dst[i] = gatedmlp::detail::unrepack_nibbles(src[r * wf + from]);
+  }
+}
+
 }  // namespace
+
+cudaError_t repack_words_device(bool from_repacked, bool to_repacked, int64_t rows, int64_t k, const uint32_t* src,
+                                uint32_t* dst, cudaStream_t stream) {
+  if (from_repacked == to_repacked) {
+    const int64_t words = from_repacked ? (k + 127) / 128 * gatedmlp::detail::kRepackChunkWords : k / 8;
+    return cudaMemcpyAsync(dst, src, size_t(rows * words) * 4, cudaMemcpyDeviceToDevice, stream);
+  }
+  const int64_t n = rows * (to_repacked ? (k + 127) / 128 * gatedmlp::detail::kRepackChunkWords : k / 8);
+  const int threads = 256;
+  const int64_t blocks = (n + threads - 1) / threads;
+  repack_kernel<<<static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), threads, 0, stream>>>(
+      to_repacked, rows, k, src, dst);
+  return cudaGetLastError();
+}
 
 cudaError_t dequantize_device(const DequantizeArgs& d, cudaStream_t stream) {
   if (d.rows == 0) return cudaSuccess;

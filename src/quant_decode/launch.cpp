@@ -119,7 +119,8 @@ DownSplit down_split(const Problem& r) {
   int warps = 0, unroll = 0;
   launch_shape(r, &warps, &unroll);
   const bool bytes8 = r.quant.mode == QuantMode::fp8_e4m3 || (r.quant.mode == QuantMode::affine && r.quant.bits == 8);
-  const int64_t block_k = 4 * (bytes8 ? 16 : 32) * unroll;
+  // The repacked kernel's k-blocks are one chunk of 128, whatever the unroll.
+  const int64_t block_k = r.quant.repacked ? 128 : 4 * (bytes8 ? 16 : 32) * unroll;
   const int64_t k_blocks = (r.k + block_k - 1) / block_k;
   const int64_t s = std::min<int64_t>(n, k_blocks);
   d.k_blocks_per_split = (k_blocks + s - 1) / s;
@@ -156,6 +157,12 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
     p.partials = partials;
   }
   const bool bf = r.input_dtype == DType::bf16;
+  if (r.quant.repacked) {  // affine 4-bit (check_quant_format)
+    const int gs = r.quant.group_size;
+    if (gs == 32) return bf ? launch_repacked_bf16_g32(q, s, stream) : launch_repacked_fp16_g32(q, s, stream);
+    if (gs == 64) return bf ? launch_repacked_bf16_g64(q, s, stream) : launch_repacked_fp16_g64(q, s, stream);
+    return bf ? launch_repacked_bf16_g128(q, s, stream) : launch_repacked_fp16_g128(q, s, stream);
+  }
   switch (s.format) {
     case kInt4: return bf ? launch_bf16_int4(q, s, stream) : launch_fp16_int4(q, s, stream);
     case kInt8: return bf ? launch_bf16_int8(q, s, stream) : launch_fp16_int8(q, s, stream);

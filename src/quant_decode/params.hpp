@@ -54,5 +54,12 @@ cudaError_t launch_fp16_int4(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_fp16_int8(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_fp16_mxfp4(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_fp16_fp8(const Params& p, Shape s, cudaStream_t stream);
+// Repacked int4 (repacked.cuh), one per X dtype and group: 32, 64, 128 or more.
+cudaError_t launch_repacked_bf16_g32(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_repacked_bf16_g64(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_repacked_bf16_g128(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_repacked_fp16_g32(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_repacked_fp16_g64(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_repacked_fp16_g128(const Params& p, Shape s, cudaStream_t stream);
 
 }  // namespace gatedmlp::quant_decode

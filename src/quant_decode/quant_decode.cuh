@@ -78,6 +78,36 @@ inline constexpr int kMaxWarps = decode::kMaxWarps;
 template <int FMT>
 inline constexpr int kLaneElemsOf = FMT == kInt8 || FMT == kFp8 ? 16 : 32;
 
+// One lane's weight rows: the gate and up rows of column j0 + g (U-1 past
+// U; the down projection's rows j0 + g and j0 + 8 + g), its 16 bytes of
+// each row's words (4 * t words in), and where the rows' scales and biases
+// start. expert: 0, or the gathered call's.
+struct LaneRows {
+  const uint32_t* w[2];
+  const void* s[2];
+  const void* b[2];
+  int64_t sbase[2];
+};
+
+__device__ __forceinline__ LaneRows lane_rows(const Params& qp, int64_t expert, int64_t j0, int g, int t) {
+  const decode::Params& p = qp.d;
+  LaneRows r;
+  const int64_t j = min(j0 + g, p.u - 1);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool up_tensor = p.separate && h;
+    // 32-bit: blocker() keeps 2U below 2^31.
+    const uint32_t row = p.down       ? uint32_t(min(j0 + h * 8 + g, p.u - 1))
+                         : p.separate ? uint32_t(j)
+                                      : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
+    r.w[h] = static_cast<const uint32_t*>(up_tensor ? p.w_up : p.w) + expert * p.sw + int64_t(row) * p.ldw + 4 * t;
+    r.s[h] = up_tensor ? qp.scales_up : qp.scales;
+    r.b[h] = up_tensor ? qp.biases_up : qp.biases;
+    r.sbase[h] = expert * qp.expert_scales + int64_t(row >> qp.row_shift) * qp.groups;
+  }
+  return r;
+}
+
 // One tile: this CTA's columns from j0 over its k-blocks for `count` rows
 // of X, then the epilogue. expert: 0, or the gathered call's (its words at
 // expert * sw, its scales and biases at expert * expert_scales, its bias at
@@ -106,27 +136,7 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
     kb_hi = min(kb_hi, kb_lo + p.split_k_blocks);
   }
 
-  // This lane's rows: the gate and up rows of column j0 + g (U-1 past U), and
-  // token nt*8 + g of X (M-1 past M), at its first element of a chunk.
-  const uint32_t* wrow[2];
-  const void* srow[2];
-  const void* brow[2];
-  int64_t sbase[2];
-  {
-    const int64_t j = min(j0 + g, p.u - 1);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool up_tensor = p.separate && h;
-      // 32-bit: blocker() keeps 2U below 2^31. Down: rows j0+g and j0+8+g (U-1 past U).
-      const uint32_t row = p.down       ? uint32_t(min(j0 + h * 8 + g, p.u - 1))
-                           : p.separate ? uint32_t(j)
-                                        : gatedmlp::detail::fused_row<uint32_t>(uint32_t(j), h, uint32_t(p.group), p.first);
-      wrow[h] = static_cast<const uint32_t*>(up_tensor ? p.w_up : p.w) + expert * p.sw + int64_t(row) * p.ldw + 4 * t;
-      srow[h] = up_tensor ? qp.scales_up : qp.scales;
-      brow[h] = up_tensor ? qp.biases_up : qp.biases;
-      sbase[h] = expert * qp.expert_scales + int64_t(row >> qp.row_shift) * qp.groups;
-    }
-  }
+  const LaneRows rows = lane_rows(qp, expert, j0, g, t);
   const T* xrow[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -151,7 +161,7 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
       const int64_t woff = (k0 + u * kChunk) / (kChunk / 16);  // words: 16 per chunk, 4 per lane
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        wa[u][h] = full ? decode::detail_::ld_weights(wrow[h] + woff) : decode::detail_::ld_weights_if(wrow[h] + woff, ok);
+        wa[u][h] = full ? decode::detail_::ld_weights(rows.w[h] + woff) : decode::detail_::ld_weights_if(rows.w[h] + woff, ok);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -163,7 +173,7 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
       const bool ok = full || ke < p.k;
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        sc[u][h] = D::load(srow[h], brow[h], qp.scale_dtype, sbase[h] + (ke >> qp.group_shift), ok);
+        sc[u][h] = D::load(rows.s[h], rows.b[h], qp.scale_dtype, rows.sbase[h] + (ke >> qp.group_shift), ok);
     }
   };
 
@@ -247,11 +257,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
   }
 }
 
-// Launches quant_decode_kernel<...> with min(p.d.warps, k-blocks) warps per
-// CTA and one CTA per 8 columns (16 for the down projection).
-template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER = false>
-cudaError_t launch_kernel(Params p, cudaStream_t stream) {
-  constexpr int kBlockK = 4 * kLaneElemsOf<FMT> * UNROLL;
+// Launches `kernel` (k-blocks of kBlockK elements, NT n-tiles) with
+// min(p.d.warps, k-blocks) warps per CTA and one CTA per 8 columns (16 for
+// the down projection); a gathered call (GATHER) takes one grid row per slot
+// of a distinct expert.
+template <int kBlockK, int NT, bool GATHER, typename Kernel>
+cudaError_t launch_grid(Kernel kernel, Params p, cudaStream_t stream) {
   const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
   const int64_t per_cta = p.d.split_k_blocks ? p.d.split_k_blocks : k_blocks;
   p.d.warps = static_cast<int>(per_cta < p.d.warps ? per_cta : p.d.warps);
@@ -261,9 +272,14 @@ cudaError_t launch_kernel(Params p, cudaStream_t stream) {
   const int64_t slots = p.d.experts < p.d.n_indices ? p.d.experts : p.d.n_indices;
   const unsigned ys = GATHER ? static_cast<unsigned>(slots < decode::kMaxGridY ? slots : decode::kMaxGridY) : splits;
   const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), ys);
-  quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB, GATHER>
-      <<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
+  kernel<<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER = false>
+cudaError_t launch_kernel(const Params& p, cudaStream_t stream) {
+  return launch_grid<4 * kLaneElemsOf<FMT> * UNROLL, NT, GATHER>(
+      quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB, GATHER>, p, stream);
 }
 
 // The instantiations of one (X dtype, format): packed or fp32 dequantization

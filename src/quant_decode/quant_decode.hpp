@@ -51,6 +51,10 @@ struct DequantizeArgs {
   void* out = nullptr;              // [rows, K], dense
 };
 cudaError_t dequantize_device(const DequantizeArgs& d, cudaStream_t stream);
+// repack_quantized_device's kernel (arguments checked): dense rows of 4-bit
+// words from one order to the other (quant/repack_math.hpp).
+cudaError_t repack_words_device(bool from_repacked, bool to_repacked, int64_t rows, int64_t k, const uint32_t* src,
+                                uint32_t* dst, cudaStream_t stream);
 // The arguments that dequantize `rows` rows of one weight tensor of a
 // resolved quantized problem into `out` ([rows, K] of X's dtype, dense).
 DequantizeArgs dequantize_args(const Problem& resolved, int64_t rows, const void* words, const void* scales,

@@ -8,6 +8,7 @@
 
 #include "common/activation_math.hpp"
 #include "common/layout_math.hpp"
+#include "quant/repack_math.hpp"
 #include "reference/reference.hpp"
 
 namespace gatedmlp::ref {
@@ -60,8 +61,10 @@ void store_from_double(void* base, DType dtype, int64_t i, double v) {
 double quantized_weight(const Problem& p, const void* words, const void* scales, const void* biases, int64_t row,
                         int64_t k) {
   const int per_word = 32 / p.quant.bits;
-  const uint32_t w = static_cast<const uint32_t*>(words)[row * p.weights.ld + k / per_word];
-  const uint32_t q = (w >> ((k % per_word) * p.quant.bits)) & ((1u << p.quant.bits) - 1);
+  const uint32_t* row_words = static_cast<const uint32_t*>(words) + row * p.weights.ld;
+  const uint32_t q = p.quant.repacked ? detail::repacked_code_at(row_words, k)
+                                      : (row_words[k / per_word] >> ((k % per_word) * p.quant.bits)) &
+                                            ((1u << p.quant.bits) - 1);
   if (p.quant.mode == QuantMode::fp8_e4m3) {
     const int64_t groups = p.quant.group_size ? (p.k + p.quant.group_size - 1) / p.quant.group_size : 1;
     const int64_t gi = (p.quant.row_block ? row / p.quant.row_block : 0) * groups +
