@@ -297,6 +297,10 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
       const size_t ss = dtype_size(r.scale_dtype);
       h.w_scales = at(wg.scales.host, e * wg.scale_elems, ss);
       h.w_up_scales = sep ? at(wu.scales.host, e * wu.scale_elems, ss) : nullptr;
+      if (r.quant.mode == QuantMode::affine) {  // repacked int4: its biases too
+        h.w_biases = at(wg.biases.host, e * wg.scale_elems, ss);
+        h.w_up_biases = sep ? at(wu.biases.host, e * wu.scale_elems, ss) : nullptr;
+      }
     } else {
       h.w = at(wg.w.host, e * r.batch_stride_w, ex);
       h.w_up = sep ? at(wu.w.host, e * r.batch_stride_w, ex) : nullptr;

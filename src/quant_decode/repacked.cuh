@@ -62,10 +62,27 @@ __device__ __forceinline__ uint4 ld_x16(const void* p) {
 }
 }  // namespace detail_
 
+// A scale or bias of dtype SDT (0 bf16, 1 fp16, 2 fp32) as loaded, and as a
+// float. The loads are prefetched a k-block ahead and converted only where
+// used: a conversion at the load would wait for it there.
+template <int SDT>
+__device__ __forceinline__ uint32_t load_scale_bits(const void* p, int64_t i) {
+  if constexpr (SDT == 2) return __ldg(static_cast<const unsigned*>(p) + i);
+  else return __ldg(static_cast<const unsigned short*>(p) + i);
+}
+template <int SDT>
+__device__ __forceinline__ float scale_float(uint32_t v) {
+  if constexpr (SDT == 0) return __uint_as_float(v << 16);
+  else if constexpr (SDT == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(v)));
+  else return __uint_as_float(v);
+}
+
 // SPANS: 32-element spans per group (1, 2 or 4: groups of 32, 64, and 128
 // or more); a chunk's four words hold 4 / SPANS groups. NT n-tiles of 8
-// tokens. LaneRows, the partial sums and the epilogue are quant_tile's.
-template <typename T, int SPANS, int NT>
+// tokens; SDT the scales' dtype; CHUNKS chunks per k-block (1 or 2: the
+// loads a warp has in flight). LaneRows, the partial sums and the epilogue
+// are quant_tile's.
+template <typename T, int SPANS, int NT, int SDT, int CHUNKS>
 __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int64_t expert, int count,
                                               const int* xrows, const int* yrows) {
   static_assert(SPANS == 1 || SPANS == 2 || SPANS == 4, "a group holds 1, 2 or 4 spans of a chunk");
@@ -81,7 +98,8 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p);
-  int64_t kb_lo = 0, kb_hi = (p.k + kRepackedChunk - 1) / kRepackedChunk;
+  constexpr int kBlockK = kRepackedChunk * CHUNKS;
+  int64_t kb_lo = 0, kb_hi = (p.k + kBlockK - 1) / kBlockK;
   if (p.split_k_blocks) {
     kb_lo = int64_t(blockIdx.y) * p.split_k_blocks;
     kb_hi = min(kb_hi, kb_lo + p.split_k_blocks);
@@ -101,77 +119,99 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[0][nt][r] = 0.f;
 
-  // A chunk's words (always whole: rows are padded to chunks) and, per
-  // group and row, (16 s, b - 16 s) as floats; zero for a group past K.
-  auto load_chunk = [&](int64_t kb, uint4 (&wa)[2], float2 (&sc)[kGroups][2]) {
+  // A k-block's words (a chunk is whole, rows being padded to chunks; a
+  // chunk past K is not loaded) and, per group and row, the bits of its
+  // scale and bias (zero past K).
+  auto load_block = [&](int64_t kb, uint4 (&wa)[CHUNKS][2], uint2 (&sc)[CHUNKS][kGroups][2]) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) wa[h] = decode::detail_::ld_weights(rows.w[h] + kb * (kRepackedChunk / 8));
+    for (int u = 0; u < CHUNKS; ++u) {
+      const int64_t c = kb * CHUNKS + u;
 #pragma unroll
-    for (int gi = 0; gi < kGroups; ++gi) {
-      const int64_t kg = kb * kRepackedChunk + gi * SPANS * 32;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float s = 0.f, b = 0.f;
-        if (kg < p.k) {
-          const int64_t i = rows.sbase[h] + (kg >> qp.group_shift);
-          s = gatedmlp::detail::load_float(rows.s[h], qp.scale_dtype, i);
-          b = gatedmlp::detail::load_float(rows.b[h], qp.scale_dtype, i);
-        }
-        sc[gi][h] = make_float2(16.f * s, fmaf(-16.f, s, b));
-      }
+      for (int h = 0; h < 2; ++h)
+        wa[u][h] = c * kRepackedChunk < p.k ? decode::detail_::ld_weights(rows.w[h] + c * (kRepackedChunk / 8))
+                                            : make_uint4(0, 0, 0, 0);
     }
+#pragma unroll
+    for (int u = 0; u < CHUNKS; ++u)
+#pragma unroll
+      for (int gi = 0; gi < kGroups; ++gi) {
+        const int64_t kg = (kb * CHUNKS + u) * kRepackedChunk + gi * SPANS * 32;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sc[u][gi][h] = make_uint2(0, 0);
+          if (kg < p.k) {
+            const int64_t i = rows.sbase[h] + (kg >> qp.group_shift);
+            sc[u][gi][h] = make_uint2(load_scale_bits<SDT>(rows.s[h], i), load_scale_bits<SDT>(rows.b[h], i));
+          }
+        }
+      }
   };
 
   // As quant_tile: the next k-block's loads in flight while this one's math runs.
-  uint4 wa[2];
-  float2 sc[kGroups][2];
-  if (kb_lo + warp < kb_hi) load_chunk(kb_lo + warp, wa, sc);
+  uint4 wa[CHUNKS][2];
+  uint2 sc[CHUNKS][kGroups][2];
+  if (kb_lo + warp < kb_hi) load_block(kb_lo + warp, wa, sc);
   for (int64_t kb = kb_lo + warp; kb < kb_hi; kb += p.warps) {
-    uint4 cw[2];
-    float2 cs[kGroups][2];
+    uint4 cw[CHUNKS][2];
+    uint2 cs[CHUNKS][kGroups][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) cw[h] = wa[h];
+    for (int u = 0; u < CHUNKS; ++u) {
 #pragma unroll
-    for (int gi = 0; gi < kGroups; ++gi) cs[gi][0] = sc[gi][0], cs[gi][1] = sc[gi][1];
-    if (kb + p.warps < kb_hi) load_chunk(kb + p.warps, wa, sc);
-    const int64_t kc = kb * kRepackedChunk;
+      for (int h = 0; h < 2; ++h) cw[u][h] = wa[u][h];
 #pragma unroll
-    for (int gi = 0; gi < kGroups; ++gi) {
-      // sums: x (1 + q / 16) per row and token; xsum: x alone per token (its
-      // rows all alike), both over this group's spans of the chunk.
-      float sums[NT][4], xsum[NT][4];
+      for (int gi = 0; gi < kGroups; ++gi) cs[u][gi][0] = sc[u][gi][0], cs[u][gi][1] = sc[u][gi][1];
+    }
+    if (kb + p.warps < kb_hi) load_block(kb + p.warps, wa, sc);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+    for (int u = 0; u < CHUNKS; ++u) {
+      const int64_t kc = (kb * CHUNKS + u) * kRepackedChunk;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) sums[nt][r] = xsum[nt][r] = 0.f;
+      for (int gi = 0; gi < kGroups; ++gi) {
+        if (kc + gi * SPANS * 32 >= p.k) break;  // the same in every lane
+        // sums: x (1 + q / 16) per row and token; xsum: x alone per token
+        // (its rows all alike), both over this group's spans of the chunk.
+        float sums[NT][4], xsum[NT][4];
 #pragma unroll
-      for (int sp = 0; sp < SPANS; ++sp) {
-        const int wd = gi * SPANS + sp;
-        if (kc + 32 * wd >= p.k) break;  // the same in every lane: K is a multiple of 32
-        uint32_t ag[4], au[4];
-        const uint32_t w0 = detail_::word_of(cw[0], wd), w1 = detail_::word_of(cw[1], wd);
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // nibbles i and i + 4 to bits kLow ... kLow + 3 of each half
-          const int sh = 4 * i - kLow;
-          ag[i] = dq::and_or(sh > 0 ? w0 >> sh : w0 << -sh, kCodeMask, C::kOne);
-          au[i] = dq::and_or(sh > 0 ? w1 >> sh : w1 << -sh, kCodeMask, C::kOne);
+          for (int r = 0; r < 4; ++r) sums[nt][r] = xsum[nt][r] = 0.f;
+#pragma unroll
+        for (int sp = 0; sp < SPANS; ++sp) {
+          const int wd = gi * SPANS + sp;
+          if (kc + 32 * wd >= p.k) break;  // the same in every lane: K is a multiple of 32
+          uint32_t ag[4], au[4];
+          const uint32_t w0 = detail_::word_of(cw[u][0], wd), w1 = detail_::word_of(cw[u][1], wd);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {  // nibbles i and i + 4 to bits kLow ... kLow + 3 of each half
+            const int sh = 4 * i - kLow;
+            ag[i] = dq::and_or(sh > 0 ? w0 >> sh : w0 << -sh, kCodeMask, C::kOne);
+            au[i] = dq::and_or(sh > 0 ? w1 >> sh : w1 << -sh, kCodeMask, C::kOne);
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4 xv = detail_::ld_x16(xrow[nt] + kc + 32 * wd);
+            decode::detail_::mma_16816<T>(sums[nt], ag[0], au[0], ag[1], au[1], xv.x, xv.y);
+            decode::detail_::mma_16816<T>(sums[nt], ag[2], au[2], ag[3], au[3], xv.z, xv.w);
+            decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.x, xv.y);
+            decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.z, xv.w);
+          }
+        }
+        // Per row: (16 s, b - 16 s). c0, c1: this lane's gate row (tokens
+        // 2t, 2t+1); c2, c3: its up row.
+        float s16[2], cb[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float sv = scale_float<SDT>(cs[u][gi][h].x);
+          s16[h] = 16.f * sv;
+          cb[h] = fmaf(-16.f, sv, scale_float<SDT>(cs[u][gi][h].y));
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4 xv = detail_::ld_x16(xrow[nt] + kc + 32 * wd);
-          decode::detail_::mma_16816<T>(sums[nt], ag[0], au[0], ag[1], au[1], xv.x, xv.y);
-          decode::detail_::mma_16816<T>(sums[nt], ag[2], au[2], ag[3], au[3], xv.z, xv.w);
-          decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.x, xv.y);
-          decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.z, xv.w);
+          acc[0][nt][0] = fmaf(s16[0], sums[nt][0], fmaf(cb[0], xsum[nt][0], acc[0][nt][0]));
+          acc[0][nt][1] = fmaf(s16[0], sums[nt][1], fmaf(cb[0], xsum[nt][1], acc[0][nt][1]));
+          acc[0][nt][2] = fmaf(s16[1], sums[nt][2], fmaf(cb[1], xsum[nt][0], acc[0][nt][2]));
+          acc[0][nt][3] = fmaf(s16[1], sums[nt][3], fmaf(cb[1], xsum[nt][1], acc[0][nt][3]));
         }
-      }
-      // c0, c1: this lane's gate row (tokens 2t, 2t+1); c2, c3: its up row.
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        acc[0][nt][0] = fmaf(cs[gi][0].x, sums[nt][0], fmaf(cs[gi][0].y, xsum[nt][0], acc[0][nt][0]));
-        acc[0][nt][1] = fmaf(cs[gi][0].x, sums[nt][1], fmaf(cs[gi][0].y, xsum[nt][1], acc[0][nt][1]));
-        acc[0][nt][2] = fmaf(cs[gi][1].x, sums[nt][2], fmaf(cs[gi][1].y, xsum[nt][0], acc[0][nt][2]));
-        acc[0][nt][3] = fmaf(cs[gi][1].x, sums[nt][3], fmaf(cs[gi][1].y, xsum[nt][1], acc[0][nt][3]));
       }
     }
   }
@@ -183,27 +223,44 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
   __syncthreads();
 }
 
-template <typename T, int SPANS, int NT, int MINB, bool GATHER>
+template <typename T, int SPANS, int NT, int SDT, int CHUNKS, int MINB, bool GATHER>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) repacked_kernel(const __grid_constant__ Params qp) {
   extern __shared__ float4 smem_f4[];
   float* red = reinterpret_cast<float*>(smem_f4);
   if constexpr (GATHER) {
     __shared__ decode::GatherShared sh;
     decode::for_each_gathered_tile<NT * 8>(qp.d, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
-      repacked_tile<T, SPANS, NT>(qp, red, expert, count, xrows, yrows);
+      repacked_tile<T, SPANS, NT, SDT, CHUNKS>(qp, red, expert, count, xrows, yrows);
     });
   } else {
-    repacked_tile<T, SPANS, NT>(qp, red, 0, qp.d.m, nullptr, nullptr);
+    repacked_tile<T, SPANS, NT, SDT, CHUNKS>(qp, red, 0, qp.d.m, nullptr, nullptr);
   }
 }
 
 // The instantiations of one X dtype and group: NT n-tiles of 8 tokens (1,
-// 2, 4, 8: M <= 64), gathered or not. Register use as quant_decode_kernel's.
+// 2, 4, 8: M <= 64), the scales' dtype, gathered or not. Register use as
+// quant_decode_kernel's.
+// Two chunks per k-block (s.unroll 2) only for one n-tile (more spill at 2 CTAs of 8 warps).
+template <typename T, int SPANS, int NT, int SDT>
+cudaError_t launch_repacked_sdt(const Params& p, Shape s, cudaStream_t stream) {
+  constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
+  if (s.gather)
+    return launch_grid<kRepackedChunk, NT, true>(repacked_kernel<T, SPANS, NT, SDT, 1, kMinBlocks, true>, p, stream);
+  if constexpr (NT == 1) {
+    if (s.unroll == 2)
+      return launch_grid<2 * kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, SDT, 2, kMinBlocks, false>, p,
+                                                        stream);
+  }
+  return launch_grid<kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, SDT, 1, kMinBlocks, false>, p, stream);
+}
+
 template <typename T, int SPANS, int NT>
 cudaError_t launch_repacked_nt(const Params& p, Shape s, cudaStream_t stream) {
-  constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
-  if (s.gather) return launch_grid<kRepackedChunk, NT, true>(repacked_kernel<T, SPANS, NT, kMinBlocks, true>, p, stream);
-  return launch_grid<kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, kMinBlocks, false>, p, stream);
+  switch (p.scale_dtype) {
+    case 0: return launch_repacked_sdt<T, SPANS, NT, 0>(p, s, stream);
+    case 1: return launch_repacked_sdt<T, SPANS, NT, 1>(p, s, stream);
+    default: return launch_repacked_sdt<T, SPANS, NT, 2>(p, s, stream);
+  }
 }
 
 template <typename T, int SPANS>
