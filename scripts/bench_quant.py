@@ -135,14 +135,14 @@ def quant_arrays(rows: int, k: int, mode: str, bits: int, group: int):
 
 
 def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: list[str],
-                baselines: bool = True) -> list[dict]:
+                baselines: bool = True, group: int = 64) -> list[dict]:
     rows = 2 * u
     bf16_bytes = rows * k * 2
     out = []
     # 16-bit weights and tinygemm's, rotated.
     nb = copies_for(bf16_bytes)
     w16 = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(nb)]
-    fmts = {f: v for f, v in {"int4": ("affine", 4, 64, False), "int4r": ("affine", 4, 64, True),
+    fmts = {f: v for f, v in {"int4": ("affine", 4, group, False), "int4r": ("affine", 4, group, True),
                               "int8": ("affine", 8, 64, False), "mxfp4": ("mxfp4", 4, 32, False),
                               "fp8": ("fp8_e4m3", 8, 128, False)}.items()
             if f in formats}
@@ -210,6 +210,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--formats", default="int4,int4r,int8,mxfp4,fp8")
     ap.add_argument("--no-baselines", action="store_true", help="time gatedmlp only (tuning sweeps)")
+    ap.add_argument("--group", type=int, default=64, help="int4 / int4r group size (32, 64, 128)")
     a = ap.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     torch.manual_seed(0)
@@ -218,7 +219,7 @@ def main() -> int:
     rows = []
     for s in a.shapes.split(","):
         k, u = SHAPES[s]
-        rows += bench_shape(s, k, u, ms, rate, a.formats.split(","), not a.no_baselines)
+        rows += bench_shape(s, k, u, ms, rate, a.formats.split(","), not a.no_baselines, a.group)
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:

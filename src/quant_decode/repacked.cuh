@@ -63,8 +63,8 @@ __device__ __forceinline__ uint4 ld_x16(const void* p) {
 }  // namespace detail_
 
 // A scale or bias of dtype SDT (0 bf16, 1 fp16, 2 fp32) as loaded, and as a
-// float. The loads are prefetched a k-block ahead and converted only where
-// used: a conversion at the load would wait for it there.
+// float. The loads are issued stages ahead and converted only where used: a
+// conversion at the load would wait for it there.
 template <int SDT>
 __device__ __forceinline__ uint32_t load_scale_bits(const void* p, int64_t i) {
   if constexpr (SDT == 2) return __ldg(static_cast<const unsigned*>(p) + i);
@@ -77,17 +77,53 @@ __device__ __forceinline__ float scale_float(uint32_t v) {
   else return __uint_as_float(v);
 }
 
+namespace detail_ {
+// 16 bytes global -> shared, around the L1; a group of them per stage.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 lds16(const uint4* p) {
+  uint4 v;
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(s));
+  return v;
+}
+}  // namespace detail_
+
+// Stages of a warp's ring: chunks whose loads are in flight at once. Each
+// holds the chunk's words in shared memory (1 KB per warp) and its scales
+// and biases in registers (2 per group and row); groups of 32 (four a
+// chunk) and 8 n-tiles take fewer stages, to keep their registers in bounds
+// (no spills).
+template <int SPANS, int NT>
+inline constexpr int kRepackedStages = SPANS == 1 || NT >= 8 ? 2 : 4;
+// Shared memory of one warp's ring.
+template <int SPANS, int NT>
+inline constexpr int kRepackedRingBytes = kRepackedStages<SPANS, NT> * 2 * 32 * 16;
+
 // SPANS: 32-element spans per group (1, 2 or 4: groups of 32, 64, and 128
 // or more); a chunk's four words hold 4 / SPANS groups. NT n-tiles of 8
-// tokens; SDT the scales' dtype; CHUNKS chunks per k-block (1 or 2: the
-// loads a warp has in flight). LaneRows, the partial sums and the epilogue
-// are quant_tile's.
-template <typename T, int SPANS, int NT, int SDT, int CHUNKS>
-__device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int64_t expert, int count,
+// tokens; SDT the scales' dtype. ring: this warp's kRepackedRingBytes of
+// shared memory. LaneRows, the partial sums and the epilogue are
+// quant_tile's.
+//
+// Why a ring: with one chunk prefetched into registers, as quant_tile does,
+// the kernel streamed ~2 TB/s on an H200 whatever its instructions per
+// byte (h79): each warp had ~1 KB in flight. The ring keeps kStages chunks
+// in flight per warp without the registers to hold them.
+template <typename T, int SPANS, int NT, int SDT>
+__device__ __forceinline__ void repacked_tile(const Params& qp, float* red, uint4* ring, int64_t expert, int count,
                                               const int* xrows, const int* yrows) {
   static_assert(SPANS == 1 || SPANS == 2 || SPANS == 4, "a group holds 1, 2 or 4 spans of a chunk");
   using C = dq::Consts<T>;
   constexpr int kGroups = 4 / SPANS;
+  constexpr int S = kRepackedStages<SPANS, NT>;
   // The lowest of the top four mantissa bits (bf16: 7 bits, fp16: 10), and
   // the mask of both halves' four.
   constexpr int kLow = std::is_same_v<T, __nv_bfloat16> ? 3 : 6;
@@ -98,8 +134,7 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p);
-  constexpr int kBlockK = kRepackedChunk * CHUNKS;
-  int64_t kb_lo = 0, kb_hi = (p.k + kBlockK - 1) / kBlockK;
+  int64_t kb_lo = 0, kb_hi = (p.k + kRepackedChunk - 1) / kRepackedChunk;
   if (p.split_k_blocks) {
     kb_lo = int64_t(blockIdx.y) * p.split_k_blocks;
     kb_hi = min(kb_hi, kb_lo + p.split_k_blocks);
@@ -119,102 +154,105 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[0][nt][r] = 0.f;
 
-  // A k-block's words (a chunk is whole, rows being padded to chunks; a
-  // chunk past K is not loaded) and, per group and row, the bits of its
-  // scale and bias (zero past K).
-  auto load_block = [&](int64_t kb, uint4 (&wa)[CHUNKS][2], uint2 (&sc)[CHUNKS][kGroups][2]) {
-#pragma unroll
-    for (int u = 0; u < CHUNKS; ++u) {
-      const int64_t c = kb * CHUNKS + u;
+  // Stage `slot` <- chunk kb: its words into the ring (rows are padded to
+  // whole chunks), the bits of its scales and biases into sc (zero past K).
+  // A group is committed even past the warp's last chunk, so that the
+  // waits below count stages.
+  uint2 sc[S][kGroups][2];
+  auto issue = [&](int64_t kb, int slot) {
+    if (kb < kb_hi) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        wa[u][h] = c * kRepackedChunk < p.k ? decode::detail_::ld_weights(rows.w[h] + c * (kRepackedChunk / 8))
-                                            : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < CHUNKS; ++u)
+        detail_::cp_async16(ring + (slot * 2 + h) * 32 + lane, rows.w[h] + kb * (kRepackedChunk / 8));
 #pragma unroll
       for (int gi = 0; gi < kGroups; ++gi) {
-        const int64_t kg = (kb * CHUNKS + u) * kRepackedChunk + gi * SPANS * 32;
+        const int64_t kg = kb * kRepackedChunk + gi * SPANS * 32;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          sc[u][gi][h] = make_uint2(0, 0);
+          sc[slot][gi][h] = make_uint2(0, 0);
           if (kg < p.k) {
             const int64_t i = rows.sbase[h] + (kg >> qp.group_shift);
-            sc[u][gi][h] = make_uint2(load_scale_bits<SDT>(rows.s[h], i), load_scale_bits<SDT>(rows.b[h], i));
+            sc[slot][gi][h] = make_uint2(load_scale_bits<SDT>(rows.s[h], i), load_scale_bits<SDT>(rows.b[h], i));
           }
         }
       }
+    }
+    detail_::cp_async_commit();
   };
 
-  // As quant_tile: the next k-block's loads in flight while this one's math runs.
-  uint4 wa[CHUNKS][2];
-  uint2 sc[CHUNKS][kGroups][2];
-  if (kb_lo + warp < kb_hi) load_block(kb_lo + warp, wa, sc);
-  for (int64_t kb = kb_lo + warp; kb < kb_hi; kb += p.warps) {
-    uint4 cw[CHUNKS][2];
-    uint2 cs[CHUNKS][kGroups][2];
+  // Chunk kb from stage `slot` into acc.
+  auto consume = [&](int64_t kb, int slot) {
+    const uint4 cw[2] = {detail_::lds16(ring + slot * 64 + lane), detail_::lds16(ring + slot * 64 + 32 + lane)};
+    const int64_t kc = kb * kRepackedChunk;
 #pragma unroll
-    for (int u = 0; u < CHUNKS; ++u) {
+    for (int gi = 0; gi < kGroups; ++gi) {
+      if (kc + gi * SPANS * 32 >= p.k) break;  // the same in every lane
+      // sums: x (1 + q / 16) per row and token; xsum: x alone per token (its
+      // rows all alike), both over this group's spans of the chunk.
+      float sums[NT][4], xsum[NT][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) cw[u][h] = wa[u][h];
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int gi = 0; gi < kGroups; ++gi) cs[u][gi][0] = sc[u][gi][0], cs[u][gi][1] = sc[u][gi][1];
-    }
-    if (kb + p.warps < kb_hi) load_block(kb + p.warps, wa, sc);
+        for (int r = 0; r < 4; ++r) sums[nt][r] = xsum[nt][r] = 0.f;
 #pragma unroll
-    for (int u = 0; u < CHUNKS; ++u) {
-      const int64_t kc = (kb * CHUNKS + u) * kRepackedChunk;
+      for (int sp = 0; sp < SPANS; ++sp) {
+        const int wd = gi * SPANS + sp;
+        if (kc + 32 * wd >= p.k) break;  // the same in every lane: K is a multiple of 32
+        uint32_t ag[4], au[4];
+        const uint32_t w0 = detail_::word_of(cw[0], wd), w1 = detail_::word_of(cw[1], wd);
 #pragma unroll
-      for (int gi = 0; gi < kGroups; ++gi) {
-        if (kc + gi * SPANS * 32 >= p.k) break;  // the same in every lane
-        // sums: x (1 + q / 16) per row and token; xsum: x alone per token
-        // (its rows all alike), both over this group's spans of the chunk.
-        float sums[NT][4], xsum[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) sums[nt][r] = xsum[nt][r] = 0.f;
-#pragma unroll
-        for (int sp = 0; sp < SPANS; ++sp) {
-          const int wd = gi * SPANS + sp;
-          if (kc + 32 * wd >= p.k) break;  // the same in every lane: K is a multiple of 32
-          uint32_t ag[4], au[4];
-          const uint32_t w0 = detail_::word_of(cw[u][0], wd), w1 = detail_::word_of(cw[u][1], wd);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {  // nibbles i and i + 4 to bits kLow ... kLow + 3 of each half
-            const int sh = 4 * i - kLow;
-            ag[i] = dq::and_or(sh > 0 ? w0 >> sh : w0 << -sh, kCodeMask, C::kOne);
-            au[i] = dq::and_or(sh > 0 ? w1 >> sh : w1 << -sh, kCodeMask, C::kOne);
-          }
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint4 xv = detail_::ld_x16(xrow[nt] + kc + 32 * wd);
-            decode::detail_::mma_16816<T>(sums[nt], ag[0], au[0], ag[1], au[1], xv.x, xv.y);
-            decode::detail_::mma_16816<T>(sums[nt], ag[2], au[2], ag[3], au[3], xv.z, xv.w);
-            decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.x, xv.y);
-            decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.z, xv.w);
-          }
-        }
-        // Per row: (16 s, b - 16 s). c0, c1: this lane's gate row (tokens
-        // 2t, 2t+1); c2, c3: its up row.
-        float s16[2], cb[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float sv = scale_float<SDT>(cs[u][gi][h].x);
-          s16[h] = 16.f * sv;
-          cb[h] = fmaf(-16.f, sv, scale_float<SDT>(cs[u][gi][h].y));
+        for (int i = 0; i < 4; ++i) {  // nibbles i and i + 4 to bits kLow ... kLow + 3 of each half
+          const int sh = 4 * i - kLow;
+          ag[i] = dq::and_or(sh > 0 ? w0 >> sh : w0 << -sh, kCodeMask, C::kOne);
+          au[i] = dq::and_or(sh > 0 ? w1 >> sh : w1 << -sh, kCodeMask, C::kOne);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          acc[0][nt][0] = fmaf(s16[0], sums[nt][0], fmaf(cb[0], xsum[nt][0], acc[0][nt][0]));
-          acc[0][nt][1] = fmaf(s16[0], sums[nt][1], fmaf(cb[0], xsum[nt][1], acc[0][nt][1]));
-          acc[0][nt][2] = fmaf(s16[1], sums[nt][2], fmaf(cb[1], xsum[nt][0], acc[0][nt][2]));
-          acc[0][nt][3] = fmaf(s16[1], sums[nt][3], fmaf(cb[1], xsum[nt][1], acc[0][nt][3]));
+          const uint4 xv = detail_::ld_x16(xrow[nt] + kc + 32 * wd);
+          decode::detail_::mma_16816<T>(sums[nt], ag[0], au[0], ag[1], au[1], xv.x, xv.y);
+          decode::detail_::mma_16816<T>(sums[nt], ag[2], au[2], ag[3], au[3], xv.z, xv.w);
+          decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.x, xv.y);
+          decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.z, xv.w);
         }
       }
+      // Per row: (16 s, b - 16 s). c0, c1: this lane's gate row (tokens 2t,
+      // 2t+1); c2, c3: its up row.
+      float s16[2], cb[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sv = scale_float<SDT>(sc[slot][gi][h].x);
+        s16[h] = 16.f * sv;
+        cb[h] = fmaf(-16.f, sv, scale_float<SDT>(sc[slot][gi][h].y));
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        acc[0][nt][0] = fmaf(s16[0], sums[nt][0], fmaf(cb[0], xsum[nt][0], acc[0][nt][0]));
+        acc[0][nt][1] = fmaf(s16[0], sums[nt][1], fmaf(cb[0], xsum[nt][1], acc[0][nt][1]));
+        acc[0][nt][2] = fmaf(s16[1], sums[nt][2], fmaf(cb[1], xsum[nt][0], acc[0][nt][2]));
+        acc[0][nt][3] = fmaf(s16[1], sums[nt][3], fmaf(cb[1], xsum[nt][1], acc[0][nt][3]));
+      }
+    }
+  };
+
+  // The warp's chunks kb_lo + warp, + warps, ...: S - 1 in flight ahead of
+  // the one consumed. Each lane reads back only the 16-byte pieces it copied
+  // itself, so its own wait is the only synchronisation; a slot is refilled
+  // only after the chunk read from it has been used.
+  const int64_t first = kb_lo + warp, step = p.warps;
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue(first + st * step, st);
+  for (int64_t base = first; base < kb_hi; base += S * step) {
+#pragma unroll
+    for (int st = 0; st < S; ++st) {
+      const int64_t kb = base + st * step;
+      if (kb >= kb_hi) break;
+      issue(kb + (S - 1) * step, (st + S - 1) % S);
+      detail_::cp_async_wait<S - 1>();  // chunk kb's group is done
+      consume(kb, st);
     }
   }
+  detail_::cp_async_wait<0>();
+  __syncthreads();  // red overlays the rings (repacked_kernel)
 
   decode::store_partials<NT, 1>(red, acc);
   __syncthreads();
@@ -223,35 +261,36 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
   __syncthreads();
 }
 
-template <typename T, int SPANS, int NT, int SDT, int CHUNKS, int MINB, bool GATHER>
+// Shared memory: each warp's ring during the k-loop, the partial sums
+// (quant_tile's red) over the same bytes after it.
+template <typename T, int SPANS, int NT, int SDT, int MINB, bool GATHER>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) repacked_kernel(const __grid_constant__ Params qp) {
   extern __shared__ float4 smem_f4[];
+  constexpr int kRing = kRepackedRingBytes<SPANS, NT>;
+  uint4* ring = reinterpret_cast<uint4*>(smem_f4) + (threadIdx.x >> 5) * (kRing / 16);
   float* red = reinterpret_cast<float*>(smem_f4);
   if constexpr (GATHER) {
     __shared__ decode::GatherShared sh;
     decode::for_each_gathered_tile<NT * 8>(qp.d, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
-      repacked_tile<T, SPANS, NT, SDT, CHUNKS>(qp, red, expert, count, xrows, yrows);
+      repacked_tile<T, SPANS, NT, SDT>(qp, red, ring, expert, count, xrows, yrows);
     });
   } else {
-    repacked_tile<T, SPANS, NT, SDT, CHUNKS>(qp, red, 0, qp.d.m, nullptr, nullptr);
+    repacked_tile<T, SPANS, NT, SDT>(qp, red, ring, 0, qp.d.m, nullptr, nullptr);
   }
 }
 
 // The instantiations of one X dtype and group: NT n-tiles of 8 tokens (1,
 // 2, 4, 8: M <= 64), the scales' dtype, gathered or not. Register use as
 // quant_decode_kernel's.
-// Two chunks per k-block (s.unroll 2) only for one n-tile (more spill at 2 CTAs of 8 warps).
 template <typename T, int SPANS, int NT, int SDT>
 cudaError_t launch_repacked_sdt(const Params& p, Shape s, cudaStream_t stream) {
   constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
+  constexpr int kRing = kRepackedRingBytes<SPANS, NT>;
   if (s.gather)
-    return launch_grid<kRepackedChunk, NT, true>(repacked_kernel<T, SPANS, NT, SDT, 1, kMinBlocks, true>, p, stream);
-  if constexpr (NT == 1) {
-    if (s.unroll == 2)
-      return launch_grid<2 * kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, SDT, 2, kMinBlocks, false>, p,
-                                                        stream);
-  }
-  return launch_grid<kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, SDT, 1, kMinBlocks, false>, p, stream);
+    return launch_grid<kRepackedChunk, NT, true>(repacked_kernel<T, SPANS, NT, SDT, kMinBlocks, true>, p, stream,
+                                                 kRing);
+  return launch_grid<kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, SDT, kMinBlocks, false>, p, stream,
+                                                kRing);
 }
 
 template <typename T, int SPANS, int NT>
