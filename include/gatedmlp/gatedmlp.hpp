@@ -146,9 +146,12 @@ struct QuantFormat {
   int bits = 4;         // affine: 4 or 8; mxfp4: 4; fp8_e4m3: 8
   int group_size = 64;  // elements along K per scale: affine 32, 64 or 128; mxfp4 32; fp8_e4m3 128 or 0 (all of K)
   int row_block = 1;    // weight rows per scale: 1, except fp8_e4m3: 1, 128 or 0 (all rows)
-  // affine 4-bit only: the words are in the kernels' streaming order
-  // (repack_quantized, quant.hpp), not the checkpoint's. Read at up to twice
-  // the rate at small M; the scales and biases are the checkpoint's own.
+  // affine 4-bit only: the words are in the repacked order
+  // (repack_quantized, quant.hpp), not the checkpoint's; the scales and
+  // biases are the checkpoint's own. The decode kernel then applies them to
+  // its fp32 sums (the weights enter exactly). Not yet faster: on an H200 it
+  // is slower than the checkpoint's order at M <= 4 and faster only at M = 16
+  // on small shapes (docs/notes/quantized-decode.md, h79).
   bool repacked = false;
 };
 

@@ -21,8 +21,8 @@
 // along K (w = value * 2^(scale - 127); gpt-oss's `*_scales`). No biases.
 //
 // Repacked affine 4-bit (QuantFormat::repacked): the same codes, scales and
-// biases, with the words in the order the quantized decode kernel streams
-// best (repack_quantized below). Each row's K is cut into chunks of 128
+// biases, with the words in an order in which every k16 step of the decode
+// kernel's mma lies in one group (repack_quantized below). Each row's K is cut into chunks of 128
 // elements, 16 words, the last padded with zero words: a row holds
 // ceil(K / 128) * 16 words. Inside a chunk, word 4 wd + t of the
 // checkpoint's order (elements 32 wd + 8 t ... 32 wd + 8 t + 7) moves to

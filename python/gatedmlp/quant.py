@@ -112,8 +112,10 @@ def repack(wq, k: int | None = None, group_size: int | None = None, *, inverse: 
     chunk, word 4 wd + t moves to 4 t + wd, and its nibbles are reordered so
     that nibble i holds element 2i and nibble i + 4 element 2i + 1. On this
     order the decode kernel applies the scales to its fp32 sums instead of
-    to each weight (fewer instructions per byte: the int4 decode kernel is
-    bound by them). Pass repacked=True to quantized_gate_up and friends.
+    to each weight (the weights enter exactly). Pass repacked=True to
+    quantized_gate_up and quantized_down. Not yet faster than the
+    checkpoint's order except at M = 16 on small shapes (H200; see the
+    project's notes, h79).
     NumPy arrays are repacked on the host, PyTorch tensors where they are
     (CUDA: on `stream`, None: the current one). Returns a new array."""
     g = 64 if group_size is None else int(group_size)
@@ -162,7 +164,7 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     stream; past that, or where the rows of x are not 16-byte aligned, they
     are dequantized into scratch (allocated like x, kept for the stream) and
     the 16-bit kernel runs on them. repacked=True: affine 4-bit words from
-    repack() (the fastest at small M).
+    repack().
     """
     from . import Activation, Half, _enum, _export, _stream_handle, _workspace_alloc, current_stream
 

@@ -119,7 +119,7 @@ DownSplit down_split(const Problem& r) {
   int warps = 0, unroll = 0;
   launch_shape(r, &warps, &unroll);
   const bool bytes8 = r.quant.mode == QuantMode::fp8_e4m3 || (r.quant.mode == QuantMode::affine && r.quant.bits == 8);
-  // The repacked kernel's k-blocks are single chunks of 128.
+  // The repacked kernel's k-blocks are single chunks of 128, whatever the unroll.
   const int64_t block_k = r.quant.repacked ? 128 : 4 * (bytes8 ? 16 : 32) * unroll;
   const int64_t k_blocks = (r.k + block_k - 1) / block_k;
   const int64_t s = std::min<int64_t>(n, k_blocks);

@@ -261,10 +261,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(cons
 // min(p.d.warps, k-blocks) warps per CTA and one CTA per 8 columns (16 for
 // the down projection); a gathered call (GATHER) takes one grid row per slot
 // of a distinct expert.
-// ring_per_warp: shared memory bytes per warp that the kernel uses before
-// its partial sums, over the same bytes.
 template <int kBlockK, int NT, bool GATHER, typename Kernel>
-cudaError_t launch_grid(Kernel kernel, Params p, cudaStream_t stream, int ring_per_warp = 0) {
+cudaError_t launch_grid(Kernel kernel, Params p, cudaStream_t stream) {
   const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
   const int64_t per_cta = p.d.split_k_blocks ? p.d.split_k_blocks : k_blocks;
   p.d.warps = static_cast<int>(per_cta < p.d.warps ? per_cta : p.d.warps);
@@ -274,8 +272,7 @@ cudaError_t launch_grid(Kernel kernel, Params p, cudaStream_t stream, int ring_p
   const int64_t slots = p.d.experts < p.d.n_indices ? p.d.experts : p.d.n_indices;
   const unsigned ys = GATHER ? static_cast<unsigned>(slots < decode::kMaxGridY ? slots : decode::kMaxGridY) : splits;
   const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), ys);
-  const int red = decode::red_bytes<NT, 1>(p.d.warps), ring = p.d.warps * ring_per_warp;
-  kernel<<<grid, p.d.warps * 32, red > ring ? red : ring, stream>>>(p);
+  kernel<<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
   return cudaGetLastError();
 }
 

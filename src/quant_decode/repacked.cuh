@@ -1,13 +1,12 @@
 // The quantized decode kernel on repacked 4-bit affine words
-// (QuantFormat::repacked; the order is repack.cu's): the scales and biases
-// multiply the mma's fp32 sums, not each weight.
+// (QuantFormat::repacked; the order is quant/repack_math.hpp's): the scales
+// and biases multiply the mma's fp32 sums, not each weight.
 //
 // Why: on the checkpoint's order (dequant.cuh) every pair of weights costs a
 // shift, a LOP3 and two pair FMAs (take MAGIC off, then q * s + b), and X a
 // permute, because a k16 step of the mma mixes elements of four lanes whose
 // 32-element spans may lie in four groups: the scale has to be applied before
-// the mma. That kernel is bound by instructions at 61-78 % of the read
-// roofline (docs/notes/quantized-decode.md, h66). If every k16 step's 16
+// the mma. h66 read that kernel as bound by those instructions. If every k16 step's 16
 // elements lie in one group, the mma can take the codes as one shift and
 // one LOP3 make them: the nibble put in the top four mantissa bits of a
 // 16-bit 1.0 is a = 1 + q / 16, exact in bf16 and fp16. Per group and
@@ -23,6 +22,13 @@
 // codes in the low mantissa bits, MAGIC + q, would save a shift per word,
 // but the fp32 sums would then carry MAGIC = 128 or 1024 times sum x, and
 // lose that many more bits where the terms cancel.)
+//
+// Measured (H200, docs/notes/quantized-decode.md h79): the dequantization's
+// instructions went (no pair FMAs, no permutes) but the kernel's count per
+// chunk hardly moved (addresses, moves, the fold and the second mma took
+// their place), and it is 1.1-1.4x slower than the checkpoint's order at
+// M <= 4, level at M = 16 on the large shapes and 5-11 % faster at M = 16
+// on the small ones: neither kernel is bound by its dequantization.
 //
 // The order: a row's K is cut into chunks of 128 elements (16 words; rows
 // padded with zero words to whole chunks). Lane t of a quad loads words
@@ -63,8 +69,8 @@ __device__ __forceinline__ uint4 ld_x16(const void* p) {
 }  // namespace detail_
 
 // A scale or bias of dtype SDT (0 bf16, 1 fp16, 2 fp32) as loaded, and as a
-// float. The loads are issued stages ahead and converted only where used: a
-// conversion at the load would wait for it there.
+// float. The loads are prefetched a k-block ahead and converted only where
+// used: a conversion at the load would wait for it there.
 template <int SDT>
 __device__ __forceinline__ uint32_t load_scale_bits(const void* p, int64_t i) {
   if constexpr (SDT == 2) return __ldg(static_cast<const unsigned*>(p) + i);
@@ -77,53 +83,17 @@ __device__ __forceinline__ float scale_float(uint32_t v) {
   else return __uint_as_float(v);
 }
 
-namespace detail_ {
-// 16 bytes global -> shared, around the L1; a group of them per stage.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ uint4 lds16(const uint4* p) {
-  uint4 v;
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(s));
-  return v;
-}
-}  // namespace detail_
-
-// Stages of a warp's ring: chunks whose loads are in flight at once. Each
-// holds the chunk's words in shared memory (1 KB per warp) and its scales
-// and biases in registers (2 per group and row); groups of 32 (four a
-// chunk) and 8 n-tiles take fewer stages, to keep their registers in bounds
-// (no spills).
-template <int SPANS, int NT>
-inline constexpr int kRepackedStages = SPANS == 1 || NT >= 8 ? 2 : 4;
-// Shared memory of one warp's ring.
-template <int SPANS, int NT>
-inline constexpr int kRepackedRingBytes = kRepackedStages<SPANS, NT> * 2 * 32 * 16;
-
 // SPANS: 32-element spans per group (1, 2 or 4: groups of 32, 64, and 128
 // or more); a chunk's four words hold 4 / SPANS groups. NT n-tiles of 8
-// tokens; SDT the scales' dtype. ring: this warp's kRepackedRingBytes of
-// shared memory. LaneRows, the partial sums and the epilogue are
-// quant_tile's.
-//
-// Why a ring: with one chunk prefetched into registers, as quant_tile does,
-// the kernel streamed ~2 TB/s on an H200 whatever its instructions per
-// byte (h79): each warp had ~1 KB in flight. The ring keeps kStages chunks
-// in flight per warp without the registers to hold them.
+// tokens; SDT the scales' dtype. LaneRows, the partial sums and the
+// epilogue are quant_tile's; a k-block is one chunk (two measured slower,
+// h79).
 template <typename T, int SPANS, int NT, int SDT>
-__device__ __forceinline__ void repacked_tile(const Params& qp, float* red, uint4* ring, int64_t expert, int count,
+__device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int64_t expert, int count,
                                               const int* xrows, const int* yrows) {
   static_assert(SPANS == 1 || SPANS == 2 || SPANS == 4, "a group holds 1, 2 or 4 spans of a chunk");
   using C = dq::Consts<T>;
   constexpr int kGroups = 4 / SPANS;
-  constexpr int S = kRepackedStages<SPANS, NT>;
   // The lowest of the top four mantissa bits (bf16: 7 bits, fp16: 10), and
   // the mask of both halves' four.
   constexpr int kLow = std::is_same_v<T, __nv_bfloat16> ? 3 : 6;
@@ -154,41 +124,43 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, uint
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[0][nt][r] = 0.f;
 
-  // Stage `slot` <- chunk kb: its words into the ring (rows are padded to
-  // whole chunks), the bits of its scales and biases into sc (zero past K).
-  // A group is committed even past the warp's last chunk, so that the
-  // waits below count stages.
-  uint2 sc[S][kGroups][2];
-  auto issue = [&](int64_t kb, int slot) {
-    if (kb < kb_hi) {
+  // Chunk kb's words (whole: rows are padded to chunks) and, per group and
+  // row, the bits of its scale and bias (zero past K).
+  auto load_chunk = [&](int64_t kb, uint4 (&wa)[2], uint2 (&sc)[kGroups][2]) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        detail_::cp_async16(ring + (slot * 2 + h) * 32 + lane, rows.w[h] + kb * (kRepackedChunk / 8));
+    for (int h = 0; h < 2; ++h) wa[h] = decode::detail_::ld_weights(rows.w[h] + kb * (kRepackedChunk / 8));
 #pragma unroll
-      for (int gi = 0; gi < kGroups; ++gi) {
-        const int64_t kg = kb * kRepackedChunk + gi * SPANS * 32;
+    for (int gi = 0; gi < kGroups; ++gi) {
+      const int64_t kg = kb * kRepackedChunk + gi * SPANS * 32;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sc[slot][gi][h] = make_uint2(0, 0);
-          if (kg < p.k) {
-            const int64_t i = rows.sbase[h] + (kg >> qp.group_shift);
-            sc[slot][gi][h] = make_uint2(load_scale_bits<SDT>(rows.s[h], i), load_scale_bits<SDT>(rows.b[h], i));
-          }
+      for (int h = 0; h < 2; ++h) {
+        sc[gi][h] = make_uint2(0, 0);
+        if (kg < p.k) {
+          const int64_t i = rows.sbase[h] + (kg >> qp.group_shift);
+          sc[gi][h] = make_uint2(load_scale_bits<SDT>(rows.s[h], i), load_scale_bits<SDT>(rows.b[h], i));
         }
       }
     }
-    detail_::cp_async_commit();
   };
 
-  // Chunk kb from stage `slot` into acc.
-  auto consume = [&](int64_t kb, int slot) {
-    const uint4 cw[2] = {detail_::lds16(ring + slot * 64 + lane), detail_::lds16(ring + slot * 64 + 32 + lane)};
+  // As quant_tile: the next chunk's loads in flight while this one's math runs.
+  uint4 wa[2];
+  uint2 sc[kGroups][2];
+  if (kb_lo + warp < kb_hi) load_chunk(kb_lo + warp, wa, sc);
+  for (int64_t kb = kb_lo + warp; kb < kb_hi; kb += p.warps) {
+    uint4 cw[2];
+    uint2 cs[kGroups][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) cw[h] = wa[h];
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) cs[gi][0] = sc[gi][0], cs[gi][1] = sc[gi][1];
+    if (kb + p.warps < kb_hi) load_chunk(kb + p.warps, wa, sc);
     const int64_t kc = kb * kRepackedChunk;
 #pragma unroll
     for (int gi = 0; gi < kGroups; ++gi) {
       if (kc + gi * SPANS * 32 >= p.k) break;  // the same in every lane
-      // sums: x (1 + q / 16) per row and token; xsum: x alone per token (its
-      // rows all alike), both over this group's spans of the chunk.
+      // sums: x (1 + q / 16) per row and token; xsum: x alone per token
+      // (its rows all alike), both over this group's spans of the chunk.
       float sums[NT][4], xsum[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -215,14 +187,14 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, uint
           decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.z, xv.w);
         }
       }
-      // Per row: (16 s, b - 16 s). c0, c1: this lane's gate row (tokens 2t,
-      // 2t+1); c2, c3: its up row.
+      // Per row: (16 s, b - 16 s). c0, c1: this lane's gate row (tokens
+      // 2t, 2t+1); c2, c3: its up row.
       float s16[2], cb[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float sv = scale_float<SDT>(sc[slot][gi][h].x);
+        const float sv = scale_float<SDT>(cs[gi][h].x);
         s16[h] = 16.f * sv;
-        cb[h] = fmaf(-16.f, sv, scale_float<SDT>(sc[slot][gi][h].y));
+        cb[h] = fmaf(-16.f, sv, scale_float<SDT>(cs[gi][h].y));
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -232,27 +204,7 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, uint
         acc[0][nt][3] = fmaf(s16[1], sums[nt][3], fmaf(cb[1], xsum[nt][1], acc[0][nt][3]));
       }
     }
-  };
-
-  // The warp's chunks kb_lo + warp, + warps, ...: S - 1 in flight ahead of
-  // the one consumed. Each lane reads back only the 16-byte pieces it copied
-  // itself, so its own wait is the only synchronisation; a slot is refilled
-  // only after the chunk read from it has been used.
-  const int64_t first = kb_lo + warp, step = p.warps;
-#pragma unroll
-  for (int st = 0; st < S - 1; ++st) issue(first + st * step, st);
-  for (int64_t base = first; base < kb_hi; base += S * step) {
-#pragma unroll
-    for (int st = 0; st < S; ++st) {
-      const int64_t kb = base + st * step;
-      if (kb >= kb_hi) break;
-      issue(kb + (S - 1) * step, (st + S - 1) % S);
-      detail_::cp_async_wait<S - 1>();  // chunk kb's group is done
-      consume(kb, st);
-    }
   }
-  detail_::cp_async_wait<0>();
-  __syncthreads();  // red overlays the rings (repacked_kernel)
 
   decode::store_partials<NT, 1>(red, acc);
   __syncthreads();
@@ -261,21 +213,17 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, uint
   __syncthreads();
 }
 
-// Shared memory: each warp's ring during the k-loop, the partial sums
-// (quant_tile's red) over the same bytes after it.
 template <typename T, int SPANS, int NT, int SDT, int MINB, bool GATHER>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) repacked_kernel(const __grid_constant__ Params qp) {
   extern __shared__ float4 smem_f4[];
-  constexpr int kRing = kRepackedRingBytes<SPANS, NT>;
-  uint4* ring = reinterpret_cast<uint4*>(smem_f4) + (threadIdx.x >> 5) * (kRing / 16);
   float* red = reinterpret_cast<float*>(smem_f4);
   if constexpr (GATHER) {
     __shared__ decode::GatherShared sh;
     decode::for_each_gathered_tile<NT * 8>(qp.d, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
-      repacked_tile<T, SPANS, NT, SDT>(qp, red, ring, expert, count, xrows, yrows);
+      repacked_tile<T, SPANS, NT, SDT>(qp, red, expert, count, xrows, yrows);
     });
   } else {
-    repacked_tile<T, SPANS, NT, SDT>(qp, red, ring, 0, qp.d.m, nullptr, nullptr);
+    repacked_tile<T, SPANS, NT, SDT>(qp, red, 0, qp.d.m, nullptr, nullptr);
   }
 }
 
@@ -285,12 +233,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, MINB) repacked_kernel(const __
 template <typename T, int SPANS, int NT, int SDT>
 cudaError_t launch_repacked_sdt(const Params& p, Shape s, cudaStream_t stream) {
   constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
-  constexpr int kRing = kRepackedRingBytes<SPANS, NT>;
   if (s.gather)
-    return launch_grid<kRepackedChunk, NT, true>(repacked_kernel<T, SPANS, NT, SDT, kMinBlocks, true>, p, stream,
-                                                 kRing);
-  return launch_grid<kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, SDT, kMinBlocks, false>, p, stream,
-                                                kRing);
+    return launch_grid<kRepackedChunk, NT, true>(repacked_kernel<T, SPANS, NT, SDT, kMinBlocks, true>, p, stream);
+  return launch_grid<kRepackedChunk, NT, false>(repacked_kernel<T, SPANS, NT, SDT, kMinBlocks, false>, p, stream);
 }
 
 template <typename T, int SPANS, int NT>
