@@ -150,8 +150,8 @@ struct QuantFormat {
   // (repack_quantized, quant.hpp), not the checkpoint's; the scales and
   // biases are the checkpoint's own. The decode kernel then applies them to
   // its fp32 sums (the weights enter exactly). Not yet faster: on an H200 it
-  // is slower than the checkpoint's order at M <= 4 and faster only at M = 16
-  // on small shapes (docs/notes/quantized-decode.md, h79).
+  // takes 1.11-1.16x the checkpoint order's time at M = 1, 0.98-1.02x at
+  // M = 16 (docs/notes/quantized-decode.md, h79).
   bool repacked = false;
 };
 

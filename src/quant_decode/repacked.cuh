@@ -26,9 +26,9 @@
 // Measured (H200, docs/notes/quantized-decode.md h79): the dequantization's
 // instructions went (no pair FMAs, no permutes) but the kernel's count per
 // chunk hardly moved (addresses, moves, the fold and the second mma took
-// their place), and it is 1.1-1.4x slower than the checkpoint's order at
-// M <= 4, level at M = 16 on the large shapes and 5-11 % faster at M = 16
-// on the small ones: neither kernel is bound by its dequantization.
+// their place), and it takes 1.11-1.16x the checkpoint order's time at
+// M = 1 and 0.98-1.02x at M = 16: neither kernel is bound by its
+// dequantization.
 //
 // The order: a row's K is cut into chunks of 128 elements (16 words; rows
 // padded with zero words to whole chunks). Lane t of a quad loads words
