@@ -108,6 +108,29 @@ __device__ __forceinline__ LaneRows lane_rows(const Params& qp, int64_t expert, 
   return r;
 }
 
+// This CTA's k-blocks of block_k elements: all of K, or its split's share
+// (Params::split_k_blocks).
+__device__ __forceinline__ void cta_k_blocks(const decode::Params& p, int64_t block_k, int64_t* lo, int64_t* hi) {
+  *lo = 0;
+  *hi = (p.k + block_k - 1) / block_k;
+  if (p.split_k_blocks) {
+    *lo = int64_t(blockIdx.y) * p.split_k_blocks;
+    *hi = min(*hi, *lo + p.split_k_blocks);
+  }
+}
+
+// Token nt*8 + g of X for each n-tile (count-1 past count; the tile's rows
+// `xrows`, gathered, or 0 ... count-1), at element `at` of the row.
+template <typename T, int NT>
+__device__ __forceinline__ void x_rows(const decode::Params& p, int count, const int* xrows, int g, int at,
+                                       const T* (&xrow)[NT]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int mm = min(nt * 8 + g, count - 1);
+    xrow[nt] = static_cast<const T*>(p.x) + int64_t(xrows ? xrows[mm] : mm) * p.ldx + at;
+  }
+}
+
 // One tile: this CTA's columns from j0 over its k-blocks for `count` rows
 // of X, then the epilogue. expert: 0, or the gathered call's (its words at
 // expert * sw, its scales and biases at expert * expert_scales, its bias at
@@ -129,20 +152,11 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p);
-  // This CTA's k-blocks: all of K, or its split's share (Params::split_k_blocks).
-  int64_t kb_lo = 0, kb_hi = (p.k + kBlockK - 1) / kBlockK;
-  if (p.split_k_blocks) {
-    kb_lo = int64_t(blockIdx.y) * p.split_k_blocks;
-    kb_hi = min(kb_hi, kb_lo + p.split_k_blocks);
-  }
-
+  int64_t kb_lo, kb_hi;
+  cta_k_blocks(p, kBlockK, &kb_lo, &kb_hi);
   const LaneRows rows = lane_rows(qp, expert, j0, g, t);
   const T* xrow[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int mm = min(nt * 8 + g, count - 1);
-    xrow[nt] = static_cast<const T*>(p.x) + int64_t(xrows ? xrows[mm] : mm) * p.ldx + kLaneElems * t;
-  }
+  x_rows<T, NT>(p, count, xrows, g, kLaneElems * t, xrow);
 
   float acc[1][NT][4];
 #pragma unroll

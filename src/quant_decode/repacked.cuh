@@ -104,19 +104,11 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p);
-  int64_t kb_lo = 0, kb_hi = (p.k + kRepackedChunk - 1) / kRepackedChunk;
-  if (p.split_k_blocks) {
-    kb_lo = int64_t(blockIdx.y) * p.split_k_blocks;
-    kb_hi = min(kb_hi, kb_lo + p.split_k_blocks);
-  }
+  int64_t kb_lo, kb_hi;
+  cta_k_blocks(p, kRepackedChunk, &kb_lo, &kb_hi);
   const LaneRows rows = lane_rows(qp, expert, j0, g, t);
-  // Token nt*8 + g of X (count-1 past count), at this lane's 8 elements of a span.
-  const T* xrow[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int mm = min(nt * 8 + g, count - 1);
-    xrow[nt] = static_cast<const T*>(p.x) + int64_t(xrows ? xrows[mm] : mm) * p.ldx + 8 * t;
-  }
+  const T* xrow[NT];  // at this lane's 8 elements of a span
+  x_rows<T, NT>(p, count, xrows, g, 8 * t, xrow);
 
   float acc[1][NT][4];
 #pragma unroll
