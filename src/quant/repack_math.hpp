@@ -1,6 +1,6 @@
-// The kernels' streaming order of 4-bit affine words (QuantFormat::repacked),
-// shared by the host repack, the device repack and dequantization, and the
-// tests. quant_decode/repacked.cuh says why this order.
+// The repacked order of 4-bit affine words (QuantFormat::repacked), shared
+// by the host repack, the device repack and dequantization, and the float64
+// reference. quant_decode/repacked.cuh says why this order.
 //
 // A row's K is cut into chunks of 128 elements (16 words; the repacked row
 // is padded with zero words to whole chunks). Inside a chunk, word 4 wd + t

@@ -6,10 +6,10 @@
 // shift, a LOP3 and two pair FMAs (take MAGIC off, then q * s + b), and X a
 // permute, because a k16 step of the mma mixes elements of four lanes whose
 // 32-element spans may lie in four groups: the scale has to be applied before
-// the mma. h66 read that kernel as bound by those instructions. If every k16 step's 16
-// elements lie in one group, the mma can take the codes as one shift and
-// one LOP3 make them: the nibble put in the top four mantissa bits of a
-// 16-bit 1.0 is a = 1 + q / 16, exact in bf16 and fp16. Per group and
+// the mma. h66 read that kernel as bound by those instructions. If every k16
+// step's 16 elements lie in one group, the mma can take the codes as one
+// shift and one LOP3 make them: the nibble put in the top four mantissa bits
+// of a 16-bit 1.0 is a = 1 + q / 16, exact in bf16 and fp16. Per group and
 // weight row
 //
 //     sum_k x_k (q_k s + b) = 16 s * sum_k x_k a_k + (b - 16 s) * sum_k x_k
