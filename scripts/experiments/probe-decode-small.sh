@@ -11,6 +11,9 @@
 #   wgmma: probes/decode_wgmma.cu (h76-h78), the weights as wgmma's A operand
 #          from a TMA ring, N = 8 or 16 tokens, against cublasGemmEx and
 #          the library's kernel in the same run (variants: its header)
+#   quant: probes/quant_loop.cu (h80, prepared), the int4 decode kernel's
+#          loop with its bookkeeping taken out, against the library's
+#          kernel (Y bit-identical first)
 #   bench: `gatedmlp bench --model small` as shipped and under each of
 #          SETTINGS (space-separated VAR=VALUE[,VAR=VALUE...], default
 #          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2), for
@@ -52,6 +55,9 @@ for step in ${@:-floor bench ncu}; do
   wgmma)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/decode_wgmma.cu -lcublas -lcuda \
       -o "$out/decode_wgmma" && "$out/decode_wgmma" | tee "$out/wgmma.txt" ;;
+  quant)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/quant_loop.cu \
+      -o "$out/quant_loop" && "$out/quant_loop" | tee "$out/quant-loop.txt" ;;
   bench)
     build
     for r in $(seq "${ROUNDS:-2}"); do

@@ -1,0 +1,219 @@
+// Probe h80 (docs/notes/quantized-decode.md, prepared after h79): is the
+// int4 decode kernel's loop slowed by the instructions in it that are
+// neither math nor loads?
+//
+// h79's source counters: the checkpoint-order kernel runs 264 warp
+// instructions per chunk (1 KB of words) in its loop, of which ~90 are
+// address arithmetic, moves, compares and branches (64-bit indices
+// recomputed each k-block, the K-tail predicates on every load). Here the
+// library's kernel (quant_decode_kernel: bf16 X, int4 g64 with bf16 scales,
+// one n-tile, one chunk per k-block, 4 warps) runs beside a lean copy of
+// its tile: the same loads, dequantization, mma and epilogue in the same
+// order, but with pointers advanced by a constant step, a 32-bit trip count
+// and no K-tail tests (the probe's K is a multiple of the chunk). Y must be
+// bit-identical (checked before timing). Prediction: if those instructions
+// cost time, the lean tile is faster by up to their share of the issue
+// slots (~30 %); if not (the loop waits on loads, h79's long-scoreboard
+// stalls), the two time the same, and the lead is the loads' latency.
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude \
+//     scripts/experiments/probes/quant_loop.cu -o quant_loop && ./quant_loop
+// (scripts/experiments/probe-decode-small.sh quant builds and runs it.)
+// Standalone, not library code.
+#include <cstring>
+
+#include "gatedmlp/gatedmlp.hpp"
+#include "h75_common.cuh"
+#include "quant_decode/quant_decode.cuh"
+
+using namespace gatedmlp;
+using namespace gatedmlp::quant_decode;
+
+namespace {
+
+constexpr int kChunkK = 128;  // int4: 4 lanes x 32 elements
+
+// quant_tile<bf16, kInt4, packed, NT = 1, UNROLL = 1> with the loop's
+// bookkeeping taken out: K % 128 == 0 and no split, gather or down.
+__global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_constant__ Params qp) {
+  using T = __nv_bfloat16;
+  using D = Dequant<T, kInt4, true>;
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+  const decode::Params& p = qp.d;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t j0 = int64_t(blockIdx.x) * 8;
+  const LaneRows rows = lane_rows(qp, 0, j0, g, t);
+  const int chunks = int(p.k / kChunkK);
+  const int n = warp < chunks ? (chunks - warp + p.warps - 1) / p.warps : 0;  // this warp's chunks
+
+  // Pointers at this warp's first chunk, and their steps per chunk.
+  const uint32_t* w0 = rows.w[0] + int64_t(warp) * 16;
+  const uint32_t* w1 = rows.w[1] + int64_t(warp) * 16;
+  const int64_t first_group = (int64_t(warp) * kChunkK + 32 * t) >> qp.group_shift;
+  const unsigned short* s0 = static_cast<const unsigned short*>(rows.s[0]) + rows.sbase[0] + first_group;
+  const unsigned short* s1 = static_cast<const unsigned short*>(rows.s[1]) + rows.sbase[1] + first_group;
+  const unsigned short* b0 = static_cast<const unsigned short*>(rows.b[0]) + rows.sbase[0] + first_group;
+  const unsigned short* b1 = static_cast<const unsigned short*>(rows.b[1]) + rows.sbase[1] + first_group;
+  const T* xp = static_cast<const T*>(p.x) + int64_t(min(g, p.m - 1)) * p.ldx + int64_t(warp) * kChunkK + 32 * t;
+  const int step_w = 16 * p.warps, step_x = kChunkK * p.warps;
+  const int step_s = (kChunkK * p.warps) >> qp.group_shift;  // groups of 32 ... 128 divide 128
+
+  auto scale = [](const unsigned short* s, const unsigned short* b) {
+    Scale sc;
+    const uint32_t sv = __ldg(s), bv = __ldg(b);
+    sc.s = sv | (sv << 16);
+    sc.b = bv | (bv << 16);
+    return sc;
+  };
+
+  float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
+  uint4 wa0, wa1;
+  Scale sa0, sa1;
+  if (n > 0) {
+    wa0 = decode::detail_::ld_weights(w0);
+    wa1 = decode::detail_::ld_weights(w1);
+    sa0 = scale(s0, b0);
+    sa1 = scale(s1, b1);
+  }
+  for (int i = 0; i < n; ++i) {
+    const uint4 cw0 = wa0, cw1 = wa1;
+    const Scale cs0 = sa0, cs1 = sa1;
+    if (i + 1 < n) {
+      w0 += step_w, w1 += step_w, s0 += step_s, s1 += step_s, b0 += step_s, b1 += step_s;
+      wa0 = decode::detail_::ld_weights(w0);
+      wa1 = decode::detail_::ld_weights(w1);
+      sa0 = scale(s0, b0);
+      sa1 = scale(s1, b1);
+    }
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+      uint32_t ag[4], au[4], xp4[4];
+      D::word(detail_::word_of(cw0, wd), cs0, ag);
+      D::word(detail_::word_of(cw1, wd), cs1, au);
+      const uint4 v = decode::detail_::ld_x_if(xp + wd * 8, true);
+      const uint32_t xr[4] = {v.x, v.y, v.z, v.w};
+      D::x_pairs(xr, xp4);
+      decode::detail_::mma_16816<T>(acc[0][0], ag[0], au[0], ag[1], au[1], xp4[0], xp4[1]);
+      decode::detail_::mma_16816<T>(acc[0][0], ag[2], au[2], ag[3], au[3], xp4[2], xp4[3]);
+    }
+    xp += step_x;
+  }
+  decode::store_partials<1, 1>(red, acc);
+  __syncthreads();
+  decode::epilogue<1, 1>(p, red, j0, 0, p.m, nullptr);
+}
+
+struct ProbeShape {
+  const char* name;
+  int64_t k, u;
+};
+constexpr ProbeShape kShapes[] = {{"8b", 4096, 14336},       {"70b", 8192, 28672},      {"qwen3-32b", 5120, 25600},
+                             {"2048x8192", 2048, 8192}, {"1024x2816", 1024, 2816}};
+
+// One rotated copy: words [2U][K/8], then scales and biases [2U][K/64] bf16.
+struct Copy {
+  uint32_t* words;
+  __nv_bfloat16 *scales, *biases;
+};
+
+__global__ void fill_words(uint32_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    p[i] = h ^ (h >> 13);
+  }
+}
+
+__global__ void fill_scales(__nv_bfloat16* s, __nv_bfloat16* b, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    s[i] = __float2bfloat16(0.001f + 0.01f * float((i * 37) % 101) / 101.f);
+    b[i] = __float2bfloat16(-0.04f * float((i * 53) % 97) / 97.f);
+  }
+}
+
+Params make_params(const Copy& c, const void* x, void* y, int64_t k, int64_t u, int m) {
+  Params q{};
+  decode::Params& p = q.d;
+  p.x = x;
+  p.w = c.words;
+  p.y = y;
+  p.m = m;
+  p.batch = 1;
+  p.k = k;
+  p.u = u;
+  p.ldx = k;
+  p.ldw = k / 8;
+  p.ldy = u;
+  p.group = u;  // stacked: gate rows, then up rows
+  p.act = int(gatedmlp::Activation::silu);
+  p.alpha = 1.f;
+  p.warps = 4;
+  q.scales = c.scales;
+  q.biases = c.biases;
+  q.groups = k / 64;
+  q.group_shift = 6;
+  q.scale_dtype = 0;
+  return q;
+}
+
+}  // namespace
+
+int main() {
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  std::printf("%-10s %3s | %9s %9s | %8s %8s   (us per call; TB/s of words, scales and biases)\n", "shape", "M", "library",
+              "lean", "lib TB/s", "lean TB/s");
+  for (const ProbeShape& sh : kShapes) {
+    const int64_t rows = 2 * sh.u, words = rows * sh.k / 8, groups = rows * sh.k / 64;
+    const int64_t bytes = words * 4 + groups * 4;
+    int l2 = 0;
+    CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    const int copies = int(std::max<int64_t>(2, 3 * int64_t(l2) / bytes + 1));
+    std::vector<Copy> cs(copies);
+    for (Copy& c : cs) {
+      CK(cudaMalloc(&c.words, words * 4));
+      CK(cudaMalloc(&c.scales, groups * 2));
+      CK(cudaMalloc(&c.biases, groups * 2));
+      fill_words<<<1024, 256>>>(c.words, words, 0x1234u);  // every copy the same values
+      fill_scales<<<256, 256>>>(c.scales, c.biases, groups);
+    }
+    __nv_bfloat16 *x, *y1, *y2;
+    CK(cudaMalloc(&x, 16 * sh.k * 2));
+    CK(cudaMalloc(&y1, 16 * sh.u * 2));
+    CK(cudaMalloc(&y2, 16 * sh.u * 2));
+    fill_random<<<64, 256>>>(x, 16 * sh.k, 0x9876u);
+    CK(cudaDeviceSynchronize());
+    for (int m : {1, 8}) {
+      // Bit-identical Y first.
+      CK(cudaMemset(y1, 0xFF, 16 * sh.u * 2));
+      CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
+      CK((launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(make_params(cs[0], x, y1, sh.k, sh.u, m), s)));
+      CK((launch_grid<kChunkK, 1, false>(lean_kernel, make_params(cs[0], x, y2, sh.k, sh.u, m), s)));
+      CK(cudaStreamSynchronize(s));
+      std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
+      CK(cudaMemcpy(a.data(), y1, a.size() * 2, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost));
+      const bool same = std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+      const float tl = replay_us(s, 2 * copies, [&](int c) {
+        (void)launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(make_params(cs[c % copies], x, y1, sh.k, sh.u, m), s);
+      });
+      const float tn = replay_us(s, 2 * copies, [&](int c) {
+        (void)launch_grid<kChunkK, 1, false>(lean_kernel, make_params(cs[c % copies], x, y2, sh.k, sh.u, m), s);
+      });
+      std::printf("%-10s %3d | %9.2f %9.2f | %8.3f %8.3f   %s\n", sh.name, m, tl, tn, bytes / tl * 1e-6,
+                  bytes / tn * 1e-6, same ? "(Y bit-identical)" : "(Y DIFFERS: lean tile wrong)");
+    }
+    for (Copy& c : cs) {
+      CK(cudaFree(c.words));
+      CK(cudaFree(c.scales));
+      CK(cudaFree(c.biases));
+    }
+    CK(cudaFree(x));
+    CK(cudaFree(y1));
+    CK(cudaFree(y2));
+  }
+  return 0;
+}
