@@ -15,6 +15,10 @@
 // cost time, the lean tile is faster by up to their share of the issue
 // slots (~30 %); if not (the loop waits on loads, h79's long-scoreboard
 // stalls), the two time the same, and the lead is the loads' latency.
+// A third kernel (M = 1 only) is the lean tile with X read from shared
+// memory, staged once per CTA (K x 2 bytes), instead of an L1 load in front
+// of every mma: the long-scoreboard stalls h79's source counters put on the
+// mma.
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     scripts/experiments/probes/quant_loop.cu -o quant_loop && ./quant_loop
@@ -35,6 +39,10 @@ constexpr int kChunkK = 128;  // int4: 4 lanes x 32 elements
 
 // quant_tile<bf16, kInt4, packed, NT = 1, UNROLL = 1> with the loop's
 // bookkeeping taken out: K % 128 == 0 and no split, gather or down.
+// XSMEM (M = 1): X staged in shared memory after the partial sums' bytes.
+constexpr int kRedBytes = kMaxWarps * 512;  // decode::red_bytes<1, 1>(8 warps)
+
+template <bool XSMEM>
 __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_constant__ Params qp) {
   using T = __nv_bfloat16;
   using D = Dequant<T, kInt4, true>;
@@ -57,6 +65,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_co
   const unsigned short* b0 = static_cast<const unsigned short*>(rows.b[0]) + rows.sbase[0] + first_group;
   const unsigned short* b1 = static_cast<const unsigned short*>(rows.b[1]) + rows.sbase[1] + first_group;
   const T* xp = static_cast<const T*>(p.x) + int64_t(min(g, p.m - 1)) * p.ldx + int64_t(warp) * kChunkK + 32 * t;
+  if constexpr (XSMEM) {
+    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_f4) + kRedBytes);
+    for (int64_t i = int64_t(threadIdx.x) * 8; i < p.k; i += int64_t(blockDim.x) * 8)
+      *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + i);
+    __syncthreads();
+    xp = xs + warp * kChunkK + 32 * t;
+  }
   const int step_w = 16 * p.warps, step_x = kChunkK * p.warps;
   const int step_s = (kChunkK * p.warps) >> qp.group_shift;  // groups of 32 ... 128 divide 128
 
@@ -92,7 +107,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_co
       uint32_t ag[4], au[4], xp4[4];
       D::word(detail_::word_of(cw0, wd), cs0, ag);
       D::word(detail_::word_of(cw1, wd), cs1, au);
-      const uint4 v = decode::detail_::ld_x_if(xp + wd * 8, true);
+      const uint4 v = XSMEM ? *reinterpret_cast<const uint4*>(xp + wd * 8) : decode::detail_::ld_x_if(xp + wd * 8, true);
       const uint32_t xr[4] = {v.x, v.y, v.z, v.w};
       D::x_pairs(xr, xp4);
       decode::detail_::mma_16816<T>(acc[0][0], ag[0], au[0], ag[1], au[1], xp4[0], xp4[1]);
@@ -164,8 +179,8 @@ Params make_params(const Copy& c, const void* x, void* y, int64_t k, int64_t u, 
 int main() {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  std::printf("%-10s %3s | %9s %9s | %8s %8s   (us per call; TB/s of words, scales and biases)\n", "shape", "M", "library",
-              "lean", "lib TB/s", "lean TB/s");
+  std::printf("%-10s %3s | %9s %9s %9s | %8s %8s %8s   (us per call; TB/s of words, scales and biases)\n", "shape",
+              "M", "library", "lean", "lean+xs", "library", "lean", "lean+xs");
   for (const ProbeShape& sh : kShapes) {
     const int64_t rows = 2 * sh.u, words = rows * sh.k / 8, groups = rows * sh.k / 64;
     const int64_t bytes = words * 4 + groups * 4;
@@ -191,20 +206,36 @@ int main() {
       CK(cudaMemset(y1, 0xFF, 16 * sh.u * 2));
       CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
       CK((launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(make_params(cs[0], x, y1, sh.k, sh.u, m), s)));
-      CK((launch_grid<kChunkK, 1, false>(lean_kernel, make_params(cs[0], x, y2, sh.k, sh.u, m), s)));
+      CK((launch_grid<kChunkK, 1, false>(lean_kernel<false>, make_params(cs[0], x, y2, sh.k, sh.u, m), s)));
       CK(cudaStreamSynchronize(s));
       std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
       CK(cudaMemcpy(a.data(), y1, a.size() * 2, cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost));
-      const bool same = std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+      bool same = std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+      // The X-in-shared-memory form at M = 1: grid and warps as launch_grid sets them.
+      const int64_t kblocks = sh.k / kChunkK;
+      auto launch_xs = [&](const Copy& c, void* y) {
+        Params q = make_params(c, x, y, sh.k, sh.u, 1);
+        q.d.warps = int(std::min<int64_t>(kblocks, q.d.warps));
+        lean_kernel<true><<<unsigned((sh.u + 7) / 8), q.d.warps * 32, kRedBytes + int(sh.k) * 2, s>>>(q);
+      };
+      if (m == 1) {
+        CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
+        launch_xs(cs[0], y2);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost));
+        same = same && std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+      }
       const float tl = replay_us(s, 2 * copies, [&](int c) {
         (void)launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(make_params(cs[c % copies], x, y1, sh.k, sh.u, m), s);
       });
       const float tn = replay_us(s, 2 * copies, [&](int c) {
-        (void)launch_grid<kChunkK, 1, false>(lean_kernel, make_params(cs[c % copies], x, y2, sh.k, sh.u, m), s);
+        (void)launch_grid<kChunkK, 1, false>(lean_kernel<false>, make_params(cs[c % copies], x, y2, sh.k, sh.u, m), s);
       });
-      std::printf("%-10s %3d | %9.2f %9.2f | %8.3f %8.3f   %s\n", sh.name, m, tl, tn, bytes / tl * 1e-6,
-                  bytes / tn * 1e-6, same ? "(Y bit-identical)" : "(Y DIFFERS: lean tile wrong)");
+      const float tx = m == 1 ? replay_us(s, 2 * copies, [&](int c) { launch_xs(cs[c % copies], y2); }) : 0.f;
+      std::printf("%-10s %3d | %9.2f %9.2f %9.2f | %8.3f %8.3f %8.3f   %s\n", sh.name, m, tl, tn, tx, bytes / tl * 1e-6,
+                  bytes / tn * 1e-6, m == 1 ? bytes / tx * 1e-6 : 0.0,
+                  same ? "(Y bit-identical)" : "(Y DIFFERS: a lean tile is wrong)");
     }
     for (Copy& c : cs) {
       CK(cudaFree(c.words));
