@@ -18,12 +18,15 @@
 // A third kernel (M = 1 only) is the lean tile with X read from shared
 // memory, staged once per CTA (K x 2 bytes), instead of an L1 load in front
 // of every mma: the long-scoreboard stalls h79's source counters put on the
-// mma.
+// mma. A fourth has each warp own 8 columns over all of K (no K split
+// between warps: a warp's set-up spread over 4x the chunks, U / 32 CTAs);
+// its sums are ordered differently, so it is checked to a tolerance.
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     scripts/experiments/probes/quant_loop.cu -o quant_loop && ./quant_loop
 // (scripts/experiments/probe-decode-small.sh quant builds and runs it.)
 // Standalone, not library code.
+#include <cmath>
 #include <cstring>
 
 #include "gatedmlp/gatedmlp.hpp"
@@ -39,10 +42,13 @@ constexpr int kChunkK = 128;  // int4: 4 lanes x 32 elements
 
 // quant_tile<bf16, kInt4, packed, NT = 1, UNROLL = 1> with the loop's
 // bookkeeping taken out: K % 128 == 0 and no split, gather or down.
-// XSMEM (M = 1): X staged in shared memory after the partial sums' bytes.
+// MODE 0: that alone. MODE 1 (M = 1): X also staged in shared memory after
+// the partial sums' bytes. MODE 2: each warp owns 8 columns over all of K
+// (a CTA's 4 warps: 32 columns), so no warp splits K with another; the
+// library's epilogue then runs once per warp's columns.
 constexpr int kRedBytes = kMaxWarps * 512;  // decode::red_bytes<1, 1>(8 warps)
 
-template <bool XSMEM>
+template <int MODE>
 __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_constant__ Params qp) {
   using T = __nv_bfloat16;
   using D = Dequant<T, kInt4, true>;
@@ -51,29 +57,30 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_co
   const decode::Params& p = qp.d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t j0 = int64_t(blockIdx.x) * 8;
+  const int64_t j0 = MODE == 2 ? int64_t(blockIdx.x) * 32 + 8 * warp : int64_t(blockIdx.x) * 8;
   const LaneRows rows = lane_rows(qp, 0, j0, g, t);
   const int chunks = int(p.k / kChunkK);
-  const int n = warp < chunks ? (chunks - warp + p.warps - 1) / p.warps : 0;  // this warp's chunks
+  const int kb0 = MODE == 2 ? 0 : warp, nw = MODE == 2 ? 1 : p.warps;  // first chunk, chunks between
+  const int n = kb0 < chunks ? (chunks - kb0 + nw - 1) / nw : 0;          // this warp's chunks
 
   // Pointers at this warp's first chunk, and their steps per chunk.
-  const uint32_t* w0 = rows.w[0] + int64_t(warp) * 16;
-  const uint32_t* w1 = rows.w[1] + int64_t(warp) * 16;
-  const int64_t first_group = (int64_t(warp) * kChunkK + 32 * t) >> qp.group_shift;
+  const uint32_t* w0 = rows.w[0] + int64_t(kb0) * 16;
+  const uint32_t* w1 = rows.w[1] + int64_t(kb0) * 16;
+  const int64_t first_group = (int64_t(kb0) * kChunkK + 32 * t) >> qp.group_shift;
   const unsigned short* s0 = static_cast<const unsigned short*>(rows.s[0]) + rows.sbase[0] + first_group;
   const unsigned short* s1 = static_cast<const unsigned short*>(rows.s[1]) + rows.sbase[1] + first_group;
   const unsigned short* b0 = static_cast<const unsigned short*>(rows.b[0]) + rows.sbase[0] + first_group;
   const unsigned short* b1 = static_cast<const unsigned short*>(rows.b[1]) + rows.sbase[1] + first_group;
-  const T* xp = static_cast<const T*>(p.x) + int64_t(min(g, p.m - 1)) * p.ldx + int64_t(warp) * kChunkK + 32 * t;
-  if constexpr (XSMEM) {
+  const T* xp = static_cast<const T*>(p.x) + int64_t(min(g, p.m - 1)) * p.ldx + int64_t(kb0) * kChunkK + 32 * t;
+  if constexpr (MODE == 1) {
     T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_f4) + kRedBytes);
     for (int64_t i = int64_t(threadIdx.x) * 8; i < p.k; i += int64_t(blockDim.x) * 8)
       *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + i);
     __syncthreads();
-    xp = xs + warp * kChunkK + 32 * t;
+    xp = xs + kb0 * kChunkK + 32 * t;
   }
-  const int step_w = 16 * p.warps, step_x = kChunkK * p.warps;
-  const int step_s = (kChunkK * p.warps) >> qp.group_shift;  // groups of 32 ... 128 divide 128
+  const int step_w = 16 * nw, step_x = kChunkK * nw;
+  const int step_s = (kChunkK * nw) >> qp.group_shift;  // groups of 32 ... 128 divide 128
 
   auto scale = [](const unsigned short* s, const unsigned short* b) {
     Scale sc;
@@ -107,7 +114,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_co
       uint32_t ag[4], au[4], xp4[4];
       D::word(detail_::word_of(cw0, wd), cs0, ag);
       D::word(detail_::word_of(cw1, wd), cs1, au);
-      const uint4 v = XSMEM ? *reinterpret_cast<const uint4*>(xp + wd * 8) : decode::detail_::ld_x_if(xp + wd * 8, true);
+      const uint4 v =
+          MODE == 1 ? *reinterpret_cast<const uint4*>(xp + wd * 8) : decode::detail_::ld_x_if(xp + wd * 8, true);
       const uint32_t xr[4] = {v.x, v.y, v.z, v.w};
       D::x_pairs(xr, xp4);
       decode::detail_::mma_16816<T>(acc[0][0], ag[0], au[0], ag[1], au[1], xp4[0], xp4[1]);
@@ -117,7 +125,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_co
   }
   decode::store_partials<1, 1>(red, acc);
   __syncthreads();
-  decode::epilogue<1, 1>(p, red, j0, 0, p.m, nullptr);
+  if constexpr (MODE == 2) {
+    // Warp w's partial sums are the whole of its columns' (launched with
+    // Params::warps = 1, so that the epilogue sums one warp's).
+    for (int w = 0; w < int(blockDim.x / 32); ++w)
+      decode::epilogue<1, 1>(p, red + w * 128, int64_t(blockIdx.x) * 32 + 8 * w, 0, p.m, nullptr);
+  } else {
+    decode::epilogue<1, 1>(p, red, j0, 0, p.m, nullptr);
+  }
 }
 
 struct ProbeShape {
@@ -179,8 +194,8 @@ Params make_params(const Copy& c, const void* x, void* y, int64_t k, int64_t u, 
 int main() {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  std::printf("%-10s %3s | %9s %9s %9s | %8s %8s %8s   (us per call; TB/s of words, scales and biases)\n", "shape",
-              "M", "library", "lean", "lean+xs", "library", "lean", "lean+xs");
+  std::printf("%-10s %3s | %9s %9s %9s %9s | %8s %8s %8s %8s   (us per call; TB/s of words, scales and biases)\n",
+              "shape", "M", "library", "lean", "lean+xs", "cols", "library", "lean", "lean+xs", "cols");
   for (const ProbeShape& sh : kShapes) {
     const int64_t rows = 2 * sh.u, words = rows * sh.k / 8, groups = rows * sh.k / 64;
     const int64_t bytes = words * 4 + groups * 4;
@@ -206,7 +221,7 @@ int main() {
       CK(cudaMemset(y1, 0xFF, 16 * sh.u * 2));
       CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
       CK((launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(make_params(cs[0], x, y1, sh.k, sh.u, m), s)));
-      CK((launch_grid<kChunkK, 1, false>(lean_kernel<false>, make_params(cs[0], x, y2, sh.k, sh.u, m), s)));
+      CK((launch_grid<kChunkK, 1, false>(lean_kernel<0>, make_params(cs[0], x, y2, sh.k, sh.u, m), s)));
       CK(cudaStreamSynchronize(s));
       std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
       CK(cudaMemcpy(a.data(), y1, a.size() * 2, cudaMemcpyDeviceToHost));
@@ -217,8 +232,28 @@ int main() {
       auto launch_xs = [&](const Copy& c, void* y) {
         Params q = make_params(c, x, y, sh.k, sh.u, 1);
         q.d.warps = int(std::min<int64_t>(kblocks, q.d.warps));
-        lean_kernel<true><<<unsigned((sh.u + 7) / 8), q.d.warps * 32, kRedBytes + int(sh.k) * 2, s>>>(q);
+        lean_kernel<1><<<unsigned((sh.u + 7) / 8), q.d.warps * 32, kRedBytes + int(sh.k) * 2, s>>>(q);
       };
+      // Warps owning columns: U / 32 CTAs of 4 warps (the probe's U are multiples of 32).
+      auto launch_cols = [&](const Copy& c, void* y) {
+        Params q = make_params(c, x, y, sh.k, sh.u, m);
+        q.d.warps = 1;
+        lean_kernel<2><<<unsigned(sh.u / 32), 4 * 32, kRedBytes, s>>>(q);
+      };
+      CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
+      launch_cols(cs[0], y2);
+      CK(cudaStreamSynchronize(s));
+      std::vector<uint16_t> cc(a.size());
+      CK(cudaMemcpy(cc.data(), y2, cc.size() * 2, cudaMemcpyDeviceToHost));
+      // Each warp sums all of K in one chain: other sums than the K-split's, so not bit-identical.
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        float fa, fc;
+        const uint32_t ua = uint32_t(a[i]) << 16, uc = uint32_t(cc[i]) << 16;
+        std::memcpy(&fa, &ua, 4);
+        std::memcpy(&fc, &uc, 4);
+        worst = std::max(worst, double(std::fabs(fa - fc)) / (std::fabs(double(fa)) + 1e-3));
+      }
       if (m == 1) {
         CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
         launch_xs(cs[0], y2);
@@ -230,12 +265,13 @@ int main() {
         (void)launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(make_params(cs[c % copies], x, y1, sh.k, sh.u, m), s);
       });
       const float tn = replay_us(s, 2 * copies, [&](int c) {
-        (void)launch_grid<kChunkK, 1, false>(lean_kernel<false>, make_params(cs[c % copies], x, y2, sh.k, sh.u, m), s);
+        (void)launch_grid<kChunkK, 1, false>(lean_kernel<0>, make_params(cs[c % copies], x, y2, sh.k, sh.u, m), s);
       });
+      const float tc = replay_us(s, 2 * copies, [&](int c) { launch_cols(cs[c % copies], y2); });
       const float tx = m == 1 ? replay_us(s, 2 * copies, [&](int c) { launch_xs(cs[c % copies], y2); }) : 0.f;
-      std::printf("%-10s %3d | %9.2f %9.2f %9.2f | %8.3f %8.3f %8.3f   %s\n", sh.name, m, tl, tn, tx, bytes / tl * 1e-6,
-                  bytes / tn * 1e-6, m == 1 ? bytes / tx * 1e-6 : 0.0,
-                  same ? "(Y bit-identical)" : "(Y DIFFERS: a lean tile is wrong)");
+      std::printf("%-10s %3d | %9.2f %9.2f %9.2f %9.2f | %8.3f %8.3f %8.3f %8.3f   %s, cols: worst rel. %.1e\n",
+                  sh.name, m, tl, tn, tx, tc, bytes / tl * 1e-6, bytes / tn * 1e-6, m == 1 ? bytes / tx * 1e-6 : 0.0,
+                  bytes / tc * 1e-6, same ? "(Y bit-identical)" : "(Y DIFFERS: a lean tile is wrong)", worst);
     }
     for (Copy& c : cs) {
       CK(cudaFree(c.words));
