@@ -233,7 +233,8 @@ void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<Qu
     const TensorView& wq = *o.words;
     if (ex ? wq.ndim != 3 || wq.size(0) != experts || wq.size(1) != rows || wq.size(2) != words
            : wq.ndim != 2 || wq.size(1) != words)
-      raise_invalid("'" + wq.name + "' must be [" + E + "rows, K * bits / 32] = (" + e + str(rows) + ", " +
+      raise_invalid("'" + wq.name + "' must be [" + E + "rows, " +
+                    (f.repacked ? "ceil(K / 128) * 16" : "K * bits / 32") + "] = (" + e + str(rows) + ", " +
                     str(words) + ") uint32 words for K = " + str(p->k) + " and " + to_string(f) + ", got shape " +
                     wq.shape_str());
     if (!*o.scales) raise_invalid("'" + std::string(o.scales_name) + "' is required with quantized weights");

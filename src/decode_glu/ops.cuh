@@ -33,6 +33,14 @@ __device__ __forceinline__ uint4 ld_weights_if(const void* p, bool ok) {
   return v;
 }
 
+// 16 bytes of X, where the caller knows it is inside K: read by every CTA,
+// so cached in L1.
+__device__ __forceinline__ uint4 ld_x(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 // 16 bytes of X (zero where !ok): read by every CTA, so cached in L1.
 __device__ __forceinline__ uint4 ld_x_if(const void* p, bool ok) {
   uint4 v = make_uint4(0, 0, 0, 0);

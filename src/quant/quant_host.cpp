@@ -202,7 +202,7 @@ Status check_quant_format(const QuantFormat& f, int64_t k) {
 }
 
 int64_t quant_words_per_row(const QuantFormat& f, int64_t k) {
-  if (f.repacked) return (k + 127) / 128 * detail::kRepackChunkWords;
+  if (f.repacked) return detail::repacked_words_per_row(k);
   return k * f.bits / 32;
 }
 int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) {

@@ -18,6 +18,9 @@ namespace gatedmlp::detail {
 
 inline constexpr int64_t kRepackChunkWords = 16;
 
+// Words in a repacked row of K elements: whole chunks of 128.
+GATEDMLP_HD int64_t repacked_words_per_row(int64_t k) { return (k + 127) / 128 * kRepackChunkWords; }
+
 // Where word `wi` of a row goes (either way: the map is its own inverse).
 GATEDMLP_HD int64_t repacked_word_pos(int64_t wi) {
   const int64_t w = wi & 15;

@@ -110,7 +110,7 @@ cudaError_t launch_t(const DequantizeArgs& d, cudaStream_t stream) {
 // came from (zero past K), unrepacking the word it goes to.
 __global__ void repack_kernel(bool to_repacked, int64_t rows, int64_t k, const uint32_t* __restrict__ src,
                               uint32_t* __restrict__ dst) {
-  const int64_t plain = k / 8, packed = (k + 127) / 128 * gatedmlp::detail::kRepackChunkWords;
+  const int64_t plain = k / 8, packed = gatedmlp::detail::repacked_words_per_row(k);
   const int64_t wf = to_repacked ? plain : packed, wt = to_repacked ? packed : plain;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * wt; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / wt, wi = i % wt;
@@ -126,11 +126,10 @@ __global__ void repack_kernel(bool to_repacked, int64_t rows, int64_t k, const u
 
 cudaError_t repack_words_device(bool from_repacked, bool to_repacked, int64_t rows, int64_t k, const uint32_t* src,
                                 uint32_t* dst, cudaStream_t stream) {
-  if (from_repacked == to_repacked) {
-    const int64_t words = from_repacked ? (k + 127) / 128 * gatedmlp::detail::kRepackChunkWords : k / 8;
-    return cudaMemcpyAsync(dst, src, size_t(rows * words) * 4, cudaMemcpyDeviceToDevice, stream);
-  }
-  const int64_t n = rows * (to_repacked ? (k + 127) / 128 * gatedmlp::detail::kRepackChunkWords : k / 8);
+  auto words = [k](bool repacked) { return repacked ? gatedmlp::detail::repacked_words_per_row(k) : k / 8; };
+  if (from_repacked == to_repacked)
+    return cudaMemcpyAsync(dst, src, size_t(rows * words(from_repacked)) * 4, cudaMemcpyDeviceToDevice, stream);
+  const int64_t n = rows * words(to_repacked);
   const int threads = 256;
   const int64_t blocks = (n + threads - 1) / threads;
   repack_kernel<<<static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), threads, 0, stream>>>(

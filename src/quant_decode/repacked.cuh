@@ -57,17 +57,6 @@ namespace gatedmlp::quant_decode {
 // The k of one repacked chunk: 4 lanes x 32 elements.
 inline constexpr int kRepackedChunk = 128;
 
-namespace detail_ {
-// 16 bytes of X: every load the tile makes is inside K.
-__device__ __forceinline__ uint4 ld_x16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-}  // namespace detail_
-
 // A scale or bias of dtype SDT (0 bf16, 1 fp16, 2 fp32) as loaded, and as a
 // float. The loads are prefetched a k-block ahead and converted only where
 // used: a conversion at the load would wait for it there.
@@ -172,7 +161,7 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4 xv = detail_::ld_x16(xrow[nt] + kc + 32 * wd);
+          const uint4 xv = decode::detail_::ld_x(xrow[nt] + kc + 32 * wd);  // inside K: checked above
           decode::detail_::mma_16816<T>(sums[nt], ag[0], au[0], ag[1], au[1], xv.x, xv.y);
           decode::detail_::mma_16816<T>(sums[nt], ag[2], au[2], ag[3], au[3], xv.z, xv.w);
           decode::detail_::mma_16816<T>(xsum[nt], C::kOne, C::kOne, C::kOne, C::kOne, xv.x, xv.y);
