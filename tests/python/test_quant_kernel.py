@@ -62,21 +62,25 @@ def test_matches_mlx_quantized_matmul(mode, bits, group, m):
 @pytest.mark.parametrize("m", [1, 9, 64, 100])
 def test_repacked_matches_mlx_quantized_matmul(group, m):
     # MLX's own words repacked on the device (gatedmlp.repack), against MLX
-    # on the checkpoint's order; K = 640: a chunk of 128 padded at the end.
+    # on the checkpoint's order. K = 704 (groups of 32, 64): 5.5 chunks of
+    # 128, the last padded; groups of 128 divide K, so K = 640, unpadded.
     rng = np.random.default_rng()
-    k, u = 640, 72
+    k, u = (704 if group < 128 else 640), 72
+    chunks = -(-k // 128)
     w = (rng.standard_normal((2 * u, k)) * 0.05).astype(np.float32)
     wq, scales, biases = gatedmlp.quantize(w, group_size=group)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
-    # Without mlx too: the device repack's round trip, and the checkpoint's
-    # words passed as repacked refused by name.
+    # Without mlx too: the device repack's round trip, and (where padding
+    # makes the shapes differ) the checkpoint's words passed as repacked
+    # refused by name.
     packed = gatedmlp.repack(dev(wq), group_size=group)
-    assert packed.shape == (2 * u, 6 * 16)
+    assert packed.shape == (2 * u, chunks * 16)
     assert np.array_equal(gatedmlp.repack(packed, k, group, inverse=True).cpu().numpy(), wq)
-    want_shape = r"'w' must be \[rows, ceil\(K / 128\) \* 16\] = \(144, 96\)"
-    with pytest.raises(gatedmlp.InvalidArgumentError, match=want_shape):
-        gatedmlp.quantized_gate_up(x, dev(wq), dev(scales), dev(biases), group_size=group, repacked=True)
+    if k % 128:
+        want_shape = rf"'w' must be \[rows, ceil\(K / 128\) \* 16\] = \(144, {chunks * 16}\)"
+        with pytest.raises(gatedmlp.InvalidArgumentError, match=want_shape):
+            gatedmlp.quantized_gate_up(x, dev(wq), dev(scales), dev(biases), group_size=group, repacked=True)
     x32 = x.float().cpu().numpy()
     g = mlx_matmul(x32, wq[:u], scales[:u], biases[:u], group, 4, "affine")
     up = mlx_matmul(x32, wq[u:], scales[u:], biases[u:], group, 4, "affine")
