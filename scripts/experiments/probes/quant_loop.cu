@@ -21,6 +21,8 @@
 // mma. A fourth has each warp own 8 columns over all of K (no K split
 // between warps: a warp's set-up spread over 4x the chunks, U / 32 CTAs);
 // its sums are ordered differently, so it is checked to a tolerance.
+// A fifth (MODE 3, "lean+xp", h81) loads each chunk's X with its words, a
+// chunk ahead (16 more registers), so that no mma waits on an X load.
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     scripts/experiments/probes/quant_loop.cu -o quant_loop && ./quant_loop
@@ -93,29 +95,40 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_co
   float acc[1][1][4] = {{{0.f, 0.f, 0.f, 0.f}}};
   uint4 wa0, wa1;
   Scale sa0, sa1;
+  uint4 xa[4];  // MODE 3: the next chunk's X, loaded with its words
   if (n > 0) {
     wa0 = decode::detail_::ld_weights(w0);
     wa1 = decode::detail_::ld_weights(w1);
     sa0 = scale(s0, b0);
     sa1 = scale(s1, b1);
+    if constexpr (MODE == 3)
+#pragma unroll
+      for (int wd = 0; wd < 4; ++wd) xa[wd] = decode::detail_::ld_x(xp + wd * 8);
   }
   for (int i = 0; i < n; ++i) {
     const uint4 cw0 = wa0, cw1 = wa1;
     const Scale cs0 = sa0, cs1 = sa1;
+    uint4 cx[4];
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) cx[wd] = xa[wd];
     if (i + 1 < n) {
       w0 += step_w, w1 += step_w, s0 += step_s, s1 += step_s, b0 += step_s, b1 += step_s;
       wa0 = decode::detail_::ld_weights(w0);
       wa1 = decode::detail_::ld_weights(w1);
       sa0 = scale(s0, b0);
       sa1 = scale(s1, b1);
+      if constexpr (MODE == 3)
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd) xa[wd] = decode::detail_::ld_x(xp + step_x + wd * 8);
     }
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd) {
       uint32_t ag[4], au[4], xp4[4];
       D::word(detail_::word_of(cw0, wd), cs0, ag);
       D::word(detail_::word_of(cw1, wd), cs1, au);
-      const uint4 v =
-          MODE == 1 ? *reinterpret_cast<const uint4*>(xp + wd * 8) : decode::detail_::ld_x_if(xp + wd * 8, true);
+      const uint4 v = MODE == 3   ? cx[wd]
+                      : MODE == 1 ? *reinterpret_cast<const uint4*>(xp + wd * 8)
+                                  : decode::detail_::ld_x_if(xp + wd * 8, true);
       const uint32_t xr[4] = {v.x, v.y, v.z, v.w};
       D::x_pairs(xr, xp4);
       decode::detail_::mma_16816<T>(acc[0][0], ag[0], au[0], ag[1], au[1], xp4[0], xp4[1]);
@@ -133,6 +146,114 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) lean_kernel(const __grid_co
   } else {
     decode::epilogue<1, 1>(p, red, j0, 0, p.m, nullptr);
   }
+}
+
+// h81: the lean tile over CG groups of 8 columns per warp (a CTA: 8 CG
+// columns), each X fragment loaded once and multiplied into every group's
+// weights, NT n-tiles of 8 tokens. CG = 1 is the lean tile for any NT. At
+// M = 16 a CTA of 8 columns reads 4x as many bytes of X (through L1) as of
+// int4 weights; CG groups cut that to 4 / CG.
+template <int NT, int CG>
+__global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2) lean_cg_kernel(const __grid_constant__ Params qp) {
+  using T = __nv_bfloat16;
+  using D = Dequant<T, kInt4, true>;
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+  const decode::Params& p = qp.d;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t j0 = int64_t(blockIdx.x) * 8 * CG;
+  const int chunks = int(p.k / kChunkK), nw = p.warps;
+  const int n = warp < chunks ? (chunks - warp + nw - 1) / nw : 0;
+  const uint32_t* wp[CG][2];
+  const unsigned short *sp[CG][2], *bp[CG][2];
+  const int64_t first_group = (int64_t(warp) * kChunkK + 32 * t) >> qp.group_shift;
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg) {
+    const LaneRows rows = lane_rows(qp, 0, j0 + 8 * cg, g, t);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wp[cg][h] = rows.w[h] + int64_t(warp) * 16;
+      sp[cg][h] = static_cast<const unsigned short*>(rows.s[h]) + rows.sbase[h] + first_group;
+      bp[cg][h] = static_cast<const unsigned short*>(rows.b[h]) + rows.sbase[h] + first_group;
+    }
+  }
+  const T* xp[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    xp[nt] = static_cast<const T*>(p.x) + int64_t(min(nt * 8 + g, p.m - 1)) * p.ldx + int64_t(warp) * kChunkK + 32 * t;
+  const int step_w = 16 * nw, step_x = kChunkK * nw, step_s = (kChunkK * nw) >> qp.group_shift;
+
+  float acc[CG][NT][4];
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
+  uint4 wa[CG][2];
+  Scale sa[CG][2];
+  auto load = [&]() {
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wa[cg][h] = decode::detail_::ld_weights(wp[cg][h]);
+        const uint32_t sv = __ldg(sp[cg][h]), bv = __ldg(bp[cg][h]);
+        sa[cg][h].s = sv | (sv << 16);
+        sa[cg][h].b = bv | (bv << 16);
+      }
+  };
+  if (n > 0) load();
+  for (int i = 0; i < n; ++i) {
+    uint4 cw[CG][2];
+    Scale cs[CG][2];
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) cw[cg][h] = wa[cg][h], cs[cg][h] = sa[cg][h];
+    if (i + 1 < n) {
+#pragma unroll
+      for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wp[cg][h] += step_w, sp[cg][h] += step_s, bp[cg][h] += step_s;
+      load();
+    }
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+      uint32_t xq[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4 v = decode::detail_::ld_x(xp[nt] + wd * 8);
+        const uint32_t xr[4] = {v.x, v.y, v.z, v.w};
+        D::x_pairs(xr, xq[nt]);
+      }
+#pragma unroll
+      for (int cg = 0; cg < CG; ++cg) {
+        uint32_t ag[4], au[4];
+        D::word(detail_::word_of(cw[cg][0], wd), cs[cg][0], ag);
+        D::word(detail_::word_of(cw[cg][1], wd), cs[cg][1], au);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          decode::detail_::mma_16816<T>(acc[cg][nt], ag[0], au[0], ag[1], au[1], xq[nt][0], xq[nt][1]);
+          decode::detail_::mma_16816<T>(acc[cg][nt], ag[2], au[2], ag[3], au[3], xq[nt][2], xq[nt][3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xp[nt] += step_x;
+  }
+  decode::store_partials<NT, CG>(red, acc);
+  __syncthreads();
+  decode::epilogue<NT, CG>(p, red, j0, 0, p.m, nullptr);
+}
+
+template <int NT, int CG>
+void launch_cg(const Params& q0, cudaStream_t s) {
+  Params q = q0;
+  q.d.warps = int(std::min<int64_t>(q.d.k / kChunkK, q.d.warps));
+  const unsigned grid = unsigned((q.d.u + 8 * CG - 1) / (8 * CG));
+  lean_cg_kernel<NT, CG><<<grid, q.d.warps * 32, decode::red_bytes<NT, CG>(q.d.warps), s>>>(q);
 }
 
 struct ProbeShape {
@@ -194,8 +315,8 @@ Params make_params(const Copy& c, const void* x, void* y, int64_t k, int64_t u, 
 int main() {
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  std::printf("%-10s %3s | %9s %9s %9s %9s | %8s %8s %8s %8s   (us per call; TB/s of words, scales and biases)\n",
-              "shape", "M", "library", "lean", "lean+xs", "cols", "library", "lean", "lean+xs", "cols");
+  std::printf("%-10s %3s | %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s   (us per call; TB/s of words, scales and biases)\n",
+              "shape", "M", "library", "lean", "lean+xs", "cols", "lean+xp", "library", "lean", "lean+xs", "cols", "lean+xp");
   for (const ProbeShape& sh : kShapes) {
     const int64_t rows = 2 * sh.u, words = rows * sh.k / 8, groups = rows * sh.k / 64;
     const int64_t bytes = words * 4 + groups * 4;
@@ -268,10 +389,60 @@ int main() {
         (void)launch_grid<kChunkK, 1, false>(lean_kernel<0>, make_params(cs[c % copies], x, y2, sh.k, sh.u, m), s);
       });
       const float tc = replay_us(s, 2 * copies, [&](int c) { launch_cols(cs[c % copies], y2); });
+      // X prefetched with the words (MODE 3): the same sums in the same order.
+      CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
+      CK((launch_grid<kChunkK, 1, false>(lean_kernel<3>, make_params(cs[0], x, y2, sh.k, sh.u, m), s)));
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost));
+      const bool same3 = std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+      const float t3 = replay_us(s, 2 * copies, [&](int c) {
+        (void)launch_grid<kChunkK, 1, false>(lean_kernel<3>, make_params(cs[c % copies], x, y2, sh.k, sh.u, m), s);
+      });
       const float tx = m == 1 ? replay_us(s, 2 * copies, [&](int c) { launch_xs(cs[c % copies], y2); }) : 0.f;
-      std::printf("%-10s %3d | %9.2f %9.2f %9.2f %9.2f | %8.3f %8.3f %8.3f %8.3f   %s, cols: worst rel. %.1e\n",
-                  sh.name, m, tl, tn, tx, tc, bytes / tl * 1e-6, bytes / tn * 1e-6, m == 1 ? bytes / tx * 1e-6 : 0.0,
-                  bytes / tc * 1e-6, same ? "(Y bit-identical)" : "(Y DIFFERS: a lean tile is wrong)", worst);
+      std::printf("%-10s %3d | %9.2f %9.2f %9.2f %9.2f %9.2f | %8.3f %8.3f %8.3f %8.3f %8.3f   %s, cols: worst rel. %.1e\n",
+                  sh.name, m, tl, tn, tx, tc, t3, bytes / tl * 1e-6, bytes / tn * 1e-6, m == 1 ? bytes / tx * 1e-6 : 0.0,
+                  bytes / tc * 1e-6, bytes / t3 * 1e-6,
+                  same && same3 ? "(Y bit-identical)" : "(Y DIFFERS: a lean tile is wrong)", worst);
+    }
+    // h81: column groups per warp, at M = 1, 8 and 16 (NT = 1, 1, 2), each
+    // against the library's kernel of the same NT (Y bit-identical: each
+    // column's sums are the same sums in the same order).
+    for (int m : {1, 8, 16}) {
+      const Params q = make_params(cs[0], x, y1, sh.k, sh.u, m);
+      CK(cudaMemset(y1, 0xFF, 16 * sh.u * 2));
+      if (m <= 8) CK((launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(q, s)));
+      else CK((launch_kernel<__nv_bfloat16, kInt4, true, 2, 1, 2>(q, s)));
+      CK(cudaStreamSynchronize(s));
+      std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
+      CK(cudaMemcpy(a.data(), y1, a.size() * 2, cudaMemcpyDeviceToHost));
+      bool same = true;
+      float tg[4];
+      auto run_cg = [&](int cg, const Params& qq) {
+        if (m <= 8) {
+          if (cg == 1) launch_cg<1, 1>(qq, s); else if (cg == 2) launch_cg<1, 2>(qq, s); else launch_cg<1, 4>(qq, s);
+        } else {
+          if (cg == 1) launch_cg<2, 1>(qq, s); else if (cg == 2) launch_cg<2, 2>(qq, s); else launch_cg<2, 4>(qq, s);
+        }
+      };
+      for (int ci = 0; ci < 3; ++ci) {
+        const int cg = 1 << ci;
+        Params q2 = make_params(cs[0], x, y2, sh.k, sh.u, m);
+        CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
+        run_cg(cg, q2);
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost));
+        same = same && std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
+        tg[ci + 1] = replay_us(s, 2 * copies, [&](int c) { run_cg(cg, make_params(cs[c % copies], x, y2, sh.k, sh.u, m)); });
+      }
+      tg[0] = replay_us(s, 2 * copies, [&](int c) {
+        const Params qq = make_params(cs[c % copies], x, y1, sh.k, sh.u, m);
+        if (m <= 8) (void)launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(qq, s);
+        else (void)launch_kernel<__nv_bfloat16, kInt4, true, 2, 1, 2>(qq, s);
+      });
+      std::printf("cg %-10s %3d | library %8.2f | lean cg1 %8.2f  cg2 %8.2f  cg4 %8.2f us | %.3f %.3f %.3f %.3f TB/s  %s\n",
+                  sh.name, m, tg[0], tg[1], tg[2], tg[3], bytes / tg[0] * 1e-6, bytes / tg[1] * 1e-6,
+                  bytes / tg[2] * 1e-6, bytes / tg[3] * 1e-6, same ? "(Y bit-identical)" : "(Y DIFFERS)");
     }
     for (Copy& c : cs) {
       CK(cudaFree(c.words));
