@@ -19,6 +19,7 @@
 #include "decode_glu/params.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+#include "scoped_env.hpp"
 #include "simulated_devices.hpp"
 
 using namespace gatedmlp;
@@ -560,6 +561,57 @@ TEST(Dispatch, QuantizedWeights) {
     ASSERT_TRUE(detail::select_config(p.resolved(), nullptr, dev, &c).ok());
     EXPECT_NE(c.path, KernelPath::quant_decode) << to_string(c);
     EXPECT_NE(c.reason.find("ldx=4100"), std::string::npos) << c.reason;
+  }
+}
+
+// The quantized decode kernel's column groups (quant_decode::column_groups):
+// 2 per warp at M <= 8 and 4 at M 9-16 where the grid still fills the SMs
+// (twice, once), one otherwise; never for more rows, the down projection,
+// gathered calls or repacked words; the knob sets them.
+TEST(Dispatch, QuantizedColumnGroups) {
+  for (const char* v : {"GATEDMLP_FORCE_PATH", "GATEDMLP_QDECODE_CG", "GATEDMLP_QDECODE"}) unsetenv(v);
+  auto groups = [](const Problem& p) {
+    Config c;
+    EXPECT_TRUE(detail::select_config(p.resolved(), nullptr, h200(), &c).ok());
+    EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
+    const bool said = c.reason.find("groups of 8 columns per warp") != std::string::npos;
+    EXPECT_EQ(said, c.tile_n > 8) << c.reason;
+    return c.tile_n / 8;
+  };
+  for (int64_t m : {1, 8, 9, 16, 17, 64}) {
+    Problem p = llama8b(m);  // 896 CTAs of 16 columns, 448 of 32, on 132 SMs
+    p.quantized = true;
+    EXPECT_EQ(groups(p), m <= 8 ? 2 : m <= 16 ? 4 : 1) << "8B, m=" << m;
+    p.u = 2816;  // 176 CTAs of 16 columns, 88 of 32: too few
+    EXPECT_EQ(groups(p), 1) << "1024 x 2816, m=" << m;
+    p.u = 8192;  // 512 and 256
+    EXPECT_EQ(groups(p), m <= 8 ? 2 : m <= 16 ? 4 : 1) << "2048 x 8192, m=" << m;
+  }
+  Problem p = llama8b(4);
+  p.quantized = true;
+  p.quant.bits = 4;
+  p.quant.repacked = true;
+  EXPECT_EQ(groups(p), 1) << "repacked";
+  p.quant.repacked = false;
+  p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
+  EXPECT_EQ(groups(p), 2) << "mxfp4, bf16 x";
+  p.input_dtype = DType::fp16;
+  EXPECT_EQ(groups(p), 1) << "mxfp4, fp16 x (not instantiated)";
+  p = llama8b(4);
+  p.quantized = true;
+  p.u = 64;
+  {
+    test::ScopedEnv knob("GATEDMLP_QDECODE_CG", "2");
+    EXPECT_EQ(groups(p), 2) << "knob";
+  }
+  {
+    test::ScopedEnv knob("GATEDMLP_QDECODE_CG", "4");  // not instantiated at one n-tile
+    EXPECT_EQ(groups(p), 1) << "knob, 4 groups at m=4";
+  }
+  {
+    test::ScopedEnv knob("GATEDMLP_QDECODE", "4,2");  // two chunks per k-block: no groups
+    p.u = 14336;
+    EXPECT_EQ(groups(p), 1) << "unroll 2";
   }
 }
 

@@ -25,6 +25,7 @@
 #include "gatedmlp/quant.hpp"
 #include "gpu_util.hpp"
 #include "quant_weights.hpp"
+#include "scoped_env.hpp"
 
 using namespace gatedmlp;
 using namespace gatedmlp::test;
@@ -249,10 +250,22 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   const int n = cases(1200);
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0, repacked = 0;
+  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0, repacked = 0, grouped = 0;
   for (int i = 0; i < n; ++i) {
     const Problem p = random_quant_problem(rng);
     SCOPED_TRACE("case " + std::to_string(i));
+    // Half of the cases at M <= 16 with the column groups forced (their rule
+    // takes them only at U of several thousand): the plan says which ran.
+    const bool force = p.m <= 16 && rng() % 2;
+    ScopedEnv cg_knob("GATEDMLP_QDECODE_CG", force ? (p.m <= 8 ? "2" : "4") : nullptr);
+    Config c;
+    ASSERT_TRUE(plan(p, &c).ok());
+    if (c.path == KernelPath::quant_decode && c.tile_n > 8) {
+      EXPECT_TRUE(force) << to_string(c);
+      EXPECT_EQ(c.tile_n, p.m <= 8 ? 16 : 32) << to_string(c);
+      EXPECT_NE(c.reason.find("groups of 8 columns per warp"), std::string::npos) << c.reason;
+      grouped++;
+    }
     run_quant_case(p, rng, &st);
     if (HasFailure()) return;
     const bool mx = p.quant.mode == QuantMode::mxfp4, fp8 = p.quant.mode == QuantMode::fp8_e4m3;
@@ -263,9 +276,12 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   }
   std::printf(
       "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d, fp8 %d; %d int4 "
-      "with packed dequantization, %d repacked; %d with M > 8); worst quantized/unfused relative-error ratio %.3f (outputs of 64 "
-      "elements or more)\n",
-      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, two_tiles, st.worst_ratio);
+      "with packed dequantization, %d repacked; %d with M > 8; %d with column groups); worst quantized/unfused relative-error "
+      "ratio %.3f (outputs of 64 elements or more)\n",
+      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, two_tiles, grouped, st.worst_ratio);
+  if (n >= 100) {
+    EXPECT_GT(grouped, n / 20) << "too few cases ran with column groups";
+  }
 }
 
 // Every format x layout x activation at M in {1, 9, 16, 40}, on one odd shape.

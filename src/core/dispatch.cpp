@@ -380,7 +380,8 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
       Config c;
       c.path = KernelPath::quant_decode;
       c.tile_m = static_cast<int>(r.m);
-      c.tile_n = 8;
+      std::string groups;
+      c.tile_n = 8 * quant_decode::column_groups(r, dev.sms, &groups);
       c.vector_loads = true;
       c.reason = "quantized decode kernel: " + to_string(r.quant) + " weights dequantized in registers, m=" +
                  std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once; " +
@@ -388,7 +389,8 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                   : r.quant.mode == QuantMode::mxfp4  ? (r.input_dtype == DType::bf16 ? "bf16 pair dequantization"
                                                                                       : "fp32 dequantization")
                   : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair dequantization"
-                                                                         : "fp32 dequantization");
+                                                                         : "fp32 dequantization") +
+                 (groups.empty() ? "" : "; " + groups);
       *cfg = c;
       return Status::Ok();
     }

@@ -107,6 +107,35 @@ void launch_shape(const Problem& r, int* warps, int* unroll) {
 
 }  // namespace
 
+int column_groups(const Problem& r, int sms, std::string* why) {
+  auto say = [&](int cg, const std::string& text) {
+    if (why) *why = text;
+    return cg;
+  };
+  if (r.op == Operation::down || r.gather.experts > 0 || r.quant.repacked || r.m > 16) return say(1, "");
+  if (r.quant.mode == QuantMode::mxfp4 && r.input_dtype != DType::bf16) return say(1, "");  // not instantiated
+  int warps = 0, unroll = 0;
+  launch_shape(r, &warps, &unroll);
+  if (unroll != 1) return say(1, "");
+  const int want = r.m <= 8 ? 2 : 4;  // the instantiated groups at each n-tile count
+  if (const char* v = std::getenv("GATEDMLP_QDECODE_CG")) {
+    const int cg = std::atoi(v);
+    if (cg == 1 || cg == want)
+      return say(cg, cg == 1 ? "" : std::to_string(cg) + " groups of 8 columns per warp, set by GATEDMLP_QDECODE_CG");
+  }
+  // More columns per CTA means fewer CTAs: grouped only while the grid
+  // still fills the SMs twice over (M <= 8) or once (M 9-16). On the H200:
+  // 1024 x 2816 (176 or 88 CTAs) ran 1.1-1.3x slower grouped; 8B, 70B,
+  // Qwen3-32B and 2048 x 8192 0.77-0.98x at M = 1, 0.64-0.87x at M = 8, and
+  // 0.71-0.81x with 4 groups at M = 16 (docs/notes/quantized-decode.md, h81).
+  const int64_t ctas = (r.u + 8 * want - 1) / (8 * want);
+  if (ctas < int64_t(r.m <= 8 ? 2 : 1) * sms) return say(1, "");
+  std::ostringstream os;
+  os << want << " groups of 8 columns per warp (each X fragment loaded once for " << want << "; " << ctas
+     << " CTAs on " << sms << " SMs)";
+  return say(want, os.str());
+}
+
 DownSplit down_split(const Problem& r) {
   // Unsplit unless asked: a rule aiming at ~1024 CTAs measured 14 % slower
   // at 8B, 3 % at 70B and 7 % faster at Qwen3-32B (H100, whole MLP, h67),
@@ -129,7 +158,7 @@ DownSplit down_split(const Problem& r) {
   return d;
 }
 
-cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream_t stream, const DownSplit& split,
+cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream, const DownSplit& split,
                    float* partials) {
   Params q{};
   q.d = decode::make_params(r, a);  // batch 1: check_support refuses more
@@ -152,6 +181,7 @@ cudaError_t launch(const Problem& r, const Arguments& a, int /*sms*/, cudaStream
   s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
   launch_shape(r, &p.warps, &s.unroll);
+  s.cg = column_groups(r, sms);
   if (partials && split.splits > 1 && !s.gather) {
     p.split_k_blocks = split.k_blocks_per_split;
     p.partials = partials;

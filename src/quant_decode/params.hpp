@@ -43,6 +43,7 @@ struct Shape {
   bool packed_math = false;
   int unroll = 1;  // chunks per k-block: 1 or 2
   bool gather = false;  // Params::d.indices set: the gathered instantiations (unroll 1)
+  int cg = 1;           // groups of 8 columns per warp: 1, or 2 at nt = 1, 4 at nt = 2 (column_groups())
 };
 
 // One translation unit per input dtype and format.

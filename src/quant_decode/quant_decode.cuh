@@ -141,8 +141,10 @@ __device__ __forceinline__ void x_rows(const decode::Params& p, int count, const
 // of X, then the epilogue. expert: 0, or the gathered call's (its words at
 // expert * sw, its scales and biases at expert * expert_scales, its bias at
 // expert * sb); xrows / yrows: the tile's rows of x and y (gathered), or null
-// for rows 0 ... count-1. Ends with a __syncthreads().
-template <typename T, int FMT, bool PACKED, int NT, int UNROLL>
+// for rows 0 ... count-1. CG: groups of 8 columns per warp (gate/up, one
+// chunk per k-block), each X fragment loaded once for all of them. Ends
+// with a __syncthreads().
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int CG>
 __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t expert, int count, const int* xrows,
                                            const int* yrows) {
   using namespace detail_;
@@ -157,18 +159,23 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p);
+  static_assert(CG == 1 || UNROLL == 1, "column groups take one chunk per k-block");
+  const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p) * CG;
   int64_t kb_lo, kb_hi;
   cta_k_blocks(p, kBlockK, &kb_lo, &kb_hi);
-  const LaneRows rows = lane_rows(qp, expert, j0, g, t);
+  LaneRows rows[CG];
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg) rows[cg] = lane_rows(qp, expert, j0 + 8 * cg, g, t);
   const T* xrow[NT];
   x_rows<T, NT>(p, count, xrows, g, kLaneElems * t, xrow);
 
-  float acc[1][NT][4];
+  float acc[CG][NT][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc[0][nt][r] = 0.f;
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
 
   // This warp's k-blocks are kb_first, kb_first + warps, ...: first the
   // whole ones (inside K), loaded and multiplied with no test on K, then at
@@ -183,22 +190,28 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
   const bool crosses = kb_whole < kb_hi && kb_first <= kb_whole && (kb_whole - kb_first) % nw == 0;
   constexpr int kBlockWords = 16 * UNROLL;  // per row: 4 per lane per chunk
   const int wstep = kBlockWords * nw, kstep = kBlockK * nw;
-  const uint32_t* wp[2] = {rows.w[0] + kb_first * kBlockWords, rows.w[1] + kb_first * kBlockWords};
+  const uint32_t* wp[CG][2];
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wp[cg][h] = rows[cg].w[h] + kb_first * kBlockWords;
   int64_t k_load = kb_first * kBlockK;  // the k-block whose loads are issued next
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xrow[nt] += kb_first * kBlockK;  // the k-block multiplied next
 
   // The packed words and scales of the k-block at wp / k_load: all of its
   // loads in flight together. WHOLE: inside K.
-  auto load_block = [&](auto whole, uint4(&wa)[UNROLL][2], Scale(&sc)[UNROLL][2]) {
+  auto load_block = [&](auto whole, uint4(&wa)[UNROLL][CG][2], Scale(&sc)[UNROLL][CG][2]) {
     constexpr bool kWhole = decltype(whole)::value;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const bool ok = kWhole || k_load + u * kChunk + kLaneElems * t < p.k;  // this lane's elements
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        wa[u][h] = kWhole ? decode::detail_::ld_weights(wp[h] + u * 16)
-                          : decode::detail_::ld_weights_if(wp[h] + u * 16, ok);
+      for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          wa[u][cg][h] = kWhole ? decode::detail_::ld_weights(wp[cg][h] + u * 16)
+                                : decode::detail_::ld_weights_if(wp[cg][h] + u * 16, ok);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -209,53 +222,66 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
       const int64_t ke = k_load + u * kChunk + (D::kAccScale ? 0 : kLaneElems * t);
       const bool ok = kWhole || ke < p.k;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        sc[u][h] = D::load(rows.s[h], rows.b[h], qp.scale_dtype, rows.sbase[h] + (ke >> qp.group_shift), ok);
+      for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          sc[u][cg][h] = D::load(rows[cg].s[h], rows[cg].b[h], qp.scale_dtype,
+                                 rows[cg].sbase[h] + (ke >> qp.group_shift), ok);
     }
   };
 
   // The k-block at xrow, its words and scales in cw / cs, into acc. kc: its
   // first k (only read where it crosses K).
-  auto multiply = [&](auto whole, const uint4(&cw)[UNROLL][2], const Scale(&cs)[UNROLL][2], int64_t kc) {
+  auto multiply = [&](auto whole, const uint4(&cw)[UNROLL][CG][2], const Scale(&cs)[UNROLL][CG][2], int64_t kc) {
     constexpr bool kWhole = decltype(whole)::value;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const bool ok = kWhole || kc + u * kChunk + kLaneElems * t < p.k;
       // FP8: the chunk's sums, scaled into acc after it (its 64 k lie in one
       // block of 128, so all four lanes of a row share the scale).
-      float part[NT][4];
+      float part[CG][NT][4];
       if constexpr (D::kAccScale) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) part[nt][r] = 0.f;
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) part[cg][nt][r] = 0.f;
       }
-      float(&sums)[NT][4] = D::kAccScale ? part : acc[0];
+      float(&sums)[CG][NT][4] = D::kAccScale ? part : acc;
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
-        uint32_t ag[kP], au[kP];
-        D::word(word_of(cw[u][0], wd), cs[u][0], ag);
-        D::word(word_of(cw[u][1], wd), cs[u][1], au);
+        uint32_t xp[NT][kP];  // loaded with the first group's mma, reused by the others
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t xr[kW / 2], xp[kP];
-          load_x<kW, kWhole>(xrow[nt] + u * kChunk + wd * kW, ok, xr);
-          D::x_pairs(xr, xp);
+        for (int cg = 0; cg < CG; ++cg) {
+          uint32_t ag[kP], au[kP];
+          D::word(word_of(cw[u][cg][0], wd), cs[u][cg][0], ag);
+          D::word(word_of(cw[u][cg][1], wd), cs[u][cg][1], au);
 #pragma unroll
-          for (int s = 0; s < kP / 2; ++s)
-            decode::detail_::mma_16816<T>(sums[nt], ag[2 * s], au[2 * s], ag[2 * s + 1], au[2 * s + 1], xp[2 * s],
-                                          xp[2 * s + 1]);
+          for (int nt = 0; nt < NT; ++nt) {
+            if (cg == 0) {
+              uint32_t xr[kW / 2];
+              load_x<kW, kWhole>(xrow[nt] + u * kChunk + wd * kW, ok, xr);
+              D::x_pairs(xr, xp[nt]);
+            }
+#pragma unroll
+            for (int s = 0; s < kP / 2; ++s)
+              decode::detail_::mma_16816<T>(sums[cg][nt], ag[2 * s], au[2 * s], ag[2 * s + 1], au[2 * s + 1],
+                                            xp[nt][2 * s], xp[nt][2 * s + 1]);
+          }
         }
       }
       if constexpr (D::kAccScale) {
         // c0, c1: this lane's gate row; c2, c3: its up row.
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          acc[0][nt][0] = fmaf(cs[u][0].fs, part[nt][0], acc[0][nt][0]);
-          acc[0][nt][1] = fmaf(cs[u][0].fs, part[nt][1], acc[0][nt][1]);
-          acc[0][nt][2] = fmaf(cs[u][1].fs, part[nt][2], acc[0][nt][2]);
-          acc[0][nt][3] = fmaf(cs[u][1].fs, part[nt][3], acc[0][nt][3]);
-        }
+        for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            acc[cg][nt][0] = fmaf(cs[u][cg][0].fs, part[cg][nt][0], acc[cg][nt][0]);
+            acc[cg][nt][1] = fmaf(cs[u][cg][0].fs, part[cg][nt][1], acc[cg][nt][1]);
+            acc[cg][nt][2] = fmaf(cs[u][cg][1].fs, part[cg][nt][2], acc[cg][nt][2]);
+            acc[cg][nt][3] = fmaf(cs[u][cg][1].fs, part[cg][nt][3], acc[cg][nt][3]);
+          }
       }
     }
   };
@@ -263,19 +289,23 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
   // Software pipeline in registers: the next k-block's loads are in flight
   // while this one is dequantized and multiplied, so a warp's loads never
   // wait on its math.
-  uint4 wa[UNROLL][2];
-  Scale sc[UNROLL][2];
+  uint4 wa[UNROLL][CG][2];
+  Scale sc[UNROLL][CG][2];
   if (n_whole > 0) load_block(std::true_type{}, wa, sc);
   else if (crosses) load_block(std::false_type{}, wa, sc);
 #pragma unroll 1
   for (int left = n_whole; left > 0; --left) {
-    uint4 cw[UNROLL][2];
-    Scale cs[UNROLL][2];
+    uint4 cw[UNROLL][CG][2];
+    Scale cs[UNROLL][CG][2];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) cw[u][h] = wa[u][h], cs[u][h] = sc[u][h];
-    wp[0] += wstep, wp[1] += wstep, k_load += kstep;
+      for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cw[u][cg][h] = wa[u][cg][h], cs[u][cg][h] = sc[u][cg][h];
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg) wp[cg][0] += wstep, wp[cg][1] += wstep;
+    k_load += kstep;
     if (left > 1) load_block(std::true_type{}, wa, sc);
     else if (crosses) load_block(std::false_type{}, wa, sc);
     multiply(std::true_type{}, cw, cs, 0);
@@ -284,64 +314,78 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
   }
   if (crosses) multiply(std::false_type{}, wa, sc, kb_whole * kBlockK);
 
-  decode::store_partials<NT, 1>(red, acc);
+  decode::store_partials<NT, CG>(red, acc);
   __syncthreads();
-  if (p.down) decode::epilogue_down<NT>(p, red, j0, expert, count, yrows);
-  else decode::epilogue<NT, 1>(p, red, j0, expert, count, yrows);
+  if constexpr (CG == 1) {
+    if (p.down) decode::epilogue_down<NT>(p, red, j0, expert, count, yrows);
+    else decode::epilogue<NT, 1>(p, red, j0, expert, count, yrows);
+  } else {
+    decode::epilogue<NT, CG>(p, red, j0, expert, count, yrows);  // gate/up only (column_groups())
+  }
   __syncthreads();
 }
 
 // GATHER: the rows and experts of a gathered call (decode_glu/gather.cuh);
 // otherwise all p.m rows of the one weight.
-template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER>
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER, int CG = 1>
 __global__ void __launch_bounds__(kMaxWarps * 32, MINB) quant_decode_kernel(const __grid_constant__ Params qp) {
+  static_assert(CG == 1 || !GATHER, "column groups: gate/up calls that are not gathered");
   extern __shared__ float4 smem_f4[];
   float* red = reinterpret_cast<float*>(smem_f4);
   if constexpr (GATHER) {
     __shared__ decode::GatherShared sh;
     decode::for_each_gathered_tile<NT * 8>(qp.d, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
-      quant_tile<T, FMT, PACKED, NT, UNROLL>(qp, red, expert, count, xrows, yrows);
+      quant_tile<T, FMT, PACKED, NT, UNROLL, 1>(qp, red, expert, count, xrows, yrows);
     });
   } else {
-    quant_tile<T, FMT, PACKED, NT, UNROLL>(qp, red, 0, qp.d.m, nullptr, nullptr);
+    quant_tile<T, FMT, PACKED, NT, UNROLL, CG>(qp, red, 0, qp.d.m, nullptr, nullptr);
   }
 }
 
-// Launches `kernel` (k-blocks of kBlockK elements, NT n-tiles) with
-// min(p.d.warps, k-blocks) warps per CTA and one CTA per 8 columns (16 for
-// the down projection); a gathered call (GATHER) takes one grid row per slot
-// of a distinct expert.
-template <int kBlockK, int NT, bool GATHER, typename Kernel>
+// Launches `kernel` (k-blocks of kBlockK elements, NT n-tiles, CG column
+// groups) with min(p.d.warps, k-blocks) warps per CTA and one CTA per 8 CG
+// columns (16 for the down projection); a gathered call (GATHER) takes one
+// grid row per slot of a distinct expert.
+template <int kBlockK, int NT, bool GATHER, typename Kernel, int CG = 1>
 cudaError_t launch_grid(Kernel kernel, Params p, cudaStream_t stream) {
   const int64_t k_blocks = (p.d.k + kBlockK - 1) / kBlockK;
   const int64_t per_cta = p.d.split_k_blocks ? p.d.split_k_blocks : k_blocks;
   p.d.warps = static_cast<int>(per_cta < p.d.warps ? per_cta : p.d.warps);
-  const int64_t cols = decode::columns_per_cta(p.d);
+  const int64_t cols = decode::columns_per_cta(p.d) * CG;
   const unsigned splits = p.d.split_k_blocks ? static_cast<unsigned>((k_blocks + per_cta - 1) / per_cta) : 1u;
   // Gathered (never split): one grid row per slot of a distinct expert, at most min(E, n).
   const int64_t slots = p.d.experts < p.d.n_indices ? p.d.experts : p.d.n_indices;
   const unsigned ys = GATHER ? static_cast<unsigned>(slots < decode::kMaxGridY ? slots : decode::kMaxGridY) : splits;
   const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), ys);
-  kernel<<<grid, p.d.warps * 32, decode::red_bytes<NT, 1>(p.d.warps), stream>>>(p);
+  kernel<<<grid, p.d.warps * 32, decode::red_bytes<NT, CG>(p.d.warps), stream>>>(p);
   return cudaGetLastError();
 }
 
-template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER = false>
+template <typename T, int FMT, bool PACKED, int NT, int UNROLL, int MINB, bool GATHER = false, int CG = 1>
 cudaError_t launch_kernel(const Params& p, cudaStream_t stream) {
-  return launch_grid<4 * kLaneElemsOf<FMT> * UNROLL, NT, GATHER>(
-      quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB, GATHER>, p, stream);
+  using Kernel = decltype(&quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB, GATHER, CG>);
+  return launch_grid<4 * kLaneElemsOf<FMT> * UNROLL, NT, GATHER, Kernel, CG>(
+      quant_decode_kernel<T, FMT, PACKED, NT, UNROLL, MINB, GATHER, CG>, p, stream);
 }
 
 // The instantiations of one (X dtype, format): packed or fp32 dequantization
 // where the format has both, NT n-tiles of 8 tokens (1, 2, 4, 8: M <= 64),
-// and s.unroll chunks per k-block (1 or 2).
+// and s.unroll chunks per k-block (1 or 2); column groups (s.cg, from
+// column_groups()) 2 at NT = 1 and 4 at NT = 2.
 // Four and eight n-tiles take more than 128 registers (they spill at 2 CTAs
-// of 8 warps): launched with 4 warps, they fit 3 CTAs per SM anyway.
+// of 8 warps): launched with 4 warps, they fit 3 CTAs per SM anyway. So
+// do four column groups.
 template <typename T, int FMT, bool PACKED, int NT>
 cudaError_t launch_unroll(const Params& p, Shape s, cudaStream_t stream) {
   constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
   if (s.gather) return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks, true>(p, stream);
   if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, NT, 2, kMinBlocks>(p, stream);
+  // (Not on MXFP4's fp32 dequantization, fp16 X: 16 bytes of spills.)
+  constexpr bool kGroups = FMT != kMxfp4 || PACKED;
+  if constexpr (NT == 1 && kGroups)
+    if (s.cg == 2) return launch_kernel<T, FMT, PACKED, 1, 1, 2, false, 2>(p, stream);
+  if constexpr (NT == 2 && kGroups)
+    if (s.cg == 4) return launch_kernel<T, FMT, PACKED, 2, 1, 1, false, 4>(p, stream);
   return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks>(p, stream);
 }
 
