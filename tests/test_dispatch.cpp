@@ -566,8 +566,8 @@ TEST(Dispatch, QuantizedWeights) {
 
 // The quantized decode kernel's column groups (quant_decode::column_groups):
 // 2 per warp at M <= 8 and 4 at M 9-16 where the grid still fills the SMs
-// (twice, once), one otherwise; never for more rows, the down projection,
-// gathered calls or repacked words; the knob sets them.
+// (twice, once), one otherwise; 4-bit weights only; never for more rows,
+// the down projection, gathered calls or repacked words; the knob sets them.
 TEST(Dispatch, QuantizedColumnGroups) {
   for (const char* v : {"GATEDMLP_FORCE_PATH", "GATEDMLP_QDECODE_CG", "GATEDMLP_QDECODE"}) unsetenv(v);
   auto groups = [](const Problem& p) {
@@ -597,6 +597,11 @@ TEST(Dispatch, QuantizedColumnGroups) {
   EXPECT_EQ(groups(p), 2) << "mxfp4, bf16 x";
   p.input_dtype = DType::fp16;
   EXPECT_EQ(groups(p), 1) << "mxfp4, fp16 x (not instantiated)";
+  p.input_dtype = DType::bf16;
+  p.quant = QuantFormat{QuantMode::affine, 8, 64};
+  EXPECT_EQ(groups(p), 1) << "int8";
+  p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};
+  EXPECT_EQ(groups(p), 1) << "fp8";
   p = llama8b(4);
   p.quantized = true;
   p.u = 64;

@@ -113,7 +113,10 @@ int column_groups(const Problem& r, int sms, std::string* why) {
     return cg;
   };
   if (r.op == Operation::down || r.gather.experts > 0 || r.quant.repacked || r.m > 16) return say(1, "");
-  if (r.quant.mode == QuantMode::mxfp4 && r.input_dtype != DType::bf16) return say(1, "");  // not instantiated
+  // 4-bit weights only: the 8-bit ones (int8, FP8) carry twice the weight
+  // bytes per byte of X, and ran 0.69-0.98x as fast grouped at 8B, 70B and
+  // Qwen3-32B (H200, h81). MXFP4 with fp16 X: not instantiated (it spilled).
+  if (r.quant.bits != 4 || (r.quant.mode == QuantMode::mxfp4 && r.input_dtype != DType::bf16)) return say(1, "");
   int warps = 0, unroll = 0;
   launch_shape(r, &warps, &unroll);
   if (unroll != 1) return say(1, "");
@@ -124,10 +127,11 @@ int column_groups(const Problem& r, int sms, std::string* why) {
       return say(cg, cg == 1 ? "" : std::to_string(cg) + " groups of 8 columns per warp, set by GATEDMLP_QDECODE_CG");
   }
   // More columns per CTA means fewer CTAs: grouped only while the grid
-  // still fills the SMs twice over (M <= 8) or once (M 9-16). On the H200:
-  // 1024 x 2816 (176 or 88 CTAs) ran 1.1-1.3x slower grouped; 8B, 70B,
-  // Qwen3-32B and 2048 x 8192 0.77-0.98x at M = 1, 0.64-0.87x at M = 8, and
-  // 0.71-0.81x with 4 groups at M = 16 (docs/notes/quantized-decode.md, h81).
+  // still fills the SMs twice over (M <= 8) or once (M 9-16). On the H200
+  // (int4 g64, docs/notes/quantized-decode.md, h81): 1024 x 2816 (176 or 88
+  // CTAs) ran 1.1-1.3x slower grouped; 8B, 70B, Qwen3-32B and 2048 x 8192
+  // 1.01-1.29x faster at M = 1, 1.12-1.49x at M = 8 and 1.24-1.40x with 4
+  // groups at M = 16.
   const int64_t ctas = (r.u + 8 * want - 1) / (8 * want);
   if (ctas < int64_t(r.m <= 8 ? 2 : 1) * sms) return say(1, "");
   std::ostringstream os;

@@ -380,8 +380,9 @@ cudaError_t launch_unroll(const Params& p, Shape s, cudaStream_t stream) {
   constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
   if (s.gather) return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks, true>(p, stream);
   if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, NT, 2, kMinBlocks>(p, stream);
-  // (Not on MXFP4's fp32 dequantization, fp16 X: 16 bytes of spills.)
-  constexpr bool kGroups = FMT != kMxfp4 || PACKED;
+  // 4-bit formats only (column_groups()); not on MXFP4's fp32
+  // dequantization (fp16 X: 16 bytes of spills).
+  constexpr bool kGroups = FMT == kInt4 || (FMT == kMxfp4 && PACKED);
   if constexpr (NT == 1 && kGroups)
     if (s.cg == 2) return launch_kernel<T, FMT, PACKED, 1, 1, 2, false, 2>(p, stream);
   if constexpr (NT == 2 && kGroups)

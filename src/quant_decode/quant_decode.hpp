@@ -32,9 +32,10 @@ DownSplit down_split(const Problem& resolved);
 // Groups of 8 output columns each warp streams together (1, 2 or 4) on a
 // device with `sms` SMs: each X fragment it loads then feeds 2 or 4 groups'
 // weights. At M = 16 a CTA of one group reads 4x as many bytes of X as of
-// int4 weights. Gate/up calls that are not gathered, on the checkpoint's
-// order, one chunk per k-block; GATEDMLP_QDECODE_CG=1|2|4 sets it (tuning
-// knob; 2 applies at M <= 8, 4 at M 9-16). `why`: the rule's reason.
+// int4 weights. 4-bit weights (affine, MXFP4 with bf16 X) of gate/up calls
+// that are not gathered, on the checkpoint's order, one chunk per k-block;
+// GATEDMLP_QDECODE_CG=1|2|4 sets it (tuning knob; 2 applies at M <= 8, 4
+// at M 9-16). `why`: the rule's reason.
 int column_groups(const Problem& resolved, int sms, std::string* why = nullptr);
 
 // Launches it on `stream` for a resolved problem that blocker() accepted.
