@@ -4,7 +4,10 @@
 // mma.m16n8k16 with 8 gate and 8 up weight rows as A and the tokens as B,
 // loads straight into registers, the K split over the CTA's warps, the
 // shared epilogue), with the weights dequantized in registers between the
-// load and the mma (dequant.cuh).
+// load and the mma (dequant.cuh). With column groups (CG > 1: 4-bit
+// weights, M <= 16, column_groups() in launch.cpp) a CTA covers 8 CG
+// columns and each X fragment feeds CG groups' weights: at M = 16 a group
+// of 8 columns reads 4x as many bytes of X as of int4 words.
 //
 // Each lane streams 16 bytes of packed words per row per chunk: 32 elements
 // of 4-bit formats, 16 of 8-bit ones, along K, at k0 + t * (elements per
