@@ -115,12 +115,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, float* red, int64_t
   }
 
   float acc[CG][NT][4];
-#pragma unroll
-  for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
+  zero_sums(acc);
 
   for (int64_t kb = warp; kb < k_blocks; kb += p.warps) {
     const int64_t k0 = kb * kBlockK;

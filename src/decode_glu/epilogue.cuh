@@ -33,6 +33,17 @@ constexpr int red_bytes(int warps) {
   return warps * CG * NT * 4 * 32 * 4;
 }
 
+// A warp's sums, [CG][NT][4] (or any such array), set to zero.
+template <int CG, int NT>
+__device__ __forceinline__ void zero_sums(float (&acc)[CG][NT][4]) {
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
+}
+
 // This warp's partial sums into `red`, [warp][cg][nt][reg][lane]: each store
 // is 32 consecutive floats. The caller synchronises before epilogue().
 template <int NT, int CG>

@@ -173,12 +173,7 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
   x_rows<T, NT>(p, count, xrows, g, kLaneElems * t, xrow);
 
   float acc[CG][NT][4];
-#pragma unroll
-  for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
+  decode::zero_sums(acc);
 
   // This warp's k-blocks are kb_first, kb_first + warps, ...: first the
   // whole ones (inside K), loaded and multiplied with no test on K, then at
@@ -243,14 +238,7 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
       // FP8: the chunk's sums, scaled into acc after it (its 64 k lie in one
       // block of 128, so all four lanes of a row share the scale).
       float part[CG][NT][4];
-      if constexpr (D::kAccScale) {
-#pragma unroll
-        for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) part[cg][nt][r] = 0.f;
-      }
+      if constexpr (D::kAccScale) decode::zero_sums(part);
       float(&sums)[CG][NT][4] = D::kAccScale ? part : acc;
 #pragma unroll
       for (int wd = 0; wd < 4; ++wd) {
