@@ -11,9 +11,10 @@
 #   wgmma: probes/decode_wgmma.cu (h76-h78), the weights as wgmma's A operand
 #          from a TMA ring, N = 8 or 16 tokens, against cublasGemmEx and
 #          the library's kernel in the same run (variants: its header)
-#   quant: probes/quant_loop.cu (h80, prepared), the int4 decode kernel's
-#          loop with its bookkeeping taken out, against the library's
-#          kernel (Y bit-identical first)
+#   quant: probes/quant_loop.cu (h80, h81), the int4 decode kernel's
+#          loop with its bookkeeping taken out, X staged or prefetched,
+#          and column groups per warp at M = 1 ... 64, against the
+#          library's kernel (Y bit-identical first)
 #   bench: `gatedmlp bench --model small` as shipped and under each of
 #          SETTINGS (space-separated VAR=VALUE[,VAR=VALUE...], default
 #          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2), for

@@ -256,6 +256,8 @@ void launch_cg(const Params& q0, cudaStream_t s) {
   lean_cg_kernel<NT, CG><<<grid, q.d.warps * 32, decode::red_bytes<NT, CG>(q.d.warps), s>>>(q);
 }
 
+constexpr int64_t kMaxRows = 64;  // rows of X and Y allocated
+
 struct ProbeShape {
   const char* name;
   int64_t k, u;
@@ -332,10 +334,10 @@ int main() {
       fill_scales<<<256, 256>>>(c.scales, c.biases, groups);
     }
     __nv_bfloat16 *x, *y1, *y2;
-    CK(cudaMalloc(&x, 16 * sh.k * 2));
-    CK(cudaMalloc(&y1, 16 * sh.u * 2));
-    CK(cudaMalloc(&y2, 16 * sh.u * 2));
-    fill_random<<<64, 256>>>(x, 16 * sh.k, 0x9876u);
+    CK(cudaMalloc(&x, kMaxRows * sh.k * 2));
+    CK(cudaMalloc(&y1, kMaxRows * sh.u * 2));
+    CK(cudaMalloc(&y2, kMaxRows * sh.u * 2));
+    fill_random<<<64, 256>>>(x, kMaxRows * sh.k, 0x9876u);
     CK(cudaDeviceSynchronize());
     for (int m : {1, 8}) {
       // Bit-identical Y first.
@@ -404,45 +406,58 @@ int main() {
                   bytes / tc * 1e-6, bytes / t3 * 1e-6,
                   same && same3 ? "(Y bit-identical)" : "(Y DIFFERS: a lean tile is wrong)", worst);
     }
-    // h81: column groups per warp, at M = 1, 8 and 16 (NT = 1, 1, 2), each
-    // against the library's kernel of the same NT (Y bit-identical: each
-    // column's sums are the same sums in the same order).
-    for (int m : {1, 8, 16}) {
-      const Params q = make_params(cs[0], x, y1, sh.k, sh.u, m);
-      CK(cudaMemset(y1, 0xFF, 16 * sh.u * 2));
-      if (m <= 8) CK((launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(q, s)));
-      else CK((launch_kernel<__nv_bfloat16, kInt4, true, 2, 1, 2>(q, s)));
+    // h81: column groups per warp, at M = 1, 8, 16 (NT = 1, 1, 2) and,
+    // prepared for the next step, 32 and 64 (NT = 4, 8; two groups at most),
+    // each against the library's kernel of the same NT without groups (Y
+    // bit-identical: each column's sums are the same sums in the same order).
+    for (int m : {1, 8, 16, 32, 64}) {
+      const int nt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
+      auto run_library = [&](const Params& qq) {
+        switch (nt) {
+          case 1: return launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(qq, s);
+          case 2: return launch_kernel<__nv_bfloat16, kInt4, true, 2, 1, 2>(qq, s);
+          case 4: return launch_kernel<__nv_bfloat16, kInt4, true, 4, 1, 1>(qq, s);
+          default: return launch_kernel<__nv_bfloat16, kInt4, true, 8, 1, 1>(qq, s);
+        }
+      };
+      // false where this (NT, CG) is not built (four groups need NT <= 2).
+      auto run_cg = [&](int cg, const Params& qq) {
+        switch (nt * 10 + cg) {
+          case 11: launch_cg<1, 1>(qq, s); return true;
+          case 12: launch_cg<1, 2>(qq, s); return true;
+          case 14: launch_cg<1, 4>(qq, s); return true;
+          case 21: launch_cg<2, 1>(qq, s); return true;
+          case 22: launch_cg<2, 2>(qq, s); return true;
+          case 24: launch_cg<2, 4>(qq, s); return true;
+          case 41: launch_cg<4, 1>(qq, s); return true;
+          case 42: launch_cg<4, 2>(qq, s); return true;
+          case 81: launch_cg<8, 1>(qq, s); return true;
+          case 82: launch_cg<8, 2>(qq, s); return true;
+          default: return false;
+        }
+      };
+      CK(cudaMemset(y1, 0xFF, kMaxRows * sh.u * 2));
+      CK(run_library(make_params(cs[0], x, y1, sh.k, sh.u, m)));
       CK(cudaStreamSynchronize(s));
       std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
       CK(cudaMemcpy(a.data(), y1, a.size() * 2, cudaMemcpyDeviceToHost));
       bool same = true;
-      float tg[4];
-      auto run_cg = [&](int cg, const Params& qq) {
-        if (m <= 8) {
-          if (cg == 1) launch_cg<1, 1>(qq, s); else if (cg == 2) launch_cg<1, 2>(qq, s); else launch_cg<1, 4>(qq, s);
-        } else {
-          if (cg == 1) launch_cg<2, 1>(qq, s); else if (cg == 2) launch_cg<2, 2>(qq, s); else launch_cg<2, 4>(qq, s);
-        }
-      };
+      float tg[4] = {0.f, 0.f, 0.f, 0.f};
       for (int ci = 0; ci < 3; ++ci) {
         const int cg = 1 << ci;
-        Params q2 = make_params(cs[0], x, y2, sh.k, sh.u, m);
-        CK(cudaMemset(y2, 0xFF, 16 * sh.u * 2));
-        run_cg(cg, q2);
+        CK(cudaMemset(y2, 0xFF, kMaxRows * sh.u * 2));
+        if (!run_cg(cg, make_params(cs[0], x, y2, sh.k, sh.u, m))) continue;
         CK(cudaGetLastError());
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost));
         same = same && std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
         tg[ci + 1] = replay_us(s, 2 * copies, [&](int c) { run_cg(cg, make_params(cs[c % copies], x, y2, sh.k, sh.u, m)); });
       }
-      tg[0] = replay_us(s, 2 * copies, [&](int c) {
-        const Params qq = make_params(cs[c % copies], x, y1, sh.k, sh.u, m);
-        if (m <= 8) (void)launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2>(qq, s);
-        else (void)launch_kernel<__nv_bfloat16, kInt4, true, 2, 1, 2>(qq, s);
-      });
+      tg[0] = replay_us(s, 2 * copies, [&](int c) { (void)run_library(make_params(cs[c % copies], x, y1, sh.k, sh.u, m)); });
+      auto tbs = [&](float us) { return us > 0.f ? bytes / us * 1e-6 : 0.0; };
       std::printf("cg %-10s %3d | library %8.2f | lean cg1 %8.2f  cg2 %8.2f  cg4 %8.2f us | %.3f %.3f %.3f %.3f TB/s  %s\n",
-                  sh.name, m, tg[0], tg[1], tg[2], tg[3], bytes / tg[0] * 1e-6, bytes / tg[1] * 1e-6,
-                  bytes / tg[2] * 1e-6, bytes / tg[3] * 1e-6, same ? "(Y bit-identical)" : "(Y DIFFERS)");
+                  sh.name, m, tg[0], tg[1], tg[2], tg[3], tbs(tg[0]), tbs(tg[1]), tbs(tg[2]), tbs(tg[3]),
+                  same ? "(Y bit-identical)" : "(Y DIFFERS)");
     }
     for (Copy& c : cs) {
       CK(cudaFree(c.words));
