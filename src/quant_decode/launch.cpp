@@ -108,23 +108,23 @@ void launch_shape(const Problem& r, int* warps, int* unroll) {
 }  // namespace
 
 int column_groups(const Problem& r, int sms, std::string* why) {
-  auto say = [&](int cg, const std::string& text) {
-    if (why) *why = text;
-    return cg;
-  };
-  if (r.op == Operation::down || r.gather.experts > 0 || r.quant.repacked || r.m > 16) return say(1, "");
+  // The reason's text only when asked for: launch() calls this on every run.
+  if (why) why->clear();
+  if (r.op == Operation::down || r.gather.experts > 0 || r.quant.repacked || r.m > 16) return 1;
   // 4-bit weights only: the 8-bit ones (int8, FP8) carry twice the weight
   // bytes per byte of X, and ran 0.69-0.98x as fast grouped at 8B, 70B and
   // Qwen3-32B (H200, h81). MXFP4 with fp16 X: not instantiated (it spilled).
-  if (r.quant.bits != 4 || (r.quant.mode == QuantMode::mxfp4 && r.input_dtype != DType::bf16)) return say(1, "");
+  if (r.quant.bits != 4 || (r.quant.mode == QuantMode::mxfp4 && r.input_dtype != DType::bf16)) return 1;
   int warps = 0, unroll = 0;
   launch_shape(r, &warps, &unroll);
-  if (unroll != 1) return say(1, "");
+  if (unroll != 1) return 1;
   const int want = r.m <= 8 ? 2 : 4;  // the instantiated groups at each n-tile count
   if (const char* v = std::getenv("GATEDMLP_QDECODE_CG")) {
     const int cg = std::atoi(v);
-    if (cg == 1 || cg == want)
-      return say(cg, cg == 1 ? "" : std::to_string(cg) + " groups of 8 columns per warp, set by GATEDMLP_QDECODE_CG");
+    if (cg == 1 || cg == want) {
+      if (why && cg > 1) *why = std::to_string(cg) + " groups of 8 columns per warp, set by GATEDMLP_QDECODE_CG";
+      return cg;
+    }
   }
   // More columns per CTA means fewer CTAs: grouped only while the grid
   // still fills the SMs twice over (M <= 8) or once (M 9-16). On the H200
@@ -133,11 +133,14 @@ int column_groups(const Problem& r, int sms, std::string* why) {
   // 1.01-1.29x faster at M = 1, 1.12-1.49x at M = 8 and 1.24-1.40x with 4
   // groups at M = 16.
   const int64_t ctas = (r.u + 8 * want - 1) / (8 * want);
-  if (ctas < int64_t(r.m <= 8 ? 2 : 1) * sms) return say(1, "");
-  std::ostringstream os;
-  os << want << " groups of 8 columns per warp (each X fragment loaded once for " << want << "; " << ctas
-     << " CTAs on " << sms << " SMs)";
-  return say(want, os.str());
+  if (ctas < int64_t(r.m <= 8 ? 2 : 1) * sms) return 1;
+  if (why) {
+    std::ostringstream os;
+    os << want << " groups of 8 columns per warp (each X fragment loaded once for " << want << "; " << ctas
+       << " CTAs on " << sms << " SMs)";
+    *why = os.str();
+  }
+  return want;
 }
 
 DownSplit down_split(const Problem& r) {
