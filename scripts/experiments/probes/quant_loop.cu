@@ -185,12 +185,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2) lean_cg_
   const int step_w = 16 * nw, step_x = kChunkK * nw, step_s = (kChunkK * nw) >> qp.group_shift;
 
   float acc[CG][NT][4];
-#pragma unroll
-  for (int cg = 0; cg < CG; ++cg)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[cg][nt][r] = 0.f;
+  decode::zero_sums(acc);
   uint4 wa[CG][2];
   Scale sa[CG][2];
   auto load = [&]() {
