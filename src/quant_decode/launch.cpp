@@ -108,7 +108,6 @@ void launch_shape(const Problem& r, int* warps, int* unroll) {
 }  // namespace
 
 int column_groups(const Problem& r, int sms, std::string* why) {
-  // The reason's text only when asked for: launch() calls this on every run.
   if (why) why->clear();
   if (r.op == Operation::down || r.gather.experts > 0 || r.quant.repacked || r.m > 16) return 1;
   // 4-bit weights only: the 8-bit ones (int8, FP8) carry twice the weight
@@ -165,8 +164,8 @@ DownSplit down_split(const Problem& r) {
   return d;
 }
 
-cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t stream, const DownSplit& split,
-                   float* partials) {
+cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, const DownSplit& split,
+                   float* partials, int groups) {
   Params q{};
   q.d = decode::make_params(r, a);  // batch 1: check_support refuses more
   decode::Params& p = q.d;
@@ -188,7 +187,7 @@ cudaError_t launch(const Problem& r, const Arguments& a, int sms, cudaStream_t s
   s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
   launch_shape(r, &p.warps, &s.unroll);
-  s.cg = column_groups(r, sms);
+  s.cg = groups;
   if (partials && split.splits > 1 && !s.gather) {
     p.split_k_blocks = split.k_blocks_per_split;
     p.partials = partials;

@@ -40,9 +40,11 @@ int column_groups(const Problem& resolved, int sms, std::string* why = nullptr);
 
 // Launches it on `stream` for a resolved problem that blocker() accepted.
 // split / partials: the down projection's split of K (down_split()) and
-// its [splits][M][U] fp32 scratch; null partials run it unsplit.
-cudaError_t launch(const Problem& resolved, const Arguments& a, int sms, cudaStream_t stream,
-                   const DownSplit& split = DownSplit{}, float* partials = nullptr);
+// its [splits][M][U] fp32 scratch; null partials run it unsplit. groups:
+// the plan's column_groups() (Config::tile_n / 8), decided once when the
+// call is planned.
+cudaError_t launch(const Problem& resolved, const Arguments& a, cudaStream_t stream,
+                   const DownSplit& split = DownSplit{}, float* partials = nullptr, int groups = 1);
 
 // ---------------------------------------------------------------- more rows
 // Past kMaxM rows the weights are dequantized into the workspace and the
