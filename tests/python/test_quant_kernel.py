@@ -71,16 +71,16 @@ def test_repacked_matches_mlx_quantized_matmul(group, m):
     wq, scales, biases = gatedmlp.quantize(w, group_size=group)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
-    # Without mlx too: the device repack's round trip, and (where padding
-    # makes the shapes differ) the checkpoint's words passed as repacked
-    # refused by name.
+    # Without mlx too: the device repack's round trip and a refusal.
     packed = gatedmlp.repack(dev(wq), group_size=group)
     assert packed.shape == (2 * u, chunks * 16)
     assert np.array_equal(gatedmlp.repack(packed, k, group, inverse=True).cpu().numpy(), wq)
-    if k % 128:
-        want_shape = rf"'w' must be \[rows, ceil\(K / 128\) \* 16\] = \(144, {chunks * 16}\)"
-        with pytest.raises(gatedmlp.InvalidArgumentError, match=want_shape):
-            gatedmlp.quantized_gate_up(x, dev(wq), dev(scales), dev(biases), group_size=group, repacked=True)
+    # Words of the wrong width refused by name: the checkpoint's where the
+    # padding makes them narrower, else a row cut short.
+    wrong = dev(wq if k % 128 else wq[:, :64])
+    want_shape = rf"'w' must be \[rows, ceil\(K / 128\) \* 16\] = \(144, {chunks * 16}\)"
+    with pytest.raises(gatedmlp.InvalidArgumentError, match=want_shape):
+        gatedmlp.quantized_gate_up(x, wrong, dev(scales), dev(biases), group_size=group, repacked=True)
     x32 = x.float().cpu().numpy()
     g = mlx_matmul(x32, wq[:u], scales[:u], biases[:u], group, 4, "affine")
     up = mlx_matmul(x32, wq[u:], scales[u:], biases[u:], group, 4, "affine")
