@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "decode_glu/decode_glu.hpp"
 #include "decode_glu/hopper.hpp"
 #include "decode_glu/params.hpp"
+#include "quant_decode/hopper.hpp"
 #include "gatedmlp/gatedmlp.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 #include "scoped_env.hpp"
@@ -574,6 +576,7 @@ TEST(Dispatch, QuantizedColumnGroups) {
     Config c;
     EXPECT_TRUE(detail::select_config(p.resolved(), nullptr, h200(), &c).ok());
     EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
+    if (quant_decode::is_hopper_form(c)) return 1;  // M 17-64 on sm_90: no column groups (QuantizedHopperForm)
     const bool said = c.reason.find("groups of 8 columns per warp") != std::string::npos;
     EXPECT_EQ(said, c.tile_n > 8) << c.reason;
     return c.tile_n / 8;
@@ -618,6 +621,70 @@ TEST(Dispatch, QuantizedColumnGroups) {
     p.u = 14336;
     EXPECT_EQ(groups(p), 1) << "unroll 2";
   }
+}
+
+// The quantized decode kernel's Hopper form (quant_decode/hopper.hpp): affine
+// int4 with scales of X's dtype on fused weights at M 17-64 on sm_90, with
+// 2 warpgroups per CTA where U / 64 CTAs cover half the SMs, else 1; the
+// register kernel for everything else, the reason saying why.
+TEST(Dispatch, QuantizedHopperForm) {
+  for (const char* v : {"GATEDMLP_FORCE_PATH", "GATEDMLP_QDECODE_CG", "GATEDMLP_QDECODE", "GATEDMLP_QDECODE_HOPPER"})
+    unsetenv(v);
+  const bool built = sm90::compiled();
+  auto pick = [](const Problem& p, const detail::DeviceInfo& dev) {
+    Config c;
+    EXPECT_TRUE(detail::select_config(p.resolved(), nullptr, dev, &c).ok());
+    EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
+    return c;
+  };
+  for (int64_t m : {1, 16, 17, 32, 33, 64}) {
+    Problem p = llama8b(m);
+    p.quantized = true;  // affine int4 g64, bf16 scales: the default format
+    Config c = pick(p, h200());
+    EXPECT_EQ(quant_decode::is_hopper_form(c), built && m >= 17) << m << ": " << to_string(c);
+    if (quant_decode::is_hopper_form(c)) {
+      EXPECT_EQ(c.tile_n, 64) << "8B: 224 CTAs of 64 columns";
+      EXPECT_EQ(c.threads, 2 * 128 + 32);
+      EXPECT_EQ(c.stages, quant_decode::hopper_stages(m <= 32 ? 32 : 64, 2));
+      EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
+    }
+    p.u = 2816;  // 44 CTAs of 64 columns on 132 SMs: 32 columns per CTA
+    c = pick(p, h200());
+    if (quant_decode::is_hopper_form(c)) {
+      EXPECT_EQ(c.tile_n, 32) << to_string(c);
+    }
+    EXPECT_FALSE(quant_decode::is_hopper_form(pick(p, a100()))) << "sm_80";
+  }
+  if (!built) return;
+  // What it does not take, by its reason.
+  struct Case {
+    const char* why;
+    std::function<void(Problem&)> set;
+  };
+  const Case cases[] = {
+      {"not affine int4", [](Problem& p) { p.quant = QuantFormat{QuantMode::affine, 8, 64}; }},
+      {"not affine int4", [](Problem& p) { p.quant = QuantFormat{QuantMode::mxfp4, 4, 32}; }},
+      {"repacked words", [](Problem& p) { p.quant.repacked = true; }},
+      {"scales of fp32", [](Problem& p) { p.scale_dtype = DType::fp32; }},
+      {"separate gate and up", [](Problem& p) { p.weights.format = WeightFormat::separate; }},
+      {"weights.group=12", [](Problem& p) { p.weights.group = 12; p.u = 1200; }},
+      {"batch=2", [](Problem& p) { p.batch = 2; }},
+  };
+  for (const Case& k : cases) {
+    Problem p = llama8b(40);
+    p.quantized = true;
+    k.set(p);
+    const Config c = pick(p, h200());
+    EXPECT_FALSE(quant_decode::is_hopper_form(c)) << k.why << ": " << to_string(c);
+    EXPECT_NE(c.reason.find(std::string("Hopper form not taken: ")), std::string::npos) << c.reason;
+    EXPECT_NE(c.reason.find(k.why), std::string::npos) << c.reason;
+  }
+  Problem p = llama8b(40);
+  p.quantized = true;
+  test::ScopedEnv knob("GATEDMLP_QDECODE_HOPPER", "0");
+  const Config off = pick(p, h200());
+  EXPECT_FALSE(quant_decode::is_hopper_form(off)) << to_string(off);
+  EXPECT_NE(off.reason.find("GATEDMLP_QDECODE_HOPPER=0"), std::string::npos) << off.reason;
 }
 
 TEST(Dispatch, DownProjection) {

@@ -24,6 +24,8 @@
 
 #include "gatedmlp/quant.hpp"
 #include "gpu_util.hpp"
+#include "quant_decode/hopper.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 #include "quant_weights.hpp"
 #include "scoped_env.hpp"
 
@@ -254,7 +256,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   const int n = cases(1200);
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0, repacked = 0, grouped = 0;
+  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0, repacked = 0, grouped = 0, hopper = 0;
   for (int i = 0; i < n; ++i) {
     const Problem p = random_quant_problem(rng);
     SCOPED_TRACE("case " + std::to_string(i));
@@ -270,6 +272,12 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
       EXPECT_NE(c.reason.find("groups of 8 columns per warp"), std::string::npos) << c.reason;
       grouped++;
     }
+    // The Hopper form (int4, M 17-64, fused weights; sm_90 only) says so.
+    if (quant_decode::is_hopper_form(c)) {
+      EXPECT_GE(p.m, quant_decode::kHopperMinM) << to_string(c);
+      EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
+      hopper++;
+    }
     run_quant_case(p, rng, &st);
     if (HasFailure()) return;
     const bool mx = p.quant.mode == QuantMode::mxfp4, fp8 = p.quant.mode == QuantMode::fp8_e4m3;
@@ -280,11 +288,17 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   }
   std::printf(
       "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d, fp8 %d; %d int4 "
-      "with packed dequantization, %d repacked; %d with M > 8; %d with column groups); worst quantized/unfused relative-error "
-      "ratio %.3f (outputs of 64 elements or more)\n",
-      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, two_tiles, grouped, st.worst_ratio);
+      "with packed dequantization, %d repacked; %d with M > 8; %d with column groups; %d on the Hopper form); worst "
+      "quantized/unfused relative-error ratio %.3f (outputs of 64 elements or more)\n",
+      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, two_tiles, grouped, hopper,
+      st.worst_ratio);
   if (n >= 100) {
     EXPECT_GT(grouped, n / 20) << "too few cases ran with column groups";
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    if (prop.major == 9 && prop.minor == 0 && sm90::compiled()) {
+      EXPECT_GT(hopper, n / 100) << "too few cases ran on the Hopper form";
+    }
   }
 }
 
@@ -325,6 +339,50 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
           ++i;
         }
   std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
+}
+
+// The Hopper form (int4 with scales of X's dtype, fused weights, M 17-64;
+// sm_90): every group size and X dtype, both n (32, 64 tokens) and both CTA
+// widths, K in partial stages (the words and X past K zero-filled), blocks
+// of 8 rows and stacked halves either way round, columns past a block's
+// edge, bias, pre-activation, every activation and output.
+TEST(GpuQuant, HopperForm) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const bool hopper = prop.major == 9 && prop.minor == 0 && sm90::compiled();
+  int i = 0, taken = 0;
+  for (int gs : {32, 64, 128})
+    for (int64_t m : {17, 33, 64})
+      for (int layout = 0; layout < 4; ++layout) {
+        Problem p;
+        p.quantized = true;
+        p.quant = QuantFormat{QuantMode::affine, 4, gs};
+        p.input_dtype = i % 2 ? DType::fp16 : DType::bf16;
+        p.scale_dtype = p.input_dtype;
+        p.m = m;
+        // One partial stage, several with a tail, whole stages.
+        p.k = layout == 0 ? 2 * gs : layout == 1 ? 9 * 128 : layout == 2 ? 2048 : 5 * gs;
+        const int64_t g = layout == 0 ? 8 : layout == 1 ? 0 : layout == 2 ? 40 : 64;  // 40: 5 groups, a CTA's edge inside
+        p.weights.group = g;
+        p.u = g ? g * (layout == 2 ? 3 : 5) : 200;
+        p.weights.first = (i + layout) % 2 ? Half::up : Half::gate;
+        p.activation = static_cast<Activation>(i % 5);
+        p.output_dtype = static_cast<DType>(i % 3);
+        p.has_bias = i % 2;
+        p.has_preact = i % 3 == 0;
+        if (i % 4 == 1) p.ldx = p.k + 8;
+        Config c;
+        ASSERT_TRUE(plan(p, &c).ok());
+        EXPECT_EQ(quant_decode::is_hopper_form(c), hopper) << to_string(p) << ": " << to_string(c);
+        taken += quant_decode::is_hopper_form(c);
+        run_quant_case(p, rng, &st);
+        if (HasFailure()) return;
+        ++i;
+      }
+  std::printf("[ cases ] %d passed, %d on the Hopper form; worst ratio %.3f\n", st.cases, taken, st.worst_ratio);
 }
 
 // What the decode kernel cannot read (rows of X off 16 bytes; FP8 with K

@@ -15,6 +15,10 @@
 #          loop with its bookkeeping taken out, X staged or prefetched,
 #          and column groups per warp at M = 1 ... 64, against the
 #          library's kernel (Y bit-identical first)
+#   qwgmma: probes/quant_wgmma.cu (h82), int4 weights dequantized from a
+#          TMA ring into wgmma's register A operand, X as its B operand
+#          from the ring, M = 1 ... 64, against the library's kernel and
+#          cuBLAS's bf16 GEMM
 #   bench: `gatedmlp bench --model small` as shipped and under each of
 #          SETTINGS (space-separated VAR=VALUE[,VAR=VALUE...], default
 #          GATEDMLP_DECODE=0), interleaved, ROUNDS times (default 2), for
@@ -59,6 +63,9 @@ for step in ${@:-floor bench ncu}; do
   quant)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/quant_loop.cu \
       -o "$out/quant_loop" && "$out/quant_loop" | tee "$out/quant-loop.txt" ;;
+  qwgmma)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/quant_wgmma.cu \
+      -lcublas -lcuda -o "$out/quant_wgmma" && timeout 300 "$out/quant_wgmma" | tee "$out/quant-wgmma.txt" ;;
   bench)
     build
     for r in $(seq "${ROUNDS:-2}"); do

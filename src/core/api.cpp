@@ -8,6 +8,7 @@
 #include "core/internal.hpp"
 #include "decode_glu/decode_glu.hpp"
 #include "decode_glu/hopper.hpp"
+#include "quant_decode/hopper.hpp"
 #include "down/down.hpp"
 #include "quant_decode/quant_decode.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
@@ -105,6 +106,7 @@ struct Planned {
   int sms = 0;
   sm90::Prepared sm90;
   decode::HopperPrepared decode_hopper;  // the decode kernel's Hopper form
+  quant_decode::HopperPrepared quant_hopper;  // the quantized decode kernel's
   std::shared_ptr<down::CublasLinear> linear;  // down projection on the cublas path
 };
 
@@ -173,6 +175,9 @@ Status plan_call(const Problem& p, const Arguments& a, void* ws, size_t ws_bytes
   }
   if (decode::is_hopper_form(cfg))
     if (Status s = decode::hopper_prepare(r, a, &e.decode_hopper); !s) return s;
+  if (quant_decode::is_hopper_form(cfg))
+    if (Status s = quant_decode::hopper_prepare(r, a, cfg.tile_n / quant_decode::kHopperColumns, &e.quant_hopper); !s)
+      return s;
   // The down projection's cuBLASLt plan: its workspace is what the passes
   // leave, all of kCublasBytes or none (the key's ws_enough tells which).
   const down::WorkspaceLayout dl = detail::is_down(r) ? down::workspace_layout(r, cfg.path) : down::WorkspaceLayout{};
@@ -310,6 +315,7 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (detail::dequantized_first(r, cfg.path)) return run_dequantized(r, a, workspace, workspace_bytes, stream);
   if (cfg.path == KernelPath::sm90_wgmma) return sm90::launch_prepared(e->sm90, a, workspace, workspace_bytes, stream);
   if (decode::is_hopper_form(cfg)) return decode::hopper_launch(e->decode_hopper, a, stream);
+  if (quant_decode::is_hopper_form(cfg)) return quant_decode::hopper_launch(e->quant_hopper, a, stream);
   if (cfg.path == KernelPath::decode || cfg.path == KernelPath::quant_decode) {
     const cudaError_t ce = cfg.path == KernelPath::decode ? decode::launch(r, a, e->sms, stream)
                                                            : quant_decode::launch(r, a, stream, {}, nullptr, cfg.tile_n / 8);

@@ -8,6 +8,7 @@
 #include "gatedmlp/quant.hpp"
 #include "decode_glu/decode_glu.hpp"
 #include "decode_glu/hopper.hpp"
+#include "quant_decode/hopper.hpp"
 #include "down/down.hpp"
 #include "quant_decode/quant_decode.hpp"
 #include "sm80_gemm_glu/sm80_gemm_glu.hpp"
@@ -391,6 +392,22 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                   : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair dequantization"
                                                                          : "fp32 dequantization") +
                  (groups.empty() ? "" : "; " + groups);
+      if (dev.major == 9 && dev.minor == 0 && r.m >= quant_decode::kHopperMinM) {
+        const std::string hopper_no = quant_decode::hopper_blocker(r);
+        if (hopper_no.empty()) {
+          const int wgs = quant_decode::hopper_warpgroups(r, dev.sms);
+          const int n = r.m <= 32 ? 32 : 64;
+          c.tile_n = quant_decode::kHopperColumns * wgs;
+          c.tile_k = quant_decode::kHopperBk;
+          c.stages = quant_decode::hopper_stages(n, wgs);
+          c.threads = 128 * wgs + 32;
+          c.reason += "; Hopper form: words and x by TMA, the words dequantized in registers as wgmma's A operand, "
+                      "x its B operand from shared memory, " +
+                      std::to_string(wgs) + " warpgroup(s) of 32 columns per CTA";
+        } else {
+          c.reason += "; Hopper form not taken: " + hopper_no;
+        }
+      }
       *cfg = c;
       return Status::Ok();
     }

@@ -164,11 +164,9 @@ DownSplit down_split(const Problem& r) {
   return d;
 }
 
-cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, const DownSplit& split,
-                   float* partials, int groups) {
+Params make_params(const Problem& r, const Arguments& a) {
   Params q{};
   q.d = decode::make_params(r, a);  // batch 1: check_support refuses more
-  decode::Params& p = q.d;
   q.scales = a.w_scales;
   q.biases = a.w_biases;
   q.scales_up = a.w_up_scales;
@@ -178,6 +176,13 @@ cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, co
   q.row_shift = r.quant.row_block ? log2_exact(r.quant.row_block) : 31;
   q.scale_dtype = static_cast<int>(r.scale_dtype);
   q.expert_scales = quant_scale_rows(r.quant, detail::weight_rows(r)) * q.groups;
+  return q;
+}
+
+cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, const DownSplit& split,
+                   float* partials, int groups) {
+  Params q = make_params(r, a);
+  decode::Params& p = q.d;
 
   Shape s;
   s.nt = r.m <= 8 ? 1 : r.m <= 16 ? 2 : r.m <= 32 ? 4 : 8;

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gatedmlp/gatedmlp.hpp"
+#include "quant_decode/params.hpp"
 
 namespace gatedmlp::quant_decode {
 
@@ -37,6 +38,9 @@ DownSplit down_split(const Problem& resolved);
 // GATEDMLP_QDECODE_CG=1|2|4 sets it (tuning knob; 2 applies at M <= 8, 4
 // at M 9-16). `why`: the rule's reason.
 int column_groups(const Problem& resolved, int sms, std::string* why = nullptr);
+
+// The kernel's parameters for a resolved problem and its arguments.
+Params make_params(const Problem& resolved, const Arguments& a);
 
 // Launches it on `stream` for a resolved problem that blocker() accepted.
 // split / partials: the down projection's split of K (down_split()) and

@@ -1,0 +1,300 @@
+// The quantized decode kernel's Hopper form (sm_90a): int4 gate/up + GLU
+// for 17-64 rows of X.
+//
+// Why: the register-load kernel (quant_decode.cuh) loads X into registers
+// for every n-tile and permutes it to the pairs the words come out in; at
+// 32-64 rows that is most of its instructions, and it ran at ~0.4x the bf16
+// GEMM at M = 64. Here X costs no instruction: a tensor map brings it into
+// shared memory and wgmma reads it there as the B operand, while the
+// weights, dequantized in registers, are its A operand (swap AB, as in the
+// 16-bit decode kernel's Hopper form, decode_glu/decode_hopper.cu).
+// Measured in a probe (docs/notes/quantized-decode.md, h82): 2.0-3.6x the
+// register kernel at M = 32 and 64, 1.2-1.4x cuBLAS's bf16 GEMM at M = 64
+// on 8B, 70B, Qwen3-32B and 2048 x 8192. At M <= 16 it was no faster (its
+// dequantization chain waits on shared-memory loads), so it starts at 17.
+//
+// The ring: one producer thread issues per stage a box of 32 words (128
+// bytes, 128-byte swizzled) of each of the CTA's 64 * W weight rows and
+// four boxes of 64 k x N tokens of X (zero past K and past M). Warp w of
+// consumer warpgroup c holds A rows 16 w ... 16 w + 15 of the group of 8
+// columns 4 c + w: the first half's 8 rows, then the second half's, so lane
+// (g, t) ends with both sums of one column. Per pair of k16 steps a lane
+// reads its two rows' 16 bytes (words 4 i ... 4 i + 3) and takes byte t of
+// each word: elements 2t, 2t + 1 of that word's 8, exactly the k the A
+// fragment holds. Each byte becomes a pair by a byte permute with the word
+// shifted by 4, the AND-OR onto the magic exponent, and the packed recipe's
+// two pair FMAs (q exact, then q * s + b rounded once to X's type:
+// dequant.cuh), so the weights are those of every other path.
+// SG k16 steps are dequantized, their wgmmas issued as one group, and the
+// group before retired (two buffers of A registers), so the tensor core's
+// latency is waited on once per SG steps.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "common/allow_smem.hpp"
+#include "decode_glu/epilogue.cuh"
+#include "quant_decode/dequant.cuh"
+#include "quant_decode/hopper.hpp"
+#include "sm90_gemm_glu/hopper.cuh"
+
+namespace gatedmlp::quant_decode {
+
+namespace hopper_detail {
+
+template <int N, int W>
+struct Ring {
+  static constexpr int kWords = 64 * W * (kHopperBk / 2);  // bytes of words per stage
+  static constexpr int kStage = hopper_stage_bytes(N, W);   // then X: 4 slabs of [N][64]
+  static constexpr int kStages = hopper_stages(N, W);
+  static constexpr int kThreads = 128 * W + 32;
+  static constexpr int kSmem = kStages * kStage + 2 * kStages * 8 + 1024 /* alignment slack */;
+  static constexpr int kSteps = W == 1 ? 8 : 4;            // SG: k16 steps per wgmma group
+  static_assert(kStage % 1024 == 0, "stages must stay 1024-byte aligned");
+  static_assert(kStages >= 3, "a ring of at least three stages");
+};
+
+// D[64 x N] += A[64 x 16] (registers) * B[N x 16]^T (shared memory, K-major,
+// 128-byte swizzle). Thread t of the warpgroup holds D(row, col) in d[i] for
+// row = 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2), col = 8 (i / 4) + 2 (t % 4) + i % 2.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ra(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+#define GATEDMLP_QH_ACC8(o) "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), \
+                            "+f"(d[o + 6]), "+f"(d[o + 7])
+#define GATEDMLP_QH_WGMMA(TYPES)                                                                                   \
+  if constexpr (N == 32)                                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                        \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPES                                              \
+                 " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19},"  \
+                 " %20, p, 1, 1, 0;\n}"                                                                            \
+                 : GATEDMLP_QH_ACC8(0), GATEDMLP_QH_ACC8(8)                                                        \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                            \
+  else                                                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                        \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES                                              \
+                 " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20," \
+                 " %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}" \
+                 : GATEDMLP_QH_ACC8(0), GATEDMLP_QH_ACC8(8), GATEDMLP_QH_ACC8(16), GATEDMLP_QH_ACC8(24)            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  static_assert(N == 32 || N == 64, "N = 32 or 64 tokens");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    GATEDMLP_QH_WGMMA("bf16.bf16")
+  } else {
+    GATEDMLP_QH_WGMMA("f16.f16")
+  }
+#undef GATEDMLP_QH_WGMMA
+#undef GATEDMLP_QH_ACC8
+}
+
+// Keeps A registers an asynchronous wgmma reads alive, unmoved, until after
+// the wait that retires it.
+__device__ __forceinline__ void keep(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// Byte `sel` of word w (elements 2t, 2t + 1 of its 8) as the pair q * s + b
+// of X's type (s, b: pairs), rounded once.
+template <typename T>
+__device__ __forceinline__ uint32_t dequant_byte(uint32_t w, uint32_t sel, uint32_t s, uint32_t b) {
+  using C = dq::Consts<T>;
+  const uint32_t v = dq::and_or(dq::prmt(w, w >> 4, sel), 0x000F000Fu, C::kMagic);  // MAGIC + (e_2t, e_2t+1)
+  const uint32_t q = dq::fma2<T>(v, C::kOne, C::kNegMagic);                         // exact
+  return dq::fma2<T>(q, s, b);
+}
+
+}  // namespace hopper_detail
+
+// Affine int4, scales and biases of X's dtype, GS elements per group (32,
+// 64 or 128); W consumer warpgroups; N tokens per wgmma.
+template <typename T, int N, int W, int GS>
+__global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
+    quant_hopper_kernel(const __grid_constant__ Params qp, const __grid_constant__ CUtensorMap wmap,
+                        const __grid_constant__ CUtensorMap xmap, int ctas_per_block) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace gatedmlp::sm90;
+  using namespace hopper_detail;
+  using R = Ring<N, W>;
+  constexpr int S = R::kStages, SG = R::kSteps;
+  constexpr int kGroups = kHopperBk / GS;  // scale groups per stage
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * R::kStage);
+  uint64_t* empty = full + S;
+  const decode::Params& p = qp.d;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int nkb = static_cast<int>((p.k + kHopperBk - 1) / kHopperBk);
+  // This CTA's block of G columns and its first group of 8 in it.
+  const int block = blockIdx.x / ctas_per_block;
+  const int g0 = 4 * W * (blockIdx.x % ctas_per_block);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], W);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (warp == 4 * W) {
+    // The producer: one thread issues every stage's boxes.
+    if (lane == 0) {
+      tma_prefetch_map(&wmap);
+      tma_prefetch_map(&xmap);
+      for (int kb = 0; kb < nkb; ++kb) {
+        const int s = kb % S;
+        if (kb >= S) mbar_wait(&empty[s], ((kb / S) - 1) & 1);
+        mbar_arrive_expect_tx(&full[s], R::kStage);
+        unsigned char* st = smem + s * R::kStage;
+        tma_load_5d(st, &wmap, &full[s], kb * (kHopperBk / 2), 0, 0, g0, block);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) tma_load_3d(st + R::kWords + i * N * 128, &xmap, &full[s], kb * kHopperBk + 64 * i, 0, 0);
+      }
+    }
+    return;
+  }
+  const int wg = warp / 4, w = warp % 4, g = lane / 4, t = lane % 4;
+  const uint32_t sel = uint32_t(t) | (uint32_t(t + 4) << 8);
+  // Lane (g, t): column c of the block (its group 4 wg + w of the CTA), the
+  // block's first-half row c and second-half row c (fused_row()); columns
+  // past the block (G not a multiple of 32 W) read the last one's scales
+  // and are not written.
+  const int64_t group = p.group;
+  const int64_t c = 8 * int64_t(g0 + 4 * wg + w) + g;
+  const int64_t cc = c < group ? c : group - 1;
+  const int64_t ng = qp.groups;
+  const unsigned short* srow[2];
+  const unsigned short* brow[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = (2 * int64_t(block) + h) * group + cc;
+    srow[h] = static_cast<const unsigned short*>(qp.scales) + row * ng;
+    brow[h] = static_cast<const unsigned short*>(qp.biases) + row * ng;
+  }
+  // A stage's scales and biases of both rows as pairs; the next stage's
+  // loaded while this one's are used. Groups past K read the last one (the
+  // words there are zero-filled and X is zero).
+  uint32_t sp[2][kGroups], bp[2][kGroups];
+  auto load_scales = [&](int kb, uint32_t (&s2)[2][kGroups], uint32_t (&b2)[2][kGroups]) {
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      const int64_t gi = min(int64_t(kb) * kGroups + i, ng - 1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t s = __ldg(srow[h] + gi), b = __ldg(brow[h] + gi);
+        s2[h][i] = s | (s << 16);
+        b2[h][i] = b | (b << 16);
+      }
+    }
+  };
+  load_scales(0, sp, bp);
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  uint32_t a[2][SG][4];
+#pragma unroll
+  for (int x = 0; x < 2; ++x)
+#pragma unroll
+    for (int i = 0; i < SG; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[x][i][r] = 0u;
+  // This lane's two rows in a stage (the 128-byte swizzle: chunk i of row r
+  // at chunk i ^ (r % 8), and r % 8 = g).
+  const int row0 = 16 * (4 * wg + w) + g;
+  int prev = -1;
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int s = kb % S;
+    uint32_t nsp[2][kGroups], nbp[2][kGroups];
+    load_scales(kb + 1 < nkb ? kb + 1 : kb, nsp, nbp);
+    mbar_wait(&full[s], (kb / S) & 1);
+    const unsigned char* st = smem + s * R::kStage;
+    const uint32_t xlo = desc_lo(smem_addr(st + R::kWords));
+#pragma unroll
+    for (int grp = 0; grp < 16 / SG; ++grp) {
+      uint32_t(&A)[SG][4] = a[grp & 1];
+#pragma unroll
+      for (int i = 0; i < SG; i += 2) {  // two k16 steps: one 16-byte chunk of each row
+        const int chunk = (grp * SG + i) / 2;
+        constexpr int kChunksPerGroup = GS / 32;
+        const int gi = chunk / kChunksPerGroup;
+        const uint4 wg4 = *reinterpret_cast<const uint4*>(st + row0 * 128 + ((chunk ^ g) * 16));
+        const uint4 wu4 = *reinterpret_cast<const uint4*>(st + (row0 + 8) * 128 + ((chunk ^ g) * 16));
+        A[i][0] = dequant_byte<T>(wg4.x, sel, sp[0][gi], bp[0][gi]);
+        A[i][1] = dequant_byte<T>(wu4.x, sel, sp[1][gi], bp[1][gi]);
+        A[i][2] = dequant_byte<T>(wg4.y, sel, sp[0][gi], bp[0][gi]);
+        A[i][3] = dequant_byte<T>(wu4.y, sel, sp[1][gi], bp[1][gi]);
+        A[i + 1][0] = dequant_byte<T>(wg4.z, sel, sp[0][gi], bp[0][gi]);
+        A[i + 1][1] = dequant_byte<T>(wu4.z, sel, sp[1][gi], bp[1][gi]);
+        A[i + 1][2] = dequant_byte<T>(wg4.w, sel, sp[0][gi], bp[0][gi]);
+        A[i + 1][3] = dequant_byte<T>(wu4.w, sel, sp[1][gi], bp[1][gi]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < SG; ++i) {
+        const int step = grp * SG + i;  // k 16 step ... 16 step + 15 of the stage: slab step / 4
+        wgmma_ra<T, N>(d, A[i], desc_from_lo(xlo + ((step / 4) * N * 128 + (step % 4) * 32) / 16));
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+#pragma unroll
+      for (int i = 0; i < SG; ++i) keep(a[(grp & 1) ^ 1][i]);
+      // The previous stage's last group is retired now: its slot goes back.
+      if (grp == 0) {
+        if (prev >= 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[prev]);
+        prev = s;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i) {
+        sp[h][i] = nsp[h][i];
+        bp[h][i] = nbp[h][i];
+      }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  // Lane (g, t): the first half's sums in d[4 c' + e], the second's in
+  // d[4 c' + 2 + e], for tokens 8 c' + 2 t + e.
+  const int64_t j = int64_t(block) * group + c;
+  if (c >= group || j >= p.u) return;
+  const int gate = p.first;  // 1: the up half is the first
+#pragma unroll
+  for (int ct = 0; ct < N / 8; ++ct)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int token = 8 * ct + 2 * t + e;
+      if (token >= p.m) continue;
+      const float h0 = d[4 * ct + e], h1 = d[4 * ct + 2 + e];
+      decode::finish(p, gate ? h1 : h0, gate ? h0 : h1, j, 0, token);
+    }
+#endif
+}
+
+// The instantiations of one X dtype: N = 32 or 64 tokens, 1 or 2 consumer
+// warpgroups, groups of 32, 64 or 128.
+template <typename T, int N, int W>
+cudaError_t hopper_typed(const HopperPrepared& pr, cudaStream_t stream, bool setup) {
+  using R = hopper_detail::Ring<N, W>;
+  auto run = [&](auto kernel) -> cudaError_t {
+    if (setup) return detail::allow_smem(kernel, R::kSmem);
+    kernel<<<pr.grid, R::kThreads, R::kSmem, stream>>>(pr.q, pr.wmap, pr.xmap, pr.ctas_per_block);
+    return cudaGetLastError();
+  };
+  if (pr.group_size == 32) return run(quant_hopper_kernel<T, N, W, 32>);
+  if (pr.group_size == 64) return run(quant_hopper_kernel<T, N, W, 64>);
+  return run(quant_hopper_kernel<T, N, W, 128>);
+}
+
+template <typename T>
+cudaError_t hopper_dispatch(const HopperPrepared& pr, cudaStream_t stream, bool setup) {
+  if (pr.n == 32) return pr.warpgroups == 1 ? hopper_typed<T, 32, 1>(pr, stream, setup) : hopper_typed<T, 32, 2>(pr, stream, setup);
+  return pr.warpgroups == 1 ? hopper_typed<T, 64, 1>(pr, stream, setup) : hopper_typed<T, 64, 2>(pr, stream, setup);
+}
+
+}  // namespace gatedmlp::quant_decode

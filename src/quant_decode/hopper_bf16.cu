@@ -1,0 +1,9 @@
+// bf16 instantiations of the quantized decode kernel's Hopper form (sm_90a).
+#include "quant_decode/hopper.cuh"
+
+namespace gatedmlp::quant_decode {
+cudaError_t hopper_setup_bf16(const HopperPrepared& pr) { return hopper_dispatch<__nv_bfloat16>(pr, nullptr, true); }
+cudaError_t hopper_launch_bf16(const HopperPrepared& pr, cudaStream_t stream) {
+  return hopper_dispatch<__nv_bfloat16>(pr, stream, false);
+}
+}  // namespace gatedmlp::quant_decode

@@ -1,0 +1,9 @@
+// fp16 instantiations of the quantized decode kernel's Hopper form (sm_90a).
+#include "quant_decode/hopper.cuh"
+
+namespace gatedmlp::quant_decode {
+cudaError_t hopper_setup_fp16(const HopperPrepared& pr) { return hopper_dispatch<__half>(pr, nullptr, true); }
+cudaError_t hopper_launch_fp16(const HopperPrepared& pr, cudaStream_t stream) {
+  return hopper_dispatch<__half>(pr, stream, false);
+}
+}  // namespace gatedmlp::quant_decode

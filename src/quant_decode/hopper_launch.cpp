@@ -1,0 +1,130 @@
+// Host side of the quantized decode kernel's Hopper form: what it takes, its
+// tensor maps, its launch (the kernel: hopper.cuh).
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "core/internal.hpp"
+#include "quant_decode/hopper.hpp"
+#include "quant_decode/quant_decode.hpp"
+#include "sm90_gemm_glu/sm90_gemm_glu.hpp"
+
+namespace gatedmlp::quant_decode {
+
+using detail::err;
+
+namespace {
+
+constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;  // tensor-map stride limit
+constexpr int64_t kMaxCoord = (int64_t{1} << 31) - 1;  // TMA coordinates are signed 32-bit
+
+}  // namespace
+
+std::string hopper_blocker(const Problem& r) {
+  std::ostringstream os;
+  const int64_t g = r.weights.group;
+  const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
+  if (!sm90::compiled()) os << "this build has no sm_90a kernel";
+  else if (knob && std::strcmp(knob, "0") == 0) os << "turned off (GATEDMLP_QDECODE_HOPPER=0)";
+  else if (r.m < kHopperMinM || r.m > kMaxM)
+    os << "m=" << r.m << " is outside " << kHopperMinM << " ... " << kMaxM
+       << " (at m <= 16 the register kernel was as fast or faster: h82)";
+  else if (r.gather.experts > 0) os << "a gathered call";
+  else if (r.op != Operation::gate_up) os << "not a gate/up call";
+  else if (r.batch != 1) os << "batch=" << r.batch << " (the Hopper form takes one batch)";
+  else if (r.quant.mode != QuantMode::affine || r.quant.bits != 4) os << "not affine int4 weights";
+  else if (r.quant.repacked) os << "repacked words (it reads the checkpoint's order)";
+  else if (r.scale_dtype != r.input_dtype)
+    os << "scales of " << to_string(r.scale_dtype) << " with " << to_string(r.input_dtype)
+       << " x (it dequantizes in pairs of x's type)";
+  else if (r.quant.group_size != 32 && r.quant.group_size != 64 && r.quant.group_size != 128)
+    os << "group_size=" << r.quant.group_size << " (it is built for 32, 64 and 128)";
+  else if (r.weights.format != WeightFormat::fused) os << "separate gate and up weights";
+  // The word map's boxes are whole groups of 8 columns of one block.
+  else if (g % 8 || r.u % g) os << "weights.group=" << g << " is not a multiple of 8 dividing u=" << r.u;
+  else if (r.k > kMaxCoord) os << "k=" << r.k << " exceeds 2^31-1 (TMA coordinates)";
+  else if (2 * g * r.weights.ld * 4 >= kMaxStrideBytes || r.m * r.ldx * 2 >= kMaxStrideBytes)
+    os << "a stride exceeds the tensor map's 2^40-byte limit";
+  return os.str();
+}
+
+int hopper_warpgroups(const Problem& r, int sms) {
+  const int64_t g = r.weights.group;
+  const int64_t ctas = (g + 2 * kHopperColumns - 1) / (2 * kHopperColumns) * (r.u / g);
+  return 2 * ctas >= sms ? 2 : 1;
+}
+
+Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, HopperPrepared* out) {
+  Status s;
+  auto fn = sm90::encode_fn(&s);
+  if (!fn) return s;
+  HopperPrepared pr;
+  pr.q = make_params(r, a);
+  pr.input = r.input_dtype;
+  pr.n = r.m <= 32 ? 32 : 64;
+  pr.warpgroups = warpgroups;
+  pr.group_size = r.quant.group_size;
+  const int64_t g = r.weights.group, ld = r.weights.ld * 4, blocks = r.u / g;
+  const int64_t cols = int64_t(kHopperColumns) * warpgroups;
+  pr.ctas_per_block = static_cast<int>((g + cols - 1) / cols);
+  pr.grid = static_cast<unsigned>(pr.ctas_per_block * blocks);
+  {
+    // Words as bytes: (K / 2, 8 rows, 2 halves, G / 8 groups, U / G blocks);
+    // a box is 128 bytes (256 k) of 4 W groups' 8 rows of both halves
+    // (fused_row(): block b holds its first half's G rows, then its
+    // second half's). The byte type is FP8's, read as words by the kernel.
+    const cuuint64_t dims[5] = {cuuint64_t(r.k / 2), 8, 2, cuuint64_t(g / 8), cuuint64_t(blocks)};
+    const cuuint64_t strides[4] = {cuuint64_t(ld), cuuint64_t(g * ld), cuuint64_t(8 * ld), cuuint64_t(2 * g * ld)};
+    const cuuint32_t box[5] = {kHopperBk / 2, 8, 2, cuuint32_t(4 * warpgroups), 1};
+    if (Status e = sm90::encode(fn, &pr.wmap, DType::fp8_e4m3, a.w, 5, dims, strides, box, "w"); !e) return e;
+  }
+  {
+    // X: (K, M, 1); a box is 64 k of N rows, those past M (and k past K) zero.
+    const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(r.m), 1};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2), cuuint64_t(r.m * r.ldx * 2)};
+    const cuuint32_t box[3] = {64, cuuint32_t(pr.n), 1};
+    if (Status e = sm90::encode(fn, &pr.xmap, r.input_dtype, a.x, 3, dims, strides, box, "x"); !e) return e;
+  }
+  pr.w = a.w;
+  pr.x = a.x;
+  if (const cudaError_t e = hopper_kernel_setup(pr); e != cudaSuccess)
+    return err(StatusCode::cuda_error, "quantized decode kernel (Hopper form) set-up failed: ", cudaGetErrorString(e));
+  *out = pr;
+  return Status::Ok();
+}
+
+Status hopper_launch(HopperPrepared& pr, const Arguments& a, cudaStream_t stream) {
+  if (a.w != pr.w) {
+    if (Status e = sm90::replace_address(&pr.wmap, a.w, "w"); !e) return e;
+    pr.w = a.w;
+  }
+  if (a.x != pr.x) {
+    if (Status e = sm90::replace_address(&pr.xmap, a.x, "x"); !e) return e;
+    pr.x = a.x;
+  }
+  decode::Params& p = pr.q.d;
+  p.x = a.x;
+  p.w = a.w;
+  p.bias = a.bias;
+  p.y = a.y;
+  p.pre = a.preact;
+  pr.q.scales = a.w_scales;
+  pr.q.biases = a.w_biases;
+  if (const cudaError_t e = hopper_kernel_launch(pr, stream); e != cudaSuccess)
+    return err(StatusCode::cuda_error, "quantized decode kernel (Hopper form) launch failed: ", cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+#if defined(GATEDMLP_HAS_SM90)
+cudaError_t hopper_kernel_setup(const HopperPrepared& pr) {
+  return pr.input == DType::bf16 ? hopper_setup_bf16(pr) : hopper_setup_fp16(pr);
+}
+cudaError_t hopper_kernel_launch(const HopperPrepared& pr, cudaStream_t stream) {
+  return pr.input == DType::bf16 ? hopper_launch_bf16(pr, stream) : hopper_launch_fp16(pr, stream);
+}
+#else
+cudaError_t hopper_kernel_setup(const HopperPrepared&) { return cudaErrorNotSupported; }
+cudaError_t hopper_kernel_launch(const HopperPrepared&, cudaStream_t) { return cudaErrorNotSupported; }
+#endif
+
+}  // namespace gatedmlp::quant_decode
