@@ -669,6 +669,7 @@ TEST(Dispatch, QuantizedHopperForm) {
       {"separate gate and up", [](Problem& p) { p.weights.format = WeightFormat::separate; }},
       {"weights.group=12", [](Problem& p) { p.weights.group = 12; p.u = 1200; }},
       {"batch=2", [](Problem& p) { p.batch = 2; }},
+      {"k=4160 is not a multiple of 256", [](Problem& p) { p.k = 4160; }},
   };
   for (const Case& k : cases) {
     Problem p = llama8b(40);

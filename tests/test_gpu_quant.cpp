@@ -297,7 +297,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
     cudaDeviceProp prop{};
     ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
     if (prop.major == 9 && prop.minor == 0 && sm90::compiled()) {
-      EXPECT_GT(hopper, n / 100) << "too few cases ran on the Hopper form";
+      EXPECT_GT(hopper, 0) << "no case ran on the Hopper form (~9 expected in 1200)";
     }
   }
 }
@@ -343,7 +343,7 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
 
 // The Hopper form (int4 with scales of X's dtype, fused weights, M 17-64;
 // sm_90): every group size and X dtype, both n (32, 64 tokens) and both CTA
-// widths, K in partial stages (the words and X past K zero-filled), blocks
+// widths, one stage and several (K a multiple of 256: hopper_blocker()), blocks
 // of 8 rows and stacked halves either way round, columns past a block's
 // edge, bias, pre-activation, every activation and output.
 TEST(GpuQuant, HopperForm) {
@@ -363,8 +363,7 @@ TEST(GpuQuant, HopperForm) {
         p.input_dtype = i % 2 ? DType::fp16 : DType::bf16;
         p.scale_dtype = p.input_dtype;
         p.m = m;
-        // One partial stage, several with a tail, whole stages.
-        p.k = layout == 0 ? 2 * gs : layout == 1 ? 9 * 128 : layout == 2 ? 2048 : 5 * gs;
+        p.k = layout == 0 ? 256 : layout == 1 ? 9 * 256 : layout == 2 ? 2048 : 5 * 256;
         const int64_t g = layout == 0 ? 8 : layout == 1 ? 0 : layout == 2 ? 40 : 64;  // 40: 5 groups, a CTA's edge inside
         p.weights.group = g;
         p.u = g ? g * (layout == 2 ? 3 : 5) : 200;

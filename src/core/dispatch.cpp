@@ -393,7 +393,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                                                                          : "fp32 dequantization") +
                  (groups.empty() ? "" : "; " + groups);
       if (dev.major == 9 && dev.minor == 0 && r.m >= quant_decode::kHopperMinM) {
-        const std::string hopper_no = quant_decode::hopper_blocker(r);
+        const std::string hopper_no = quant_decode::hopper_blocker(r, a);
         if (hopper_no.empty()) {
           const int wgs = quant_decode::hopper_warpgroups(r, dev.sms);
           const int n = r.m <= 32 ? 32 : 64;

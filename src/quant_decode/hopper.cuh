@@ -15,7 +15,7 @@
 //
 // The ring: one producer thread issues per stage a box of 32 words (128
 // bytes, 128-byte swizzled) of each of the CTA's 64 * W weight rows and
-// four boxes of 64 k x N tokens of X (zero past K and past M). Warp w of
+// four boxes of 64 k x N tokens of X (zero past M). Warp w of
 // consumer warpgroup c holds A rows 16 w ... 16 w + 15 of the group of 8
 // columns 4 c + w: the first half's 8 rows, then the second half's, so lane
 // (g, t) ends with both sums of one column. Per pair of k16 steps a lane
@@ -175,23 +175,33 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
     srow[h] = static_cast<const unsigned short*>(qp.scales) + row * ng;
     brow[h] = static_cast<const unsigned short*>(qp.biases) + row * ng;
   }
-  // A stage's scales and biases of both rows as pairs; the next stage's
-  // loaded while this one's are used. Groups past K read the last one (the
-  // words there are zero-filled and X is zero).
-  uint32_t sp[2][kGroups], bp[2][kGroups];
-  auto load_scales = [&](int kb, uint32_t (&s2)[2][kGroups], uint32_t (&b2)[2][kGroups]) {
+  // A stage's scales and biases of both rows, as loaded (two per register):
+  // one vector each (hopper_blocker(): K % 256 == 0 and the arrays aligned
+  // to it); the next stage's loaded while this one's are used.
+  constexpr int kRegs = kGroups / 2 > 0 ? kGroups / 2 : 1;
+  uint32_t sv[2][kRegs], bv[2][kRegs];
+  auto load_scales = [&](int kb, uint32_t (&s2)[2][kRegs], uint32_t (&b2)[2][kRegs]) {
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
-      const int64_t gi = min(int64_t(kb) * kGroups + i, ng - 1);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t s = __ldg(srow[h] + gi), b = __ldg(brow[h] + gi);
-        s2[h][i] = s | (s << 16);
-        b2[h][i] = b | (b << 16);
+    for (int h = 0; h < 2; ++h) {
+      const unsigned short* sa = srow[h] + int64_t(kb) * kGroups;
+      const unsigned short* ba = brow[h] + int64_t(kb) * kGroups;
+      if constexpr (kGroups == 8) {
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(sa)), y = __ldg(reinterpret_cast<const uint4*>(ba));
+        s2[h][0] = x.x, s2[h][1] = x.y, s2[h][2] = x.z, s2[h][3] = x.w;
+        b2[h][0] = y.x, b2[h][1] = y.y, b2[h][2] = y.z, b2[h][3] = y.w;
+      } else if constexpr (kGroups == 4) {
+        const uint2 x = __ldg(reinterpret_cast<const uint2*>(sa)), y = __ldg(reinterpret_cast<const uint2*>(ba));
+        s2[h][0] = x.x, s2[h][1] = x.y;
+        b2[h][0] = y.x, b2[h][1] = y.y;
+      } else {
+        s2[h][0] = __ldg(reinterpret_cast<const unsigned int*>(sa));
+        b2[h][0] = __ldg(reinterpret_cast<const unsigned int*>(ba));
       }
     }
   };
-  load_scales(0, sp, bp);
+  // Group i's value of a row as a pair.
+  auto pair = [](const uint32_t (&v)[kRegs], int i) { return dq::prmt(v[i / 2], v[i / 2], (i & 1) ? 0x3232u : 0x1010u); };
+  load_scales(0, sv, bv);
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
@@ -208,8 +218,8 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
   int prev = -1;
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % S;
-    uint32_t nsp[2][kGroups], nbp[2][kGroups];
-    load_scales(kb + 1 < nkb ? kb + 1 : kb, nsp, nbp);
+    uint32_t nsv[2][kRegs], nbv[2][kRegs];
+    load_scales(kb + 1 < nkb ? kb + 1 : kb, nsv, nbv);
     mbar_wait(&full[s], (kb / S) & 1);
     const unsigned char* st = smem + s * R::kStage;
     const uint32_t xlo = desc_lo(smem_addr(st + R::kWords));
@@ -221,16 +231,17 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
         const int chunk = (grp * SG + i) / 2;
         constexpr int kChunksPerGroup = GS / 32;
         const int gi = chunk / kChunksPerGroup;
+        const uint32_t sg = pair(sv[0], gi), bg = pair(bv[0], gi), su = pair(sv[1], gi), bu = pair(bv[1], gi);
         const uint4 wg4 = *reinterpret_cast<const uint4*>(st + row0 * 128 + ((chunk ^ g) * 16));
         const uint4 wu4 = *reinterpret_cast<const uint4*>(st + (row0 + 8) * 128 + ((chunk ^ g) * 16));
-        A[i][0] = dequant_byte<T>(wg4.x, sel, sp[0][gi], bp[0][gi]);
-        A[i][1] = dequant_byte<T>(wu4.x, sel, sp[1][gi], bp[1][gi]);
-        A[i][2] = dequant_byte<T>(wg4.y, sel, sp[0][gi], bp[0][gi]);
-        A[i][3] = dequant_byte<T>(wu4.y, sel, sp[1][gi], bp[1][gi]);
-        A[i + 1][0] = dequant_byte<T>(wg4.z, sel, sp[0][gi], bp[0][gi]);
-        A[i + 1][1] = dequant_byte<T>(wu4.z, sel, sp[1][gi], bp[1][gi]);
-        A[i + 1][2] = dequant_byte<T>(wg4.w, sel, sp[0][gi], bp[0][gi]);
-        A[i + 1][3] = dequant_byte<T>(wu4.w, sel, sp[1][gi], bp[1][gi]);
+        A[i][0] = dequant_byte<T>(wg4.x, sel, sg, bg);
+        A[i][1] = dequant_byte<T>(wu4.x, sel, su, bu);
+        A[i][2] = dequant_byte<T>(wg4.y, sel, sg, bg);
+        A[i][3] = dequant_byte<T>(wu4.y, sel, su, bu);
+        A[i + 1][0] = dequant_byte<T>(wg4.z, sel, sg, bg);
+        A[i + 1][1] = dequant_byte<T>(wu4.z, sel, su, bu);
+        A[i + 1][2] = dequant_byte<T>(wg4.w, sel, sg, bg);
+        A[i + 1][3] = dequant_byte<T>(wu4.w, sel, su, bu);
       }
       wgmma_fence();
 #pragma unroll
@@ -251,9 +262,9 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < kGroups; ++i) {
-        sp[h][i] = nsp[h][i];
-        bp[h][i] = nbp[h][i];
+      for (int i = 0; i < kRegs; ++i) {
+        sv[h][i] = nsv[h][i];
+        bv[h][i] = nbv[h][i];
       }
   }
   wgmma_wait<0>();

@@ -36,9 +36,10 @@ inline constexpr int hopper_stages(int n, int warpgroups) {
 // checks the device): affine int4 with scales of X's dtype, the checkpoint's
 // word order, gate/up (not the down projection or a gathered call), one
 // batch, fused weights in blocks of G rows with G % 8 == 0, group size 32,
-// 64 or 128, 17 <= m <= 64. GATEDMLP_QDECODE_HOPPER=0 turns it off (tuning
-// knob).
-std::string hopper_blocker(const Problem& resolved);
+// 64 or 128, 17 <= m <= 64, k a multiple of 256, the scale arrays aligned
+// to a stage's scales (16 bytes at group 32; `a` null: assumed aligned).
+// GATEDMLP_QDECODE_HOPPER=0 turns it off (tuning knob).
+std::string hopper_blocker(const Problem& resolved, const Arguments* a);
 
 // Consumer warpgroups per CTA for this problem on `sms` SMs: 2 (64
 // columns) while U / 64 CTAs still cover half the SMs, else 1 (h82: 1024 x

@@ -20,7 +20,7 @@ constexpr int64_t kMaxCoord = (int64_t{1} << 31) - 1;  // TMA coordinates are si
 
 }  // namespace
 
-std::string hopper_blocker(const Problem& r) {
+std::string hopper_blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
   const int64_t g = r.weights.group;
   const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
@@ -42,6 +42,13 @@ std::string hopper_blocker(const Problem& r) {
   else if (r.weights.format != WeightFormat::fused) os << "separate gate and up weights";
   // The word map's boxes are whole groups of 8 columns of one block.
   else if (g % 8 || r.u % g) os << "weights.group=" << g << " is not a multiple of 8 dividing u=" << r.u;
+  // A stage's scales are one vector load per row: whole stages, and the
+  // scale arrays aligned to a stage's (2 bytes x 256 / group_size).
+  else if (r.k % kHopperBk) os << "k=" << r.k << " is not a multiple of " << kHopperBk << " (whole stages of scales)";
+  else if (a && (reinterpret_cast<uintptr_t>(a->w_scales) % (2 * kHopperBk / r.quant.group_size) ||
+                 reinterpret_cast<uintptr_t>(a->w_biases) % (2 * kHopperBk / r.quant.group_size)))
+    os << "w_scales (" << a->w_scales << ") or w_biases (" << a->w_biases << ") is not " << 2 * kHopperBk / r.quant.group_size
+       << "-byte aligned (a stage's scales in one load)";
   else if (r.k > kMaxCoord) os << "k=" << r.k << " exceeds 2^31-1 (TMA coordinates)";
   else if (2 * g * r.weights.ld * 4 >= kMaxStrideBytes || r.m * r.ldx * 2 >= kMaxStrideBytes)
     os << "a stride exceeds the tensor map's 2^40-byte limit";
