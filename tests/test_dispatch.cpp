@@ -549,13 +549,13 @@ TEST(Dispatch, QuantizedWeights) {
       EXPECT_EQ(c.path, KernelPath::quant_decode) << dev.name << " m=" << m << ": " << to_string(c);
       EXPECT_NE(c.reason.find("in registers"), std::string::npos) << c.reason;
     }
-    Problem p = llama8b(65);
+    Problem p = llama8b(129);  // past the Hopper form's 128 rows too
     p.quantized = true;
     Config c;
     ASSERT_TRUE(detail::select_config(p.resolved(), nullptr, dev, &c).ok());
     EXPECT_EQ(c.path, dev.major == 9 ? KernelPath::sm90_wgmma : KernelPath::sm80_mma) << to_string(c);
     EXPECT_NE(c.reason.find("dequantized to bf16 in the workspace"), std::string::npos) << c.reason;
-    EXPECT_NE(c.reason.find("m=65 is more than"), std::string::npos) << c.reason;
+    EXPECT_NE(c.reason.find("m=129 is more than"), std::string::npos) << c.reason;
     // Rows of X off 16 bytes: the decode kernel cannot read them, the
     // dequantized call can.
     p.m = 8;
@@ -637,11 +637,14 @@ TEST(Dispatch, QuantizedHopperForm) {
     EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
     return c;
   };
-  for (int64_t m : {1, 16, 17, 32, 33, 64}) {
+  for (int64_t m : {1, 16, 17, 32, 33, 64, 65, 128}) {
     Problem p = llama8b(m);
     p.quantized = true;  // affine int4 g64, bf16 scales: the default format
     Config c = pick(p, h200());
     EXPECT_EQ(quant_decode::is_hopper_form(c), built && m >= 17) << m << ": " << to_string(c);
+    if (m > 64 && built) {
+      EXPECT_NE(c.reason.find("2 passes of 64 rows"), std::string::npos) << c.reason;
+    }
     if (quant_decode::is_hopper_form(c)) {
       EXPECT_EQ(c.tile_n, 64) << "8B: 224 CTAs of 64 columns";
       EXPECT_EQ(c.threads, 2 * 128 + 32);
@@ -653,7 +656,16 @@ TEST(Dispatch, QuantizedHopperForm) {
     if (quant_decode::is_hopper_form(c)) {
       EXPECT_EQ(c.tile_n, 32) << to_string(c);
     }
-    EXPECT_FALSE(quant_decode::is_hopper_form(pick(p, a100()))) << "sm_80";
+    if (m <= 64) {
+      EXPECT_FALSE(quant_decode::is_hopper_form(pick(p, a100()))) << "sm_80";
+    }
+  }
+  {
+    Problem p = llama8b(129);  // past 128 rows: dequantized into the workspace
+    p.quantized = true;
+    Config c;
+    ASSERT_TRUE(detail::select_config(p.resolved(), nullptr, h200(), &c).ok());
+    EXPECT_NE(c.path, KernelPath::quant_decode) << to_string(c);
   }
   if (!built) return;
   // What it does not take, by its reason.

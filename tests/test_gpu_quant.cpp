@@ -147,7 +147,10 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   ASSERT_TRUE(s.ok()) << s.message();
   SCOPED_TRACE(to_string(cfg));
   const size_t ws_bytes = workspace_size(p);
-  const bool expect_decode = r.m <= 64 && r.ldx % 8 == 0 && r.k % 16 == 0 && r.weights.ld % 4 == 0;
+  // Past 64 rows only the Hopper form (int4, sm_90) runs in passes of 64
+  // (GpuQuant.HopperForm checks when it is taken).
+  const bool expect_decode =
+      (r.m <= 64 && r.ldx % 8 == 0 && r.k % 16 == 0 && r.weights.ld % 4 == 0) || quant_decode::is_hopper_form(cfg);
   if (expect_decode) {
     EXPECT_EQ(cfg.path, KernelPath::quant_decode) << cfg.reason;
   } else {
@@ -342,8 +345,8 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
 }
 
 // The Hopper form (int4 with scales of X's dtype, fused weights, M 17-64;
-// sm_90): every group size and X dtype, both n (32, 64 tokens) and both CTA
-// widths, one stage and several (K a multiple of 256: hopper_blocker()), blocks
+// sm_90; past 64 rows in passes of 64): every group size and X dtype, both
+// n (32, 64 tokens) and both CTA widths, one stage and several (K a multiple of 256: hopper_blocker()), blocks
 // of 8 rows and stacked halves either way round, columns past a block's
 // edge, bias, pre-activation, every activation and output.
 TEST(GpuQuant, HopperForm) {
@@ -355,7 +358,7 @@ TEST(GpuQuant, HopperForm) {
   const bool hopper = prop.major == 9 && prop.minor == 0 && sm90::compiled();
   int i = 0, taken = 0;
   for (int gs : {32, 64, 128})
-    for (int64_t m : {17, 33, 64})
+    for (int64_t m : {17, 33, 64, 100, 128})
       for (int layout = 0; layout < 4; ++layout) {
         Problem p;
         p.quantized = true;

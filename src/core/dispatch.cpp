@@ -377,6 +377,26 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   // dequantizes first (core/api.cpp).
   if (r.quantized) {
     const std::string no = quant_decode::blocker(r, a);
+    const bool sm90_device = dev.major == 9 && dev.minor == 0;
+    // The Hopper form: int4 at M 17-64, and M 65-128 in passes of 64 rows
+    // (the register kernel stops at 64: what it reads is checked at 64).
+    std::string hopper_no;
+    if (sm90_device && r.m >= quant_decode::kHopperMinM) {
+      Problem per_pass = r;
+      per_pass.m = std::min<int64_t>(r.m, quant_decode::kMaxM);
+      hopper_no = quant_decode::blocker(per_pass, a);
+      if (hopper_no.empty()) hopper_no = quant_decode::hopper_blocker(r, a);
+    }
+    auto hopper_form = [&](Config* c) {
+      const int wgs = quant_decode::hopper_warpgroups(r, dev.sms);
+      c->tile_n = quant_decode::kHopperColumns * wgs;
+      c->tile_k = quant_decode::kHopperBk;
+      c->stages = quant_decode::hopper_stages(r.m <= 32 ? 32 : 64, wgs);
+      c->threads = 128 * wgs + 32;
+      return "Hopper form: words and x by TMA, the words dequantized in registers as wgmma's A operand, x its B "
+             "operand from shared memory, " +
+             std::to_string(wgs) + " warpgroup(s) of 32 columns per CTA";
+    };
     if (no.empty()) {
       Config c;
       c.path = KernelPath::quant_decode;
@@ -392,22 +412,21 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                   : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair dequantization"
                                                                          : "fp32 dequantization") +
                  (groups.empty() ? "" : "; " + groups);
-      if (dev.major == 9 && dev.minor == 0 && r.m >= quant_decode::kHopperMinM) {
-        const std::string hopper_no = quant_decode::hopper_blocker(r, a);
-        if (hopper_no.empty()) {
-          const int wgs = quant_decode::hopper_warpgroups(r, dev.sms);
-          const int n = r.m <= 32 ? 32 : 64;
-          c.tile_n = quant_decode::kHopperColumns * wgs;
-          c.tile_k = quant_decode::kHopperBk;
-          c.stages = quant_decode::hopper_stages(n, wgs);
-          c.threads = 128 * wgs + 32;
-          c.reason += "; Hopper form: words and x by TMA, the words dequantized in registers as wgmma's A operand, "
-                      "x its B operand from shared memory, " +
-                      std::to_string(wgs) + " warpgroup(s) of 32 columns per CTA";
-        } else {
-          c.reason += "; Hopper form not taken: " + hopper_no;
-        }
-      }
+      if (sm90_device && r.m >= quant_decode::kHopperMinM)
+        c.reason += hopper_no.empty() ? "; " + hopper_form(&c) : "; Hopper form not taken: " + hopper_no;
+      *cfg = c;
+      return Status::Ok();
+    }
+    if (sm90_device && r.m > quant_decode::kMaxM && hopper_no.empty()) {
+      Config c;
+      c.path = KernelPath::quant_decode;
+      c.tile_m = static_cast<int>(quant_decode::kMaxM);
+      c.vector_loads = true;
+      const std::string form = hopper_form(&c);
+      c.reason = "quantized decode kernel's " + form + ": " + to_string(r.quant) + " weights, m=" + std::to_string(r.m) +
+                 " in " + std::to_string(quant_decode::hopper_passes(r.m)) + " passes of " +
+                 std::to_string(quant_decode::kMaxM) + " rows (each streams the weights once; dequantizing them into " +
+                 "the workspace costs more up to m=" + std::to_string(quant_decode::kHopperMaxM) + ")";
       *cfg = c;
       return Status::Ok();
     }

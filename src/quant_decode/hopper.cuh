@@ -288,13 +288,14 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
 }
 
 // The instantiations of one X dtype: N = 32 or 64 tokens, 1 or 2 consumer
-// warpgroups, groups of 32, 64 or 128.
+// warpgroups, groups of 32, 64 or 128. setup: the shared-memory limit only.
 template <typename T, int N, int W>
-cudaError_t hopper_typed(const HopperPrepared& pr, cudaStream_t stream, bool setup) {
+cudaError_t hopper_typed(const HopperPrepared& pr, const Params& q, const CUtensorMap& xmap, cudaStream_t stream,
+                         bool setup) {
   using R = hopper_detail::Ring<N, W>;
   auto run = [&](auto kernel) -> cudaError_t {
     if (setup) return detail::allow_smem(kernel, R::kSmem);
-    kernel<<<pr.grid, R::kThreads, R::kSmem, stream>>>(pr.q, pr.wmap, pr.xmap, pr.ctas_per_block);
+    kernel<<<pr.grid, R::kThreads, R::kSmem, stream>>>(q, pr.wmap, xmap, pr.ctas_per_block);
     return cudaGetLastError();
   };
   if (pr.group_size == 32) return run(quant_hopper_kernel<T, N, W, 32>);
@@ -303,9 +304,13 @@ cudaError_t hopper_typed(const HopperPrepared& pr, cudaStream_t stream, bool set
 }
 
 template <typename T>
-cudaError_t hopper_dispatch(const HopperPrepared& pr, cudaStream_t stream, bool setup) {
-  if (pr.n == 32) return pr.warpgroups == 1 ? hopper_typed<T, 32, 1>(pr, stream, setup) : hopper_typed<T, 32, 2>(pr, stream, setup);
-  return pr.warpgroups == 1 ? hopper_typed<T, 64, 1>(pr, stream, setup) : hopper_typed<T, 64, 2>(pr, stream, setup);
+cudaError_t hopper_dispatch(const HopperPrepared& pr, const Params& q, const CUtensorMap& xmap, cudaStream_t stream,
+                            bool setup) {
+  if (pr.n == 32)
+    return pr.warpgroups == 1 ? hopper_typed<T, 32, 1>(pr, q, xmap, stream, setup)
+                              : hopper_typed<T, 32, 2>(pr, q, xmap, stream, setup);
+  return pr.warpgroups == 1 ? hopper_typed<T, 64, 1>(pr, q, xmap, stream, setup)
+                            : hopper_typed<T, 64, 2>(pr, q, xmap, stream, setup);
 }
 
 }  // namespace gatedmlp::quant_decode

@@ -21,6 +21,11 @@ namespace gatedmlp::quant_decode {
 inline constexpr int kHopperBk = 256;
 inline constexpr int kHopperColumns = 32;
 inline constexpr int kHopperMinM = 17;  // below: the register kernel (h82)
+// Past 64 rows it runs in passes of 64 (each streams the weights again), up
+// to 128: two passes at 8B cost ~2 x 51 us against ~135 us for dequantizing
+// into the workspace and the 16-bit GEMM (h82).
+inline constexpr int kHopperMaxM = 128;
+inline constexpr int64_t hopper_passes(int64_t m) { return (m + 63) / 64; }
 
 // A stage: 32 words of each of the CTA's 64 W rows and 256 k of N tokens of
 // X; as many stages as fit 200 KB, at most 8.
@@ -36,7 +41,7 @@ inline constexpr int hopper_stages(int n, int warpgroups) {
 // checks the device): affine int4 with scales of X's dtype, the checkpoint's
 // word order, gate/up (not the down projection or a gathered call), one
 // batch, fused weights in blocks of G rows with G % 8 == 0, group size 32,
-// 64 or 128, 17 <= m <= 64, k a multiple of 256, the scale arrays aligned
+// 64 or 128, 17 <= m <= 128, k a multiple of 256, the scale arrays aligned
 // to a stage's scales (16 bytes at group 32; `a` null: assumed aligned).
 // GATEDMLP_QDECODE_HOPPER=0 turns it off (tuning knob).
 std::string hopper_blocker(const Problem& resolved, const Arguments* a);
@@ -46,17 +51,18 @@ std::string hopper_blocker(const Problem& resolved, const Arguments* a);
 // 2816 ran 1.2-1.6x faster with 32-column CTAs, 2048 x 8192 1.3x slower).
 int hopper_warpgroups(const Problem& resolved, int sms);
 
-// A call prepared once: the quantized kernel's parameters and the two
-// tensor maps (words viewed as (K/2 bytes, 8 rows, 2 halves, G/8 groups,
-// U/G blocks), X as (K, M, 1)); hopper_launch() points them at each call's
-// tensors.
+// A call prepared once: the quantized kernel's parameters and the tensor
+// maps (words viewed as (K/2 bytes, 8 rows, 2 halves, G/8 groups, U/G
+// blocks), X as (K, rows, 1) for each pass of 64 rows); hopper_launch()
+// points them at each call's tensors.
 struct HopperPrepared {
   Params q{};
-  CUtensorMap wmap{}, xmap{};
+  CUtensorMap wmap{}, xmap[2]{};
   const void* w = nullptr;  // the addresses the maps hold now
   const void* x = nullptr;
   DType input = DType::bf16;
   int n = 64;               // tokens per wgmma: 32 (m <= 32) or 64
+  int passes = 1;           // of 64 rows (m > 64: 2)
   int warpgroups = 2;       // consumer warpgroups per CTA
   int group_size = 64;      // of the scales along K
   int ctas_per_block = 1;   // CTAs per block of G columns
@@ -72,13 +78,17 @@ inline bool is_hopper_form(const Config& c) { return c.path == KernelPath::quant
 Status hopper_prepare(const Problem& resolved, const Arguments& args, int warpgroups, HopperPrepared* out);
 Status hopper_launch(HopperPrepared& prepared, const Arguments& args, cudaStream_t stream);
 
-// The kernels' set-up (shared-memory limit) and launch (hopper_bf16.cu,
-// hopper_fp16.cu, built for sm_90a only).
+// The kernels' set-up (shared-memory limit) and the launch of one pass
+// (its parameters and X map; hopper_bf16.cu, hopper_fp16.cu, built for
+// sm_90a only).
 cudaError_t hopper_kernel_setup(const HopperPrepared& prepared);
-cudaError_t hopper_kernel_launch(const HopperPrepared& prepared, cudaStream_t stream);
+cudaError_t hopper_kernel_launch(const HopperPrepared& prepared, const Params& pass, const CUtensorMap& xmap,
+                                 cudaStream_t stream);
 cudaError_t hopper_setup_bf16(const HopperPrepared& prepared);
-cudaError_t hopper_launch_bf16(const HopperPrepared& prepared, cudaStream_t stream);
+cudaError_t hopper_launch_bf16(const HopperPrepared& prepared, const Params& pass, const CUtensorMap& xmap,
+                               cudaStream_t stream);
 cudaError_t hopper_setup_fp16(const HopperPrepared& prepared);
-cudaError_t hopper_launch_fp16(const HopperPrepared& prepared, cudaStream_t stream);
+cudaError_t hopper_launch_fp16(const HopperPrepared& prepared, const Params& pass, const CUtensorMap& xmap,
+                               cudaStream_t stream);
 
 }  // namespace gatedmlp::quant_decode

@@ -2,8 +2,8 @@
 #include "quant_decode/hopper.cuh"
 
 namespace gatedmlp::quant_decode {
-cudaError_t hopper_setup_bf16(const HopperPrepared& pr) { return hopper_dispatch<__nv_bfloat16>(pr, nullptr, true); }
-cudaError_t hopper_launch_bf16(const HopperPrepared& pr, cudaStream_t stream) {
-  return hopper_dispatch<__nv_bfloat16>(pr, stream, false);
+cudaError_t hopper_setup_bf16(const HopperPrepared& pr) { return hopper_dispatch<__nv_bfloat16>(pr, pr.q, pr.xmap[0], nullptr, true); }
+cudaError_t hopper_launch_bf16(const HopperPrepared& pr, const Params& pass, const CUtensorMap& xmap, cudaStream_t stream) {
+  return hopper_dispatch<__nv_bfloat16>(pr, pass, xmap, stream, false);
 }
 }  // namespace gatedmlp::quant_decode

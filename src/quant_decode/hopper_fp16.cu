@@ -2,8 +2,8 @@
 #include "quant_decode/hopper.cuh"
 
 namespace gatedmlp::quant_decode {
-cudaError_t hopper_setup_fp16(const HopperPrepared& pr) { return hopper_dispatch<__half>(pr, nullptr, true); }
-cudaError_t hopper_launch_fp16(const HopperPrepared& pr, cudaStream_t stream) {
-  return hopper_dispatch<__half>(pr, stream, false);
+cudaError_t hopper_setup_fp16(const HopperPrepared& pr) { return hopper_dispatch<__half>(pr, pr.q, pr.xmap[0], nullptr, true); }
+cudaError_t hopper_launch_fp16(const HopperPrepared& pr, const Params& pass, const CUtensorMap& xmap, cudaStream_t stream) {
+  return hopper_dispatch<__half>(pr, pass, xmap, stream, false);
 }
 }  // namespace gatedmlp::quant_decode

@@ -1,5 +1,6 @@
 // Host side of the quantized decode kernel's Hopper form: what it takes, its
 // tensor maps, its launch (the kernel: hopper.cuh).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -26,9 +27,9 @@ std::string hopper_blocker(const Problem& r, const Arguments* a) {
   const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
   if (!sm90::compiled()) os << "this build has no sm_90a kernel";
   else if (knob && std::strcmp(knob, "0") == 0) os << "turned off (GATEDMLP_QDECODE_HOPPER=0)";
-  else if (r.m < kHopperMinM || r.m > kMaxM)
-    os << "m=" << r.m << " is outside " << kHopperMinM << " ... " << kMaxM
-       << " (at m <= 16 the register kernel was as fast or faster: h82)";
+  else if (r.m < kHopperMinM || r.m > kHopperMaxM)
+    os << "m=" << r.m << " is outside " << kHopperMinM << " ... " << kHopperMaxM
+       << " (at m <= 16 the register kernel was as fast or faster, past 128 dequantizing once is: h82)";
   else if (r.gather.experts > 0) os << "a gathered call";
   else if (r.op != Operation::gate_up) os << "not a gate/up call";
   else if (r.batch != 1) os << "batch=" << r.batch << " (the Hopper form takes one batch)";
@@ -85,12 +86,16 @@ Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, Hopp
     const cuuint32_t box[5] = {kHopperBk / 2, 8, 2, cuuint32_t(4 * warpgroups), 1};
     if (Status e = sm90::encode(fn, &pr.wmap, DType::fp8_e4m3, a.w, 5, dims, strides, box, "w"); !e) return e;
   }
-  {
-    // X: (K, M, 1); a box is 64 k of N rows, those past M (and k past K) zero.
-    const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(r.m), 1};
-    const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2), cuuint64_t(r.m * r.ldx * 2)};
+  pr.passes = static_cast<int>(hopper_passes(r.m));
+  for (int i = 0; i < pr.passes; ++i) {
+    // X: (K, rows, 1) from row 64 i; a box is 64 k of N rows, those past
+    // the pass's rows zero.
+    const int64_t rows = std::min<int64_t>(64, r.m - 64 * i);
+    const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(rows), 1};
+    const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2), cuuint64_t(rows * r.ldx * 2)};
     const cuuint32_t box[3] = {64, cuuint32_t(pr.n), 1};
-    if (Status e = sm90::encode(fn, &pr.xmap, r.input_dtype, a.x, 3, dims, strides, box, "x"); !e) return e;
+    const void* base = static_cast<const char*>(a.x) + 64 * i * r.ldx * 2;
+    if (Status e = sm90::encode(fn, &pr.xmap[i], r.input_dtype, base, 3, dims, strides, box, "x"); !e) return e;
   }
   pr.w = a.w;
   pr.x = a.x;
@@ -105,20 +110,31 @@ Status hopper_launch(HopperPrepared& pr, const Arguments& a, cudaStream_t stream
     if (Status e = sm90::replace_address(&pr.wmap, a.w, "w"); !e) return e;
     pr.w = a.w;
   }
+  const decode::Params& p0 = pr.q.d;
   if (a.x != pr.x) {
-    if (Status e = sm90::replace_address(&pr.xmap, a.x, "x"); !e) return e;
+    for (int i = 0; i < pr.passes; ++i)
+      if (Status e = sm90::replace_address(&pr.xmap[i], static_cast<const char*>(a.x) + 64 * i * p0.ldx * 2, "x"); !e)
+        return e;
     pr.x = a.x;
   }
-  decode::Params& p = pr.q.d;
-  p.x = a.x;
-  p.w = a.w;
-  p.bias = a.bias;
-  p.y = a.y;
-  p.pre = a.preact;
-  pr.q.scales = a.w_scales;
-  pr.q.biases = a.w_biases;
-  if (const cudaError_t e = hopper_kernel_launch(pr, stream); e != cudaSuccess)
-    return err(StatusCode::cuda_error, "quantized decode kernel (Hopper form) launch failed: ", cudaGetErrorString(e));
+  // Pass i: rows 64 i ... of x, y and the pre-activation.
+  const size_t ysize = dtype_size(static_cast<DType>(p0.out_dtype));
+  const size_t psize = dtype_size(static_cast<DType>(p0.pre_dtype));
+  for (int i = 0; i < pr.passes; ++i) {
+    Params q = pr.q;
+    decode::Params& p = q.d;
+    const int64_t row0 = 64 * int64_t(i);
+    p.x = static_cast<const char*>(a.x) + row0 * p.ldx * 2;
+    p.w = a.w;
+    p.bias = a.bias;
+    p.y = static_cast<char*>(a.y) + row0 * p.ldy * ysize;
+    p.pre = a.preact ? static_cast<char*>(a.preact) + row0 * p.ldpre * psize : nullptr;
+    p.m = static_cast<int>(std::min<int64_t>(64, p0.m - row0));
+    q.scales = a.w_scales;
+    q.biases = a.w_biases;
+    if (const cudaError_t e = hopper_kernel_launch(pr, q, pr.xmap[i], stream); e != cudaSuccess)
+      return err(StatusCode::cuda_error, "quantized decode kernel (Hopper form) launch failed: ", cudaGetErrorString(e));
+  }
   return Status::Ok();
 }
 
@@ -126,12 +142,15 @@ Status hopper_launch(HopperPrepared& pr, const Arguments& a, cudaStream_t stream
 cudaError_t hopper_kernel_setup(const HopperPrepared& pr) {
   return pr.input == DType::bf16 ? hopper_setup_bf16(pr) : hopper_setup_fp16(pr);
 }
-cudaError_t hopper_kernel_launch(const HopperPrepared& pr, cudaStream_t stream) {
-  return pr.input == DType::bf16 ? hopper_launch_bf16(pr, stream) : hopper_launch_fp16(pr, stream);
+cudaError_t hopper_kernel_launch(const HopperPrepared& pr, const Params& pass, const CUtensorMap& xmap,
+                                 cudaStream_t stream) {
+  return pr.input == DType::bf16 ? hopper_launch_bf16(pr, pass, xmap, stream) : hopper_launch_fp16(pr, pass, xmap, stream);
 }
 #else
 cudaError_t hopper_kernel_setup(const HopperPrepared&) { return cudaErrorNotSupported; }
-cudaError_t hopper_kernel_launch(const HopperPrepared&, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t hopper_kernel_launch(const HopperPrepared&, const Params&, const CUtensorMap&, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
 #endif
 
 }  // namespace gatedmlp::quant_decode

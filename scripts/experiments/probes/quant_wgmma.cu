@@ -20,10 +20,13 @@
 // warpgroup step) and the weights' bytes bind instead: ~20-30 us at 8B
 // against ~60 us for the bf16 GEMM (>= 2x) and ~3x the library's kernel.
 //
-// Variants <N, CW, T>: N tokens per wgmma (8, 16, 32, 64), CW consumer
+// Variants <N, CW, T, SG>: N tokens per wgmma (8, 16, 32, 64), CW consumer
 // warpgroups per CTA, T 64-row tiles per warpgroup (a CTA owns 32 CW T
-// output columns over all of K; one producer warp). Y is checked against
-// the library's kernel (other sums' order, so to a tolerance) before timing.
+// output columns over all of K; one producer warp), SG k16 steps per wgmma
+// group (two buffers of A registers; the group before retired once per SG
+// steps). Y is checked against the library's register kernel (other sums'
+// order, so to a tolerance) before timing. The first run (SG = 1: a wait
+// per step) is docs/notes/data/h82-quant-wgmma-probe-sg1.txt.
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //     scripts/experiments/probes/quant_wgmma.cu -lcublas -lcuda -o quant_wgmma
