@@ -275,7 +275,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
       EXPECT_NE(c.reason.find("groups of 8 columns per warp"), std::string::npos) << c.reason;
       grouped++;
     }
-    // The Hopper form (int4, M 17-64, fused weights; sm_90 only) says so.
+    // The Hopper form (int4, M 17-128, fused weights; sm_90 only) says so.
     if (quant_decode::is_hopper_form(c)) {
       EXPECT_GE(p.m, quant_decode::kHopperMinM) << to_string(c);
       EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
@@ -344,11 +344,13 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
   std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
 }
 
-// The Hopper form (int4 with scales of X's dtype, fused weights, M 17-64;
-// sm_90; past 64 rows in passes of 64): every group size and X dtype, both
-// n (32, 64 tokens) and both CTA widths, one stage and several (K a multiple of 256: hopper_blocker()), blocks
-// of 8 rows and stacked halves either way round, columns past a block's
-// edge, bias, pre-activation, every activation and output.
+// The Hopper form (int4 with scales of X's dtype, fused weights, M 17-128
+// on sm_90, past 64 rows in passes of 64): every group size and X dtype,
+// both n (32, 64 tokens) and both CTA widths, one stage and several (K a
+// multiple of 256: hopper_blocker()), blocks of 8 and 40 rows and stacked
+// halves either way round, columns past a block's edge, bias,
+// pre-activation, every activation and output. Elsewhere the same cases
+// run on whatever the dispatcher picks.
 TEST(GpuQuant, HopperForm) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());

@@ -369,9 +369,10 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (r.gather.grouped) return select_grouped(r, a, dev, cfg);
   if (r.gather.experts > 0) return select_gathered(r, r, a, cfg);
   if (fp8_input(r)) return select_fp8(r, a, dev, cfg);
-  // Quantized weights: the quantized decode kernel up to its kMaxM rows;
-  // past them (where the weights are reused across enough rows for the 16-bit
-  // kernels' tiles to pay), and for what it cannot read, the weights are
+  // Quantized weights: the quantized decode kernel up to its kMaxM rows (on
+  // sm_90 its Hopper form for int4 from 17 rows, and up to kHopperMaxM in
+  // passes of kMaxM); past them (where the weights are reused across enough
+  // rows for the 16-bit kernels' tiles to pay), and for what it cannot read, the weights are
   // dequantized into the workspace and the 16-bit problem takes whatever
   // path it would take. Config::path is then that path's, and run()
   // dequantizes first (core/api.cpp).

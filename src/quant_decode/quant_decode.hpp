@@ -51,7 +51,8 @@ cudaError_t launch(const Problem& resolved, const Arguments& a, cudaStream_t str
                    const DownSplit& split = DownSplit{}, float* partials = nullptr, int groups = 1);
 
 // ---------------------------------------------------------------- more rows
-// Past kMaxM rows the weights are dequantized into the workspace and the
+// Past kMaxM rows (past 128 where the Hopper form takes the call: hopper.hpp)
+// the weights are dequantized into the workspace and the
 // 16-bit kernels run on them (run() in core/api.cpp): one [rows, K] array of
 // X's dtype per weight tensor.
 struct DequantizeArgs {
