@@ -14,12 +14,8 @@ namespace gatedmlp::quant_decode {
 
 using detail::err;
 
-namespace {
-
-constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;  // tensor-map stride limit
-constexpr int64_t kMaxCoord = (int64_t{1} << 31) - 1;  // TMA coordinates are signed 32-bit
-
-}  // namespace
+using sm90::kMaxCoord;
+using sm90::kMaxStrideBytes;
 
 std::string hopper_blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;

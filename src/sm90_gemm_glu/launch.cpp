@@ -28,9 +28,6 @@ bool compiled() {
 
 namespace {
 
-constexpr int64_t kMaxCoord = (int64_t{1} << 31) - 1;  // TMA coordinates are signed 32-bit
-constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;  // tensor-map stride limit
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The weight tensor map's interleave block: U for stacked and separate

@@ -11,6 +11,11 @@
 
 namespace gatedmlp::sm90 {
 
+// Limits of a tensor map, for every kernel that loads by TMA: strides below
+// 2^40 bytes, coordinates signed 32-bit.
+inline constexpr int64_t kMaxStrideBytes = int64_t{1} << 40;
+inline constexpr int64_t kMaxCoord = (int64_t{1} << 31) - 1;
+
 // Tensor maps (launch.cpp), for every kernel that loads by TMA. The driver's
 // entry point is looked up once per process; null with *s set if the
 // driver lacks it.
