@@ -624,7 +624,8 @@ TEST(Dispatch, QuantizedColumnGroups) {
 }
 
 // The quantized decode kernel's Hopper form (quant_decode/hopper.hpp): affine
-// int4 with scales of X's dtype on fused weights at M 17-64 on sm_90, with
+// int4 with scales of X's dtype, or MXFP4 with bf16 x, on fused weights at M
+// 17-128 on sm_90, with
 // 2 warpgroups per CTA where U / 64 CTAs cover half the SMs, else 1; the
 // register kernel for everything else, the reason saying why.
 TEST(Dispatch, QuantizedHopperForm) {
@@ -674,8 +675,12 @@ TEST(Dispatch, QuantizedHopperForm) {
     std::function<void(Problem&)> set;
   };
   const Case cases[] = {
-      {"not affine int4", [](Problem& p) { p.quant = QuantFormat{QuantMode::affine, 8, 64}; }},
-      {"not affine int4", [](Problem& p) { p.quant = QuantFormat{QuantMode::mxfp4, 4, 32}; }},
+      {"not affine int4 or MXFP4", [](Problem& p) { p.quant = QuantFormat{QuantMode::affine, 8, 64}; }},
+      {"not affine int4 or MXFP4", [](Problem& p) { p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128}; }},
+      {"MXFP4 with fp16 x", [](Problem& p) {
+         p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
+         p.input_dtype = DType::fp16;
+       }},
       {"repacked words", [](Problem& p) { p.quant.repacked = true; }},
       {"scales of fp32", [](Problem& p) { p.scale_dtype = DType::fp32; }},
       {"separate gate and up", [](Problem& p) { p.weights.format = WeightFormat::separate; }},
@@ -694,6 +699,9 @@ TEST(Dispatch, QuantizedHopperForm) {
   }
   Problem p = llama8b(40);
   p.quantized = true;
+  p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};  // MXFP4 with bf16 x: taken
+  EXPECT_TRUE(quant_decode::is_hopper_form(pick(p, h200()))) << "mxfp4";
+  p.quant = QuantFormat{};
   test::ScopedEnv knob("GATEDMLP_QDECODE_HOPPER", "0");
   const Config off = pick(p, h200());
   EXPECT_FALSE(quant_decode::is_hopper_form(off)) << to_string(off);

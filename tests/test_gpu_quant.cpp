@@ -275,7 +275,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
       EXPECT_NE(c.reason.find("groups of 8 columns per warp"), std::string::npos) << c.reason;
       grouped++;
     }
-    // The Hopper form (int4, M 17-128, fused weights; sm_90 only) says so.
+    // The Hopper form (int4 / MXFP4, M 17-128, fused weights; sm_90 only) says so.
     if (quant_decode::is_hopper_form(c)) {
       EXPECT_GE(p.m, quant_decode::kHopperMinM) << to_string(c);
       EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
@@ -344,8 +344,9 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
   std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
 }
 
-// The Hopper form (int4 with scales of X's dtype, fused weights, M 17-128
-// on sm_90, past 64 rows in passes of 64): every group size and X dtype,
+// The Hopper form (int4 with scales of X's dtype or MXFP4 with bf16 X,
+// fused weights, M 17-128 on sm_90, past 64 rows in passes of 64): every
+// group size and X dtype,
 // both n (32, 64 tokens) and both CTA widths, one stage and several (K a
 // multiple of 256: hopper_blocker()), blocks of 8 and 40 rows and stacked
 // halves either way round, columns past a block's edge, bias,
@@ -359,13 +360,13 @@ TEST(GpuQuant, HopperForm) {
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   const bool hopper = prop.major == 9 && prop.minor == 0 && sm90::compiled();
   int i = 0, taken = 0;
-  for (int gs : {32, 64, 128})
+  for (int gs : {32, 64, 128, 0 /* MXFP4 */})
     for (int64_t m : {17, 33, 64, 100, 128})
       for (int layout = 0; layout < 4; ++layout) {
         Problem p;
         p.quantized = true;
-        p.quant = QuantFormat{QuantMode::affine, 4, gs};
-        p.input_dtype = i % 2 ? DType::fp16 : DType::bf16;
+        p.quant = gs ? QuantFormat{QuantMode::affine, 4, gs} : QuantFormat{QuantMode::mxfp4, 4, 32};
+        p.input_dtype = i % 2 && gs ? DType::fp16 : DType::bf16;
         p.scale_dtype = p.input_dtype;
         p.m = m;
         p.k = layout == 0 ? 256 : layout == 1 ? 9 * 256 : layout == 2 ? 2048 : 5 * 256;

@@ -118,6 +118,45 @@ struct Scale {
   int e = 0;              // mxfp4: the e8m0 byte
 };
 
+namespace dq {
+
+// The packed recipes on one pair: n holds element a in bits 0-3 and element
+// b in bits 16-19 (other bits ignored); out comes the pair (a, b) of X's
+// 16-bit type. Shared by the register kernel (a word shifted by 4 i gives
+// elements i and i + 4) and the Hopper form (a byte permute gives two
+// neighbours).
+// Affine int4: q * s + b rounded once (s, b: pairs of X's type).
+template <typename T>
+__device__ __forceinline__ uint32_t affine4_pair(uint32_t n, uint32_t s, uint32_t b) {
+  using C = Consts<T>;
+  const uint32_t v = and_or(n, 0x000F000Fu, C::kMagic);  // MAGIC + (a, b)
+  const uint32_t q = fma2<T>(v, C::kOne, C::kNegMagic);  // exact
+  return fma2<T>(q, s, b);
+}
+// MXFP4 in bf16: e2m1 * 2^(e - 127) exactly (sc: mxfp4_scale()).
+template <typename T>
+__device__ __forceinline__ uint32_t mxfp4_pair(uint32_t n, const Scale& sc) {
+  // Exponent and mantissa bits (0-2) to bf16 bits 6-8, the sign (3) to 15.
+  const uint32_t v = and_or(n << 6, 0x01C001C0u, (n << 12) & 0x80008000u);
+  uint32_t r = fma2<T>(v, sc.s, 0x80008000u);  // + (-0): keeps -0 and exact
+  if (sc.e > 128) r = fma2<T>(r, sc.b, 0x80008000u);
+  return r;
+}
+// MXFP4's scale from its e8m0 byte: s the pair 2^(e - 1) when that fits
+// bf16 (e <= 128), else 2^126, with b = 2^(e - 127) applied by a second
+// multiply. ok = false (e then 0): zero, a row past the weights.
+__device__ __forceinline__ Scale mxfp4_scale(int e, bool ok = true) {
+  Scale sc;
+  sc.e = e;
+  const uint32_t m1 = sc.e <= 128 ? uint32_t(sc.e + 126) << 7 : 253u << 7;
+  sc.s = ok ? m1 | (m1 << 16) : 0u;
+  const uint32_t m2 = uint32_t(sc.e) << 7;
+  sc.b = m2 | (m2 << 16);
+  return sc;
+}
+
+}  // namespace dq
+
 // Dequant<T, FMT, PACKED>: kWordElems elements per uint32 word, kPairs =
 // kWordElems / 2 A registers out of each, and the X registers to match.
 template <typename T, int FMT, bool PACKED>
@@ -140,13 +179,8 @@ struct Dequant<T, kInt4, true> {
     return sc;
   }
   __device__ __forceinline__ static void word(uint32_t w, const Scale& sc, uint32_t (&a)[4]) {
-    using C = dq::Consts<T>;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t v = dq::and_or(w >> (4 * i), 0x000F000Fu, C::kMagic);   // MAGIC + (e_i, e_i+4)
-      const uint32_t q = dq::fma2<T>(v, C::kOne, C::kNegMagic);             // exact
-      a[i] = dq::fma2<T>(q, sc.s, sc.b);
-    }
+    for (int i = 0; i < 4; ++i) a[i] = dq::affine4_pair<T>(w >> (4 * i), sc.s, sc.b);  // (e_i, e_i+4)
   }
   __device__ __forceinline__ static void x_pairs(const uint32_t (&x)[4], uint32_t (&out)[4]) { dq::permute_x(x, out); }
 };
@@ -160,24 +194,11 @@ struct Dequant<T, kMxfp4, true> {
   // s.s: the pair 2^(e - 1) when that fits bf16 (e <= 128), else 2^126, with
   // s.b = 2^(e - 127) applied by a second multiply.
   __device__ __forceinline__ static Scale load(const void* scales, const void*, int, int64_t i, bool ok) {
-    Scale sc;
-    sc.e = ok ? __ldg(static_cast<const unsigned char*>(scales) + i) : 0;
-    const uint32_t m1 = sc.e <= 128 ? uint32_t(sc.e + 126) << 7 : 253u << 7;
-    sc.s = ok ? m1 | (m1 << 16) : 0u;
-    const uint32_t m2 = uint32_t(sc.e) << 7;
-    sc.b = m2 | (m2 << 16);
-    return sc;
+    return dq::mxfp4_scale(ok ? __ldg(static_cast<const unsigned char*>(scales) + i) : 0, ok);
   }
   __device__ __forceinline__ static void word(uint32_t w, const Scale& sc, uint32_t (&a)[4]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t n = w >> (4 * i);  // e_i in bits 0-3, e_i+4 in 16-19
-      // Exponent and mantissa bits (0-2) to bf16 bits 6-8, the sign (3) to 15.
-      const uint32_t v = dq::and_or(n << 6, 0x01C001C0u, (n << 12) & 0x80008000u);
-      uint32_t r = dq::fma2<T>(v, sc.s, 0x80008000u);  // + (-0): keeps -0 and exact
-      if (sc.e > 128) r = dq::fma2<T>(r, sc.b, 0x80008000u);
-      a[i] = r;
-    }
+    for (int i = 0; i < 4; ++i) a[i] = dq::mxfp4_pair<T>(w >> (4 * i), sc);  // (e_i, e_i+4)
   }
   __device__ __forceinline__ static void x_pairs(const uint32_t (&x)[4], uint32_t (&out)[4]) { dq::permute_x(x, out); }
 };

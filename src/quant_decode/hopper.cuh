@@ -97,21 +97,17 @@ __device__ __forceinline__ void keep(uint32_t (&a)[4]) {
   for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
-// Byte `sel` of word w (elements 2t, 2t + 1 of its 8) as the pair q * s + b
-// of X's type (s, b: pairs), rounded once.
-template <typename T>
-__device__ __forceinline__ uint32_t dequant_byte(uint32_t w, uint32_t sel, uint32_t s, uint32_t b) {
-  using C = dq::Consts<T>;
-  const uint32_t v = dq::and_or(dq::prmt(w, w >> 4, sel), 0x000F000Fu, C::kMagic);  // MAGIC + (e_2t, e_2t+1)
-  const uint32_t q = dq::fma2<T>(v, C::kOne, C::kNegMagic);                         // exact
-  return dq::fma2<T>(q, s, b);
-}
+// Byte `sel` of word w (elements 2t, 2t + 1 of its 8) with the first in
+// bits 0-3 and the second in bits 16-19, as the packed recipes take a pair
+// (dq::affine4_pair, dq::mxfp4_pair).
+__device__ __forceinline__ uint32_t byte_pair(uint32_t w, uint32_t sel) { return dq::prmt(w, w >> 4, sel); }
 
 }  // namespace hopper_detail
 
-// Affine int4, scales and biases of X's dtype, GS elements per group (32,
-// 64 or 128); W consumer warpgroups; N tokens per wgmma.
-template <typename T, int N, int W, int GS>
+// FMT kInt4: affine int4, scales and biases of X's dtype, GS elements per
+// group (32, 64 or 128); kMxfp4 (bf16 X): e2m1 values, an e8m0 scale per
+// 32 (GS = 32). W consumer warpgroups; N tokens per wgmma.
+template <typename T, int FMT, int N, int W, int GS>
 __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
     quant_hopper_kernel(const __grid_constant__ Params qp, const __grid_constant__ CUtensorMap wmap,
                         const __grid_constant__ CUtensorMap xmap, int ctas_per_block) {
@@ -121,6 +117,8 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
   using R = Ring<N, W>;
   constexpr int S = R::kStages, SG = R::kSteps;
   constexpr int kGroups = kHopperBk / GS;  // scale groups per stage
+  constexpr bool kMx = FMT == kMxfp4;
+  static_assert(FMT == kInt4 || (kMx && GS == 32 && std::is_same_v<T, __nv_bfloat16>), "int4, or MXFP4 with bf16 x");
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
@@ -167,40 +165,43 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
   const int64_t c = 8 * int64_t(g0 + 4 * wg + w) + g;
   const int64_t cc = c < group ? c : group - 1;
   const int64_t ng = qp.groups;
-  const unsigned short* srow[2];
-  const unsigned short* brow[2];
+  constexpr int kScaleBytes = kMx ? 1 : 2;
+  const unsigned char* srow[2];
+  const unsigned char* brow[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = (2 * int64_t(block) + h) * group + cc;
-    srow[h] = static_cast<const unsigned short*>(qp.scales) + row * ng;
-    brow[h] = static_cast<const unsigned short*>(qp.biases) + row * ng;
+    srow[h] = static_cast<const unsigned char*>(qp.scales) + row * ng * kScaleBytes;
+    brow[h] = kMx ? nullptr : static_cast<const unsigned char*>(qp.biases) + row * ng * kScaleBytes;
   }
-  // A stage's scales and biases of both rows, as loaded (two per register):
-  // one vector each (hopper_blocker(): K % 256 == 0 and the arrays aligned
-  // to it); the next stage's loaded while this one's are used.
-  constexpr int kRegs = kGroups / 2 > 0 ? kGroups / 2 : 1;
+  // A stage's scales (and biases) of both rows, as loaded (two bf16 or four
+  // e8m0 per register): one vector each (hopper_blocker(): K % 256 == 0 and
+  // the arrays aligned to it); the next stage's loaded while this one's are
+  // used.
+  constexpr int kStageBytes = kGroups * kScaleBytes;  // 4, 8 or 16
+  constexpr int kRegs = kStageBytes / 4;
   uint32_t sv[2][kRegs], bv[2][kRegs];
+  auto load_vec = [](const unsigned char* p, uint32_t (&v)[kRegs]) {
+    if constexpr (kRegs == 4) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p));
+      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    } else if constexpr (kRegs == 2) {
+      const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+      v[0] = x.x, v[1] = x.y;
+    } else {
+      v[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+    }
+  };
   auto load_scales = [&](int kb, uint32_t (&s2)[2][kRegs], uint32_t (&b2)[2][kRegs]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const unsigned short* sa = srow[h] + int64_t(kb) * kGroups;
-      const unsigned short* ba = brow[h] + int64_t(kb) * kGroups;
-      if constexpr (kGroups == 8) {
-        const uint4 x = __ldg(reinterpret_cast<const uint4*>(sa)), y = __ldg(reinterpret_cast<const uint4*>(ba));
-        s2[h][0] = x.x, s2[h][1] = x.y, s2[h][2] = x.z, s2[h][3] = x.w;
-        b2[h][0] = y.x, b2[h][1] = y.y, b2[h][2] = y.z, b2[h][3] = y.w;
-      } else if constexpr (kGroups == 4) {
-        const uint2 x = __ldg(reinterpret_cast<const uint2*>(sa)), y = __ldg(reinterpret_cast<const uint2*>(ba));
-        s2[h][0] = x.x, s2[h][1] = x.y;
-        b2[h][0] = y.x, b2[h][1] = y.y;
-      } else {
-        s2[h][0] = __ldg(reinterpret_cast<const unsigned int*>(sa));
-        b2[h][0] = __ldg(reinterpret_cast<const unsigned int*>(ba));
-      }
+      load_vec(srow[h] + int64_t(kb) * kStageBytes, s2[h]);
+      if constexpr (!kMx) load_vec(brow[h] + int64_t(kb) * kStageBytes, b2[h]);
     }
   };
-  // Group i's value of a row as a pair.
+  // Group i's value of a row: a pair of X's type (int4), an e8m0 byte (MXFP4).
   auto pair = [](const uint32_t (&v)[kRegs], int i) { return dq::prmt(v[i / 2], v[i / 2], (i & 1) ? 0x3232u : 0x1010u); };
+  auto e8m0 = [](const uint32_t (&v)[kRegs], int i) { return int((v[i / 4] >> (8 * (i % 4))) & 0xFFu); };
   load_scales(0, sv, bv);
   float d[N / 2];
 #pragma unroll
@@ -231,17 +232,21 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
         const int chunk = (grp * SG + i) / 2;
         constexpr int kChunksPerGroup = GS / 32;
         const int gi = chunk / kChunksPerGroup;
-        const uint32_t sg = pair(sv[0], gi), bg = pair(bv[0], gi), su = pair(sv[1], gi), bu = pair(bv[1], gi);
         const uint4 wg4 = *reinterpret_cast<const uint4*>(st + row0 * 128 + ((chunk ^ g) * 16));
         const uint4 wu4 = *reinterpret_cast<const uint4*>(st + (row0 + 8) * 128 + ((chunk ^ g) * 16));
-        A[i][0] = dequant_byte<T>(wg4.x, sel, sg, bg);
-        A[i][1] = dequant_byte<T>(wu4.x, sel, su, bu);
-        A[i][2] = dequant_byte<T>(wg4.y, sel, sg, bg);
-        A[i][3] = dequant_byte<T>(wu4.y, sel, su, bu);
-        A[i + 1][0] = dequant_byte<T>(wg4.z, sel, sg, bg);
-        A[i + 1][1] = dequant_byte<T>(wu4.z, sel, su, bu);
-        A[i + 1][2] = dequant_byte<T>(wg4.w, sel, sg, bg);
-        A[i + 1][3] = dequant_byte<T>(wu4.w, sel, su, bu);
+        const uint32_t n[8] = {byte_pair(wg4.x, sel), byte_pair(wu4.x, sel), byte_pair(wg4.y, sel),
+                               byte_pair(wu4.y, sel), byte_pair(wg4.z, sel), byte_pair(wu4.z, sel),
+                               byte_pair(wg4.w, sel), byte_pair(wu4.w, sel)};
+        // Registers 0 / 2 of each step: the first-half row; 1 / 3: the second's.
+        if constexpr (kMx) {
+          const Scale sc[2] = {dq::mxfp4_scale(e8m0(sv[0], gi)), dq::mxfp4_scale(e8m0(sv[1], gi))};
+#pragma unroll
+          for (int r = 0; r < 8; ++r) A[i + r / 4][r % 4] = dq::mxfp4_pair<T>(n[r], sc[r % 2]);
+        } else {
+          const uint32_t s2[2] = {pair(sv[0], gi), pair(sv[1], gi)}, b2[2] = {pair(bv[0], gi), pair(bv[1], gi)};
+#pragma unroll
+          for (int r = 0; r < 8; ++r) A[i + r / 4][r % 4] = dq::affine4_pair<T>(n[r], s2[r % 2], b2[r % 2]);
+        }
       }
       wgmma_fence();
 #pragma unroll
@@ -288,7 +293,8 @@ __global__ void __launch_bounds__(hopper_detail::Ring<N, W>::kThreads)
 }
 
 // The instantiations of one X dtype: N = 32 or 64 tokens, 1 or 2 consumer
-// warpgroups, groups of 32, 64 or 128. setup: the shared-memory limit only.
+// warpgroups, int4 in groups of 32, 64 or 128, and MXFP4 (bf16). setup: the
+// shared-memory limit only.
 template <typename T, int N, int W>
 cudaError_t hopper_typed(const HopperPrepared& pr, const Params& q, const CUtensorMap& xmap, cudaStream_t stream,
                          bool setup) {
@@ -298,9 +304,11 @@ cudaError_t hopper_typed(const HopperPrepared& pr, const Params& q, const CUtens
     kernel<<<pr.grid, R::kThreads, R::kSmem, stream>>>(q, pr.wmap, xmap, pr.ctas_per_block);
     return cudaGetLastError();
   };
-  if (pr.group_size == 32) return run(quant_hopper_kernel<T, N, W, 32>);
-  if (pr.group_size == 64) return run(quant_hopper_kernel<T, N, W, 64>);
-  return run(quant_hopper_kernel<T, N, W, 128>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    if (pr.mxfp4) return run(quant_hopper_kernel<T, kMxfp4, N, W, 32>);
+  if (pr.group_size == 32) return run(quant_hopper_kernel<T, kInt4, N, W, 32>);
+  if (pr.group_size == 64) return run(quant_hopper_kernel<T, kInt4, N, W, 64>);
+  return run(quant_hopper_kernel<T, kInt4, N, W, 128>);
 }
 
 template <typename T>

@@ -37,13 +37,14 @@ inline constexpr int hopper_stages(int n, int warpgroups) {
 }
 
 // Why the Hopper form cannot take this resolved problem (which blocker()
-// accepted), or "" if it can, on a device with `sms` SMs (sm_90; the caller
-// checks the device): affine int4 with scales of X's dtype, the checkpoint's
-// word order, gate/up (not the down projection or a gathered call), one
-// batch, fused weights in blocks of G rows with G % 8 == 0, group size 32,
-// 64 or 128, 17 <= m <= 128, k a multiple of 256, the scale arrays aligned
-// to a stage's scales (16 bytes at group 32; `a` null: assumed aligned).
-// GATEDMLP_QDECODE_HOPPER=0 turns it off (tuning knob).
+// accepted at its rows, or at 64), or "" if it can (sm_90; the caller
+// checks the device): affine int4 with scales of X's dtype and groups of
+// 32, 64 or 128, or MXFP4 with bf16 x; the checkpoint's word order, gate/up
+// (not the down projection or a gathered call), one batch, fused weights in
+// blocks of G rows with G % 8 == 0, 17 <= m <= 128, k a multiple of 256,
+// the scale arrays aligned to a stage's scales (16 bytes for int4 at group
+// 32; `a` null: assumed aligned). GATEDMLP_QDECODE_HOPPER=0 turns it off
+// (tuning knob).
 std::string hopper_blocker(const Problem& resolved, const Arguments* a);
 
 // Consumer warpgroups per CTA for this problem on `sms` SMs: 2 (64
@@ -65,6 +66,7 @@ struct HopperPrepared {
   int passes = 1;           // of 64 rows (m > 64: 2)
   int warpgroups = 2;       // consumer warpgroups per CTA
   int group_size = 64;      // of the scales along K
+  bool mxfp4 = false;       // MXFP4 (bf16 x) rather than affine int4
   int ctas_per_block = 1;   // CTAs per block of G columns
   unsigned grid = 0;
 };

@@ -21,6 +21,9 @@ std::string hopper_blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
   const int64_t g = r.weights.group;
   const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
+  const bool mx = r.quant.mode == QuantMode::mxfp4;
+  // A stage's scales: 256 / group_size of them, 2 bytes each (int4) or 1 (e8m0).
+  const int64_t stage_scale_bytes = r.quant.group_size ? kHopperBk / r.quant.group_size * (mx ? 1 : 2) : 1;
   if (!sm90::compiled()) os << "this build has no sm_90a kernel";
   else if (knob && std::strcmp(knob, "0") == 0) os << "turned off (GATEDMLP_QDECODE_HOPPER=0)";
   else if (r.m < kHopperMinM || r.m > kHopperMaxM)
@@ -29,9 +32,11 @@ std::string hopper_blocker(const Problem& r, const Arguments* a) {
   else if (r.gather.experts > 0) os << "a gathered call";
   else if (r.op != Operation::gate_up) os << "not a gate/up call";
   else if (r.batch != 1) os << "batch=" << r.batch << " (the Hopper form takes one batch)";
-  else if (r.quant.mode != QuantMode::affine || r.quant.bits != 4) os << "not affine int4 weights";
+  else if (!(r.quant.mode == QuantMode::affine && r.quant.bits == 4) && r.quant.mode != QuantMode::mxfp4)
+    os << "not affine int4 or MXFP4 weights";
   else if (r.quant.repacked) os << "repacked words (it reads the checkpoint's order)";
-  else if (r.scale_dtype != r.input_dtype)
+  else if (mx && r.input_dtype != DType::bf16) os << "MXFP4 with " << to_string(r.input_dtype) << " x (its pair recipe is bf16's)";
+  else if (!mx && r.scale_dtype != r.input_dtype)
     os << "scales of " << to_string(r.scale_dtype) << " with " << to_string(r.input_dtype)
        << " x (it dequantizes in pairs of x's type)";
   else if (r.quant.group_size != 32 && r.quant.group_size != 64 && r.quant.group_size != 128)
@@ -42,9 +47,9 @@ std::string hopper_blocker(const Problem& r, const Arguments* a) {
   // A stage's scales are one vector load per row: whole stages, and the
   // scale arrays aligned to a stage's (2 bytes x 256 / group_size).
   else if (r.k % kHopperBk) os << "k=" << r.k << " is not a multiple of " << kHopperBk << " (whole stages of scales)";
-  else if (a && (reinterpret_cast<uintptr_t>(a->w_scales) % (2 * kHopperBk / r.quant.group_size) ||
-                 reinterpret_cast<uintptr_t>(a->w_biases) % (2 * kHopperBk / r.quant.group_size)))
-    os << "w_scales (" << a->w_scales << ") or w_biases (" << a->w_biases << ") is not " << 2 * kHopperBk / r.quant.group_size
+  else if (a && (reinterpret_cast<uintptr_t>(a->w_scales) % stage_scale_bytes ||
+                 (!mx && reinterpret_cast<uintptr_t>(a->w_biases) % stage_scale_bytes)))
+    os << "w_scales (" << a->w_scales << ") or w_biases (" << a->w_biases << ") is not " << stage_scale_bytes
        << "-byte aligned (a stage's scales in one load)";
   else if (r.k > kMaxCoord) os << "k=" << r.k << " exceeds 2^31-1 (TMA coordinates)";
   else if (2 * g * r.weights.ld * 4 >= kMaxStrideBytes || r.m * r.ldx * 2 >= kMaxStrideBytes)
@@ -68,6 +73,7 @@ Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, Hopp
   pr.n = r.m <= 32 ? 32 : 64;
   pr.warpgroups = warpgroups;
   pr.group_size = r.quant.group_size;
+  pr.mxfp4 = r.quant.mode == QuantMode::mxfp4;
   const int64_t g = r.weights.group, ld = r.weights.ld * 4, blocks = r.u / g;
   const int64_t cols = int64_t(kHopperColumns) * warpgroups;
   pr.ctas_per_block = static_cast<int>((g + cols - 1) / cols);
