@@ -1,5 +1,6 @@
-// The quantized decode kernel's Hopper form (sm_90a): int4 gate/up + GLU
-// for 17-64 rows of X.
+// The quantized decode kernel's Hopper form (sm_90a): int4 (and MXFP4)
+// gate/up + GLU for 17-64 rows of X per launch (the host runs 65-128 rows
+// in two passes: hopper_launch.cpp).
 //
 // Why: the register-load kernel (quant_decode.cuh) loads X into registers
 // for every n-tile and permutes it to the pairs the words come out in; at
@@ -10,8 +11,8 @@
 // 16-bit decode kernel's Hopper form, decode_glu/decode_hopper.cu).
 // Measured in a probe (docs/notes/quantized-decode.md, h82): 2.0-3.6x the
 // register kernel at M = 32 and 64, 1.2-1.4x cuBLAS's bf16 GEMM at M = 64
-// on 8B, 70B, Qwen3-32B and 2048 x 8192. At M <= 16 it was no faster (its
-// dequantization chain waits on shared-memory loads), so it starts at 17.
+// on 8B, 70B, Qwen3-32B and 2048 x 8192. At M <= 16 it was slower than the
+// register kernel (why is not measured yet), so it starts at 17.
 //
 // The ring: one producer thread issues per stage a box of 32 words (128
 // bytes, 128-byte swizzled) of each of the CTA's 64 * W weight rows and
@@ -22,9 +23,10 @@
 // reads its two rows' 16 bytes (words 4 i ... 4 i + 3) and takes byte t of
 // each word: elements 2t, 2t + 1 of that word's 8, exactly the k the A
 // fragment holds. Each byte becomes a pair by a byte permute with the word
-// shifted by 4, the AND-OR onto the magic exponent, and the packed recipe's
-// two pair FMAs (q exact, then q * s + b rounded once to X's type:
-// dequant.cuh), so the weights are those of every other path.
+// shifted by 4, then the register kernel's packed recipe (dequant.cuh: for
+// int4 the AND-OR onto the magic exponent and two pair FMAs, q exact, then
+// q * s + b rounded once to X's type), so the weights are those of every
+// other path.
 // SG k16 steps are dequantized, their wgmmas issued as one group, and the
 // group before retired (two buffers of A registers), so the tensor core's
 // latency is waited on once per SG steps.
