@@ -276,5 +276,9 @@ for step in "${steps[@]}"; do
 done
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
-echo "commit: ${GATEDMLP_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+# The commit, and how many tracked files differ from it: a copy of a working
+# tree can carry an older .git than its files (GATEDMLP_GIT_COMMIT names the
+# tree's commit when the caller knows it).
+changed=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+echo "commit: ${GATEDMLP_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}$([ "${GATEDMLP_GIT_COMMIT:-}" = "" ] && [ "$changed" -gt 0 ] && echo " + $changed tracked files changed since it")"
 printf '%s\n' "${summary[@]}"
