@@ -383,9 +383,13 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     // (the register kernel stops at 64: what it reads is checked at 64).
     std::string hopper_no;
     if (sm90_device && r.m >= quant_decode::kHopperMinM) {
-      Problem per_pass = r;
-      per_pass.m = std::min<int64_t>(r.m, quant_decode::kMaxM);
-      hopper_no = quant_decode::blocker(per_pass, a);
+      if (r.m <= quant_decode::kMaxM) {
+        hopper_no = no;
+      } else {
+        Problem per_pass = r;
+        per_pass.m = quant_decode::kMaxM;
+        hopper_no = quant_decode::blocker(per_pass, a);
+      }
       if (hopper_no.empty()) hopper_no = quant_decode::hopper_blocker(r, a);
     }
     auto hopper_form = [&](Config* c) {
