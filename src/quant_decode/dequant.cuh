@@ -191,8 +191,7 @@ struct Dequant<T, kMxfp4, true> {
   static_assert(sizeof(T) == 2, "16-bit X");
   static constexpr int kWordElems = 8, kPairs = 4;
   static constexpr bool kAccScale = false;
-  // s.s: the pair 2^(e - 1) when that fits bf16 (e <= 128), else 2^126, with
-  // s.b = 2^(e - 127) applied by a second multiply.
+  // The e8m0 byte as dq::mxfp4_scale() makes it.
   __device__ __forceinline__ static Scale load(const void* scales, const void*, int, int64_t i, bool ok) {
     return dq::mxfp4_scale(ok ? __ldg(static_cast<const unsigned char*>(scales) + i) : 0, ok);
   }
