@@ -624,8 +624,8 @@ TEST(Dispatch, QuantizedColumnGroups) {
 }
 
 // The quantized decode kernel's Hopper form (quant_decode/hopper.hpp): affine
-// int4 with scales of X's dtype, or MXFP4 with bf16 x, on fused weights at M
-// 17-128 on sm_90, with
+// int4 / int8 with scales of X's dtype, MXFP4 with bf16 x, or FP8 with any of
+// its scales, on fused weights at M 17-128 on sm_90, with
 // 2 warpgroups per CTA where U / 64 CTAs cover half the SMs, else 1; the
 // register kernel for everything else, the reason saying why.
 TEST(Dispatch, QuantizedHopperForm) {
@@ -649,7 +649,7 @@ TEST(Dispatch, QuantizedHopperForm) {
     if (quant_decode::is_hopper_form(c)) {
       EXPECT_EQ(c.tile_n, 64) << "8B: 224 CTAs of 64 columns";
       EXPECT_EQ(c.threads, 2 * 128 + 32);
-      EXPECT_EQ(c.stages, quant_decode::hopper_stages(m <= 32 ? 32 : 64, 2));
+      EXPECT_EQ(c.stages, quant_decode::hopper_stages(m <= 32 ? 32 : 64, 2, 128));
       EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
     }
     p.u = 2816;  // 44 CTAs of 64 columns on 132 SMs: 32 columns per CTA
@@ -675,8 +675,10 @@ TEST(Dispatch, QuantizedHopperForm) {
     std::function<void(Problem&)> set;
   };
   const Case cases[] = {
-      {"not affine int4 or MXFP4", [](Problem& p) { p.quant = QuantFormat{QuantMode::affine, 8, 64}; }},
-      {"not affine int4 or MXFP4", [](Problem& p) { p.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128}; }},
+      {"scales of fp32 with bf16 x", [](Problem& p) {
+         p.quant = QuantFormat{QuantMode::affine, 8, 64};
+         p.scale_dtype = DType::fp32;
+       }},
       {"MXFP4 with fp16 x", [](Problem& p) {
          p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};
          p.input_dtype = DType::fp16;
@@ -701,11 +703,42 @@ TEST(Dispatch, QuantizedHopperForm) {
   p.quantized = true;
   p.quant = QuantFormat{QuantMode::mxfp4, 4, 32};  // MXFP4 with bf16 x: taken
   EXPECT_TRUE(quant_decode::is_hopper_form(pick(p, h200()))) << "mxfp4";
+  // 8-bit words: 256 bytes of each row per stage, so fewer stages fit.
+  for (const QuantFormat& f : {QuantFormat{QuantMode::affine, 8, 32}, QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128},
+                               QuantFormat{QuantMode::fp8_e4m3, 8, 0, 1}, QuantFormat{QuantMode::fp8_e4m3, 8, 0, 0}}) {
+    p.quant = f;
+    p.scale_dtype = f.mode == QuantMode::fp8_e4m3 ? DType::fp32 : DType::bf16;  // FP8: any float scales
+    const Config c = pick(p, h200());
+    EXPECT_TRUE(quant_decode::is_hopper_form(c)) << to_string(c);
+    EXPECT_EQ(c.stages, quant_decode::hopper_stages(64, 2, 256)) << to_string(c);
+    EXPECT_LT(c.stages, quant_decode::hopper_stages(64, 2, 128));
+  }
+  p.scale_dtype = DType::bf16;
+  // Where each format's form starts (hopper_min_m(): measured, h83).
+  for (const auto& [f, first] : {std::pair{QuantFormat{}, 17}, std::pair{QuantFormat{QuantMode::mxfp4, 4, 32}, 17},
+                                 std::pair{QuantFormat{QuantMode::affine, 8, 64}, 9},
+                                 std::pair{QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128}, 16}}) {
+    Problem q = llama8b(first);
+    q.quantized = true;
+    q.quant = f;
+    q.scale_dtype = f.mode == QuantMode::fp8_e4m3 ? DType::fp32 : DType::bf16;
+    EXPECT_TRUE(quant_decode::is_hopper_form(pick(q, h200()))) << "m=" << first;
+    q.m = first - 1;
+    const Config below = pick(q, h200());
+    EXPECT_FALSE(quant_decode::is_hopper_form(below)) << to_string(below);
+    EXPECT_EQ(below.path, KernelPath::quant_decode) << "the register kernel: " << below.reason;
+  }
   p.quant = QuantFormat{};
   test::ScopedEnv knob("GATEDMLP_QDECODE_HOPPER", "0");
   const Config off = pick(p, h200());
   EXPECT_FALSE(quant_decode::is_hopper_form(off)) << to_string(off);
   EXPECT_NE(off.reason.find("GATEDMLP_QDECODE_HOPPER=0"), std::string::npos) << off.reason;
+  {
+    test::ScopedEnv all("GATEDMLP_QDECODE_HOPPER", "all");  // the measuring knob: from M = 1
+    Problem q = llama8b(1);
+    q.quantized = true;
+    EXPECT_TRUE(quant_decode::is_hopper_form(pick(q, h200()))) << "m=1 under GATEDMLP_QDECODE_HOPPER=all";
+  }
 }
 
 TEST(Dispatch, DownProjection) {

@@ -147,7 +147,7 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   ASSERT_TRUE(s.ok()) << s.message();
   SCOPED_TRACE(to_string(cfg));
   const size_t ws_bytes = workspace_size(p);
-  // Past 64 rows only the Hopper form (int4, sm_90) runs in passes of 64
+  // Past 64 rows only the Hopper form (sm_90) runs in passes of 64
   // (GpuQuant.HopperForm checks when it is taken).
   const bool expect_decode =
       (r.m <= 64 && r.ldx % 8 == 0 && r.k % 16 == 0 && r.weights.ld % 4 == 0) || quant_decode::is_hopper_form(cfg);
@@ -275,9 +275,9 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
       EXPECT_NE(c.reason.find("groups of 8 columns per warp"), std::string::npos) << c.reason;
       grouped++;
     }
-    // The Hopper form (int4 / MXFP4, M 17-128, fused weights; sm_90 only) says so.
+    // The Hopper form (M 17-128, fused weights, K % 256 == 0; sm_90 only) says so.
     if (quant_decode::is_hopper_form(c)) {
-      EXPECT_GE(p.m, quant_decode::kHopperMinM) << to_string(c);
+      EXPECT_GE(p.m, quant_decode::hopper_min_m(p)) << to_string(c);
       EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
       hopper++;
     }
@@ -344,9 +344,10 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
   std::printf("[ cases ] %d passed; worst ratio %.3f\n", st.cases, st.worst_ratio);
 }
 
-// The Hopper form (int4 with scales of X's dtype or MXFP4 with bf16 X,
-// fused weights, M 17-128 on sm_90, past 64 rows in passes of 64): every
-// group size and X dtype,
+// The Hopper form (int4 / int8 with scales of X's dtype, MXFP4 with bf16 X,
+// FP8 in 128 x 128 blocks, per channel and per tensor; fused weights, M
+// 17-128 on sm_90, past 64 rows in passes of 64): every format, group size
+// and X dtype,
 // both n (32, 64 tokens) and both CTA widths, one stage and several (K a
 // multiple of 256: hopper_blocker()), blocks of 8 and 40 rows and stacked
 // halves either way round, columns past a block's edge, bias,
@@ -359,15 +360,31 @@ TEST(GpuQuant, HopperForm) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
   const bool hopper = prop.major == 9 && prop.minor == 0 && sm90::compiled();
-  int i = 0, taken = 0;
-  for (int gs : {32, 64, 128, 0 /* MXFP4 */})
-    for (int64_t m : {17, 33, 64, 100, 128})
+  int i = 0, taken = 0, seen = 0;
+  // Every case by default; under GATEDMLP_TEST_CASES (the sanitizers) an
+  // even spread of about that many.
+  const int stride = std::max(1, 220 / std::max(1, cases(220)));
+  const QuantFormat formats[] = {{QuantMode::affine, 4, 32},         {QuantMode::affine, 4, 64},
+                                 {QuantMode::affine, 4, 128},        {QuantMode::mxfp4, 4, 32},
+                                 {QuantMode::affine, 8, 32},         {QuantMode::affine, 8, 64},
+                                 {QuantMode::affine, 8, 128},        {QuantMode::fp8_e4m3, 8, 128, 128},
+                                 {QuantMode::fp8_e4m3, 8, 0, 1},     {QuantMode::fp8_e4m3, 8, 0, 0}};
+  for (const QuantFormat& f : formats)
+    for (int64_t m : {5, 16, 17, 33, 64, 100, 128})
       for (int layout = 0; layout < 4; ++layout) {
+        const bool mx = f.mode == QuantMode::mxfp4, fp8 = f.mode == QuantMode::fp8_e4m3;
+        // 8-bit words at M 33 and 128 on half the layouts, M = 5 (the form
+        // taken from M = 1 by its measuring knob) on half, M = 16 (the form
+        // for 8-bit words only) for them on half: fewer cases.
+        if ((f.bits == 8 && (m == 33 || m == 128) && layout % 2) || (m == 5 && layout % 2) ||
+            (m == 16 && (f.bits != 8 || layout % 2)) || seen++ % stride)
+          continue;
+        ScopedEnv all("GATEDMLP_QDECODE_HOPPER", m == 5 ? "all" : nullptr);
         Problem p;
         p.quantized = true;
-        p.quant = gs ? QuantFormat{QuantMode::affine, 4, gs} : QuantFormat{QuantMode::mxfp4, 4, 32};
-        p.input_dtype = i % 2 && gs ? DType::fp16 : DType::bf16;
-        p.scale_dtype = p.input_dtype;
+        p.quant = f;
+        p.input_dtype = i % 2 && !mx ? DType::fp16 : DType::bf16;
+        p.scale_dtype = fp8 ? (i % 3 ? DType::fp32 : DType::bf16) : p.input_dtype;
         p.m = m;
         p.k = layout == 0 ? 256 : layout == 1 ? 9 * 256 : layout == 2 ? 2048 : 5 * 256;
         const int64_t g = layout == 0 ? 8 : layout == 1 ? 0 : layout == 2 ? 40 : 64;  // 40: 5 groups, a CTA's edge inside
@@ -381,7 +398,8 @@ TEST(GpuQuant, HopperForm) {
         if (i % 4 == 1) p.ldx = p.k + 8;
         Config c;
         ASSERT_TRUE(plan(p, &c).ok());
-        EXPECT_EQ(quant_decode::is_hopper_form(c), hopper) << to_string(p) << ": " << to_string(c);
+        EXPECT_EQ(quant_decode::is_hopper_form(c), hopper && m >= quant_decode::hopper_min_m(p))
+            << to_string(p) << ": " << to_string(c);
         taken += quant_decode::is_hopper_form(c);
         run_quant_case(p, rng, &st);
         if (HasFailure()) return;

@@ -370,8 +370,8 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (r.gather.experts > 0) return select_gathered(r, r, a, cfg);
   if (fp8_input(r)) return select_fp8(r, a, dev, cfg);
   // Quantized weights: the quantized decode kernel up to its kMaxM rows (on
-  // sm_90 its Hopper form for int4 from 17 rows, and up to kHopperMaxM in
-  // passes of kMaxM); past them (where the weights are reused across enough
+  // sm_90 its Hopper form from 17 rows, and up to kHopperMaxM in passes of
+  // kMaxM); past them (where the weights are reused across enough
   // rows for the 16-bit kernels' tiles to pay), and for what it cannot read, the weights are
   // dequantized into the workspace and the 16-bit problem takes whatever
   // path it would take. Config::path is then that path's, and run()
@@ -379,10 +379,11 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (r.quantized) {
     const std::string no = quant_decode::blocker(r, a);
     const bool sm90_device = dev.major == 9 && dev.minor == 0;
-    // The Hopper form: int4 at M 17-64, and M 65-128 in passes of 64 rows
+    // The Hopper form: M 17-64, and M 65-128 in passes of 64 rows
     // (the register kernel stops at 64: what it reads is checked at 64).
     std::string hopper_no;
-    if (sm90_device && r.m >= quant_decode::kHopperMinM) {
+    const int hopper_min_m = quant_decode::hopper_min_m(r);
+    if (sm90_device && r.m >= hopper_min_m) {
       if (r.m <= quant_decode::kMaxM) {
         hopper_no = no;
       } else {
@@ -396,7 +397,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
       const int wgs = quant_decode::hopper_warpgroups(r, dev.sms);
       c->tile_n = quant_decode::kHopperColumns * wgs;
       c->tile_k = quant_decode::kHopperBk;
-      c->stages = quant_decode::hopper_stages(r.m <= 32 ? 32 : 64, wgs);
+      c->stages = quant_decode::hopper_stages(r.m <= 32 ? 32 : 64, wgs, quant_decode::hopper_row_bytes(r.quant.bits));
       c->threads = 128 * wgs + 32;
       return "Hopper form: words and x by TMA, the words dequantized in registers as wgmma's A operand, x its B "
              "operand from shared memory, " +
@@ -417,7 +418,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                   : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair dequantization"
                                                                          : "fp32 dequantization") +
                  (groups.empty() ? "" : "; " + groups);
-      if (sm90_device && r.m >= quant_decode::kHopperMinM)
+      if (sm90_device && r.m >= hopper_min_m)
         c.reason += hopper_no.empty() ? "; " + hopper_form(&c) : "; Hopper form not taken: " + hopper_no;
       *cfg = c;
       return Status::Ok();

@@ -142,6 +142,13 @@ __device__ __forceinline__ uint32_t mxfp4_pair(uint32_t n, const Scale& sc) {
   if (sc.e > 128) r = fma2<T>(r, sc.b, 0x80008000u);
   return r;
 }
+// Affine int8, element j of a word's four bytes: q exact in fp32 (2^23 + q
+// under the magic exponent, less 2^23), then q * s + b by one fp32 FMA.
+// Shared by the register kernel and the Hopper form (whose words are four
+// bytes it gathered).
+__device__ __forceinline__ float affine8(uint32_t w, int j, float fs, float fb) {
+  return fmaf(__uint_as_float(prmt(w, 0x4B000000u, 0x7440u | uint32_t(j))) - 8388608.f, fs, fb);
+}
 // MXFP4's scale from its e8m0 byte: s the pair 2^(e - 1) when that fits
 // bf16 (e <= 128), else 2^126, with b = 2^(e - 127) applied by a second
 // multiply. ok = false (e then 0): zero, a row past the weights.
@@ -245,8 +252,7 @@ struct Dequant<T, kInt8, PACKED> {
   __device__ __forceinline__ static void word(uint32_t w, const Scale& sc, uint32_t (&a)[2]) {
     float v[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)  // byte i under 0x4B00_0000: 2^23 + q
-      v[i] = fmaf(__uint_as_float(dq::prmt(w, 0x4B000000u, 0x7440u | uint32_t(i))) - 8388608.f, sc.fs, sc.fb);
+    for (int i = 0; i < 4; ++i) v[i] = dq::affine8(w, i, sc.fs, sc.fb);
     a[0] = gatedmlp::detail::pack2<T>(v[0], v[1]);
     a[1] = gatedmlp::detail::pack2<T>(v[2], v[3]);
   }

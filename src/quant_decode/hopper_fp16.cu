@@ -1,9 +1,9 @@
-// fp16 instantiations of the quantized decode kernel's Hopper form (sm_90a).
+// fp16 instantiations of the quantized decode kernel's Hopper form (sm_90a), 4-bit words.
 #include "quant_decode/hopper.cuh"
 
 namespace gatedmlp::quant_decode {
-cudaError_t hopper_setup_fp16(const HopperPrepared& pr) { return hopper_dispatch<__half>(pr, pr.q, pr.xmap[0], nullptr, true); }
+cudaError_t hopper_setup_fp16(const HopperPrepared& pr) { return hopper_dispatch<__half, false>(pr, pr.q, pr.xmap[0], nullptr, true); }
 cudaError_t hopper_launch_fp16(const HopperPrepared& pr, const Params& pass, const CUtensorMap& xmap, cudaStream_t stream) {
-  return hopper_dispatch<__half>(pr, pass, xmap, stream, false);
+  return hopper_dispatch<__half, false>(pr, pass, xmap, stream, false);
 }
 }  // namespace gatedmlp::quant_decode

@@ -17,29 +17,37 @@ using detail::err;
 using sm90::kMaxCoord;
 using sm90::kMaxStrideBytes;
 
+int hopper_min_m(const Problem& r) {
+  const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
+  if (knob && std::strcmp(knob, "all") == 0) return 1;
+  if (r.quant.mode == QuantMode::fp8_e4m3) return kHopperMinMFp8;
+  return r.quant.mode == QuantMode::affine && r.quant.bits == 8 ? kHopperMinMInt8 : kHopperMinM;
+}
+
 std::string hopper_blocker(const Problem& r, const Arguments* a) {
   std::ostringstream os;
   const int64_t g = r.weights.group;
   const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
-  const bool mx = r.quant.mode == QuantMode::mxfp4;
-  // A stage's scales: 256 / group_size of them, 2 bytes each (int4) or 1 (e8m0).
-  const int64_t stage_scale_bytes = r.quant.group_size ? kHopperBk / r.quant.group_size * (mx ? 1 : 2) : 1;
+  const bool mx = r.quant.mode == QuantMode::mxfp4, fp8 = r.quant.mode == QuantMode::fp8_e4m3;
+  const bool affine = r.quant.mode == QuantMode::affine;
+  // A stage's affine or e8m0 scales: 256 / group_size of them, 2 bytes each
+  // (affine) or 1 (e8m0), in one load. FP8's are loaded one by one.
+  const int64_t stage_scale_bytes = r.quant.group_size && !fp8 ? kHopperBk / r.quant.group_size * (mx ? 1 : 2) : 1;
   if (!sm90::compiled()) os << "this build has no sm_90a kernel";
   else if (knob && std::strcmp(knob, "0") == 0) os << "turned off (GATEDMLP_QDECODE_HOPPER=0)";
-  else if (r.m < kHopperMinM || r.m > kHopperMaxM)
-    os << "m=" << r.m << " is outside " << kHopperMinM << " ... " << kHopperMaxM
-       << " (at m <= 16 the register kernel was as fast or faster, past 128 dequantizing once is: h82)";
+  else if (r.m < hopper_min_m(r) || r.m > kHopperMaxM)
+    os << "m=" << r.m << " is outside " << hopper_min_m(r) << " ... " << kHopperMaxM
+       << " (below, the register kernel was as fast or faster for these weights, past 128 dequantizing once is: h82, "
+          "h83)";
   else if (r.gather.experts > 0) os << "a gathered call";
   else if (r.op != Operation::gate_up) os << "not a gate/up call";
   else if (r.batch != 1) os << "batch=" << r.batch << " (the Hopper form takes one batch)";
-  else if (!(r.quant.mode == QuantMode::affine && r.quant.bits == 4) && r.quant.mode != QuantMode::mxfp4)
-    os << "not affine int4 or MXFP4 weights";
   else if (r.quant.repacked) os << "repacked words (it reads the checkpoint's order)";
   else if (mx && r.input_dtype != DType::bf16) os << "MXFP4 with " << to_string(r.input_dtype) << " x (its pair recipe is bf16's)";
-  else if (!mx && r.scale_dtype != r.input_dtype)
+  else if (affine && r.scale_dtype != r.input_dtype)
     os << "scales of " << to_string(r.scale_dtype) << " with " << to_string(r.input_dtype)
-       << " x (it dequantizes in pairs of x's type)";
-  else if (r.quant.group_size != 32 && r.quant.group_size != 64 && r.quant.group_size != 128)
+       << " x (it loads a stage's scales as x's type)";
+  else if (affine && r.quant.group_size != 32 && r.quant.group_size != 64 && r.quant.group_size != 128)
     os << "group_size=" << r.quant.group_size << " (it is built for 32, 64 and 128)";
   else if (r.weights.format != WeightFormat::fused) os << "separate gate and up weights";
   // The word map's boxes are whole groups of 8 columns of one block.
@@ -48,7 +56,7 @@ std::string hopper_blocker(const Problem& r, const Arguments* a) {
   // scale arrays aligned to a stage's (2 bytes x 256 / group_size).
   else if (r.k % kHopperBk) os << "k=" << r.k << " is not a multiple of " << kHopperBk << " (whole stages of scales)";
   else if (a && (reinterpret_cast<uintptr_t>(a->w_scales) % stage_scale_bytes ||
-                 (!mx && reinterpret_cast<uintptr_t>(a->w_biases) % stage_scale_bytes)))
+                 (affine && reinterpret_cast<uintptr_t>(a->w_biases) % stage_scale_bytes)))
     os << "w_scales (" << a->w_scales << ") or w_biases (" << a->w_biases << ") is not " << stage_scale_bytes
        << "-byte aligned (a stage's scales in one load)";
   else if (r.k > kMaxCoord) os << "k=" << r.k << " exceeds 2^31-1 (TMA coordinates)";
@@ -73,17 +81,22 @@ Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, Hopp
   pr.n = r.m <= 32 ? 32 : 64;
   pr.warpgroups = warpgroups;
   pr.group_size = r.quant.group_size;
-  pr.mxfp4 = r.quant.mode == QuantMode::mxfp4;
+  const bool eight = r.quant.bits == 8;
+  pr.format = r.quant.mode == QuantMode::mxfp4      ? kMxfp4
+              : r.quant.mode == QuantMode::fp8_e4m3 ? kFp8
+              : eight                               ? kInt8
+                                                    : kInt4;
   const int64_t g = r.weights.group, ld = r.weights.ld * 4, blocks = r.u / g;
   const int64_t cols = int64_t(kHopperColumns) * warpgroups;
   pr.ctas_per_block = static_cast<int>((g + cols - 1) / cols);
   pr.grid = static_cast<unsigned>(pr.ctas_per_block * blocks);
   {
-    // Words as bytes: (K / 2, 8 rows, 2 halves, G / 8 groups, U / G blocks);
-    // a box is 128 bytes (256 k) of 4 W groups' 8 rows of both halves
-    // (fused_row(): block b holds its first half's G rows, then its
-    // second half's). The byte type is FP8's, read as words by the kernel.
-    const cuuint64_t dims[5] = {cuuint64_t(r.k / 2), 8, 2, cuuint64_t(g / 8), cuuint64_t(blocks)};
+    // Words as bytes: (K / 2 or K, 8 rows, 2 halves, G / 8 groups, U / G
+    // blocks); a box is 128 bytes (256 k of 4 bits, 128 of 8) of 4 W
+    // groups' 8 rows of both halves (fused_row(): block b holds its first
+    // half's G rows, then its second half's). The byte type is FP8's, read
+    // as words by the kernel.
+    const cuuint64_t dims[5] = {cuuint64_t(eight ? r.k : r.k / 2), 8, 2, cuuint64_t(g / 8), cuuint64_t(blocks)};
     const cuuint64_t strides[4] = {cuuint64_t(ld), cuuint64_t(g * ld), cuuint64_t(8 * ld), cuuint64_t(2 * g * ld)};
     const cuuint32_t box[5] = {kHopperBk / 2, 8, 2, cuuint32_t(4 * warpgroups), 1};
     if (Status e = sm90::encode(fn, &pr.wmap, DType::fp8_e4m3, a.w, 5, dims, strides, box, "w"); !e) return e;
@@ -142,11 +155,15 @@ Status hopper_launch(HopperPrepared& pr, const Arguments& a, cudaStream_t stream
 
 #if defined(GATEDMLP_HAS_SM90)
 cudaError_t hopper_kernel_setup(const HopperPrepared& pr) {
-  return pr.input == DType::bf16 ? hopper_setup_bf16(pr) : hopper_setup_fp16(pr);
+  const bool bf = pr.input == DType::bf16, eight = pr.format == kInt8 || pr.format == kFp8;
+  if (eight) return bf ? hopper_setup_bf16_8bit(pr) : hopper_setup_fp16_8bit(pr);
+  return bf ? hopper_setup_bf16(pr) : hopper_setup_fp16(pr);
 }
 cudaError_t hopper_kernel_launch(const HopperPrepared& pr, const Params& pass, const CUtensorMap& xmap,
                                  cudaStream_t stream) {
-  return pr.input == DType::bf16 ? hopper_launch_bf16(pr, pass, xmap, stream) : hopper_launch_fp16(pr, pass, xmap, stream);
+  const bool bf = pr.input == DType::bf16, eight = pr.format == kInt8 || pr.format == kFp8;
+  if (eight) return bf ? hopper_launch_bf16_8bit(pr, pass, xmap, stream) : hopper_launch_fp16_8bit(pr, pass, xmap, stream);
+  return bf ? hopper_launch_bf16(pr, pass, xmap, stream) : hopper_launch_fp16(pr, pass, xmap, stream);
 }
 #else
 cudaError_t hopper_kernel_setup(const HopperPrepared&) { return cudaErrorNotSupported; }
