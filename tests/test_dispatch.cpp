@@ -727,6 +727,18 @@ TEST(Dispatch, QuantizedHopperForm) {
     const Config below = pick(q, h200());
     EXPECT_FALSE(quant_decode::is_hopper_form(below)) << to_string(below);
     EXPECT_EQ(below.path, KernelPath::quant_decode) << "the register kernel: " << below.reason;
+    // Below 17 rows only where the form's grid covers the SMs: 1024 x 2816
+    // is 88 CTAs of 32 columns on 132 SMs.
+    q.m = 16;
+    q.k = 1024;
+    q.u = 2816;
+    const Config small = pick(q, h200());
+    EXPECT_FALSE(quant_decode::is_hopper_form(small)) << to_string(small);
+    if (first < 17) {
+      EXPECT_NE(small.reason.find("88 CTAs do not cover the 132 SMs"), std::string::npos) << small.reason;
+    }
+    q.m = 17;
+    EXPECT_TRUE(quant_decode::is_hopper_form(pick(q, h200()))) << "1024 x 2816, m=17";
   }
   p.quant = QuantFormat{};
   test::ScopedEnv knob("GATEDMLP_QDECODE_HOPPER", "0");

@@ -392,6 +392,15 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
         hopper_no = quant_decode::blocker(per_pass, a);
       }
       if (hopper_no.empty()) hopper_no = quant_decode::hopper_blocker(r, a);
+      // Below 17 rows (8-bit words) the register kernel's grid is the finer:
+      // the form only where its own covers the SMs (h83: FP8 at M = 16 on
+      // 1024 x 2816, 88 CTAs, ran 0.92x the register kernel's speed).
+      if (hopper_no.empty() && r.m < quant_decode::kHopperMinM && !quant_decode::hopper_forced()) {
+        const int64_t ctas = quant_decode::hopper_ctas(r, quant_decode::hopper_warpgroups(r, dev.sms));
+        if (ctas < dev.sms)
+          hopper_no = "m=" + std::to_string(r.m) + " < " + std::to_string(quant_decode::kHopperMinM) + " and its " +
+                      std::to_string(ctas) + " CTAs do not cover the " + std::to_string(dev.sms) + " SMs";
+      }
     }
     auto hopper_form = [&](Config* c) {
       const int wgs = quant_decode::hopper_warpgroups(r, dev.sms);

@@ -30,8 +30,10 @@ inline constexpr int kHopperMinM = 17;
 inline constexpr int kHopperMinMInt8 = 9;
 inline constexpr int kHopperMinMFp8 = 16;
 // This problem's first M for the form, or 1 under
-// GATEDMLP_QDECODE_HOPPER=all (a measuring knob).
+// GATEDMLP_QDECODE_HOPPER=all (a measuring knob: the form wherever it can
+// run, hopper_forced()).
 int hopper_min_m(const Problem& problem);
+bool hopper_forced();
 // Past 64 rows it runs in passes of 64 (each streams the weights again), up
 // to 128: two passes at 8B cost ~2 x 51 us against ~135 us for dequantizing
 // into the workspace and the 16-bit GEMM (h82).
@@ -67,6 +69,10 @@ std::string hopper_blocker(const Problem& resolved, const Arguments* a);
 // columns) while U / 64 CTAs still cover half the SMs, else 1 (h82: 1024 x
 // 2816 ran 1.2-1.6x faster with 32-column CTAs, 2048 x 8192 1.3x slower).
 int hopper_warpgroups(const Problem& resolved, int sms);
+
+// The form's grid: CTAs of kHopperColumns * warpgroups columns per block of
+// G columns, times the blocks.
+int64_t hopper_ctas(const Problem& resolved, int warpgroups);
 
 // A call prepared once: the quantized kernel's parameters and the tensor
 // maps (words viewed as (K bits / 8 bytes, 8 rows, 2 halves, G/8 groups,

@@ -17,9 +17,13 @@ using detail::err;
 using sm90::kMaxCoord;
 using sm90::kMaxStrideBytes;
 
-int hopper_min_m(const Problem& r) {
+bool hopper_forced() {
   const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
-  if (knob && std::strcmp(knob, "all") == 0) return 1;
+  return knob && std::strcmp(knob, "all") == 0;
+}
+
+int hopper_min_m(const Problem& r) {
+  if (hopper_forced()) return 1;
   if (r.quant.mode == QuantMode::fp8_e4m3) return kHopperMinMFp8;
   return r.quant.mode == QuantMode::affine && r.quant.bits == 8 ? kHopperMinMInt8 : kHopperMinM;
 }
@@ -71,6 +75,11 @@ int hopper_warpgroups(const Problem& r, int sms) {
   return 2 * ctas >= sms ? 2 : 1;
 }
 
+int64_t hopper_ctas(const Problem& r, int warpgroups) {
+  const int64_t g = r.weights.group, cols = int64_t(kHopperColumns) * warpgroups;
+  return (g + cols - 1) / cols * (r.u / g);
+}
+
 Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, HopperPrepared* out) {
   Status s;
   auto fn = sm90::encode_fn(&s);
@@ -89,7 +98,7 @@ Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, Hopp
   const int64_t g = r.weights.group, ld = r.weights.ld * 4, blocks = r.u / g;
   const int64_t cols = int64_t(kHopperColumns) * warpgroups;
   pr.ctas_per_block = static_cast<int>((g + cols - 1) / cols);
-  pr.grid = static_cast<unsigned>(pr.ctas_per_block * blocks);
+  pr.grid = static_cast<unsigned>(hopper_ctas(r, warpgroups));
   {
     // Words as bytes: (K / 2 or K, 8 rows, 2 halves, G / 8 groups, U / G
     // blocks); a box is 128 bytes (256 k of 4 bits, 128 of 8) of 4 W
