@@ -735,10 +735,17 @@ TEST(Dispatch, QuantizedHopperForm) {
     const Config small = pick(q, h200());
     EXPECT_FALSE(quant_decode::is_hopper_form(small)) << to_string(small);
     if (first < 17) {
-      EXPECT_NE(small.reason.find("88 CTAs do not cover the 132 SMs"), std::string::npos) << small.reason;
+      EXPECT_NE(small.reason.find("88 CTAs of 32 columns do not cover the 132 SMs"), std::string::npos)
+          << small.reason;
     }
     q.m = 17;
     EXPECT_TRUE(quant_decode::is_hopper_form(pick(q, h200()))) << "1024 x 2816, m=17";
+    // 2048 x 8192: 256 such CTAs (the form then runs 128 of 64 columns).
+    q.m = 16;
+    q.k = 2048;
+    q.u = 8192;
+    const Config wide = pick(q, h200());
+    EXPECT_EQ(quant_decode::is_hopper_form(wide), first < 17) << to_string(wide);
   }
   p.quant = QuantFormat{};
   test::ScopedEnv knob("GATEDMLP_QDECODE_HOPPER", "0");

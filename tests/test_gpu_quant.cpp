@@ -296,7 +296,9 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
       st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, two_tiles, grouped, hopper,
       st.worst_ratio);
   if (n >= 100) {
-    EXPECT_GT(grouped, n / 20) << "too few cases ran with column groups";
+    // ~1200 x 0.34 (M <= 16) x 0.5 (forced) x ~0.35 (4-bit, eligible): ~70
+    // expected, 52-85 seen; n / 20 failed on chance once (h83).
+    EXPECT_GT(grouped, n / 40) << "too few cases ran with column groups";
     cudaDeviceProp prop{};
     ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
     if (prop.major == 9 && prop.minor == 0 && sm90::compiled()) {

@@ -393,13 +393,15 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
       }
       if (hopper_no.empty()) hopper_no = quant_decode::hopper_blocker(r, a);
       // Below 17 rows (8-bit words) the register kernel's grid is the finer:
-      // the form only where its own covers the SMs (h83: FP8 at M = 16 on
-      // 1024 x 2816, 88 CTAs, ran 0.92x the register kernel's speed).
+      // the form only where its CTAs of 32 columns cover the SMs (h83: FP8
+      // at M = 16 on 1024 x 2816, 88 of them, ran 0.92x the register
+      // kernel's speed; int8 on 2048 x 8192, 256, 1.54x).
       if (hopper_no.empty() && r.m < quant_decode::kHopperMinM && !quant_decode::hopper_forced()) {
-        const int64_t ctas = quant_decode::hopper_ctas(r, quant_decode::hopper_warpgroups(r, dev.sms));
+        const int64_t ctas = quant_decode::hopper_ctas(r, 1);
         if (ctas < dev.sms)
           hopper_no = "m=" + std::to_string(r.m) + " < " + std::to_string(quant_decode::kHopperMinM) + " and its " +
-                      std::to_string(ctas) + " CTAs do not cover the " + std::to_string(dev.sms) + " SMs";
+                      std::to_string(ctas) + " CTAs of 32 columns do not cover the " + std::to_string(dev.sms) +
+                      " SMs";
       }
     }
     auto hopper_form = [&](Config* c) {
