@@ -644,12 +644,16 @@ TEST(Dispatch, QuantizedHopperForm) {
     Config c = pick(p, h200());
     EXPECT_EQ(quant_decode::is_hopper_form(c), built && m >= 17) << m << ": " << to_string(c);
     if (m > 64 && built) {
-      EXPECT_NE(c.reason.find("2 passes of 64 rows"), std::string::npos) << c.reason;
+      EXPECT_NE(c.reason.find("in one pass of 128 tokens per wgmma"), std::string::npos) << c.reason;
+      test::ScopedEnv two("GATEDMLP_QDECODE_HOPPER_N128", "0");  // the 64-token form in two passes
+      const Config c2 = pick(p, h200());
+      EXPECT_NE(c2.reason.find("in 2 passes of 64 rows"), std::string::npos) << c2.reason;
+      EXPECT_EQ(c2.stages, quant_decode::hopper_stages(64, 2, 128)) << to_string(c2);
     }
     if (quant_decode::is_hopper_form(c)) {
       EXPECT_EQ(c.tile_n, 64) << "8B: 224 CTAs of 64 columns";
       EXPECT_EQ(c.threads, 2 * 128 + 32);
-      EXPECT_EQ(c.stages, quant_decode::hopper_stages(m <= 32 ? 32 : 64, 2, 128));
+      EXPECT_EQ(c.stages, quant_decode::hopper_stages(m <= 32 ? 32 : m <= 64 ? 64 : 128, 2, 128));
       EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
     }
     p.u = 2816;  // 44 CTAs of 64 columns on 132 SMs: 32 columns per CTA
@@ -714,6 +718,22 @@ TEST(Dispatch, QuantizedHopperForm) {
     EXPECT_LT(c.stages, quant_decode::hopper_stages(64, 2, 128));
   }
   p.scale_dtype = DType::bf16;
+  // Past 64 rows: 128 tokens per wgmma in one pass, but FP8 with two
+  // consumer warpgroups (8B) in two passes of 64 (registers, h84); with one
+  // (1024 x 2816) in one pass.
+  {
+    Problem q = llama8b(100);
+    q.quantized = true;
+    q.quant = QuantFormat{QuantMode::fp8_e4m3, 8, 128, 128};
+    q.scale_dtype = DType::fp32;
+    const Config c8 = pick(q, h200());
+    EXPECT_NE(c8.reason.find("in 2 passes of 64 rows"), std::string::npos) << c8.reason;
+    q.k = 1024;
+    q.u = 2816;
+    const Config cs = pick(q, h200());
+    EXPECT_EQ(cs.tile_n, 32) << to_string(cs);
+    EXPECT_NE(cs.reason.find("in one pass of 128 tokens"), std::string::npos) << cs.reason;
+  }
   // Where each format's form starts (hopper_min_m(): measured, h83).
   for (const auto& [f, first] : {std::pair{QuantFormat{}, 17}, std::pair{QuantFormat{QuantMode::mxfp4, 4, 32}, 17},
                                  std::pair{QuantFormat{QuantMode::affine, 8, 64}, 9},

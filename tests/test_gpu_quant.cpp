@@ -384,6 +384,9 @@ TEST(GpuQuant, HopperForm) {
         // Below 17 rows the form needs a grid that covers the SMs, which
         // these shapes do not have: the measuring knob takes it anyway.
         ScopedEnv all("GATEDMLP_QDECODE_HOPPER", m < 17 ? "all" : nullptr);
+        // Past 64 rows: one pass of 128 tokens, and every other case two
+        // passes of 64 (the knob that keeps the older form).
+        ScopedEnv two("GATEDMLP_QDECODE_HOPPER_N128", m > 64 && i % 2 ? "0" : nullptr);
         Problem p;
         p.quantized = true;
         p.quant = f;

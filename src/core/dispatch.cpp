@@ -408,7 +408,8 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
       const int wgs = quant_decode::hopper_warpgroups(r, dev.sms);
       c->tile_n = quant_decode::kHopperColumns * wgs;
       c->tile_k = quant_decode::kHopperBk;
-      c->stages = quant_decode::hopper_stages(r.m <= 32 ? 32 : 64, wgs, quant_decode::hopper_row_bytes(r.quant.bits));
+      c->stages = quant_decode::hopper_stages(quant_decode::hopper_n(r, wgs), wgs,
+                                              quant_decode::hopper_row_bytes(r.quant.bits));
       c->threads = 128 * wgs + 32;
       return "Hopper form: words and x by TMA, the words dequantized in registers as wgmma's A operand, x its B "
              "operand from shared memory, " +
@@ -437,13 +438,17 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
     if (sm90_device && r.m > quant_decode::kMaxM && hopper_no.empty()) {
       Config c;
       c.path = KernelPath::quant_decode;
-      c.tile_m = static_cast<int>(quant_decode::kMaxM);
+      const int n = quant_decode::hopper_n(r, quant_decode::hopper_warpgroups(r, dev.sms));
+      const int64_t passes = quant_decode::hopper_passes(r.m, n);
+      c.tile_m = n;
       c.vector_loads = true;
       const std::string form = hopper_form(&c);
       c.reason = "quantized decode kernel's " + form + ": " + to_string(r.quant) + " weights, m=" + std::to_string(r.m) +
-                 " in " + std::to_string(quant_decode::hopper_passes(r.m)) + " passes of " +
-                 std::to_string(quant_decode::kMaxM) + " rows (each streams the weights once; dequantizing them into " +
-                 "the workspace costs more up to m=" + std::to_string(quant_decode::kHopperMaxM) + ")";
+                 (passes == 1 ? " in one pass of " + std::to_string(n) + " tokens per wgmma (it streams the weights once"
+                              : " in " + std::to_string(passes) + " passes of " + std::to_string(n) +
+                                    " rows (each streams the weights once") +
+                 "; dequantizing them into the workspace costs more up to m=" +
+                 std::to_string(quant_decode::kHopperMaxM) + ")";
       *cfg = c;
       return Status::Ok();
     }

@@ -69,7 +69,8 @@ struct Ring {
   static constexpr int kSmem = kStages * kStage + 2 * kStages * 8 + 1024 /* alignment slack */;
   static constexpr int kSteps = W == 1 ? 8 : 4;            // SG: k16 steps per wgmma group
   static_assert(kStage % 1024 == 0, "stages must stay 1024-byte aligned");
-  static_assert(kStages >= 3, "a ring of at least three stages");
+  // N = 128 (65-128 rows in one pass): a stage holds 64 KB of X, so two.
+  static_assert(kStages >= (N == 128 ? 2 : 3), "a ring of at least three stages (two at N = 128)");
 };
 
 // D[64 x N] (+)= A[64 x 16] (registers) * B[N x 16]^T (shared memory,
@@ -88,14 +89,24 @@ __device__ __forceinline__ void wgmma_ra(float (&d)[N / 2], const uint32_t (&a)[
                  " %20, p, 1, 1, 0;\n}"                                                                            \
                  : GATEDMLP_QH_ACC8(0), GATEDMLP_QH_ACC8(8)                                                        \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(ACC)));                             \
-  else                                                                                                             \
+  else if constexpr (N == 64)                                                                                      \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                      \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES                                              \
                  " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20," \
                  " %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}" \
                  : GATEDMLP_QH_ACC8(0), GATEDMLP_QH_ACC8(8), GATEDMLP_QH_ACC8(16), GATEDMLP_QH_ACC8(24)            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(ACC)));                             \
+  else                                                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " {"                                        \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "           \
+                 "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "           \
+                 "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "           \
+                 "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"\
+                 : GATEDMLP_QH_ACC8(0), GATEDMLP_QH_ACC8(8), GATEDMLP_QH_ACC8(16), GATEDMLP_QH_ACC8(24),           \
+                   GATEDMLP_QH_ACC8(32), GATEDMLP_QH_ACC8(40), GATEDMLP_QH_ACC8(48), GATEDMLP_QH_ACC8(56)          \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(ACC)));
-  static_assert(N == 32 || N == 64, "N = 32 or 64 tokens");
+  static_assert(N == 32 || N == 64 || N == 128, "N = 32, 64 or 128 tokens");
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     GATEDMLP_QH_WGMMA("bf16.bf16")
   } else {
@@ -412,15 +423,21 @@ cudaError_t hopper_one(const HopperPrepared& pr, const Params& q, const CUtensor
   return cudaGetLastError();
 }
 
-// One format and group: N = 32 or 64 tokens, 1 or 2 consumer warpgroups.
+// One format and group: N = 32, 64 or 128 tokens, 1 or 2 consumer
+// warpgroups (FP8 at 128: 1, hopper_n()).
 template <typename T, int FMT, int GS>
 cudaError_t hopper_format(const HopperPrepared& pr, const Params& q, const CUtensorMap& xmap, cudaStream_t stream,
                           bool setup) {
   if (pr.n == 32)
     return pr.warpgroups == 1 ? hopper_one<T, FMT, 32, 1, GS>(pr, q, xmap, stream, setup)
                               : hopper_one<T, FMT, 32, 2, GS>(pr, q, xmap, stream, setup);
-  return pr.warpgroups == 1 ? hopper_one<T, FMT, 64, 1, GS>(pr, q, xmap, stream, setup)
-                            : hopper_one<T, FMT, 64, 2, GS>(pr, q, xmap, stream, setup);
+  if (pr.n == 64)
+    return pr.warpgroups == 1 ? hopper_one<T, FMT, 64, 1, GS>(pr, q, xmap, stream, setup)
+                              : hopper_one<T, FMT, 64, 2, GS>(pr, q, xmap, stream, setup);
+  if constexpr (FMT == kFp8) return hopper_one<T, FMT, 128, 1, GS>(pr, q, xmap, stream, setup);
+  else
+    return pr.warpgroups == 1 ? hopper_one<T, FMT, 128, 1, GS>(pr, q, xmap, stream, setup)
+                              : hopper_one<T, FMT, 128, 2, GS>(pr, q, xmap, stream, setup);
 }
 
 // The instantiations of one X dtype and word width: int4 in groups of 32,

@@ -34,11 +34,15 @@ inline constexpr int kHopperMinMFp8 = 16;
 // run, hopper_forced()).
 int hopper_min_m(const Problem& problem);
 bool hopper_forced();
-// Past 64 rows it runs in passes of 64 (each streams the weights again), up
-// to 128: two passes at 8B cost ~2 x 51 us against ~135 us for dequantizing
-// into the workspace and the 16-bit GEMM (h82).
+// Past 64 rows, up to 128: one pass with 128 tokens per wgmma (m64n128k16,
+// h84), or under GATEDMLP_QDECODE_HOPPER_N128=0 two passes of 64 (each
+// streams the weights again; h82: ~2 x 51 us at 8B against ~135 us for
+// dequantizing into the workspace and the 16-bit GEMM).
 inline constexpr int kHopperMaxM = 128;
-inline constexpr int64_t hopper_passes(int64_t m) { return (m + 63) / 64; }
+// Tokens per wgmma for this problem's m rows with `warpgroups` consumer
+// warpgroups (32, 64 or 128), and the passes over the rows.
+int hopper_n(const Problem& resolved, int warpgroups);
+inline int64_t hopper_passes(int64_t m, int n) { return (m + n - 1) / n; }
 
 // Bytes of a weight row in a stage: 256 k of 4 or 8 bits.
 inline constexpr int hopper_row_bytes(int bits) { return kHopperBk * bits / 8; }
@@ -76,7 +80,7 @@ int64_t hopper_ctas(const Problem& resolved, int warpgroups);
 
 // A call prepared once: the quantized kernel's parameters and the tensor
 // maps (words viewed as (K bits / 8 bytes, 8 rows, 2 halves, G/8 groups,
-// U/G blocks), X as (K, rows, 1) for each pass of 64 rows); hopper_launch()
+// U/G blocks), X as (K, rows, 1) for each pass of n rows); hopper_launch()
 // points them at each call's tensors.
 struct HopperPrepared {
   Params q{};
@@ -84,8 +88,8 @@ struct HopperPrepared {
   const void* w = nullptr;  // the addresses the maps hold now
   const void* x = nullptr;
   DType input = DType::bf16;
-  int n = 64;               // tokens per wgmma: 32 (m <= 32) or 64
-  int passes = 1;           // of 64 rows (m > 64: 2)
+  int n = 64;               // tokens per wgmma and rows per pass: hopper_n()
+  int passes = 1;           // of n rows (2 only at n = 64 past 64 rows)
   int warpgroups = 2;       // consumer warpgroups per CTA
   int group_size = 64;      // of the affine scales along K
   Format format = kInt4;    // kInt4, kMxfp4 (bf16 x), kInt8 or kFp8

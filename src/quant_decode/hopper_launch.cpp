@@ -17,6 +17,17 @@ using detail::err;
 using sm90::kMaxCoord;
 using sm90::kMaxStrideBytes;
 
+int hopper_n(const Problem& r, int warpgroups) {
+  if (r.m <= 32) return 32;
+  if (r.m <= 64) return 64;
+  const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER_N128");
+  if (knob && std::strcmp(knob, "0") == 0) return 64;
+  // FP8's sums, a block's sums and the A registers at 128 tokens do not fit
+  // two consumer warpgroups' 168 registers (ptxas spilled 276 bytes), and
+  // one warpgroup of 128 ran 0.96-1.16x two passes of two (h84): two passes.
+  return r.quant.mode == QuantMode::fp8_e4m3 && warpgroups == 2 ? 64 : 128;
+}
+
 bool hopper_forced() {
   const char* knob = std::getenv("GATEDMLP_QDECODE_HOPPER");
   return knob && std::strcmp(knob, "all") == 0;
@@ -87,7 +98,7 @@ Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, Hopp
   HopperPrepared pr;
   pr.q = make_params(r, a);
   pr.input = r.input_dtype;
-  pr.n = r.m <= 32 ? 32 : 64;
+  pr.n = hopper_n(r, warpgroups);
   pr.warpgroups = warpgroups;
   pr.group_size = r.quant.group_size;
   const bool eight = r.quant.bits == 8;
@@ -110,15 +121,15 @@ Status hopper_prepare(const Problem& r, const Arguments& a, int warpgroups, Hopp
     const cuuint32_t box[5] = {kHopperBk / 2, 8, 2, cuuint32_t(4 * warpgroups), 1};
     if (Status e = sm90::encode(fn, &pr.wmap, DType::fp8_e4m3, a.w, 5, dims, strides, box, "w"); !e) return e;
   }
-  pr.passes = static_cast<int>(hopper_passes(r.m));
+  pr.passes = static_cast<int>(hopper_passes(r.m, pr.n));
   for (int i = 0; i < pr.passes; ++i) {
-    // X: (K, rows, 1) from row 64 i; a box is 64 k of N rows, those past
+    // X: (K, rows, 1) from row n i; a box is 64 k of n rows, those past
     // the pass's rows zero.
-    const int64_t rows = std::min<int64_t>(64, r.m - 64 * i);
+    const int64_t rows = std::min<int64_t>(pr.n, r.m - int64_t(pr.n) * i);
     const cuuint64_t dims[3] = {cuuint64_t(r.k), cuuint64_t(rows), 1};
     const cuuint64_t strides[2] = {cuuint64_t(r.ldx * 2), cuuint64_t(rows * r.ldx * 2)};
     const cuuint32_t box[3] = {64, cuuint32_t(pr.n), 1};
-    const void* base = static_cast<const char*>(a.x) + 64 * i * r.ldx * 2;
+    const void* base = static_cast<const char*>(a.x) + int64_t(pr.n) * i * r.ldx * 2;
     if (Status e = sm90::encode(fn, &pr.xmap[i], r.input_dtype, base, 3, dims, strides, box, "x"); !e) return e;
   }
   pr.w = a.w;
@@ -137,23 +148,25 @@ Status hopper_launch(HopperPrepared& pr, const Arguments& a, cudaStream_t stream
   const decode::Params& p0 = pr.q.d;
   if (a.x != pr.x) {
     for (int i = 0; i < pr.passes; ++i)
-      if (Status e = sm90::replace_address(&pr.xmap[i], static_cast<const char*>(a.x) + 64 * i * p0.ldx * 2, "x"); !e)
+      if (Status e = sm90::replace_address(&pr.xmap[i], static_cast<const char*>(a.x) + int64_t(pr.n) * i * p0.ldx * 2,
+                                           "x");
+          !e)
         return e;
     pr.x = a.x;
   }
-  // Pass i: rows 64 i ... of x, y and the pre-activation.
+  // Pass i: rows n i ... of x, y and the pre-activation.
   const size_t ysize = dtype_size(static_cast<DType>(p0.out_dtype));
   const size_t psize = dtype_size(static_cast<DType>(p0.pre_dtype));
   for (int i = 0; i < pr.passes; ++i) {
     Params q = pr.q;
     decode::Params& p = q.d;
-    const int64_t row0 = 64 * int64_t(i);
+    const int64_t row0 = int64_t(pr.n) * i;
     p.x = static_cast<const char*>(a.x) + row0 * p.ldx * 2;
     p.w = a.w;
     p.bias = a.bias;
     p.y = static_cast<char*>(a.y) + row0 * p.ldy * ysize;
     p.pre = a.preact ? static_cast<char*>(a.preact) + row0 * p.ldpre * psize : nullptr;
-    p.m = static_cast<int>(std::min<int64_t>(64, p0.m - row0));
+    p.m = static_cast<int>(std::min<int64_t>(pr.n, p0.m - row0));
     q.scales = a.w_scales;
     q.biases = a.w_biases;
     if (const cudaError_t e = hopper_kernel_launch(pr, q, pr.xmap[i], stream); e != cudaSuccess)
