@@ -23,7 +23,9 @@ host   Host (CPU) cost of one call of each entry point, in µs, on a problem so
        per-channel w), under the same 1.25x bar. Calls run under
        torch.inference_mode() with the garbage collector off. Every gatedmlp
        entry's output is checked first (the FP8 ones against float64 on
-       their e4m3 inputs, within 2^-4).
+       their e4m3 inputs, within 2^-4). The quantized entry points too (int4
+       g64, bf16 scales and biases), under the same 1.25x bar, checked
+       against float64 on the dequantized weights.
 
 model  Transformers models with 8B-sized layers (hidden 4096, intermediate
        14336; 4 layers, vocab 32000, bf16, random weights, SDPA attention
@@ -334,6 +336,29 @@ def host_section(args, dev, G, results, patch_model=None):
                     "gatedmlp.fp8_gate_up(..., out=y8, y_scale=s) (FP8 Y)": (
                         lambda: gm.fp8_gate_up(xq, sx, wq, sw, out=y8, y_scale=ys8), "gatedmlp_fp8"),
                 })
+            # Quantized weights (MLX's affine int4, groups of 64, bf16 scales and
+            # biases: a bf16 model's own), checked against float64 on the
+            # dequantized weights (the kernel rounds them to bf16: within 2^-6).
+            # Names of their own: the FP8 entries' lambdas read wq and sw.
+            qw, qs, qb = gm.quantize(w.float().cpu(), group_size=64, bits=4)
+            qs, qb = qs.to(BF16), qb.to(BF16)
+            wdq = gm.dequantize(qw, qs.float(), qb.float(), group_size=64, bits=4).double().to(dev)
+            quant_ref = F.silu(x64 @ wdq[:u].T) * (x64 @ wdq[u:].T)
+            qw, qs, qb = qw.view(torch.int32).to(dev), qs.to(dev), qb.to(dev)
+            entries.update({
+                "gatedmlp.quantized_gate_up(x, wq, s, b, out=y) (int4)": (
+                    lambda: gm.quantized_gate_up(x, qw, qs, qb, out=y), "gatedmlp_quant"),
+                "gatedmlp.quantized_gate_up(x, wq, s, b) (int4)": (
+                    lambda: gm.quantized_gate_up(x, qw, qs, qb), "gatedmlp_quant"),
+                "gatedmlp.torch.quantized_gate_up(x, wq, s, b) (int4)": (
+                    lambda: gt.quantized_gate_up(x, qw, qs, qb), "gatedmlp_quant"),
+            })
+            for name, (fn, kind) in entries.items():
+                if kind == "gatedmlp_quant":
+                    out = fn()
+                    e = rel_err(out, quant_ref)
+                    checks.append(dict(what=f"host {name} vs float64 on the dequantized weights", err=e,
+                                       err_unfused=e_unfused, ok=e <= 2 ** -6))
             for name, (fn, kind) in entries.items():
                 if kind == "gatedmlp":
                     out = fn()
@@ -400,7 +425,7 @@ def host_section(args, dev, G, results, patch_model=None):
         us = median(host[nm])
         row = dict(entry=nm, kind=kind, host_us=us, ratio_flinear=us / base, wall_over_host=median(wall[nm]),
                    samples=len(host[nm]))
-        if kind in ("gatedmlp", "gatedmlp_fp8"):
+        if kind in ("gatedmlp", "gatedmlp_fp8", "gatedmlp_quant"):
             row["bar"] = f"<= {HOST_BAR}x F.linear"
             row["bar_ok"] = us <= HOST_BAR * base
         elif kind == "gatedmlp_module":

@@ -38,6 +38,18 @@ def _format(group_size, bits, mode, row_block=None, repacked=False) -> "_C.Quant
                           row_block=int(rb if row_block is None else row_block), repacked=bool(repacked))
 
 
+# (group_size, bits, mode, row_block, repacked) -> its QuantFormat, built once.
+_FORMATS = {}
+
+
+def _format_cached(group_size, bits, mode, row_block, repacked) -> "_C.QuantFormat":
+    key = (group_size, bits, mode, row_block, repacked)
+    fmt = _FORMATS.get(key)
+    if fmt is None:
+        fmt = _FORMATS[key] = _format(group_size, bits, mode, row_block, repacked)
+    return fmt
+
+
 def _is_torch(t) -> bool:
     return type(t).__module__.split(".", 1)[0] == "torch"
 
@@ -166,20 +178,19 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     the 16-bit kernel runs on them. repacked=True: affine 4-bit words from
     repack().
     """
-    from . import Activation, Half, _enum, _export, _stream_handle, _workspace_alloc, current_stream
+    g = _sys.modules[__package__]
+    fmt = _format_cached(group_size, bits, mode, row_block, repacked)
+    activation = activation if type(activation) is g.Activation else g._enum(g.Activation, activation, "activation")
+    first = first if type(first) is g.Half else g._enum(g.Half, first, "first")
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up,
+                                        out, preact, fmt, activation, act_params, group, first, alpha, stream)
+    from . import _export, _stream_handle, _workspace_alloc, current_stream
 
-    fmt = _format(group_size, bits, mode, row_block, repacked)
-    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
-    first = first if type(first) is Half else _enum(Half, first, "first")
     if out is None:
         rows = wq.shape[0]
-        u = rows if wq_up is not None else rows // 2
-        if _is_torch(x):
-            out = x.new_empty((*x.shape[:-1], u))
-        else:
-            from . import _empty
-
-            out = _empty(x, (*x.shape[:-1], u), "out")
+        out = g._empty(x, (*x.shape[:-1], rows if wq_up is not None else rows // 2), "out")
     if stream is None:
         stream = current_stream(x)
     e = _export
@@ -187,6 +198,29 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
                act_params=act_params, group=group, first=first, alpha=alpha, stream=_stream_handle(stream),
                scales=e(scales), biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt,
                workspace_alloc=_workspace_alloc(x))
+    return out
+
+
+def _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, out,
+                             preact, fmt, activation, act_params, group, first, alpha, stream):
+    # quantized_gate_up for PyTorch tensors, kept short as gate_up's: every
+    # line here is host time on each call (the library checks the shapes).
+    # It cost 25-30 us a call on an H200's host through the generic path,
+    # 1.8-2.1x F.linear (data/h84-dropin-host.txt).
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, bias, bias_up, out, preact)):
+        raise RuntimeError(g._NO_BACKWARD)
+    if out is None:
+        rows = wq.shape[0]
+        out = x.new_empty((*x.shape[:-1], rows if wq_up is not None else rows // 2))
+    stream, alloc = g._torch_stream_and_alloc(torch, x, stream, None)
+    to = torch.utils.dlpack.to_dlpack
+
+    def e(t):  # scales held as parameters may require grad: the kernel reads their values
+        return None if t is None else to(t.detach() if t.requires_grad else t)
+
+    _C.gate_up(e(x), e(wq), e(out), e(wq_up), e(bias), e(bias_up), e(preact), activation=activation,
+               act_params=act_params, group=group, first=first, alpha=alpha, stream=stream, scales=e(scales),
+               biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt, workspace_alloc=alloc)
     return out
 
 
