@@ -1,6 +1,7 @@
 // The quantized decode kernel's Hopper form (sm_90a): int4, MXFP4, int8 and
-// FP8 gate/up + GLU for 17-64 rows of X per launch (the host runs 65-128
-// rows in two passes: hopper_launch.cpp).
+// FP8 gate/up + GLU for up to 128 rows of X per launch (N = 32, 64 or 128
+// tokens per wgmma; FP8 with two consumer warpgroups runs 65-128 rows in two
+// passes of 64: hopper_launch.cpp).
 //
 // Why: the register-load kernel (quant_decode.cuh) loads X into registers
 // for every n-tile and permutes it to the pairs the words come out in; at
@@ -11,8 +12,9 @@
 // 16-bit decode kernel's Hopper form, decode_glu/decode_hopper.cu).
 // Measured in a probe (docs/notes/quantized-decode.md, h82): 2.0-3.6x the
 // register kernel at M = 32 and 64, 1.2-1.4x cuBLAS's bf16 GEMM at M = 64
-// on 8B, 70B, Qwen3-32B and 2048 x 8192. At M <= 16 it was slower than the
-// register kernel (why is not measured yet), so it starts at 17.
+// on 8B, 70B, Qwen3-32B and 2048 x 8192. Below 17 rows it is slower than
+// the register kernel for 4-bit words (why is not measured yet) and faster
+// for 8-bit ones from M = 9-16 (hopper_min_m(), h83).
 //
 // The ring: one producer thread issues per stage one box (4-bit) or two
 // (8-bit) of 128 bytes (128-byte swizzled) of each of the CTA's 64 * W
