@@ -201,23 +201,30 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     return out
 
 
-def _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, out,
-                             preact, fmt, activation, act_params, group, first, alpha, stream):
-    # quantized_gate_up for PyTorch tensors, kept short as gate_up's: every
-    # line here is host time on each call (the library checks the shapes).
-    # It cost 25-30 us a call on an H200's host through the generic path,
-    # 1.8-2.1x F.linear (data/h84-dropin-host.txt).
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, bias, bias_up, out, preact)):
+def _torch_prep(torch, g, like, stream, workspace, grad_checked):
+    """For a call on PyTorch tensors, kept short as gate_up's (every line is
+    host time on each call; the library checks the shapes): refuses the
+    tensors that would need a gradient, as gate_up does, and gives the raw
+    stream, the device's held allocator and the capsule maker. The generic
+    path cost 25-30 us a call on an H200's host, 1.8-2.1x F.linear
+    (docs/notes/drop-in-and-decode.md, h85)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in grad_checked):
         raise RuntimeError(g._NO_BACKWARD)
-    if out is None:
-        rows = wq.shape[0]
-        out = x.new_empty((*x.shape[:-1], rows if wq_up is not None else rows // 2))
-    stream, alloc = g._torch_stream_and_alloc(torch, x, stream, None)
+    stream, alloc = g._torch_stream_and_alloc(torch, like, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
 
     def e(t):  # scales held as parameters may require grad: the kernel reads their values
         return None if t is None else to(t.detach() if t.requires_grad else t)
 
+    return stream, alloc, e
+
+
+def _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, out,
+                             preact, fmt, activation, act_params, group, first, alpha, stream):
+    if out is None:
+        rows = wq.shape[0]
+        out = x.new_empty((*x.shape[:-1], rows if wq_up is not None else rows // 2))
+    stream, alloc, e = _torch_prep(torch, g, x, stream, None, (x, bias, bias_up, out, preact))
     _C.gate_up(e(x), e(wq), e(out), e(wq_up), e(bias), e(bias_up), e(preact), activation=activation,
                act_params=act_params, group=group, first=first, alpha=alpha, stream=stream, scales=e(scales),
                biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt, workspace_alloc=alloc)
@@ -240,13 +247,22 @@ def quantized_down(h, wq, scales, biases=None, *, up=None, bias=None, out=None, 
     out [M, U] (h's dtype when allocated here). Each weight is rounded once
     to h's dtype and the sums are fp32, as in quantized_gate_up.
     """
-    from . import Activation, _empty, _enum, _export, _stream_handle, _workspace_alloc, current_stream
+    g = _sys.modules[__package__]
+    fmt = _format_cached(group_size, bits, mode, row_block, repacked)
+    activation = activation if type(activation) is g.Activation else g._enum(g.Activation, activation, "activation")
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(h, torch.Tensor):
+        if out is None:
+            out = h.new_empty((*h.shape[:-1], wq.shape[0]))
+        stream, alloc, e = _torch_prep(torch, g, h, stream, workspace, (h, up, bias, out))
+        _C.down(e(h), e(wq), e(out), e(up), e(bias), activation=activation, act_params=act_params, alpha=alpha,
+                stream=stream, scales=e(scales), biases=e(biases), quant=fmt, workspace=e(workspace),
+                workspace_alloc=alloc)
+        return out
+    from . import _export, _stream_handle, _workspace_alloc, current_stream
 
-    fmt = _format(group_size, bits, mode, row_block, repacked)
-    activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
     if out is None:
-        shape = (*h.shape[:-1], wq.shape[0])
-        out = h.new_empty(shape) if _is_torch(h) else _empty(h, shape, "out")
+        out = g._empty(h, (*h.shape[:-1], wq.shape[0]), "out")
     if stream is None:
         stream = current_stream(h)
     e = _export

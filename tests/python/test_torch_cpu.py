@@ -175,6 +175,32 @@ def test_no_backward_is_an_error():
                          torch.randn(96, 64, dtype=torch.bfloat16))
 
 
+def test_quantized_functional_calls_refuse_a_gradient_and_reach_the_library():
+    """gatedmlp.quantized_gate_up / quantized_down / quantized_mlp on torch
+    tensors take gate_up's short path: a tensor that would need a gradient is
+    refused by name; scales held as parameters are read as values; CPU
+    tensors get the library's own error."""
+    wq, s, b = gatedmlp.quantize(torch.randn(128, 64), group_size=32, bits=4)
+    wq, s, b = wq.view(torch.int32), s.bfloat16(), b.bfloat16()
+    wd, sd, bd = gatedmlp.quantize(torch.randn(64, 64), group_size=32, bits=4)
+    wd, sd, bd = wd.view(torch.int32), sd.bfloat16(), bd.bfloat16()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    h = torch.randn(4, 64, dtype=torch.bfloat16)
+    calls = (lambda x, h, s: gatedmlp.quantized_gate_up(x, wq, s, b, group_size=32),
+             lambda x, h, s: gatedmlp.quantized_down(h, wd, sd, bd, group_size=32),
+             lambda x, h, s: gatedmlp.quantized_mlp(x, wq, s, b, wq_down=wd, scales_down=sd, biases_down=bd,
+                                                    group_size=32))
+    for call in calls:
+        with pytest.raises(RuntimeError, match="no backward pass"):
+            call(x.clone().requires_grad_(), h.clone().requires_grad_(), s)
+        for args in ((x, h, s), (x, h, nn.Parameter(s))):
+            with pytest.raises(gatedmlp.Error) as e:
+                call(*args)
+            assert isinstance(e.value, (gatedmlp.NoDeviceError, gatedmlp.InvalidArgumentError)), e.value
+    with torch.no_grad(), pytest.raises(gatedmlp.Error):
+        gatedmlp.quantized_gate_up(x.clone().requires_grad_(), wq, s, b, group_size=32)
+
+
 def test_raw_operators_refuse_a_gradient_at_the_call():
     """The operators themselves (as a compiled graph or a direct caller
     reaches them): a call that would need a gradient raises before it runs,
