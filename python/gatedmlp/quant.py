@@ -173,7 +173,8 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     128: DeepSeek-V3's ``weight_scale_inv``; 1 and 0: per channel; 0 and 0:
     per tensor), no biases. Returns out [M, U] (x's dtype when allocated
     here). Up to 64 rows the weights are dequantized in registers as they
-    stream; past that, or where the rows of x are not 16-byte aligned, they
+    stream (on an H100 / H200 up to 128 for fused weights with K a multiple
+    of 256); past that, or where the rows of x are not 16-byte aligned, they
     are dequantized into scratch (allocated like x, kept for the stream) and
     the 16-bit kernel runs on them. repacked=True: affine 4-bit words from
     repack().
