@@ -370,8 +370,8 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (r.gather.experts > 0) return select_gathered(r, r, a, cfg);
   if (fp8_input(r)) return select_fp8(r, a, dev, cfg);
   // Quantized weights: the quantized decode kernel up to its kMaxM rows (on
-  // sm_90 its Hopper form from 17 rows, and up to kHopperMaxM in passes of
-  // kMaxM); past them (where the weights are reused across enough
+  // sm_90 its Hopper form from hopper_min_m() rows up to kHopperMaxM, past
+  // 64 in one pass of 128 tokens or two of 64: hopper_n()); past them (where the weights are reused across enough
   // rows for the 16-bit kernels' tiles to pay), and for what it cannot read, the weights are
   // dequantized into the workspace and the 16-bit problem takes whatever
   // path it would take. Config::path is then that path's, and run()
@@ -379,8 +379,8 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (r.quantized) {
     const std::string no = quant_decode::blocker(r, a);
     const bool sm90_device = dev.major == 9 && dev.minor == 0;
-    // The Hopper form: M 17-64, and M 65-128 in passes of 64 rows
-    // (the register kernel stops at 64: what it reads is checked at 64).
+    // The Hopper form: from hopper_min_m() rows to 64, and 65-128 (the
+    // register kernel stops at 64: what it reads is checked at 64).
     std::string hopper_no;
     const int hopper_min_m = quant_decode::hopper_min_m(r);
     if (sm90_device && r.m >= hopper_min_m) {

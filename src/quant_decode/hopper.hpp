@@ -1,6 +1,6 @@
 // Host side of the quantized decode kernel's Hopper form (hopper.cuh):
-// int4, MXFP4, int8 and FP8 gate/up + GLU for 17-64 rows of X, the packed
-// words streamed by TMA into a ring, dequantized in registers as wgmma's A
+// int4, MXFP4, int8 and FP8 gate/up + GLU for up to 128 rows of X, the
+// packed words streamed by TMA into a ring, dequantized in registers as wgmma's A
 // operand, with X read by the tensor core from the same ring (wgmma's B
 // operand).
 #pragma once
@@ -63,7 +63,7 @@ inline constexpr int hopper_stages(int n, int warpgroups, int row_bytes) {
 // groups of 32, 64 or 128, MXFP4 with bf16 x, or FP8 e4m3 with any of its
 // scale schemes; the checkpoint's word order, gate/up
 // (not the down projection or a gathered call), one batch, fused weights in
-// blocks of G rows with G % 8 == 0, 17 <= m <= 128, k a multiple of 256,
+// blocks of G rows with G % 8 == 0, hopper_min_m() <= m <= 128, k a multiple of 256,
 // affine scale arrays aligned to a stage's scales (16 bytes at group 32;
 // `a` null: assumed aligned). GATEDMLP_QDECODE_HOPPER=0 turns it off
 // (tuning knob).

@@ -24,7 +24,8 @@ int hopper_n(const Problem& r, int warpgroups) {
   if (knob && std::strcmp(knob, "0") == 0) return 64;
   // FP8's sums, a block's sums and the A registers at 128 tokens do not fit
   // two consumer warpgroups' 168 registers (ptxas spilled 276 bytes), and
-  // one warpgroup of 128 ran 0.96-1.16x two passes of two (h84): two passes.
+  // one warpgroup at 128 tokens ran only 0.96-1.16x as fast as two passes of
+  // 64 with two warpgroups (h84): two passes.
   return r.quant.mode == QuantMode::fp8_e4m3 && warpgroups == 2 ? 64 : 128;
 }
 
