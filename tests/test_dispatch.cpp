@@ -576,7 +576,7 @@ TEST(Dispatch, QuantizedColumnGroups) {
     Config c;
     EXPECT_TRUE(detail::select_config(p.resolved(), nullptr, h200(), &c).ok());
     EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
-    if (quant_decode::is_hopper_form(c)) return 1;  // M 17-64 on sm_90: no column groups (QuantizedHopperForm)
+    if (quant_decode::is_hopper_form(c)) return 1;  // the Hopper form: no column groups (QuantizedHopperForm)
     const bool said = c.reason.find("groups of 8 columns per warp") != std::string::npos;
     EXPECT_EQ(said, c.tile_n > 8) << c.reason;
     return c.tile_n / 8;
@@ -625,11 +625,14 @@ TEST(Dispatch, QuantizedColumnGroups) {
 
 // The quantized decode kernel's Hopper form (quant_decode/hopper.hpp): affine
 // int4 / int8 with scales of X's dtype, MXFP4 with bf16 x, or FP8 with any of
-// its scales, on fused weights at M 17-128 on sm_90, with
-// 2 warpgroups per CTA where U / 64 CTAs cover half the SMs, else 1; the
-// register kernel for everything else, the reason saying why.
+// its scales, on fused weights on sm_90 from M = 17 (int8: 9, FP8: 16, where
+// the grid covers the SMs) to 128 (past 64 one pass of 128 tokens, FP8 with
+// two warpgroups two of 64), with 2 warpgroups per CTA where U / 64 CTAs
+// cover half the SMs, else 1; the register kernel for everything else, the
+// reason saying why.
 TEST(Dispatch, QuantizedHopperForm) {
-  for (const char* v : {"GATEDMLP_FORCE_PATH", "GATEDMLP_QDECODE_CG", "GATEDMLP_QDECODE", "GATEDMLP_QDECODE_HOPPER"})
+  for (const char* v : {"GATEDMLP_FORCE_PATH", "GATEDMLP_QDECODE_CG", "GATEDMLP_QDECODE", "GATEDMLP_QDECODE_HOPPER",
+                        "GATEDMLP_QDECODE_HOPPER_N128"})
     unsetenv(v);
   const bool built = sm90::compiled();
   auto pick = [](const Problem& p, const detail::DeviceInfo& dev) {

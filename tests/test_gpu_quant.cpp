@@ -275,7 +275,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
       EXPECT_NE(c.reason.find("groups of 8 columns per warp"), std::string::npos) << c.reason;
       grouped++;
     }
-    // The Hopper form (M 17-128, fused weights, K % 256 == 0; sm_90 only) says so.
+    // The Hopper form (from hopper_min_m() to 128 rows, fused weights, K % 256 == 0; sm_90 only) says so.
     if (quant_decode::is_hopper_form(c)) {
       EXPECT_GE(p.m, quant_decode::hopper_min_m(p)) << to_string(c);
       EXPECT_NE(c.reason.find("Hopper form: "), std::string::npos) << c.reason;
@@ -347,10 +347,9 @@ TEST(GpuQuant, EveryFormatLayoutActivation) {
 }
 
 // The Hopper form (int4 / int8 with scales of X's dtype, MXFP4 with bf16 X,
-// FP8 in 128 x 128 blocks, per channel and per tensor; fused weights, M
-// 17-128 on sm_90, past 64 rows in passes of 64): every format, group size
-// and X dtype,
-// both n (32, 64 tokens) and both CTA widths, one stage and several (K a
+// FP8 in 128 x 128 blocks, per channel and per tensor; fused weights, up to
+// 128 rows on sm_90, past 64 in one pass of 128 tokens or two of 64): every
+// format, group size and X dtype, every n (32, 64, 128 tokens) and both CTA widths, one stage and several (K a
 // multiple of 256: hopper_blocker()), blocks of 8 and 40 rows and stacked
 // halves either way round, columns past a block's edge, bias,
 // pre-activation, every activation and output. Elsewhere the same cases
