@@ -293,7 +293,7 @@ def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, ac
         raise RuntimeError(_NO_BACKWARD)
     if out is None:
         rows = w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2]
-        out = x.new_empty((*x.shape[:-1], rows if w_up is not None else rows // 2))
+        out = x.new_empty(*x.shape[:-1], rows if w_up is not None else rows // 2)
     stream, alloc = _torch_stream_and_alloc(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
     _C.gate_up(to(x), to(w), to(out), None if w_up is None else to(w_up), None if bias is None else to(bias),
@@ -365,7 +365,7 @@ def _down_torch(torch, h, w, up, bias, out, activation, act_params, storage, alp
     if out is None:
         if w.dim() not in (2, 3):  # let the binding say what w must be
             _make_down_problem(_export(h), _export(w), None, _export(up), None, storage=storage)
-        out = h.new_empty((*h.shape[:-1], w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2]))
+        out = h.new_empty(*h.shape[:-1], w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2])
     stream, alloc = _torch_stream_and_alloc(torch, h, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
     _C.down(to(h), to(w), to(out), None if up is None else to(up), None if bias is None else to(bias),
@@ -1400,7 +1400,7 @@ def _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_par
     kw_up = {**plan.kw, **kw}
     if act_params is not None:
         kw_up["act_params"] = act_params
-    h = x.new_empty((m, inter))
+    h = x.new_empty(m, inter)
     if check == _ASYNC:  # the kernel's own device-side assertion: no read back, no launch of its own
         kw_up["index_trap"] = True
     elif check:
@@ -1411,8 +1411,8 @@ def _moe_torch(torch, plan, x, topk_ids, topk_weights, w13, w2, b13, b2, act_par
     if check and check != _ASYNC:
         _check_index_error(err, handle, "topk_ids", experts)
     # k = 1: nothing to sum, the kernel's one rounding is the result's.
-    y = (x.new_empty((t, hidden)) if out is None else out) if k == 1 else \
-        x.new_empty((m, hidden), dtype=torch.float32)
+    y = (x.new_empty(t, hidden) if out is None else out) if k == 1 else \
+        x.new_empty(m, hidden, dtype=torch.float32)
     _C.down(to(h), to(w2), to(y), None, None if b2 is None else to(b2), stream=handle, workspace_alloc=alloc,
             indices=to(ids), row_scale=to(topk_weights.contiguous()), **kw)
     if k == 1:

@@ -64,6 +64,7 @@ import torch
 from torch import Tensor, nn
 
 import gatedmlp as _g
+from gatedmlp.fp8 import fp8_bytes
 
 __all__ = ["Fp8GatedMLP"]
 
@@ -327,7 +328,7 @@ class Fp8GatedMLP(nn.Module):
             group_size, row_block = _DOWN_FORMAT[d.scales]
             s = d.w_scale()  # as the kernel takes it: [1], [H, 1] or the blocks
             s = s.reshape(1) if d.scales == "tensor" else s.reshape(-1, 1) if d.scales == "channel" else s
-            y = quantized_down(h, d.weight.view(torch.int32), s, bias=d.bias, mode="fp8_e4m3", bits=8,
+            y = quantized_down(h, fp8_bytes(torch, d.weight), s, bias=d.bias, mode="fp8_e4m3", bits=8,
                                group_size=group_size, row_block=row_block)
         else:
             y = d(h)

@@ -168,7 +168,8 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     or, with wq_up, the gate rows in wq and the up rows in wq_up, [U, ...]
     each, with scales_up / biases_up. mxfp4 has no biases. Affine scales and
     biases may be bf16, fp16 or fp32. mode="fp8_e4m3": wq holds the bytes of
-    float8_e4m3fn weights (``w.view(torch.int32)``), scales are float
+    float8_e4m3fn weights (the float8_e4m3fn tensor itself, its uint8
+    view, or its int32 words ``w.view(torch.int32)``), scales are float
     [ceil(rows / row_block), ceil(K / group_size)] (row_block and group_size
     128: DeepSeek-V3's ``weight_scale_inv``; 1 and 0: per channel; 0 and 0:
     per tensor), no biases. Returns out [M, U] (x's dtype when allocated
@@ -224,11 +225,22 @@ def _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, 
                              preact, fmt, activation, act_params, group, first, alpha, stream):
     if out is None:
         rows = wq.shape[0]
-        out = x.new_empty((*x.shape[:-1], rows if wq_up is not None else rows // 2))
+        out = x.new_empty(*x.shape[:-1], rows if wq_up is not None else rows // 2)
     stream, alloc, e = _torch_prep(torch, g, x, stream, None, (x, bias, bias_up, out, preact))
-    _C.gate_up(e(x), e(wq), e(out), e(wq_up), e(bias), e(bias_up), e(preact), activation=activation,
-               act_params=act_params, group=group, first=first, alpha=alpha, stream=stream, scales=e(scales),
-               biases=e(biases), scales_up=e(scales_up), biases_up=e(biases_up), quant=fmt, workspace_alloc=alloc)
+    # e() for what may require grad; the words are integers and cannot, and
+    # the absent tensors skip the call (each is host time on every call).
+    to = torch.utils.dlpack.to_dlpack
+    args = (e(x), to(wq), e(out), None if wq_up is None else to(wq_up), None if bias is None else e(bias),
+            None if bias_up is None else e(bias_up), None if preact is None else e(preact))
+    if wq_up is None:  # fused weights: no _up arrays to pass (a keyword costs its parsing)
+        _C.gate_up(*args, activation=activation, act_params=act_params, group=group, first=first, alpha=alpha,
+                   stream=stream, scales=e(scales), biases=None if biases is None else e(biases), quant=fmt,
+                   workspace_alloc=alloc)
+    else:
+        _C.gate_up(*args, activation=activation, act_params=act_params, group=group, first=first, alpha=alpha,
+                   stream=stream, scales=e(scales), biases=None if biases is None else e(biases),
+                   scales_up=None if scales_up is None else e(scales_up),
+                   biases_up=None if biases_up is None else e(biases_up), quant=fmt, workspace_alloc=alloc)
     return out
 
 
@@ -254,7 +266,7 @@ def quantized_down(h, wq, scales, biases=None, *, up=None, bias=None, out=None, 
     torch = _sys.modules.get("torch")
     if torch is not None and isinstance(h, torch.Tensor):
         if out is None:
-            out = h.new_empty((*h.shape[:-1], wq.shape[0]))
+            out = h.new_empty(*h.shape[:-1], wq.shape[0])
         stream, alloc, e = _torch_prep(torch, g, h, stream, workspace, (h, up, bias, out))
         _C.down(e(h), e(wq), e(out), e(up), e(bias), activation=activation, act_params=act_params, alpha=alpha,
                 stream=stream, scales=e(scales), biases=e(biases), quant=fmt, workspace=e(workspace),

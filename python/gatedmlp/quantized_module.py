@@ -27,6 +27,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .fp8 import fp8_bytes
+
 _FP8_SCALE_NAMES = ("weight_scale_inv", "weight_scale")
 
 
@@ -69,12 +71,12 @@ class _QuantizedProjection(nn.Module):
                                       error_msgs)
 
     def arrays(self):
-        """(words, scales, biases, bias) as the kernels take them: FP8 bytes
-        viewed as int32 words (four elements of K each, the first in the lowest
-        byte), a per-tensor scale as one element."""
+        """(words, scales, biases, bias) as the kernels take them: FP8
+        weights as their e4m3 bytes (the binding reads them as words), a
+        per-tensor scale as one element."""
         w = self.weight
         if w.dtype == torch.float8_e4m3fn:
-            w = w.view(torch.int32)
+            w = fp8_bytes(torch, w)
         s = getattr(self, self.scale_name)
         if s.dim() == 0:
             s = s.reshape(1)

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 import gatedmlp as _g
 from gatedmlp import _gatedmlp as _C
 from gatedmlp._ops import operator as _operator
+from gatedmlp.fp8 import _fp8_gate_up
 from gatedmlp.quant import _down_format
 
 __all__ = ["gate_up", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
@@ -139,7 +140,7 @@ def _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_li
     # leaves memory of their pool alive.
     x2 = _flatten(x, w)
     u = _out_features(w, w_up, storage)
-    out = x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype)
+    out = x.new_empty(*x.shape[:-1], u, dtype=out_dtype)  # None: x's dtype
     _launch(x2, w, w_up, bias, bias_up, out if x2 is x else out.view(*x2.shape[:-1], u), None, activation,
             clamp_alpha, clamp_limit, group, first, storage, alpha, hold)
     return out
@@ -224,7 +225,7 @@ def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, 
                       row_block, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype, hold=True):
     # What gatedmlp::quantized_gate_up computes, for real tensors only (hold: as _gate_up_direct's).
     u = _quantized_rows(wq, wq_up)
-    out = x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype)
+    out = x.new_empty(*x.shape[:-1], u, dtype=out_dtype)  # None: x's dtype
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     out2 = out if x2 is x else out.view(-1, u)
     _C.gate_up(
@@ -301,9 +302,8 @@ def _fp8_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activat
     # What the gatedmlp::fp8_gate_up op computes, for real tensors only
     # (hold: as _gate_up_direct's).
     ap = _act_params(clamp_alpha, clamp_limit) if activation == "swiglu_clamped" else None
-    return _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
-                          out_dtype=out_dtype, activation=activation, act_params=ap, group=group or None,
-                          first=first, alpha=alpha, promote=promote, _hold_workspace=hold)
+    return _fp8_gate_up(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, None, out_dtype, None, activation, ap,
+                        group or None, first, alpha, promote, None, None, None, None, None, hold)
 
 
 @_operator("fp8_gate_up")
@@ -334,11 +334,10 @@ def _fp8_y_direct(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, activ
     groups = -(-u // 128)
     store = (torch.empty((groups, -(-m // 4) * 4), dtype=torch.float32, device=x.device) if mn_scales
              else torch.empty((m, groups), dtype=torch.float32, device=x.device))
-    y, _, am = _g.fp8_gate_up(x, x_scale, w, w_scale, w_up=w_up, w_up_scale=w_up_scale, bias=bias, bias_up=bias_up,
-                              out_dtype=torch.float8_e4m3fn, activation=activation, act_params=ap,
-                              group=group or None, first=first, alpha=alpha, promote=promote,
-                              y_scale=store.t()[:m] if mn_scales else store,
-                              y_scale_layout="mn" if mn_scales else "row", amax=True, _hold_workspace=hold)
+    y, _, am = _fp8_gate_up(x, x_scale, w, w_scale, w_up, w_up_scale, bias, bias_up, None, torch.float8_e4m3fn, None,
+                            activation, ap, group or None, first, alpha, promote,
+                            store.t()[:m] if mn_scales else store, "mn" if mn_scales else "row", True, None, None,
+                            hold)
     return y, store, am
 
 
@@ -377,10 +376,11 @@ def fp8_gate_up(x: Tensor, x_scale: Tensor, w: Tensor, w_scale: Tensor, *, w_up:
     arguments are fp8_gate_up's; a traced call (torch.compile, export) is the
     gatedmlp::fp8_gate_up operator (gatedmlp::fp8_gate_up_fp8 for an FP8
     Y), a plain CUDA call runs directly."""
-    _check_no_grad(x, bias, bias_up)
     act = activation if activation in _ACTIVATIONS else activation_name(activation)
     first = first if first in _HALVES else _name(first, _HALVES, "first")
     direct = x.is_cuda and type(x) is Tensor and not _traced()
+    if not direct:  # (a direct call's launch checks them itself)
+        _check_no_grad(x, bias, bias_up)
     if out_dtype == torch.float8_e4m3fn:
         if y_scale_layout not in ("row", "mn"):
             raise _C.InvalidArgumentError(f"gatedmlp: 'y_scale_layout' must be 'row' or 'mn', got {y_scale_layout!r}")
@@ -424,7 +424,7 @@ def _down_direct(h, w, up, bias, activation, clamp_alpha, clamp_limit, storage, 
     # What the gatedmlp::down op computes, for real tensors only (the
     # wrappers call it directly for plain CUDA tensors; hold: as _gate_up_direct's).
     u = _down_features(w, storage)
-    out = h.new_empty((*h.shape[:-1], u), dtype=out_dtype or h.dtype)
+    out = h.new_empty(*h.shape[:-1], u, dtype=out_dtype)  # None: h's dtype
     h2, up2 = _down_inputs(h, up, w.dim() == 3)
     _C.down(_to_dlpack(h2), _to_dlpack(w), _to_dlpack(out if h2.dim() == h.dim() else out.view(-1, u)),
             _capsule(up2), _capsule(bias), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha,
@@ -449,7 +449,7 @@ def _quantized_down_direct(h, wq, scales, biases, up, bias, mode, bits, group_si
                            clamp_alpha, clamp_limit, alpha, out_dtype, hold=True):
     # What gatedmlp::quantized_down computes, for real tensors only (hold: as _gate_up_direct's).
     u = wq.shape[0]
-    out = h.new_empty((*h.shape[:-1], u), dtype=out_dtype or h.dtype)
+    out = h.new_empty(*h.shape[:-1], u, dtype=out_dtype)  # None: h's dtype
     h2, up2 = _down_inputs(h, up, False)
     _C.down(_to_dlpack(h2), _to_dlpack(wq), _to_dlpack(out if h2.dim() == h.dim() else out.view(-1, u)),
             _capsule(up2), _capsule(bias), activation=_ACTIVATIONS[activation], clamp_alpha=clamp_alpha,

@@ -7,6 +7,20 @@
 
 namespace gatedmlp::py {
 
+void fp8_bytes_as_words(TensorView& t) {
+  if (t.bits != 8 || t.lanes != 1 || !(t.is_fp8_e4m3() || t.is_byte()) || t.ndim < 1) return;
+  bool ok = t.stride(-1) == 1 && t.size(-1) % 4 == 0 && reinterpret_cast<uintptr_t>(t.data) % 4 == 0;
+  for (int i = 0; i + 1 < t.ndim; ++i) ok = ok && t.stride(i) % 4 == 0;
+  if (!ok)
+    raise_invalid("'" + t.name + "' holds FP8 weights as bytes, shape " + t.shape_str() + " and strides " +
+                  t.strides_str() + ", which cannot be read as rows of 4-byte words: K must be a multiple of 4, " +
+                  "rows contiguous and 4-byte aligned (w.contiguous())");
+  t.shape[static_cast<size_t>(t.ndim - 1)] /= 4;
+  for (int i = 0; i + 1 < t.ndim; ++i) t.strides[static_cast<size_t>(i)] /= 4;
+  t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::UInt);
+  t.bits = 32;
+}
+
 void wait_for_producers(const std::vector<const TensorView*>& views, cudaStream_t stream) {
   for (const TensorView* t : views) {
     if (!t || t->producer_stream == 0) continue;

@@ -77,6 +77,14 @@ struct QuantArrays {
   std::optional<QuantFormat> format;
 };
 
+// FP8 weights given as their e4m3 bytes ([rows, K] float8_e4m3fn or uint8,
+// as checkpoints store them) become the 4-byte words [rows, K / 4] the
+// quantized path reads (other tensors are left as they are), so that a
+// caller makes no int32 view per call (~1 us of host time in
+// gatedmlp.fp8_gate_up, h86). Raises, naming the tensor, when its rows are
+// not whole aligned words.
+void fp8_bytes_as_words(TensorView& t);
+
 // A Mixture-of-Experts gather (Problem::gather), as the entry points take
 // it: the expert ids (None: no gather), rows_per_x, rows_per_index and the
 // optional index_error output (gatedmlp.hpp's Gather says what they mean);

@@ -126,6 +126,7 @@ DownTensors import_down(nb::handle x, nb::handle w, nb::handle out, nb::handle x
   t.bias = import_optional(bias, "bias", false);
   t.out = import_optional(out, "out", true);
   t.row_scale = import_optional(row_scale, "row_scale", false);
+  if (q.format && q.format->mode == QuantMode::fp8_e4m3) fp8_bytes_as_words(t.w);
   return t;
 }
 

@@ -221,6 +221,10 @@ GateUpTensors import_gate_up(nb::handle x, nb::handle w, nb::handle out, nb::han
   t.bias_up = import_optional(bias_up, "bias_up", false);
   t.out = import_optional(out, "out", true);
   t.preact = import_optional(preact, "preact", true);
+  if (q.format && q.format->mode == QuantMode::fp8_e4m3) {
+    fp8_bytes_as_words(t.w);
+    if (t.w_up) fp8_bytes_as_words(*t.w_up);
+  }
   return t;
 }
 

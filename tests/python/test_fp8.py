@@ -175,7 +175,10 @@ def from_binding(args, kw):
     assert xs.numel() in (1, m) or (tuple(xs.shape) == (m, nblk(k)) and is_x_block(xs, m, k))
 
     def weights(words, s):
-        assert words.dtype in (torch.int32, torch.uint32) and words.dim() == 2
+        # The e4m3 bytes [rows, K] (the binding reads them as words), or
+        # their uint8 view where DLPack has no float8; words from a caller
+        # of the binding itself.
+        assert words.dtype in (F8, torch.uint8, torch.int32, torch.uint32) and words.dim() == 2
         wq = words.view(torch.uint8).view(F8)
         if q.row_block == 0:
             assert s.numel() == 1
@@ -256,6 +259,15 @@ def test_binding_describes_fp8_calls():
     wg, wu = fp8(u, k).view(torch.int32), fp8(u, k).view(torch.int32)
     p = _problem(x, wg, rows, torch.ones(u, 1), w_up=wu, scales_up=torch.ones(u, 1), row_block=1)
     assert p.weights.format == gatedmlp.WeightFormat.separate and p.u == u
+    # The weights as their e4m3 bytes (float8_e4m3fn, or uint8 where DLPack
+    # has no float8), as checkpoints store them: read as the same words.
+    for wb in (w, w.view(torch.uint8)):
+        pb, pw = _problem(x, wb, rows, torch.ones(2 * u, 1), row_block=1), _problem(x, words, rows,
+                                                                                   torch.ones(2 * u, 1), row_block=1)
+        assert repr(pb) == repr(pw) and pb.weights.ld in (0, k // 4)
+    p = _problem(x, wg.view(F8), rows, torch.ones(u, 1), w_up=wu.view(torch.uint8), scales_up=torch.ones(u, 1),
+                 row_block=1)
+    assert p.weights.format == gatedmlp.WeightFormat.separate and p.u == u
     # Layout, alpha and the activation go through.
     p = _problem(x, words, one, torch.ones(1), group=8, first=gatedmlp.Half.up, alpha=0.5,
                  activation=gatedmlp.Activation.relu)
@@ -273,6 +285,12 @@ def test_binding_refuses_malformed_fp8_calls():
     words = w.view(torch.int32)
     one = torch.ones(1)
     cases = [
+        # e4m3 bytes that are not rows of 4-byte words (gatedmlp.fp8_gate_up hands the weights as they are)
+        (lambda: _problem(x, fp8(k, 2 * u).t(), one, one),
+         r"'w' holds FP8 weights as bytes, shape \(48, 64\) and strides \(1, 48\), which cannot be read as rows "
+         r"of 4-byte words"),
+        (lambda: _problem(fp8(m, 48), fp8(2 * u, 50)[:, 1:49], one, one),
+         r"'w' holds FP8 weights as bytes, shape \(48, 48\) and strides \(50, 1\)"),
         (lambda: _problem(x, words, None, one), r"'x_scales' is required with FP8 activations \('x' float8_e4m3fn\)"),
         (lambda: _problem(x.view(torch.uint8), words, None, one, x_fp8=True),
          r"'x_scales' is required with FP8 activations \('x' uint8 with x_fp8=True\)"),
@@ -440,7 +458,7 @@ def test_fp8_gate_up_hands_the_binding(monkeypatch):
     assert x_.dtype in (torch.uint8, F8) and x_.data_ptr() == xq.data_ptr() and tuple(x_.shape) == (m, k)
     assert kw["x_fp8"] is True
     assert torch.equal(kw["x_scales"], sx.reshape(1))
-    assert w_.dtype == torch.int32 and tuple(w_.shape) == (2 * u, k // 4) and w_.data_ptr() == w.data_ptr()
+    assert w_.dtype in (F8, torch.uint8) and tuple(w_.shape) == (2 * u, k) and w_.data_ptr() == w.data_ptr()
     q = kw["quant"]
     assert (q.mode, q.bits, q.group_size, q.row_block) == (C.QuantMode.fp8_e4m3, 8, 0, 0)
     assert kw["scales"].numel() == 1 and kw["scales_up"] is None and kw.get("biases") is None
@@ -475,7 +493,7 @@ def test_fp8_gate_up_hands_the_binding(monkeypatch):
     y = gatedmlp.fp8_gate_up(xq, sx, wg, sg, w_up=wu, w_up_scale=su, bias=bg, bias_up=bu, out=out, preact=pre)
     assert y is out
     (_, args, kw), = rec.calls
-    assert args[3].data_ptr() == wu.data_ptr() and args[3].dtype == torch.int32
+    assert args[3].data_ptr() == wu.data_ptr() and args[3].dtype in (F8, torch.uint8)
     assert args[4].data_ptr() == bg.data_ptr() and args[5].data_ptr() == bu.data_ptr()
     assert args[6].data_ptr() == pre.data_ptr() and args[2].data_ptr() == out.data_ptr()
     assert kw["quant"].row_block == 1 and tuple(kw["scales_up"].shape) == (u, 1)
@@ -581,8 +599,6 @@ def test_fp8_gate_up_refuses_by_name_before_any_launch(monkeypatch):
         (call(w=fp8(2 * u, 32)), r"'w' must be \[2U, K\] with K = 64 \(x.shape\[1\]\), got shape \(48, 32\)"),
         (call(w=fp8(2 * u + 1, k)), r"'w' holds fused gate and up weights, \[2U, K\], so needs an even number of "
                                     r"rows; got shape \(49, 64\)"),
-        (call(w=fp8(k, 2 * u).t()), r"'w' of shape \(48, 64\) and strides \(1, 48\) cannot be read as rows of "
-                                    r"4-byte words"),
         (call(w_scale=torch.ones(2 * u, dtype=torch.int32)), r"'w_scale' must be float32, bfloat16 or float16, got "
                                                              r"int32"),
         (call(w_scale=torch.ones(u)), r"'w_scale' must hold 1 value \(per tensor.*, 48 \(per output channel, one "
@@ -686,12 +702,36 @@ def test_fp8_gate_up_refuses_bad_block_scales_before_any_launch(monkeypatch):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 def test_fp8_gate_up_refuses_tensors_on_other_devices(monkeypatch):
+    # A signature's first call: the Python checks name the device.
+    monkeypatch.setattr(gatedmlp.fp8, "_PLANS", {})
     record(monkeypatch, fail=True)
     xq, sx, w, sw, _, _ = _inputs()
     with pytest.raises(ValueError, match=r"'x_scale' is on cpu but 'x' is on cuda"):
         gatedmlp.fp8_gate_up(xq.to(DEV), sx, w.to(DEV), sw.to(DEV))
     with pytest.raises(ValueError, match=r"'w' is on cpu but 'x' is on cuda"):
         gatedmlp.fp8_gate_up(xq.to(DEV), sx.to(DEV), w, sw.to(DEV))
+
+
+@on_hopper
+def test_fp8_gate_up_refuses_other_devices_on_a_known_signature():
+    """The per-signature key leaves devices out (reading them cost ~0.8 us a
+    call): a repeated signature with a tensor on the host is refused by the
+    library's own pointer check, naming the argument, and writes nothing."""
+    m, k, u = 5, 64, 24
+    xq, sx, w, sw, _, _ = _inputs(m, k, u)
+    xq, sx, w, sw = (t.to(DEV) for t in (xq, sx, w, sw))
+    out = torch.full((m, u), float("nan"), device=DEV, dtype=torch.bfloat16)
+    gatedmlp.fp8_gate_up(xq, sx, w, sw, out=out)
+    assert torch.isfinite(out).all()
+    out.fill_(float("nan"))
+    for over, name in ((dict(x_scale=sx.cpu()), "x_scales"), (dict(w=w.cpu()), "w"), (dict(w_scale=sw.cpu()),
+                                                                                       "w_scales")):
+        a = dict(x=xq, x_scale=sx, w=w, w_scale=sw)
+        a.update(over)
+        with pytest.raises(ValueError, match=rf"argument '{name}' \(0x[0-9a-f]+\) is host memory"):
+            gatedmlp.fp8_gate_up(a["x"], a["x_scale"], a["w"], a["w_scale"], out=out)
+        torch.cuda.synchronize()
+        assert torch.isnan(out.float()).all(), f"{name} on the host: out was written"
 
 
 def test_fp8_gate_up_checks_each_new_signature(monkeypatch):
