@@ -3,13 +3,15 @@ shape of its schema (h86), and which arguments torch.compile's generated
 code passes it. No GPU needed: the kernels do nothing, the tensors are on
 the CPU.
 
-    python3 scripts/experiments/op-boxing-cost.py [--compile]
+    python3 scripts/experiments/op-boxing-cost.py [--compile] [--cpp]
 
 Prints host µs per call (median of 15 x 5000) for no-op operators of 2
 tensors, of gate_up's 13 arguments, of the same with schema defaults
 (called with 2 and with 13 arguments), and of 5 tensors and one string of
 options; with --compile, the line of Inductor's output code that calls an
-operator whose schema has defaults.
+operator whose schema has defaults; with --cpp, the same 13-argument schema
+with a C++ kernel (built with torch.utils.cpp_extension, a minute or two):
+the dispatcher's trip without Python in the kernel.
 """
 
 import statistics
@@ -37,6 +39,7 @@ def main():
     P = torch.ops.gatedmlp_boxing_probe
     x, w = torch.randn(1, 8), torch.randn(16, 8)
     full = (None, None, None, "silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None)
+    cpp = _cpp_op() if "--cpp" in sys.argv else None
     entries = {
         "python call of the kernel": lambda: x.new_empty(x.shape[0], w.shape[0] // 2),
         "2 tensors": lambda: P.two.default(x, w),
@@ -46,6 +49,8 @@ def main():
         "5 tensors and an options string": lambda: P.options.default(x, w, None, None, None,
                                                                      "silu;1.702;7.0;0;gate;out_in;1.0"),
     }
+    if cpp is not None:
+        entries["gate_up's 13 arguments, C++ kernel"] = lambda: cpp(x, w, *full)
     res = {n: [] for n in entries}
     with torch.inference_mode():
         for _ in range(15):
@@ -67,6 +72,35 @@ def main():
             for line in c.splitlines():
                 if "gatedmlp_boxing_probe" in line and "=" in line and "assert" not in line:
                     print("  " + line.strip())
+
+
+_CPP = r"""
+#include <torch/library.h>
+#include <ATen/ATen.h>
+
+// gate_up's schema, a kernel that only allocates its result: what the
+// dispatcher costs when the kernel is C++.
+at::Tensor probe_gate_up(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>&,
+                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view,
+                         double, double, int64_t, c10::string_view, c10::string_view, double,
+                         std::optional<at::ScalarType>) {
+  return at::empty({x.size(0), w.size(0) / 2}, x.options());
+}
+
+TORCH_LIBRARY(gatedmlp_boxing_probe_cpp, m) {
+  m.def("gate_up(Tensor x, Tensor w, Tensor? w_up, Tensor? bias, Tensor? bias_up, str activation, "
+        "float clamp_alpha, float clamp_limit, int group, str first, str storage, float alpha, "
+        "ScalarType? out_dtype) -> Tensor");
+  m.impl("gate_up", c10::DispatchKey::CompositeExplicitAutograd, TORCH_FN(probe_gate_up));
+}
+"""
+
+
+def _cpp_op():
+    from torch.utils.cpp_extension import load_inline
+
+    load_inline("gatedmlp_boxing_probe_cpp", cpp_sources=_CPP, is_python_module=False, verbose=False)
+    return torch.ops.gatedmlp_boxing_probe_cpp.gate_up.default
 
 
 if __name__ == "__main__":
