@@ -157,6 +157,21 @@ def test_problem_quantized():
     p = gatedmlp._C.make_down_problem(f16(3, kk), w8, scales=np.ones((e, 1, 2), np.float32), quant=fp8b,
                                       indices=i32(0, 1, 3))
     assert gatedmlp.check_support(p), gatedmlp.check_support(p).message
+    # FP8 experts as their e4m3 bytes [E, rows, K] (uint8 here; float8_e4m3fn from torch): the same
+    # problem as their words, for the down projection and for gate/up.
+    b8 = w8.view(np.uint8)
+    assert b8.shape == (e, u, kk)
+    for fmt in (fp8, fp8b):
+        sc = np.ones((e,), np.float32) if fmt is fp8 else np.ones((e, 1, 2), np.float32)
+        words = gatedmlp._C.make_down_problem(f16(3, kk), w8, scales=sc, quant=fmt, indices=i32(0, 1, 3))
+        as_bytes = gatedmlp._C.make_down_problem(f16(3, kk), b8, scales=sc, quant=fmt, indices=i32(0, 1, 3))
+        assert repr(as_bytes) == repr(words)
+    g8 = np.zeros((e, 2 * u, kk), np.uint8)
+    pw = gatedmlp._C.make_problem(f16(2, kk), g8.view(np.int32), scales=np.ones((e,), np.float32), quant=fp8,
+                                  indices=i32(1, 2, 3, 0), rows_per_x=2)
+    pb = gatedmlp._C.make_problem(f16(2, kk), g8, scales=np.ones((e,), np.float32), quant=fp8,
+                                  indices=i32(1, 2, 3, 0), rows_per_x=2)
+    assert repr(pb) == repr(pw) and pb.u == u
 
 
 def _bad_binding_cases():
