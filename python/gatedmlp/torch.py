@@ -212,9 +212,20 @@ _QUANT_MODES = {"affine": (_C.QuantMode.affine, 64, 4, 1), "mxfp4": (_C.QuantMod
                 "fp8_e4m3": (_C.QuantMode.fp8_e4m3, 128, 8, 128)}
 
 
+# (mode, bits, group_size, row_block) -> its QuantFormat, made once: the
+# operators' calls pass the same few formats on every call.
+_FORMATS = {}
+
+
 def _quant_format(mode: str, bits: int, group_size: int, row_block: int):
-    qm = _QUANT_MODES[mode][0]
-    return _C.QuantFormat(mode=qm, bits=bits, group_size=group_size, row_block=row_block)
+    key = (mode, bits, group_size, row_block)
+    fmt = _FORMATS.get(key)
+    if fmt is None:
+        fmt = _C.QuantFormat(mode=_QUANT_MODES[mode][0], bits=bits, group_size=group_size, row_block=row_block)
+        if len(_FORMATS) >= 64:
+            _FORMATS.clear()
+        _FORMATS[key] = fmt
+    return fmt
 
 
 def _quantized_rows(wq: Tensor, wq_up: Optional[Tensor]) -> int:
