@@ -40,7 +40,7 @@ import gatedmlp as _g
 from gatedmlp import _gatedmlp as _C
 from gatedmlp._ops import operator as _operator
 from gatedmlp.fp8 import _fp8_gate_up
-from gatedmlp.quant import _down_format
+from gatedmlp.quant import _down_format, _format_cached
 
 __all__ = ["gate_up", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
            "QuantizedGatedMLP", "MoEExperts", "Fp8GatedMLP", "activation_name", "patch_model"]
@@ -212,20 +212,10 @@ _QUANT_MODES = {"affine": (_C.QuantMode.affine, 64, 4, 1), "mxfp4": (_C.QuantMod
                 "fp8_e4m3": (_C.QuantMode.fp8_e4m3, 128, 8, 128)}
 
 
-# (mode, bits, group_size, row_block) -> its QuantFormat, made once: the
-# operators' calls pass the same few formats on every call.
-_FORMATS = {}
-
-
 def _quant_format(mode: str, bits: int, group_size: int, row_block: int):
-    key = (mode, bits, group_size, row_block)
-    fmt = _FORMATS.get(key)
-    if fmt is None:
-        fmt = _C.QuantFormat(mode=_QUANT_MODES[mode][0], bits=bits, group_size=group_size, row_block=row_block)
-        if len(_FORMATS) >= 64:
-            _FORMATS.clear()
-        _FORMATS[key] = fmt
-    return fmt
+    # The package's formats, each made once (the operators' calls pass the
+    # same few on every call).
+    return _format_cached(group_size, bits, mode, row_block, False)
 
 
 def _quantized_rows(wq: Tensor, wq_up: Optional[Tensor]) -> int:
