@@ -230,17 +230,11 @@ def _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, 
     # e() for what may require grad; the words are integers and cannot, and
     # the absent tensors skip the call (each is host time on every call).
     to = torch.utils.dlpack.to_dlpack
-    args = (e(x), to(wq), e(out), None if wq_up is None else to(wq_up), None if bias is None else e(bias),
-            None if bias_up is None else e(bias_up), None if preact is None else e(preact))
-    if wq_up is None:  # fused weights: no _up arrays to pass (a keyword costs its parsing)
-        _C.gate_up(*args, activation=activation, act_params=act_params, group=group, first=first, alpha=alpha,
-                   stream=stream, scales=e(scales), biases=None if biases is None else e(biases), quant=fmt,
-                   workspace_alloc=alloc)
-    else:
-        _C.gate_up(*args, activation=activation, act_params=act_params, group=group, first=first, alpha=alpha,
-                   stream=stream, scales=e(scales), biases=None if biases is None else e(biases),
-                   scales_up=None if scales_up is None else e(scales_up),
-                   biases_up=None if biases_up is None else e(biases_up), quant=fmt, workspace_alloc=alloc)
+    _C.gate_up(e(x), to(wq), e(out), None if wq_up is None else to(wq_up), None if bias is None else e(bias),
+               None if bias_up is None else e(bias_up), None if preact is None else e(preact), activation=activation,
+               act_params=act_params, group=group, first=first, alpha=alpha, stream=stream, scales=e(scales),
+               biases=None if biases is None else e(biases), scales_up=None if scales_up is None else e(scales_up),
+               biases_up=None if biases_up is None else e(biases_up), quant=fmt, workspace_alloc=alloc)
     return out
 
 
