@@ -128,7 +128,8 @@ def main():
             blk = med.get("block/promote")
             print(f"{name} M={M}: fast/promote tensor {med['tensor/fast'] / med['tensor/promote']:.3f}, "
                   f"row {med['row/fast'] / med['row/promote']:.3f}; "
-                  f"tensor(promote)/block {med['tensor/promote'] / blk if blk else float('nan'):.3f}")
+                  f"tensor(promote)/block {med['tensor/promote'] / blk if blk else float('nan'):.3f}; "
+                  f"tensor(fast)/block {med['tensor/fast'] / blk if blk else float('nan'):.3f}")
             if args.swap_data:
                 print(f"{name} M={M}: block path, tensor bytes / block bytes {med['tdata/promote'] / blk:.3f}; "
                       f"tensor path, block bytes / tensor bytes: promote {med['bdata/promote'] / med['tensor/promote']:.3f}, "

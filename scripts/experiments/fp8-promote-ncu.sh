@@ -15,3 +15,16 @@ for run in "tensor 0" "tensor 1" "block 1"; do
     --launch-count 1 --metrics "$metrics" python3 "$(dirname "$0")/fp8-one-call.py" "$1" "$k" "$u" "$m" 2>&1 |
     grep -E "^\s+(sm__|gpu__|l1tex|smsp)" | sed 's/  */ /g'
 done
+# h87: shared memory's banks as a whole (the wgmmas' operand reads and the
+# copy engine's writes, not only the LSU's wavefronts above): is the
+# promoting loop bound by them? SMEM_METRICS=0 skips this pass.
+if [ "${SMEM_METRICS:-1}" = 1 ]; then
+  smem=l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_reads.sum,l1tex__data_bank_writes.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
+  for run in "tensor 0" "tensor 1" "block 1"; do
+    set -- $run
+    echo "== banks: $1 scales, GATEDMLP_FP8_PROMOTE=$2"
+    GATEDMLP_FP8_PROMOTE=$2 PYTHONPATH="$build/python" ncu --kernel-name regex:sm90_gemm_glu_kernel --launch-skip 2 \
+      --launch-count 1 --metrics "$smem" python3 "$(dirname "$0")/fp8-one-call.py" "$1" "$k" "$u" "$m" 2>&1 |
+      grep -E "^\s+(sm__|gpu__|l1tex)|ERR|rror" | sed 's/  */ /g'
+  done
+fi

@@ -588,25 +588,27 @@ __device__ __forceinline__ void apply_alpha_bias(const Params& p, float (&d)[N],
 // tensor, gate (w0) and up (w1); per channel, the two it stages for the
 // warpgroup, gate and up of column `tid` of the tile. Loaded when the tile
 // starts (load_fp8_scales), so their global-memory latency passes under the
-// main loop instead of stalling the epilogue.
+// main loop instead of stalling the epilogue. PROMO: the promoting kernels
+// apply X's scales and the weights' (but per channel) as they add each
+// k-block (PromoScaleRows), and the epilogue only the per-channel ones.
 struct Fp8Scales {
   float x0, x1, w0, w1;
 };
 
-template <int N>
+template <int N, bool PROMO = false>
 __device__ __forceinline__ Fp8Scales load_fp8_scales(const Params& p, int tid, int64_t row0, int64_t col0) {
   static_assert(N == 128, "e4m3 kernels: 128-column tiles (one column of each half per thread)");
   const int warp = tid / 32, lane = tid % 32;
   const float* xs = static_cast<const float*>(p.x_scale);
   const int64_t r = row0 + 16 * warp + lane / 4;
   Fp8Scales s{0.f, 0.f, 0.f, 0.f};  // rows past M and columns past U are never stored
-  if (p.x_scale_block) s.x0 = s.x1 = 1.f;  // applied per k-block (BlockScales)
+  if (PROMO || p.x_scale_block) s.x0 = s.x1 = 1.f;  // applied per k-block (PromoScales)
   else if (!p.x_scale_row) s.x0 = s.x1 = xs[0];
   else {
     if (r < p.m) s.x0 = xs[r];
     if (r + 8 < p.m) s.x1 = xs[r + 8];
   }
-  if (p.w_scale_block) s.w0 = s.w1 = 1.f;
+  if (p.w_scale_block || (PROMO && !p.w_scale_col)) s.w0 = s.w1 = 1.f;
   else if (!p.w_scale_col) {
     s.w0 = load_float(p.w_scale, p.scale_dtype, 0);
     s.w1 = load_float(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, 0);
@@ -618,38 +620,52 @@ __device__ __forceinline__ Fp8Scales load_fp8_scales(const Params& p, int tid, i
   return s;
 }
 
-// Block scales (FP8 calls with 1 x 128 X scales or 128 x 128 weight
-// blocks): what multiplies one 128-deep k-block's sums of a thread as the
-// promoting kernels add them: its two rows' X scales (1 without X blocks)
-// times the k-block's scale of the tile's gate rows (g) and up rows (u).
-// BlockScaleLoads holds the loaded values (the weights' as the bits of
-// p.scale_dtype), BlockScales their products. The promoting loop loads a
-// k-block's scales one k-block ahead and converts and multiplies them only
-// when it adds that k-block: an instruction that reads a loaded register
-// before its load has returned stalls the warp, and the loop then issues no
-// wgmma for the load's latency (h73, docs/notes/fp8.md).
-// BlockScaleRows holds the per-tile bases.
+// The promoting kernels' scales: what multiplies one 128-deep k-block's
+// sums of a thread as it is added: its two rows' X scales times the
+// k-block's scale of the tile's gate rows (g) and of its up rows (u). Every
+// scaling but per-channel weights is applied here, so that a k-block's
+// loads and products take the same instructions whatever the call's
+// scaling, with no branch in the loop (h87, docs/notes/fp8.md):
+// - X per tensor, per row or per 1 x 128 block: x_scale at a fixed offset
+//   (0, or the row's), stepped by one per k-block only for blocks;
+// - weights per tensor or per 128 x 128 block likewise (w_scale and, for
+//   separate weights, w_scale_up); per channel: 1 here, the epilogue's.
+// Rows past M read row M - 1's scales: finite, and their sums are 0 (the
+// rows of the X tile past M are zero) and never stored.
+// PromoScaleLoads holds the loaded values (the weights' as the bits of
+// p.scale_dtype), BlockScales their products: the promoting loop loads a
+// k-block's scales as the k-block starts and converts and multiplies them
+// after issuing its first wgmmas (an instruction that reads a loaded
+// register before its load has returned stalls the warp, h73).
 struct BlockScales {
   float g0, g1, u0, u1;  // gate row r, gate row r + 8, up row r, up row r + 8
 };
-struct BlockScaleLoads {
+struct PromoScaleLoads {
   float x0, x1;     // X rows r and r + 8
-  uint32_t wg, wu;  // the gate and up weight blocks' scales, as stored
+  uint32_t wg, wu;  // the gate and up weights' scales, as stored
 };
-struct BlockScaleRows {
-  // Element offsets (32-bit: the host checks that the scale arrays have
-  // fewer than 2^31 entries): the thread's two X-scale rows (-1 past M or
-  // without X blocks), the tile's gate and up weight block rows (-1 without).
+struct PromoScaleRows {
+  // Element offsets at k-block 0 (32-bit: the host checks that the scale
+  // arrays have fewer than 2^31 entries): the thread's two X-scale rows and
+  // the tile's gate and up weight scales.
   int x0, x1, wg, wu;
 };
 
-__device__ __forceinline__ BlockScaleRows block_scale_rows(const Params& p, int tid, int64_t row0, int64_t col0) {
+// An idle warpgroup (rows past M, or columns past U: its weight block would
+// lie past the scales) reads offset 0 of each array, which every call has.
+__device__ __forceinline__ PromoScaleRows promo_scale_rows(const Params& p, int tid, int64_t row0, int64_t col0,
+                                                           bool idle) {
   const int warp = tid / 32, lane = tid % 32;
-  const int64_t r = row0 + 16 * warp + lane / 4;
-  BlockScaleRows b{-1, -1, -1, -1};
+  const int64_t last = p.m - 1;
+  const int64_t r0 = min(row0 + 16 * warp + lane / 4, last), r1 = min(row0 + 16 * warp + lane / 4 + 8, last);
+  PromoScaleRows b{0, 0, 0, 0};
+  if (idle) return b;
   if (p.x_scale_block) {
-    if (r < p.m) b.x0 = static_cast<int>(r * p.k_groups);
-    if (r + 8 < p.m) b.x1 = static_cast<int>((r + 8) * p.k_groups);
+    b.x0 = static_cast<int>(r0 * p.k_groups);
+    b.x1 = static_cast<int>(r1 * p.k_groups);
+  } else if (p.x_scale_row) {
+    b.x0 = static_cast<int>(r0);
+    b.x1 = static_cast<int>(r1);
   }
   if (p.w_scale_block) {
     // Every 128 rows of a half lie in one block (the host checks the
@@ -661,35 +677,28 @@ __device__ __forceinline__ BlockScaleRows block_scale_rows(const Params& p, int 
 }
 
 // A scale's bits as p.scale_dtype stores it (0 bf16, 1 fp16, else fp32; as
-// load_float), and its value.
+// load_float), and its value, by selects rather than branches.
 __device__ __forceinline__ uint32_t load_scale_bits(const void* p, int dtype, int i) {
   if (dtype == 0 || dtype == 1) return __ldg(static_cast<const unsigned short*>(p) + i);
   return __ldg(static_cast<const unsigned int*>(p) + i);
 }
 __device__ __forceinline__ float scale_of_bits(uint32_t b, int dtype) {
-  if (dtype == 0) return __uint_as_float(b << 16);
-  if (dtype == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
-  return __uint_as_float(b);
+  const float h = __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+  const float f = __uint_as_float(dtype == 0 ? b << 16 : b);
+  return dtype == 1 ? h : f;
 }
 
-__device__ __forceinline__ BlockScaleLoads load_block_scales(const Params& p, const BlockScaleRows& b, int kb) {
+__device__ __forceinline__ PromoScaleLoads load_promo_scales(const Params& p, const PromoScaleRows& b, int kb) {
   const float* xs = static_cast<const float*>(p.x_scale);
-  // Rows past M: 0 (never stored; keeps the sums finite).
-  BlockScaleLoads l{1.f, 1.f, 0u, 0u};
-  if (p.x_scale_block) {
-    l.x0 = b.x0 >= 0 ? __ldg(xs + b.x0 + kb) : 0.f;
-    l.x1 = b.x1 >= 0 ? __ldg(xs + b.x1 + kb) : 0.f;
-  }
-  if (p.w_scale_block) {
-    l.wg = load_scale_bits(p.w_scale, p.scale_dtype, b.wg + kb);
-    l.wu = load_scale_bits(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, b.wu + kb);
-  }
-  return l;
+  const int kx = p.x_scale_block ? kb : 0, kw = p.w_scale_block ? kb : 0;
+  return {__ldg(xs + b.x0 + kx), __ldg(xs + b.x1 + kx),
+          load_scale_bits(p.w_scale, p.scale_dtype, b.wg + kw),
+          load_scale_bits(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, b.wu + kw)};
 }
 
-__device__ __forceinline__ BlockScales block_scale_products(const Params& p, const BlockScaleLoads& l) {
-  const float wg = p.w_scale_block ? scale_of_bits(l.wg, p.scale_dtype) : 1.f;
-  const float wu = p.w_scale_block ? scale_of_bits(l.wu, p.scale_dtype) : 1.f;
+__device__ __forceinline__ BlockScales promo_scale_products(const Params& p, const PromoScaleLoads& l) {
+  const float wg = p.w_scale_col ? 1.f : scale_of_bits(l.wg, p.scale_dtype);
+  const float wu = p.w_scale_col ? 1.f : scale_of_bits(l.wu, p.scale_dtype);
   return {l.x0 * wg, l.x1 * wg, l.x0 * wu, l.x1 * wu};
 }
 

@@ -166,7 +166,7 @@ std::string blocker(const Problem& r, const Arguments* a) {
 std::string fp8_blocker(const Problem& r, const Arguments* a) {
   if (r.input_dtype != DType::fp8_e4m3 || !r.quantized || r.quant.mode != QuantMode::fp8_e4m3)
     return "not an FP8 call (fp8_e4m3 X and weights)";
-  // The kernel indexes block scales in 32 bits (BlockScaleRows).
+  // The kernel indexes block scales in 32 bits (PromoScaleRows).
   if (r.x_scale == XScale::block && r.m * ((r.k + 127) / 128) > kMaxCoord)
     return "m * ceil(k / 128) X block scales exceed 2^31-1";
   return blocker(r, a);

@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // Each 128-deep k-block summed in accumulators of its own, quarter
         // by quarter (64 weight rows, m64n64k32: gate 0-63, gate 64-127, up
         // 0-63, up 64-127), and each quarter's sums added into the fp32
-        // sums times its block scales: the FP8 tensor cores keep too few
+        // sums times its scales: the FP8 tensor cores keep too few
         // bits to sum all of K themselves. Two 32-register accumulators in
         // turn, so that one quarter's wgmmas run while the other's sums are
         // added. Half tiles (one 64-register accumulator, a wait per half)
@@ -369,8 +369,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // k-block, the last quarter's wgmmas made ptxas serialize them all.)
 #pragma unroll
         for (int i = 0; i < BNO; ++i) d[i] = 0.f;
-        const bool blk = p.x_scale_block || p.w_scale_block;
-        const detail_::BlockScaleRows bsr = detail_::block_scale_rows(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
         // The descriptors' low words (quarter q's weight rows: 64 of 128
         // bytes on, in 16-byte units), from warp-uniform values only (cw
         // and the stage through __shfl_sync, which ptxas knows to be
@@ -378,56 +376,49 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         const uint32_t x_lo = desc_lo(ring) + uint32_t(__shfl_sync(0xffffffffu, cw, 0)) * (64 * 128 >> 4);
         const uint32_t w_lo = desc_lo(ring) + (Tr::kABytes >> 4);
         constexpr uint32_t kQuarter = 64 * 128 >> 4, kStageLo = Tr::kStageBytes >> 4;
-        // One k-block: its quarters, with the block scales loaded into
-        // `fill` for the next one while `use` (loaded one k-block ago)
-        // multiplies this one's sums. The loop is unrolled by two over
-        // scales[0] and scales[1], so that no register copy moves a load's
-        // value (a copy waits for the load, in the middle of the k-block).
-        auto k_block = [&](int kb, const detail_::BlockScaleLoads& use, detail_::BlockScaleLoads& fill) {
-          const int s = pos.stage;
-          GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
-          mbar_wait(&full[s], pos.phase);
-          if (idle) {
+        {
+          const detail_::PromoScaleRows rows =
+              detail_::promo_scale_rows(p, tid, row0, int64_t(tc.nb) * Tr::BNO, idle);
+          // A k-block's scales are loaded as it starts, before its stage is
+          // waited for, and multiplied after its first quarters are issued:
+          // they come from L1 (a line holds 32 k-blocks of a row's), so
+          // their latency passes under the wait and the first wgmmas. (h73
+          // loaded them a k-block ahead, in a second set of registers: the
+          // loop spilled; h87, docs/notes/fp8.md.) The idle test stays
+          // inside the loop: a loop of its own for idle warpgroups made
+          // ptxas spill 2 KB.
+          for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
+            const int s = pos.stage;
+            GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
+            const detail_::PromoScaleLoads use = detail_::load_promo_scales(p, rows, kb);
+            mbar_wait(&full[s], pos.phase);
+            if (idle) {
+              release(s);
+              continue;
+            }
+            const uint32_t su = uint32_t(__shfl_sync(0xffffffffu, s, 0));
+            const uint32_t a = x_lo + su * kStageLo, b = w_lo + su * kStageLo;
+            float ta[32], tb[32];
+            detail_::quarter_fp8(ta, a, b);
+            detail_::quarter_fp8(tb, a, b + kQuarter);
+            wgmma_wait<1>();
+            fence_regs(ta);
+            const detail_::BlockScales bs = detail_::promo_scale_products(p, use);
+            detail_::add_quarter<0>(d, ta, bs.g0, bs.g1);
+            detail_::quarter_fp8(ta, a, b + 2 * kQuarter);
+            wgmma_wait<1>();
+            fence_regs(tb);
+            detail_::add_quarter<1>(d, tb, bs.g0, bs.g1);
+            detail_::quarter_fp8(tb, a, b + 3 * kQuarter);
+            wgmma_wait<1>();
+            fence_regs(ta);
+            detail_::add_quarter<2>(d, ta, bs.u0, bs.u1);
+            wgmma_wait<0>();
+            fence_regs(tb);
+            // The stage is read: free it before the last quarter's adds.
             release(s);
-            return;
+            detail_::add_quarter<3>(d, tb, bs.u0, bs.u1);
           }
-          const uint32_t su = uint32_t(__shfl_sync(0xffffffffu, s, 0));
-          const uint32_t a = x_lo + su * kStageLo, b = w_lo + su * kStageLo;
-          float ta[32], tb[32];
-          detail_::quarter_fp8(ta, a, b);
-          detail_::quarter_fp8(tb, a, b + kQuarter);
-          const detail_::BlockScales bs =
-              blk ? detail_::block_scale_products(p, use) : detail_::BlockScales{1.f, 1.f, 1.f, 1.f};
-          wgmma_wait<1>();
-          fence_regs(ta);
-          detail_::add_quarter<0>(d, ta, bs.g0, bs.g1);
-          detail_::quarter_fp8(ta, a, b + 2 * kQuarter);
-          wgmma_wait<1>();
-          fence_regs(tb);
-          detail_::add_quarter<1>(d, tb, bs.g0, bs.g1);
-          detail_::quarter_fp8(tb, a, b + 3 * kQuarter);
-          // The next k-block's scales, after this one's last wgmmas: every
-          // load shares one scoreboard, so an instruction that reads `use`
-          // after these loads are issued would wait for them too.
-          if (blk && kb + 1 < wk.kb1) fill = detail_::load_block_scales(p, bsr, kb + 1);
-          wgmma_wait<1>();
-          fence_regs(ta);
-          detail_::add_quarter<2>(d, ta, bs.u0, bs.u1);
-          wgmma_wait<0>();
-          fence_regs(tb);
-          // The stage is read: free it before the last quarter's adds.
-          release(s);
-          detail_::add_quarter<3>(d, tb, bs.u0, bs.u1);
-        };
-        detail_::BlockScaleLoads scales[2] = {{1.f, 1.f, 0u, 0u}, {1.f, 1.f, 0u, 0u}};
-        if (blk && !idle && wk.kb0 < wk.kb1) scales[0] = detail_::load_block_scales(p, bsr, wk.kb0);
-        for (int kb = wk.kb0; kb < wk.kb1;) {
-          k_block(kb, scales[0], scales[1]);
-          pos.next();
-          if (++kb == wk.kb1) break;
-          k_block(kb, scales[1], scales[0]);
-          pos.next();
-          ++kb;
         }
       } else {
         // The item's first k-step, peeled: its first wgmma overwrites the
@@ -480,7 +471,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       const bool hold = PRE == 1 && prev >= 0 && wk.role != kPartial && int64_t(tc.nb) * Tr::BNO < p.u;
       if (prev >= 0 && !hold) release(prev);
       if constexpr (PROMO)
-        if (!idle && wk.role != kPartial) fs = detail_::load_fp8_scales<BNO>(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
+        if (!idle && wk.role != kPartial)
+          fs = detail_::load_fp8_scales<BNO, true>(p, tid, row0, int64_t(tc.nb) * Tr::BNO);
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.

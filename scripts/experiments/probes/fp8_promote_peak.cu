@@ -19,6 +19,13 @@
 //             cores down by themselves?
 //   n128      a 128-row weight tile (64 gate + 64 up columns): 4 x
 //             m64n128k32, wait, 64 FFMA (DeepGEMM's 128 x 128 block)
+//   fast_rs, quarter_rs
+//             fast and quarter with X (wgmma's A) from registers, read
+//             from shared memory once per k-block (16 registers): does
+//             re-reading A from shared memory for each quarter cost the
+//             promoting loop its speed (h87)? The registers are filled by
+//             plain 16-byte loads, not in wgmma's fragment order: the
+//             probe times the loop, its sums mean nothing.
 // Prints TFLOP/s per variant (median of 5 launches) and each kernel's
 // registers and local memory.
 #include <cuda_runtime.h>
@@ -65,6 +72,18 @@ __device__ __forceinline__ void mma128(float (&d)[64], uint64_t a, uint64_t b, i
 __device__ __forceinline__ void mma256(float (&d)[128], uint64_t a, uint64_t b, int acc) {
   MMA("m64n256k32", L128, O128, "128", "129", "130");
 }
+// The same with A from four registers (wgmma's register-A form).
+#define MMA_RS(SHAPE, LIST, OPS, A, B, S)                                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned." SHAPE        \
+               ".f32.e4m3.e4m3 {" LIST "}, {%" A "}, %" B ", p, 1, 1;\n}\n"                              \
+               : OPS                                                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc))
+__device__ __forceinline__ void mma64_rs(float (&d)[32], const uint32_t* a, uint64_t b, int acc) {
+  MMA_RS("m64n64k32", L32, O32, "32, %33, %34, %35", "36", "37");
+}
+__device__ __forceinline__ void mma256_rs(float (&d)[128], const uint32_t* a, uint64_t b, int acc) {
+  MMA_RS("m64n256k32", L128, O128, "128, %129, %130, %131", "132", "133");
+}
 
 // One k-block of N accumulators over weight rows at b: 4 k-steps of 32.
 template <int N>
@@ -80,16 +99,29 @@ __device__ __forceinline__ void kblock(float (&t)[N], uint64_t a, uint64_t b, bo
   wgmma_commit();
   fence_regs(t);
 }
+// The same with A from registers: 4 per k-step.
+template <int N>
+__device__ __forceinline__ void kblock_rs(float (&t)[N], const uint32_t (&a)[16], uint64_t b, bool first) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int acc = (first && k == 0) ? 0 : 1;
+    if constexpr (N == 32) mma64_rs(t, a + 4 * k, b + 2 * k, acc);
+    else mma256_rs(t, a + 4 * k, b + 2 * k, acc);
+  }
+  wgmma_commit();
+  fence_regs(t);
+}
 template <int N, int OFF, int M>
 __device__ __forceinline__ void add(float (&d)[M], const float (&t)[N], float s0, float s1) {
 #pragma unroll
   for (int i = 0; i < N; ++i) d[OFF + i] = fmaf(t[i], (i / 2) % 2 ? s1 : s0, d[OFF + i]);
 }
 
-enum Variant { kFast, kQuarter, kHalf, kN128, kFastFfma };
-const char* kNames[] = {"fast", "quarter", "half", "n128", "fastffma"};
+enum Variant { kFast, kQuarter, kHalf, kN128, kFastFfma, kFastRs, kQuarterRs };
+const char* kNames[] = {"fast", "quarter", "half", "n128", "fastffma", "fast_rs", "quarter_rs"};
 // Weight rows a k-block multiplies (FLOPs: 2 x 128 rows x this x 128).
-constexpr int kRows[] = {256, 256, 256, 128, 256};
+constexpr int kRows[] = {256, 256, 256, 128, 256, 256, 256};
 
 template <int V>
 __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0, float s1) {
@@ -145,6 +177,38 @@ __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0
       wgmma_wait<0>();
       fence_regs(tb);
       add<32, 96>(d, tb, s0, s1);
+    } else if constexpr (V == kFastRs || V == kQuarterRs) {
+      // This warpgroup's 8 KB of X, 64 bytes per thread, read once.
+      uint32_t ar[16];
+      const unsigned char* xs = smem + (kb % kStages) * kStageBytes + cw * 64 * 128 + (threadIdx.x % 128) * 16;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 v = *reinterpret_cast<const uint4*>(xs + j * 2048);
+        ar[4 * j] = v.x, ar[4 * j + 1] = v.y, ar[4 * j + 2] = v.z, ar[4 * j + 3] = v.w;
+      }
+      if constexpr (V == kFastRs) {
+        kblock_rs(d, ar, b, false);
+        wgmma_wait<0>();  // the next k-block's loads overwrite ar
+        fence_regs(d);
+      } else {
+        float ta[32], tb[32];
+        kblock_rs(ta, ar, b, true);
+        kblock_rs(tb, ar, b + q, true);
+        wgmma_wait<1>();
+        fence_regs(ta);
+        add<32, 0>(d, ta, s0, s1);
+        kblock_rs(ta, ar, b + 2 * q, true);
+        wgmma_wait<1>();
+        fence_regs(tb);
+        add<32, 32>(d, tb, s0, s1);
+        kblock_rs(tb, ar, b + 3 * q, true);
+        wgmma_wait<1>();
+        fence_regs(ta);
+        add<32, 64>(d, ta, s0, s1);
+        wgmma_wait<0>();
+        fence_regs(tb);
+        add<32, 96>(d, tb, s0, s1);
+      }
     } else if constexpr (V == kHalf) {
       float t[64];
       kblock(t, a, b, true);
@@ -219,6 +283,8 @@ int main(int argc, char** argv) {
     time_ms<kHalf>(prop.multiProcessorCount, kblocks, out);
     time_ms<kN128>(prop.multiProcessorCount, kblocks, out);
     time_ms<kFastFfma>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kFastRs>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kQuarterRs>(prop.multiProcessorCount, kblocks, out);
   }
   return 0;
 }
