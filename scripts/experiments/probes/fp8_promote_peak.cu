@@ -118,6 +118,30 @@ __device__ __forceinline__ void add(float (&d)[M], const float (&t)[N], float s0
   for (int i = 0; i < N; ++i) d[OFF + i] = fmaf(t[i], (i / 2) % 2 ? s1 : s0, d[OFF + i]);
 }
 
+// The promoting loop's k-block: four quarters of 64 weight rows into two
+// 32-register accumulators in turn, each added into the sums while the next
+// runs. issue(t, q) issues quarter q's wgmmas into t.
+template <class Issue>
+__device__ __forceinline__ void quarters(float (&d)[128], Issue issue, float s0, float s1) {
+  float ta[32], tb[32];
+  issue(ta, 0);
+  issue(tb, 1);
+  wgmma_wait<1>();
+  fence_regs(ta);
+  add<32, 0>(d, ta, s0, s1);
+  issue(ta, 2);
+  wgmma_wait<1>();
+  fence_regs(tb);
+  add<32, 32>(d, tb, s0, s1);
+  issue(tb, 3);
+  wgmma_wait<1>();
+  fence_regs(ta);
+  add<32, 64>(d, ta, s0, s1);
+  wgmma_wait<0>();
+  fence_regs(tb);
+  add<32, 96>(d, tb, s0, s1);
+}
+
 enum Variant { kFast, kQuarter, kHalf, kN128, kFastFfma, kFastRs, kQuarterRs };
 const char* kNames[] = {"fast", "quarter", "half", "n128", "fastffma", "fast_rs", "quarter_rs"};
 // Weight rows a k-block multiplies (FLOPs: 2 x 128 rows x this x 128).
@@ -160,23 +184,7 @@ __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0
         }
       }
     } else if constexpr (V == kQuarter) {
-      float ta[32], tb[32];
-      kblock(ta, a, b, true);
-      kblock(tb, a, b + q, true);
-      wgmma_wait<1>();
-      fence_regs(ta);
-      add<32, 0>(d, ta, s0, s1);
-      kblock(ta, a, b + 2 * q, true);
-      wgmma_wait<1>();
-      fence_regs(tb);
-      add<32, 32>(d, tb, s0, s1);
-      kblock(tb, a, b + 3 * q, true);
-      wgmma_wait<1>();
-      fence_regs(ta);
-      add<32, 64>(d, ta, s0, s1);
-      wgmma_wait<0>();
-      fence_regs(tb);
-      add<32, 96>(d, tb, s0, s1);
+      quarters(d, [&](float (&t)[32], int qi) { kblock(t, a, b + qi * q, true); }, s0, s1);
     } else if constexpr (V == kFastRs || V == kQuarterRs) {
       // This warpgroup's 8 KB of X, 64 bytes per thread, read once.
       uint32_t ar[16];
@@ -191,23 +199,7 @@ __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0
         wgmma_wait<0>();  // the next k-block's loads overwrite ar
         fence_regs(d);
       } else {
-        float ta[32], tb[32];
-        kblock_rs(ta, ar, b, true);
-        kblock_rs(tb, ar, b + q, true);
-        wgmma_wait<1>();
-        fence_regs(ta);
-        add<32, 0>(d, ta, s0, s1);
-        kblock_rs(ta, ar, b + 2 * q, true);
-        wgmma_wait<1>();
-        fence_regs(tb);
-        add<32, 32>(d, tb, s0, s1);
-        kblock_rs(tb, ar, b + 3 * q, true);
-        wgmma_wait<1>();
-        fence_regs(ta);
-        add<32, 64>(d, ta, s0, s1);
-        wgmma_wait<0>();
-        fence_regs(tb);
-        add<32, 96>(d, tb, s0, s1);
+        quarters(d, [&](float (&t)[32], int qi) { kblock_rs(t, ar, b + qi * q, true); }, s0, s1);
       }
     } else if constexpr (V == kHalf) {
       float t[64];
