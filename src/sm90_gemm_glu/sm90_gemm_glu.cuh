@@ -247,6 +247,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           const int s = pos.stage;
           GATEDMLP_WD_MARK(watchdog::kLoad, w, watchdog::wait_code(kb, s, pos.phase ^ 1));
           mbar_wait(&empty[s], pos.phase ^ 1);  // a fresh barrier passes parity 1 at once
+#if defined(GATEDMLP_SM90_EXP_NO_LOADS)
+          // Timing experiment only (scripts/experiments/fp8-promote-exp.sh):
+          // the ring is filled once, by the first piece's first pass, and
+          // every later k-block runs on what it holds: the kernel without
+          // the copy engine's traffic. Y is wrong.
+          if (w > 0 || kb - wk.kb0 >= Tr::kStages) {
+            mbar_arrive(&full[s]);
+            continue;
+          }
+#endif
           unsigned char* st = smem + s * Tr::kStageBytes;
           mbar_arrive_expect_tx(&full[s], p.x_rows * 128 + Tr::kBBytes);  // 128-byte X rows
           tma_load_3d(st, &p.tma_x, &full[s], kb * kBK, xrow, xl);
