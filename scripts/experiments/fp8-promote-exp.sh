@@ -7,7 +7,10 @@
 # in every variant: timing only.
 #   VARIANTS="noloads skip" [AB_ARGS=...] scripts/experiments/fp8-promote-exp.sh
 # noloads: the ring filled once, no copies after (GATEDMLP_SM90_EXP_NO_LOADS);
-# skip: no epilogue (GATEDMLP_SM90_EXP_SKIP_EPILOGUE); base: neither.
+# nosync: noloads, and no stage barriers after the fill (..._NO_SYNC);
+# noscales: noloads, and the promoting loop's scales all 1 (..._NO_SCALES);
+# skip: no epilogue (GATEDMLP_SM90_EXP_SKIP_EPILOGUE; it made ptxas spill in
+# the promoting loop, h87); base: none.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -17,6 +20,8 @@ for v in "${variants[@]}"; do
   case $v in
     base) flags="" ;;
     noloads) flags="-DGATEDMLP_SM90_EXP_NO_LOADS" ;;
+    nosync) flags="-DGATEDMLP_SM90_EXP_NO_LOADS -DGATEDMLP_SM90_EXP_NO_SYNC" ;;
+    noscales) flags="-DGATEDMLP_SM90_EXP_NO_LOADS -DGATEDMLP_SM90_EXP_NO_SCALES" ;;
     skip) flags="-DGATEDMLP_SM90_EXP_SKIP_EPILOGUE" ;;
     *) echo "unknown variant $v"; exit 2 ;;
   esac

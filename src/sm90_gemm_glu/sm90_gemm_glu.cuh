@@ -182,6 +182,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
   // compiled into the one-CTA kernels, the ring's state made fp16 silu's
   // PRE = 1 kernel spill 384 bytes.
   const bool dyn = CM == 2 && p.tickets != nullptr;
+#if defined(GATEDMLP_SM90_EXP_NO_SYNC) && !defined(GATEDMLP_SM90_EXP_NO_LOADS)
+#error "GATEDMLP_SM90_EXP_NO_SYNC needs GATEDMLP_SM90_EXP_NO_LOADS: the ring is filled once and never refilled"
+#endif
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -246,6 +249,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (int kb = wk.kb0; kb < wk.kb1; ++kb, pos.next()) {
           const int s = pos.stage;
           GATEDMLP_WD_MARK(watchdog::kLoad, w, watchdog::wait_code(kb, s, pos.phase ^ 1));
+#if defined(GATEDMLP_SM90_EXP_NO_SYNC)
+          if (w > 0 || kb - wk.kb0 >= Tr::kStages) continue;  // (timing experiment, below)
+#endif
           mbar_wait(&empty[s], pos.phase ^ 1);  // a fresh barrier passes parity 1 at once
 #if defined(GATEDMLP_SM90_EXP_NO_LOADS)
           // Timing experiment only (scripts/experiments/fp8-promote-exp.sh):
@@ -318,6 +324,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     // Frees stage s in this CTA and, with multicast, in the peer (whose
     // loads also write here).
     auto release = [&](int s) {
+#if defined(GATEDMLP_SM90_EXP_NO_SYNC)
+      // Timing experiment only (scripts/experiments/fp8-promote-exp.sh):
+      // with NO_LOADS the ring is filled once, and the consumers wait for
+      // that fill only and free nothing: the main loops without their
+      // stage barriers. Y is wrong.
+      return;
+#endif
       if (lane != 0) return;
 #if defined(GATEDMLP_SM90_WATCHDOG)
       if (watchdog::drop_release(s)) return;  // the watchdog's self-test: an arrival that never comes
@@ -401,6 +414,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
             const int s = pos.stage;
             GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
             const detail_::PromoScaleLoads use = detail_::load_promo_scales(p, rows, kb);
+#if defined(GATEDMLP_SM90_EXP_NO_SYNC)
+            if (w == 0 && kb - wk.kb0 < Tr::kStages)
+#endif
             mbar_wait(&full[s], pos.phase);
             if (idle) {
               release(s);
@@ -413,7 +429,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
             detail_::quarter_fp8(tb, a, b + kQuarter);
             wgmma_wait<1>();
             fence_regs(ta);
+#if defined(GATEDMLP_SM90_EXP_NO_SCALES)
+            // Timing experiment only (fp8-promote-exp.sh): every scale 1,
+            // the loads unused. Y is wrong but for scales of 1.
+            const detail_::BlockScales bs{1.f, 1.f, 1.f, 1.f};
+#else
             const detail_::BlockScales bs = detail_::promo_scale_products(p, use);
+#endif
             detail_::add_quarter<0>(d, ta, bs.g0, bs.g1);
             detail_::quarter_fp8(ta, a, b + 2 * kQuarter);
             wgmma_wait<1>();
@@ -438,6 +460,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
           const int s = pos.stage;
           GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(wk.kb0, s, pos.phase));
           if (tid == 0) GATEDMLP_TL_PIECE(wg, timeline::kPiece, w, wk.item, wk.kb0, wk.kb1, wk.role);
+#if defined(GATEDMLP_SM90_EXP_NO_SYNC)
+          if (w == 0)
+#endif
           mbar_wait(&full[s], pos.phase);
           if (tid == 0) GATEDMLP_TL(wg, timeline::kFirstFull, w, wk.item);
           if (!idle) {
@@ -455,6 +480,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         for (int kb = wk.kb0 + 1; kb < wk.kb1; ++kb, pos.next()) {
           const int s = pos.stage;
           GATEDMLP_WD_MARK(watchdog::kFull, w, watchdog::wait_code(kb, s, pos.phase));
+#if defined(GATEDMLP_SM90_EXP_NO_SYNC)
+          if (w == 0 && kb - wk.kb0 < Tr::kStages)
+#endif
           mbar_wait(&full[s], pos.phase);
           if (!idle) {
             const uint64_t da = detail_::desc_x<Tr>(ring, s, cw), db = detail_::desc_w<Tr>(ring, s);
