@@ -388,8 +388,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
         // turn, so that one quarter's wgmmas run while the other's sums are
         // added. Half tiles (one 64-register accumulator, a wait per half)
         // ran as fast; what cost time was the instructions around the
-        // wgmmas (h71, h73, docs/notes/fp8.md). (Carried into the next
-        // k-block, the last quarter's wgmmas made ptxas serialize them all.)
+        // wgmmas (h71, h73, docs/notes/fp8.md). (The last quarter carried
+        // into the next k-block ran no faster, h87: waited for with
+        // wgmma_wait<1> there, ptxas serialized every wgmma.)
 #pragma unroll
         for (int i = 0; i < BNO; ++i) d[i] = 0.f;
         // The descriptors' low words (quarter q's weight rows: 64 of 128
