@@ -274,9 +274,10 @@ struct Problem {
   // fp32 sums times the block's scales (promotion, as DeepGEMM does);
   // otherwise the tensor cores sum all of K, whose FP8 accumulation keeps
   // fewer bits (mean error ~1.5-2x torch._scaled_mm's) unless fp8_promote
-  // asks for promotion (_scaled_mm's error, at 1.2-1.5x the time; the
+  // asks for promotion (_scaled_mm's error, at 1.25-1.4x the time; the
   // environment's GATEDMLP_FP8_PROMOTE=1 sets it for every call).
-  // Per-tensor/row/channel scales multiply the total; then
+  // Per-tensor/row/channel scales multiply the total (or, promoting, each
+  // k-block's sums: the same product); then
   // alpha, the bias and the activation:
   //   g = alpha * sum_kb sx(r, kb) * sw_g(n, kb) * (Xq Wgq^T)_kb + bg, u likewise.
   // A checkpoint whose gate and up carry different per-tensor scales keeps
