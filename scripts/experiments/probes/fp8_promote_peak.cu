@@ -19,6 +19,13 @@
 //             cores down by themselves?
 //   n128      a 128-row weight tile (64 gate + 64 up columns): 4 x
 //             m64n128k32, wait, 64 FFMA (DeepGEMM's 128 x 128 block)
+//   quarter_vs
+//             quarter with its two scales in vector registers (read per
+//             thread from `out`, which holds the same values), as the
+//             library's loop has them (its X scales differ by row); the
+//             other variants take s0, s1 as kernel arguments, which ptxas
+//             keeps in uniform registers, so their FFMAs read two vector
+//             registers, not three (h87).
 //   fast_rs, quarter_rs
 //             fast and quarter with X (wgmma's A) from registers, read
 //             from shared memory once per k-block (16 registers): does
@@ -142,10 +149,10 @@ __device__ __forceinline__ void quarters(float (&d)[128], Issue issue, float s0,
   add<32, 96>(d, tb, s0, s1);
 }
 
-enum Variant { kFast, kQuarter, kHalf, kN128, kFastFfma, kFastRs, kQuarterRs };
-const char* kNames[] = {"fast", "quarter", "half", "n128", "fastffma", "fast_rs", "quarter_rs"};
+enum Variant { kFast, kQuarter, kHalf, kN128, kFastFfma, kFastRs, kQuarterRs, kQuarterVs };
+const char* kNames[] = {"fast", "quarter", "half", "n128", "fastffma", "fast_rs", "quarter_rs", "quarter_vs"};
 // Weight rows a k-block multiplies (FLOPs: 2 x 128 rows x this x 128).
-constexpr int kRows[] = {256, 256, 256, 128, 256, 256, 256};
+constexpr int kRows[] = {256, 256, 256, 128, 256, 256, 256, 256};
 
 template <int V>
 __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0, float s1) {
@@ -162,6 +169,9 @@ __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
+  // quarter_vs: the scales per thread (main fills `out` with s0, s1 pairs).
+  const float v0 = V == kQuarterVs ? out[2 * (threadIdx.x % 128)] : s0;
+  const float v1 = V == kQuarterVs ? out[2 * (threadIdx.x % 128) + 1] : s1;
   float d[128], e[V == kFastFfma ? 64 : 1];
 #pragma unroll
   for (int i = 0; i < 128; ++i) d[i] = 0.f;
@@ -185,6 +195,8 @@ __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0
       }
     } else if constexpr (V == kQuarter) {
       quarters(d, [&](float (&t)[32], int qi) { kblock(t, a, b + qi * q, true); }, s0, s1);
+    } else if constexpr (V == kQuarterVs) {
+      quarters(d, [&](float (&t)[32], int qi) { kblock(t, a, b + qi * q, true); }, v0, v1);
     } else if constexpr (V == kFastRs || V == kQuarterRs) {
       // This warpgroup's 8 KB of X, 64 bytes per thread, read once.
       uint32_t ar[16];
@@ -265,6 +277,11 @@ int main(int argc, char** argv) {
   const int kblocks = argc > 1 ? std::atoi(argv[1]) : 8192;
   float* out = nullptr;
   cudaMalloc(&out, 256 * sizeof(float));
+  {
+    std::vector<float> pairs(256);
+    for (int i = 0; i < 256; ++i) pairs[i] = i % 2 ? 0.5f : 1.f;  // the s0, s1 every launch passes
+    cudaMemcpy(out, pairs.data(), pairs.size() * sizeof(float), cudaMemcpyHostToDevice);
+  }
   printf("%s, %d SMs, %d k-blocks of 128 per CTA, one CTA per SM, no memory traffic\n", prop.name,
          prop.multiProcessorCount, kblocks);
   // Twice round, so that the clocks settle before the second.
@@ -277,6 +294,7 @@ int main(int argc, char** argv) {
     time_ms<kFastFfma>(prop.multiProcessorCount, kblocks, out);
     time_ms<kFastRs>(prop.multiProcessorCount, kblocks, out);
     time_ms<kQuarterRs>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kQuarterVs>(prop.multiProcessorCount, kblocks, out);
   }
   return 0;
 }
