@@ -298,9 +298,7 @@ def host_section(args, dev, G, results, patch_model=None):
                 "gatedmlp.torch.gate_up(x, w)": (lambda: gt.gate_up(x, w), "gatedmlp"),
                 "gatedmlp.torch.gate_up(x, w, out=y)": (lambda: gt.gate_up(x, w, out=y), "gatedmlp"),
                 # the raw op, every argument positional as GatedMLP.forward passes them
-                "torch.ops.gatedmlp.gate_up": (
-                    lambda: op(x, w, None, None, None, "silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None),
-                    "gatedmlp"),
+                "torch.ops.gatedmlp.gate_up": (lambda: op(x, w, None, None, None, ""), "gatedmlp"),
                 "GatedMLP(x)": (lambda: gmlp(x3), "gatedmlp_module"),
             })
             if pmlp is not None:

@@ -77,6 +77,60 @@ TEST(GpuApi, BadPointersWriteNothing) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the checks leave no sticky error behind
 }
 
+// Arguments::devices_checked (a binding that knows every tensor's device)
+// skips only the driver's per-pointer query: the call computes what an
+// unflagged one does, bit for bit, and presence, alignment and overlap are
+// still refused by name with nothing written.
+TEST(GpuApi, DevicesCheckedSkipsOnlyTheDeviceQuery) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  const Problem p = small();
+  const auto hx = random_bf16(p.m * p.k, rng, 1.f), hw = random_bf16(2 * p.u * p.k, rng, 0.125f);
+  DeviceBuffer x(hx.size() * 2), w(hw.size() * 2), y(p.m * p.u * 2), y2(p.m * p.u * 2);
+  ASSERT_TRUE(x.p && w.p && y.p && y2.p);
+  CUDA_OK(cudaMemcpy(x.p, hx.data(), x.bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(w.p, hw.data(), w.bytes, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(y.p, 0x5A, y.bytes));
+  CUDA_OK(cudaMemset(y2.p, 0xA5, y2.bytes));
+  Arguments a;
+  a.x = x.p;
+  a.w = w.p;
+  a.y = y.p;
+  ASSERT_TRUE(run(p, a, nullptr, 0, nullptr).ok());
+  Arguments b = a;
+  b.y = y2.p;
+  b.devices_checked = true;
+  ASSERT_TRUE(run(p, b, nullptr, 0, nullptr).ok());
+  std::vector<unsigned char> r1(y.bytes), r2(y2.bytes);
+  CUDA_OK(cudaMemcpy(r1.data(), y.p, y.bytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(r2.data(), y2.p, y2.bytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(r1, r2);
+
+  CUDA_OK(cudaMemset(y2.p, 0xA5, y2.bytes));
+  Arguments bad = b;
+  bad.y = static_cast<char*>(w.p) + 128;  // overlaps the weights
+  Status s = run(p, bad, nullptr, 0, nullptr);
+  EXPECT_NE(s.message().find("overlaps 'w'"), std::string::npos) << s.message();
+  bad = b;
+  bad.x = static_cast<const char*>(x.p) + 1;  // not bf16-aligned
+  s = run(p, bad, nullptr, 0, nullptr);
+  EXPECT_NE(s.message().find("'x'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("aligned"), std::string::npos) << s.message();
+  bad = b;
+  bad.w = nullptr;
+  s = run(p, bad, nullptr, 0, nullptr);
+  EXPECT_NE(s.message().find("'w' is null"), std::string::npos) << s.message();
+  DeviceBuffer ws(4096);
+  ASSERT_TRUE(ws.p);
+  s = run(p, b, static_cast<char*>(ws.p) + 8, 64, nullptr);  // the workspace keeps its alignment check
+  EXPECT_NE(s.message().find("'workspace'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("16-byte aligned"), std::string::npos) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(r2.data(), y2.p, y2.bytes, cudaMemcpyDeviceToHost));
+  for (unsigned char c : r2) ASSERT_EQ(c, 0xA5);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The workspace is checked like a tensor: present with its size, aligned,
 // device memory, overlapping nothing. Each bad one is refused by name and
 // nothing is written.

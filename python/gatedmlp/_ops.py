@@ -63,9 +63,11 @@ class Operator:
         modes = torch._C._len_torch_dispatch_stack
 
         def autograd(*args):
+            # The dispatcher leaves out trailing arguments that equal their
+            # schema defaults: args may be shorter than the schema.
             if torch.is_grad_enabled():
                 for i in tensors:
-                    t = args[i]
+                    t = args[i] if i < len(args) else None
                     if t is not None and t.requires_grad:
                         raise RuntimeError(_g._NO_BACKWARD)
             x = args[0]

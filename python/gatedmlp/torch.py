@@ -9,7 +9,8 @@ graph breaks and can be captured in CUDA graphs. They launch on
 through gatedmlp._ops (one dispatcher trip per call, see there);
 ``gate_up_out``, which writes into its ``out``, is a torch.library
 custom_op, which takes care of in-place semantics under torch.compile.
-``mlp`` and ``quantized_mlp`` are a gate/up op followed by a down op.
+The three gate/up operators take their options as one string
+(``gate_up_options()``; see "options" below). ``mlp`` and ``quantized_mlp`` are a gate/up op followed by a down op.
 
 ``Fp8GatedMLP`` (gatedmlp.fp8_module) is the MLP of an FP8 checkpoint (e4m3
 weights with per-tensor, per-channel or 128 x 128 block scales, as
@@ -42,7 +43,7 @@ from gatedmlp._ops import operator as _operator
 from gatedmlp.fp8 import _fp8_gate_up
 from gatedmlp.quant import _down_format, _format_cached
 
-__all__ = ["gate_up", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
+__all__ = ["gate_up", "gate_up_options", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
            "QuantizedGatedMLP", "MoEExperts", "Fp8GatedMLP", "activation_name", "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
@@ -130,6 +131,15 @@ def _traced() -> bool:
     return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
 
 
+def _new_out(x: Tensor, u: int, dtype: Optional[torch.dtype]) -> Tensor:
+    """Y [..., u] for x [..., K], in dtype (None: x's). Spelled for host time
+    (h88, x86): x.new_empty(x.size(0), u) 1.5 us, with dtype=None 0.6 us
+    more, with the sizes unpacked from x.shape[:-1] 1.2 us more."""
+    if x.dim() == 2:
+        return x.new_empty(x.size(0), u) if dtype is None else x.new_empty(x.size(0), u, dtype=dtype)
+    return x.new_empty(*x.shape[:-1], u, dtype=dtype)
+
+
 def _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage, alpha,
                     out_dtype, hold=True):
     # What the gatedmlp::gate_up op computes, for real tensors only. The
@@ -140,56 +150,137 @@ def _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_li
     # leaves memory of their pool alive.
     x2 = _flatten(x, w)
     u = _out_features(w, w_up, storage)
-    out = x.new_empty(*x.shape[:-1], u, dtype=out_dtype)  # None: x's dtype
+    out = _new_out(x, u, out_dtype)
     _launch(x2, w, w_up, bias, bias_up, out if x2 is x else out.view(*x2.shape[:-1], u), None, activation,
             clamp_alpha, clamp_limit, group, first, storage, alpha, hold)
     return out
 
 
+# ---------------------------------------------------------------- options
+# The gate/up operators take their options as one string of name=value
+# pairs, the defaults left out ("activation=gelu_tanh,group=8,first=up"; ""
+# is all defaults): a Python-defined operator's call parses each argument of
+# its schema, ~0.25 us apiece whatever runs the kernel (h86), and a compiled
+# model passes all of them on every call. Eight options as one string save
+# ~2 us a call (h88). The string is what a graph records, so it must mean
+# the same in another process: names and values, never a handle.
+_GATE_UP_DEFAULTS = {"activation": "silu", "clamp_alpha": 1.702, "clamp_limit": 7.0, "group": 0, "first": "gate",
+                     "storage": "out_in", "alpha": 1.0, "out_dtype": None, "preact_dtype": None}
+_OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _options_string(activation, clamp_alpha, clamp_limit, group, first, storage, alpha, out_dtype,
+                    preact_dtype) -> str:
+    given = {"activation": activation, "clamp_alpha": float(clamp_alpha), "clamp_limit": float(clamp_limit),
+             "group": int(group), "first": first, "storage": storage, "alpha": float(alpha),
+             "out_dtype": out_dtype, "preact_dtype": preact_dtype}
+    parts = []
+    for name, value in given.items():
+        if value == _GATE_UP_DEFAULTS[name]:
+            continue
+        if isinstance(value, torch.dtype):
+            value = str(value).replace("torch.", "")
+        elif isinstance(value, float):
+            value = repr(value)  # round-trips exactly
+        parts.append(f"{name}={value}")
+    return ",".join(parts)
+
+
+def gate_up_options(activation="silu", clamp_alpha: float = 1.702, clamp_limit: float = 7.0, group: int = 0,
+                    first="gate", storage="out_in", alpha: float = 1.0, out_dtype: Optional[torch.dtype] = None,
+                    preact_dtype: Optional[torch.dtype] = None) -> str:
+    """The ``options`` string of the gate/up operators
+    (``torch.ops.gatedmlp.gate_up``, ``gate_up_preact``, ``gate_up_out``):
+    gate_up's keyword options as name=value pairs, the defaults left out."""
+    return _options_string(activation_name(activation), clamp_alpha, clamp_limit, group,
+                           _name(first, _HALVES, "first"), _name(storage, _STORAGES, "storage"), alpha, out_dtype,
+                           preact_dtype)
+
+
+_PARSED_OPTIONS = {}
+
+
+def _parse_options(options: str) -> tuple:
+    """(activation, clamp_alpha, clamp_limit, group, first, storage, alpha,
+    out_dtype, preact_dtype) of an options string; parsed once per string."""
+    parsed = _PARSED_OPTIONS.get(options)
+    if parsed is not None:
+        return parsed
+    values = dict(_GATE_UP_DEFAULTS)
+    for part in options.split(",") if options else ():
+        name, eq, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or name not in values:
+            raise _g.InvalidArgumentError(
+                f"gatedmlp: options {options!r}: {part!r} is not name=value with a name among "
+                f"{', '.join(_GATE_UP_DEFAULTS)}")
+        try:
+            if name == "activation":
+                value = activation_name(value)  # gatedmlp's names or Hugging Face's
+            elif name == "first":
+                value = _name(value, _HALVES, "first")
+            elif name == "storage":
+                value = _name(value, _STORAGES, "storage")
+            elif name == "group":
+                value = int(value)
+            elif name.endswith("dtype"):
+                if value not in _OUT_DTYPES:
+                    raise _g.InvalidArgumentError(f"gatedmlp: {name}={value!r} is not one of {', '.join(_OUT_DTYPES)}")
+                value = _OUT_DTYPES[value]
+            else:
+                value = float(value)
+        except ValueError as e:
+            raise _g.InvalidArgumentError(f"gatedmlp: options {options!r}: {part!r}: {e}") from None
+        values[name] = value
+    parsed = _PARSED_OPTIONS[options] = tuple(values.values())
+    return parsed
+
+
 # ---------------------------------------------------------------- operators
 @_operator("gate_up")
-def _gate_up_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor], bias_up: Optional[Tensor],
-                activation: str, clamp_alpha: float, clamp_limit: float, group: int, first: str, storage: str,
-                alpha: float, out_dtype: Optional[torch.dtype]) -> Tensor:
-    return _gate_up_direct(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage,
-                           alpha, out_dtype, hold=False)
+def _gate_up_op(x: Tensor, w: Tensor, w_up: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                bias_up: Optional[Tensor] = None, options: str = "") -> Tensor:
+    act, clamp_alpha, clamp_limit, group, first, storage, alpha, out_dtype, _ = _parse_options(options)
+    return _gate_up_direct(x, w, w_up, bias, bias_up, act, clamp_alpha, clamp_limit, group, first, storage, alpha,
+                           out_dtype, hold=False)
 
 
 @_gate_up_op.register_fake
-def _gate_up_fake(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage, alpha,
-                  out_dtype):
-    return x.new_empty((*x.shape[:-1], _out_features(w, w_up, storage)), dtype=out_dtype or x.dtype)
+def _gate_up_fake(x, w, w_up=None, bias=None, bias_up=None, options=""):
+    o = _parse_options(options)
+    return x.new_empty((*x.shape[:-1], _out_features(w, w_up, o[5])), dtype=o[7] or x.dtype)
 
 
 @_operator("gate_up_preact")
-def _gate_up_preact_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor],
-                       bias_up: Optional[Tensor], activation: str, clamp_alpha: float, clamp_limit: float,
-                       group: int, first: str, storage: str, alpha: float, out_dtype: Optional[torch.dtype],
-                       preact_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor]:
+def _gate_up_preact_op(x: Tensor, w: Tensor, w_up: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                       bias_up: Optional[Tensor] = None, options: str = "") -> Tuple[Tensor, Tensor]:
+    act, clamp_alpha, clamp_limit, group, first, storage, alpha, out_dtype, preact_dtype = _parse_options(options)
     x2 = _flatten(x, w)
     u = _out_features(w, w_up, storage)
     out = torch.empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype, device=x.device)
     pre = torch.empty((*x.shape[:-1], 2 * u), dtype=preact_dtype or x.dtype, device=x.device)
     lead = x2.shape[:-1]
-    _launch(x2, w, w_up, bias, bias_up, out.view(*lead, u), pre.view(*lead, 2 * u), activation, clamp_alpha,
-            clamp_limit, group, first, storage, alpha, hold=False)
+    _launch(x2, w, w_up, bias, bias_up, out.view(*lead, u), pre.view(*lead, 2 * u), act, clamp_alpha, clamp_limit,
+            group, first, storage, alpha, hold=False)
     return out, pre
 
 
 @_gate_up_preact_op.register_fake
-def _gate_up_preact_fake(x, w, w_up, bias, bias_up, activation, clamp_alpha, clamp_limit, group, first, storage,
-                         alpha, out_dtype, preact_dtype):
-    u = _out_features(w, w_up, storage)
-    return (x.new_empty((*x.shape[:-1], u), dtype=out_dtype or x.dtype),
-            x.new_empty((*x.shape[:-1], 2 * u), dtype=preact_dtype or x.dtype))
+def _gate_up_preact_fake(x, w, w_up=None, bias=None, bias_up=None, options=""):
+    o = _parse_options(options)
+    u = _out_features(w, w_up, o[5])
+    return (x.new_empty((*x.shape[:-1], u), dtype=o[7] or x.dtype),
+            x.new_empty((*x.shape[:-1], 2 * u), dtype=o[8] or x.dtype))
 
 
 @torch.library.custom_op("gatedmlp::gate_up_out", mutates_args=("out",))
 def _gate_up_out_op(x: Tensor, w: Tensor, w_up: Optional[Tensor], bias: Optional[Tensor],
-                    bias_up: Optional[Tensor], out: Tensor, activation: str, clamp_alpha: float,
-                    clamp_limit: float, group: int, first: str, storage: str, alpha: float) -> None:
-    _gate_up_out_impl(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, clamp_limit, group, first, storage,
-                      alpha)
+                    bias_up: Optional[Tensor], out: Tensor, options: str = "") -> None:
+    act, clamp_alpha, clamp_limit, group, first, storage, alpha, out_dtype, preact_dtype = _parse_options(options)
+    if out_dtype is not None or preact_dtype is not None:
+        raise _g.InvalidArgumentError(f"gatedmlp: gate_up_out writes into out, in out's dtype; options {options!r} "
+                                      "must not set out_dtype or preact_dtype")
+    _gate_up_out_impl(x, w, w_up, bias, bias_up, out, act, clamp_alpha, clamp_limit, group, first, storage, alpha)
 
 
 def _gate_up_out_impl(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, clamp_limit, group, first, storage,
@@ -202,8 +293,8 @@ def _gate_up_out_impl(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, c
 
 
 @_gate_up_out_op.register_fake
-def _gate_up_out_fake(x, w, w_up, bias, bias_up, out, activation, clamp_alpha, clamp_limit, group, first, storage,
-                      alpha):
+def _gate_up_out_fake(x, w, w_up, bias, bias_up, out, options=""):
+    _parse_options(options)
     return None
 
 
@@ -226,7 +317,7 @@ def _quantized_direct(x, wq, scales, biases, wq_up, scales_up, biases_up, bias, 
                       row_block, activation, clamp_alpha, clamp_limit, group, first, alpha, out_dtype, hold=True):
     # What gatedmlp::quantized_gate_up computes, for real tensors only (hold: as _gate_up_direct's).
     u = _quantized_rows(wq, wq_up)
-    out = x.new_empty(*x.shape[:-1], u, dtype=out_dtype)  # None: x's dtype
+    out = _new_out(x, u, out_dtype)
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     out2 = out if x2 is x else out.view(-1, u)
     _C.gate_up(
@@ -597,14 +688,17 @@ def gate_up(x: Tensor, w: Tensor, w_up: Optional[Tensor] = None, bias: Optional[
     if out is not None:
         if return_preact:
             raise TypeError("gatedmlp: return_preact is not available with out=")
-        torch.ops.gatedmlp.gate_up_out(x, w, w_up, bias, bias_up, out, act, clamp_alpha, clamp_limit, group,
-                                       first, storage, alpha)
+        torch.ops.gatedmlp.gate_up_out(x, w, w_up, bias, bias_up, out,
+                                       _options_string(act, clamp_alpha, clamp_limit, group, first, storage, alpha,
+                                                       None, None))
         return out
     if return_preact:
-        return torch.ops.gatedmlp.gate_up_preact(x, w, w_up, bias, bias_up, act, clamp_alpha, clamp_limit, group,
-                                                 first, storage, alpha, out_dtype, preact_dtype)
-    return torch.ops.gatedmlp.gate_up(x, w, w_up, bias, bias_up, act, clamp_alpha, clamp_limit, group, first,
-                                      storage, alpha, out_dtype)
+        return torch.ops.gatedmlp.gate_up_preact(x, w, w_up, bias, bias_up,
+                                                 _options_string(act, clamp_alpha, clamp_limit, group, first, storage,
+                                                                 alpha, out_dtype, preact_dtype))
+    return torch.ops.gatedmlp.gate_up(x, w, w_up, bias, bias_up,
+                                      _options_string(act, clamp_alpha, clamp_limit, group, first, storage, alpha,
+                                                      out_dtype, None))
 
 
 # ---------------------------------------------------------------- the module
@@ -682,8 +776,9 @@ class GatedMLP(nn.Module):
         w, b = self.gate_up_proj.weight, self.gate_up_proj.bias
         _check_no_grad(x, w, b)
         if not x.is_cuda or type(x) is not Tensor or _traced():
-            h = torch.ops.gatedmlp.gate_up(x, w, None, b, None, self.activation, self.clamp_alpha, self.clamp_limit,
-                                           0, "gate", "out_in", 1.0, None)
+            h = torch.ops.gatedmlp.gate_up(x, w, None, b, None,
+                                           _options_string(self.activation, self.clamp_alpha, self.clamp_limit, 0,
+                                                           "gate", "out_in", 1.0, None, None))
         else:
             h = _gate_up_direct(x, w, None, b, None, self.activation, self.clamp_alpha, self.clamp_limit, 0, "gate",
                                 "out_in", 1.0, None)

@@ -1,9 +1,11 @@
 // The helpers the binding's tensor entry points share (calls.hpp).
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 #include <utility>
 
 #include "calls.hpp"
+#include "stage_timers.hpp"
 
 namespace gatedmlp::py {
 
@@ -505,7 +507,7 @@ size_t bytes_of(const TensorView& v) {
 // Scratch for a call: a held one, or a new one from `alloc`, which `fresh`
 // owns until the call has been queued when it is not held (during capture).
 std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_t stream, nb::handle alloc,
-                                       TensorView* fresh, bool hold) {
+                                       TensorView* fresh, bool hold, const TensorView** source) {
   const size_t n = workspace_size(p);
   if (n == 0) return {nullptr, 0};
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -517,11 +519,15 @@ std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_
   const uintptr_t s = reinterpret_cast<uintptr_t>(stream);
   if (capture == cudaStreamCaptureStatusNone)
     for (const HeldWorkspace& w : g_workspaces)
-      if (w.device == device && w.stream == s && w.bytes >= n) return {w.owner->data, w.bytes};
+      if (w.device == device && w.stream == s && w.bytes >= n) {
+        *source = w.owner;
+        return {w.owner->data, w.bytes};
+      }
   TensorView v = import_tensor(alloc(n), "workspace", true);
   const size_t bytes = bytes_of(v);
   if (capture != cudaStreamCaptureStatusNone) {
     *fresh = std::move(v);
+    *source = fresh;
     return {fresh->data, bytes};
   }
   for (auto it = g_workspaces.begin(); it != g_workspaces.end(); ++it)
@@ -533,38 +539,59 @@ std::pair<void*, size_t> workspace_for(const Problem& p, int device, cudaStream_
       break;
     }
   g_workspaces.push_back({device, s, new TensorView(std::move(v)), bytes});
+  *source = g_workspaces.back().owner;
   return {g_workspaces.back().owner->data, bytes};
+}
+
+// CUDA memory of `device`, as its producer described it (null: nothing to check).
+bool on_device(const TensorView* t, int device) {
+  return !t || (t->device_type == kDeviceCUDA && t->device_id == device);
 }
 
 }  // namespace
 
 void launch(const Problem& p, const Arguments& a, const TensorView& x, uintptr_t stream_handle, nb::handle workspace,
             nb::handle workspace_alloc, const std::vector<const TensorView*>& views, bool hold_workspace) {
+  GATEDMLP_LAP(kViews);
   const cudaStream_t stream = as_stream(stream_handle);
   const int device = x.device_type == kDeviceCUDA ? x.device_id : -1;
   // Before the workspace: workspace_size() reads the current device.
   DeviceGuard guard(device);
+  GATEDMLP_LAP(kGuard);
 
   // Workspace: the caller's, or scratch held for this device and stream
   // (workspace_alloc allocates it); without either, the call runs without.
   void* ws = nullptr;
   size_t ws_bytes = 0;
   TensorView ws_view;  // owns the caller's workspace, or fresh scratch, until the call is queued
+  const TensorView* ws_source = nullptr;
   if (!workspace.is_none()) {
     ws_view = import_tensor(workspace, "workspace", true);
     ws = ws_view.data;
     ws_bytes = bytes_of(ws_view);
+    ws_source = &ws_view;
   } else if (!workspace_alloc.is_none() && p.m > 0 && p.batch > 0) {
-    std::tie(ws, ws_bytes) = workspace_for(p, device, stream, workspace_alloc, &ws_view, hold_workspace);
+    std::tie(ws, ws_bytes) = workspace_for(p, device, stream, workspace_alloc, &ws_view, hold_workspace, &ws_source);
   }
 
+  GATEDMLP_LAP(kWorkspace);
   wait_for_producers(views, stream);
+  GATEDMLP_LAP(kProducers);
+  // Each tensor came with its device: when all are CUDA memory of this one,
+  // run() need not ask the driver about each pointer again (h88). Anything
+  // else (host memory, another device, a producer that did not say) keeps
+  // the library's own check and its message.
+  Arguments ka = a;
+  ka.devices_checked = device >= 0 && on_device(ws_source, device) &&
+                       std::all_of(views.begin(), views.end(), [&](const TensorView* t) { return on_device(t, device); });
   Status s;
   {
     nb::gil_scoped_release release;
-    s = run(p, a, ws, ws_bytes, stream);
+    s = run(p, ka, ws, ws_bytes, stream);
   }
+  GATEDMLP_LAP(kRun);
   check(s);
+  GATEDMLP_LAP(kCheck);
 }
 
 }  // namespace gatedmlp::py

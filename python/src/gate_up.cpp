@@ -1,6 +1,7 @@
 // gatedmlp.gate_up's C++ half: a Problem from the tensors (describe) and
 // the call (calls.cpp's launch, with its scratch held per device and stream).
 #include "calls.hpp"
+#include "stage_timers.hpp"
 
 namespace gatedmlp::py {
 
@@ -252,12 +253,16 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
              WeightStorage storage, float alpha, uintptr_t stream_handle, nb::handle workspace,
              nb::handle workspace_alloc, const QuantArrays& q, bool hold_workspace, const GatherArgs& g,
              const Fp8Args& f) {
+  GATEDMLP_LAP_START();
   if (out.is_none()) throw nb::type_error("'out' is required (the Python wrapper gatedmlp.gate_up allocates it)");
   GateUpTensors t = import_gate_up(x, w, out, w_up, bias, bias_up, preact, q, g, f);
+  GATEDMLP_LAP(kImport);
   GateUpOptions o = make_options(activation, act_params, group, first, storage, alpha, q, f);
   if (clamp_alpha) o.act_params.clamp_alpha = *clamp_alpha;
   if (clamp_limit) o.act_params.clamp_limit = *clamp_limit;
+  GATEDMLP_LAP(kOptions);
   const Problem p = describe(t, o);
+  GATEDMLP_LAP(kDescribe);
 
   Arguments a;
   a.x = t.x.data;
@@ -277,6 +282,7 @@ void gate_up(nb::handle x, nb::handle w, nb::handle out, nb::handle w_up, nb::ha
   set_gather_arguments(t.gather, &a);
 
   const GatherTensors& gt = t.gather;
+  GATEDMLP_LAP(kArguments);
   launch(p, a, t.x, stream_handle, workspace, workspace_alloc,
          {&t.x, &t.w, t.w_up ? &*t.w_up : nullptr, t.bias ? &*t.bias : nullptr, t.bias_up ? &*t.bias_up : nullptr,
           &*t.out, t.preact ? &*t.preact : nullptr, t.scales ? &*t.scales : nullptr, t.biases ? &*t.biases : nullptr,

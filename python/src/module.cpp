@@ -37,6 +37,7 @@
 #include "gatedmlp/layout.hpp"
 #include "gatedmlp/quant.hpp"
 #include "calls.hpp"
+#include "stage_timers.hpp"
 #include "tensor.hpp"
 
 #ifndef GATEDMLP_VERSION
@@ -274,6 +275,21 @@ NB_MODULE(_gatedmlp, m) {
   m.attr("__version__") = GATEDMLP_VERSION;
   m.attr("kAuto") = kAuto;
   m.attr("kMaxGatherExperts") = kMaxGatherExperts;
+#ifdef GATEDMLP_PY_TIMERS
+  // Timing experiment only (stage_timers.hpp): mean ns per gate_up call of
+  // each stage since the last call of this, then reset.
+  m.def("_stage_timers", []() {
+    namespace T = gatedmlp::py::stage_timers;
+    nb::dict d;
+    for (int i = 0; i < T::kCount; ++i) {
+      d[T::kNames[i]] = T::g_calls ? static_cast<double>(T::g_ns[static_cast<size_t>(i)]) / T::g_calls : 0.0;
+      T::g_ns[static_cast<size_t>(i)] = 0;
+    }
+    d["calls"] = T::g_calls;
+    T::g_calls = 0;
+    return d;
+  });
+#endif
 
   // ---- errors
   g_errors.base = new_error_class(m, "Error", PyExc_Exception, nullptr,

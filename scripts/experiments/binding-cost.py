@@ -73,8 +73,7 @@ def main():
         "no-op operator, gate_up's schema": lambda: noop(x, w, None, None, None, "silu", 1.702, 7.0, 0, "gate",
                                                          "out_in", 1.0, None),
         "x.new_empty(1, u) (varargs)": lambda: x.new_empty(1, u),
-        "torch.ops.gatedmlp.gate_up": lambda: op(x, w, None, None, None, "silu", 1.702, 7.0, 0, "gate", "out_in",
-                                                 1.0, None),
+        "torch.ops.gatedmlp.gate_up": lambda: op(x, w, None, None, None, ""),
     }
     p = C.make_problem(to(xq), to(wq32), to(y), scales=to(sw), quant=q, x_scales=to(sx), x_fp8=True)
     print("fp8 problem:", p)

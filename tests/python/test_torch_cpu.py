@@ -1,6 +1,8 @@
 """gatedmlp.torch without a GPU: operator registration, fake (meta) shapes,
 torch.compile tracing, the no-backward guard and state-dict loading."""
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -51,8 +53,35 @@ def test_opcheck_schema_and_fake():
     x = torch.empty(5, 64, **META)
     w = torch.empty(96, 64, **META)
     b = torch.empty(96, device="meta")
-    args = (x, w, None, b, None, "silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None)
-    torch.library.opcheck(torch.ops.gatedmlp.gate_up.default, args, test_utils=("test_schema", "test_faketensor"))
+    for options in ("", "activation=gelu_tanh,group=8,first=up,out_dtype=float32"):
+        args = (x, w, None, b, None, options)
+        torch.library.opcheck(torch.ops.gatedmlp.gate_up.default, args, test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.gatedmlp.gate_up_preact.default, (x, w, None, b, None, "preact_dtype=float32"),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_gate_up_options_round_trip():
+    """The gate/up operators' options string: gate_up's keyword options as
+    name=value pairs, the defaults left out, and parsed back to the same
+    values; a bad string is refused naming what is wrong."""
+    assert gt.gate_up_options() == ""
+    s = gt.gate_up_options(activation="gelu_pytorch_tanh", clamp_alpha=1.5, clamp_limit=0.1 + 0.2, group=8,
+                           first="up", storage="in_out", alpha=0.3, out_dtype=torch.float32,
+                           preact_dtype=torch.float16)
+    assert s.startswith("activation=gelu_tanh,clamp_alpha=1.5,"), s
+    from gatedmlp.torch import _parse_options
+    assert _parse_options(s) == ("gelu_tanh", 1.5, 0.1 + 0.2, 8, "up", "in_out", 0.3, torch.float32, torch.float16)
+    assert _parse_options("") == ("silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None, None)
+    assert _parse_options("activation=gelu_pytorch_tanh")[0] == "gelu_tanh"  # Hugging Face's names too
+    x, w = torch.empty(5, 64, **META), torch.empty(96, 64, **META)
+    for bad, what in (("activation=swishy", "'swishy'"), ("groups=8", "'groups=8'"), ("group", "'group'"),
+                      ("alpha=fast", "'alpha=fast'"), ("out_dtype=float64", "out_dtype='float64'"),
+                      ("first=down", "first='down'")):
+        with pytest.raises(gatedmlp.InvalidArgumentError, match=re.escape(what)):
+            torch.ops.gatedmlp.gate_up(x, w, None, None, None, bad)
+    # What gt.gate_up records when traced is the same operator with the same meaning.
+    assert torch.ops.gatedmlp.gate_up(x, w, None, None, None, "out_dtype=float32").dtype == torch.float32
+    assert gt.gate_up(x, w, out_dtype=torch.float32).dtype == torch.float32
 
 
 def test_quantized_fake_shapes_opcheck_and_compile():
@@ -207,7 +236,7 @@ def test_raw_operators_refuse_a_gradient_at_the_call():
     under no_grad it runs (on meta tensors: the fake implementation)."""
     x = torch.empty(4, 64, **META)
     w = torch.empty(96, 64, **META)
-    rest = (None, None, None, "silu", 1.702, 7.0, 0, "gate", "out_in", 1.0, None)
+    rest = (None, None, None, "")
     for args in ((x.clone().requires_grad_(), w), (x, w.clone().requires_grad_())):
         with pytest.raises(RuntimeError, match="no backward pass"):
             torch.ops.gatedmlp.gate_up(*args, *rest)

@@ -33,11 +33,14 @@
 //             promoting loop its speed (h87)? The registers are filled by
 //             plain 16-byte loads, not in wgmma's fragment order: the
 //             probe times the loop, its sums mean nothing.
-// Prints TFLOP/s per variant (median of 5 launches) and each kernel's
-// registers and local memory.
+// Usage: fp8_promote_peak [k-blocks per CTA] [launches per variant, 5]
+// Prints TFLOP/s per variant (the median launch), each kernel's registers
+// and local memory, and the wall-clock span of its launches (h88: matched
+// against the SM clock's samples by clock-summary.py).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -242,8 +245,12 @@ __global__ void __launch_bounds__(256, 1) loop(float* out, int kblocks, float s0
   if (s == 1234.5f) out[threadIdx.x] = s;  // never true; keeps the sums live
 }
 
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 template <int V>
-float time_ms(int sms, int kblocks, float* out) {
+float time_ms(int sms, int kblocks, int launches, float* out) {
   auto k = loop<V>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   cudaFuncAttributes fa{};
@@ -253,7 +260,8 @@ float time_ms(int sms, int kblocks, float* out) {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   std::vector<float> ms;
-  for (int r = 0; r < 5; ++r) {
+  const double t0 = now_s();
+  for (int r = 0; r < launches; ++r) {
     cudaEventRecord(e0);
     k<<<sms, 256, kSmem>>>(out, kblocks, 1.f, 0.5f);
     cudaEventRecord(e1);
@@ -262,11 +270,13 @@ float time_ms(int sms, int kblocks, float* out) {
     cudaEventElapsedTime(&t, e0, e1);
     ms.push_back(t);
   }
+  const double t1 = now_s();
   std::sort(ms.begin(), ms.end());
+  const float med = ms[ms.size() / 2];
   const double flops = 2.0 * 128 * kRows[V] * 128 * double(kblocks) * sms;
-  printf("%-9s %7.3f ms  %6.0f TFLOP/s  regs %3d  local %3zu B  (%s)\n", kNames[V], ms[2], flops / ms[2] / 1e9,
-         fa.numRegs, fa.localSizeBytes, cudaGetErrorString(cudaGetLastError()));
-  return ms[2];
+  printf("%-9s %7.3f ms  %6.0f TFLOP/s  regs %3d  local %3zu B  (%s)  wall %.3f %.3f\n", kNames[V], med,
+         flops / med / 1e9, fa.numRegs, fa.localSizeBytes, cudaGetErrorString(cudaGetLastError()), t0, t1);
+  return med;
 }
 
 }  // namespace
@@ -275,6 +285,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   const int kblocks = argc > 1 ? std::atoi(argv[1]) : 8192;
+  const int launches = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
   float* out = nullptr;
   cudaMalloc(&out, 256 * sizeof(float));
   {
@@ -287,14 +298,14 @@ int main(int argc, char** argv) {
   // Twice round, so that the clocks settle before the second.
   for (int round = 0; round < 2; ++round) {
     printf("round %d\n", round);
-    time_ms<kFast>(prop.multiProcessorCount, kblocks, out);
-    time_ms<kQuarter>(prop.multiProcessorCount, kblocks, out);
-    time_ms<kHalf>(prop.multiProcessorCount, kblocks, out);
-    time_ms<kN128>(prop.multiProcessorCount, kblocks, out);
-    time_ms<kFastFfma>(prop.multiProcessorCount, kblocks, out);
-    time_ms<kFastRs>(prop.multiProcessorCount, kblocks, out);
-    time_ms<kQuarterRs>(prop.multiProcessorCount, kblocks, out);
-    time_ms<kQuarterVs>(prop.multiProcessorCount, kblocks, out);
+    time_ms<kFast>(prop.multiProcessorCount, kblocks, launches, out);
+    time_ms<kQuarter>(prop.multiProcessorCount, kblocks, launches, out);
+    time_ms<kHalf>(prop.multiProcessorCount, kblocks, launches, out);
+    time_ms<kN128>(prop.multiProcessorCount, kblocks, launches, out);
+    time_ms<kFastFfma>(prop.multiProcessorCount, kblocks, launches, out);
+    time_ms<kFastRs>(prop.multiProcessorCount, kblocks, launches, out);
+    time_ms<kQuarterRs>(prop.multiProcessorCount, kblocks, launches, out);
+    time_ms<kQuarterVs>(prop.multiProcessorCount, kblocks, launches, out);
   }
   return 0;
 }
