@@ -26,6 +26,10 @@
 #          staged form h75 measured is docs/notes/data/h75-staged-form.patch
 #          (git apply it on b2fe4f1; its knobs: GATEDMLP_DECODE_STAGED=0,
 #          GATEDMLP_DECODE_STAGED_WARPS=w)
+#   suites: the GPU test suites SUITES (default GpuDecode.*) as shipped and
+#          under each of SETTINGS (h89) (needs $BUILD/tests/test_gpu: build it with
+#          ARCHS=90a BUILD_TARGETS="gatedmlp_tool test_gpu" scripts/gpu-check.sh build
+#          and BUILD=build-gpu)
 #   ncu:   per-kernel duration, DRAM bytes and throughput, waves, of the
 #          decode kernel and of torch.mm's cuBLAS kernel, at
 #          M = 1 and 16, caches flushed between launches (cold weights)
@@ -81,6 +85,13 @@ for step in ${@:-floor bench ncu}; do
       done
     done
     echo "bench warnings (fused against unfused): $(grep -c WARNING "$out/bench.err")"; grep WARNING "$out/bench.err" | head -5 ;;
+  suites)
+    for set in "" ${SETTINGS:-}; do
+      IFS=, read -ra kv <<<"$set"
+      env "${kv[@]}" timeout 300 "$b/tests/test_gpu" --gtest_filter="${SUITES:-GpuDecode.*}" >"$out/suites.log" 2>&1
+      echo "-- suites ${set:-as shipped}: rc=$?; $(grep -hoE '\[ cases \] [0-9]+' "$out/suites.log" | awk '{s+=$4} END {print s+0}') cases; $(grep -E 'PASSED|FAILED' "$out/suites.log" | tail -2 | tr '\n' ' ')"
+      grep -E "^\[  FAILED|Failure" "$out/suites.log" | head -5 || true
+    done ;;
   ncu)
     build
     metrics="gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__waves_per_multiprocessor,sm__warps_active.avg.pct_of_peak_sustained_active"
