@@ -95,6 +95,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
+// blockIdx.x read afresh where called: a volatile read is never merged with
+// an earlier one, so a value needed again after a long loop is read again
+// there instead of held (or spilled) through it.
+__device__ __forceinline__ uint32_t block_x() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+  return v;
+}
+
 // ------------------------------------------------------------------ clusters
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;

@@ -453,6 +453,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
             detail_::add_quarter<3>(d, tb, bs.u0, bs.u1);
           }
         }
+        // The tile's place, computed again from the item for what follows
+        // rather than kept through the loop, whose sums and quarters leave
+        // it no registers (ptxas spilled it: h88, docs/notes/fp8.md). The
+        // empty asm hides that the item is the one the first computation
+        // used. (Reading the thread's index again too made the epilogue
+        // spill 400 bytes; in clusters of two the recomputation moved more
+        // spills into the epilogue than it took out, so those keep theirs.)
+        if constexpr (CM == 1) {
+          int64_t again = wk.item;
+          asm volatile("" : "+l"(again));
+          tc = tile_coord<CM>(p, again, rank);
+          row0 = int64_t(tc.mb) * Tr::BM + 64 * cw;
+          yl = tc.l;
+        }
       } else {
         // The item's first k-step, peeled: its first wgmma overwrites the
         // accumulators and says so (wgmma_tile<..., true>), so that they are
@@ -515,9 +529,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       if (wk.role != kWhole) GATEDMLP_WD_MARK(watchdog::kPartial, w);
       if (wk.role == kPartial) {
         // Hand the sums to the item's owner; no epilogue here.
-        detail_::store_partial(p, d, detail_::partial_slot(p, blockIdx.x, cw), tid, row0);
+        // (The promoting one-CTA kernels read blockIdx.x again here: held
+        // from the kernel's start, it was spilled. In clusters of two the
+        // fresh read spilled more elsewhere.)
+        const uint32_t cta = PROMO && CM == 1 ? block_x() : blockIdx.x;
+        detail_::store_partial(p, d, detail_::partial_slot(p, cta, cw), tid, row0);
         named_barrier(1 + cw, 128);
-        if (tid == 0) flag_raise(p.sk_flag + blockIdx.x * 2 + cw, p.sk_token);
+        if (tid == 0) flag_raise(p.sk_flag + cta * 2 + cw, p.sk_token);
         if (tid == 0) GATEDMLP_TL(wg, timeline::kHanded, w, wk.item);
         continue;
       }
