@@ -10,7 +10,8 @@ through gatedmlp._ops (one dispatcher trip per call, see there);
 ``gate_up_out``, which writes into its ``out``, is a torch.library
 custom_op, which takes care of in-place semantics under torch.compile.
 The three gate/up operators take their options as one string
-(``gate_up_options()``; see "options" below). ``mlp`` and ``quantized_mlp`` are a gate/up op followed by a down op.
+(``gate_up_options()``; see "options" below). ``mlp`` and ``quantized_mlp``
+are a gate/up op followed by a down op.
 
 ``Fp8GatedMLP`` (gatedmlp.fp8_module) is the MLP of an FP8 checkpoint (e4m3
 weights with per-tensor, per-channel or 128 x 128 block scales, as
@@ -43,8 +44,9 @@ from gatedmlp._ops import operator as _operator
 from gatedmlp.fp8 import _fp8_gate_up
 from gatedmlp.quant import _down_format, _format_cached
 
-__all__ = ["gate_up", "gate_up_options", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp", "quantized_mlp", "GatedMLP",
-           "QuantizedGatedMLP", "MoEExperts", "Fp8GatedMLP", "activation_name", "patch_model"]
+__all__ = ["gate_up", "gate_up_options", "quantized_gate_up", "fp8_gate_up", "down", "quantized_down", "mlp",
+           "quantized_mlp", "GatedMLP", "QuantizedGatedMLP", "MoEExperts", "Fp8GatedMLP", "activation_name",
+           "patch_model"]
 
 _ACTIVATIONS = dict(_C.Activation.__members__)
 _HALVES = dict(_C.Half.__members__)
@@ -198,6 +200,7 @@ def gate_up_options(activation="silu", clamp_alpha: float = 1.702, clamp_limit: 
 
 
 _PARSED_OPTIONS = {}
+_MAX_PARSED = 256  # a model has a few strings; past this the cache starts over
 
 
 def _parse_options(options: str) -> tuple:
@@ -232,6 +235,8 @@ def _parse_options(options: str) -> tuple:
         except ValueError as e:
             raise _g.InvalidArgumentError(f"gatedmlp: options {options!r}: {part!r}: {e}") from None
         values[name] = value
+    if len(_PARSED_OPTIONS) >= _MAX_PARSED:
+        _PARSED_OPTIONS.clear()
     parsed = _PARSED_OPTIONS[options] = tuple(values.values())
     return parsed
 

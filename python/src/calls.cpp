@@ -583,7 +583,8 @@ void launch(const Problem& p, const Arguments& a, const TensorView& x, uintptr_t
   // the library's own check and its message.
   Arguments ka = a;
   ka.devices_checked = device >= 0 && on_device(ws_source, device) &&
-                       std::all_of(views.begin(), views.end(), [&](const TensorView* t) { return on_device(t, device); });
+                       std::all_of(views.begin(), views.end(),
+                                   [&](const TensorView* t) { return on_device(t, device); });
   Status s;
   {
     nb::gil_scoped_release release;
