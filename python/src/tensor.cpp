@@ -169,10 +169,42 @@ const char* TensorView::device_name() const {
   }
 }
 
+// An unversioned DLPack capsule ("dltensor", what torch.utils.dlpack.to_dlpack
+// and the package's wrappers pass), read in place: its fields copied, the
+// capsule held for the view's lifetime and left unconsumed, so that its own
+// destructor frees the tensor when the last reference goes. nanobind's import
+// does the same work and more (a handle allocated per tensor, the capsule
+// renamed and its destructor moved): ~0.33 us a tensor on an H200 host, h88.
+// False for anything else, which nanobind imports.
+static bool from_capsule(nb::handle obj, TensorView& t) {
+  PyObject* o = obj.ptr();
+  if (!PyCapsule_CheckExact(o) || !PyCapsule_IsValid(o, "dltensor")) return false;
+  // DLPack's DLManagedTensor begins with its DLTensor, laid out as nanobind's dltensor.
+  const auto* d = static_cast<const nb::dlpack::dltensor*>(PyCapsule_GetPointer(o, "dltensor"));
+  if (d->ndim < 0 || d->ndim > TensorView::kMaxDims) return false;  // nanobind refuses it, naming why
+  t.data = static_cast<char*>(d->data) + d->byte_offset;
+  t.ndim = d->ndim;
+  int64_t compact = 1;  // DLPack: no strides means row-major
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    const size_t k = static_cast<size_t>(i);
+    t.shape[k] = d->shape[i];
+    t.strides[k] = d->strides ? d->strides[i] : compact;
+    compact *= d->shape[i];
+  }
+  t.code = d->dtype.code;
+  t.bits = d->dtype.bits;
+  t.lanes = d->dtype.lanes;
+  t.device_type = d->device.device_type;
+  t.device_id = d->device.device_id;
+  t.keep_obj = nb::borrow(obj);
+  return true;
+}
+
 TensorView import_tensor(nb::handle obj, const char* name, bool writable) {
   if (obj.is_none()) throw nb::type_error((std::string("'") + name + "' is required, got None").c_str());
   TensorView t;
   t.name = name;
+  if (from_capsule(obj, t)) return t;  // unversioned DLPack has no read-only flag
   if (writable) {
     nb::ndarray<> a;
     if (nb::try_cast(obj, a, false)) {

@@ -250,6 +250,20 @@ def test_raw_operators_refuse_a_gradient_at_the_call():
     assert torch.ops.gatedmlp.moe_mlp(x, ids, wts, w13, w2, *moe_rest).shape == (4, 64)
 
 
+def test_capsules_are_borrowed():
+    """The binding reads a DLPack capsule in place and leaves it unconsumed:
+    the same capsule describes the same tensor again, and its owner can still
+    import it after the call (its own destructor frees it)."""
+    to = torch.utils.dlpack.to_dlpack
+    x, w = torch.randn(5, 64, dtype=torch.bfloat16), torch.randn(96, 32, dtype=torch.bfloat16)
+    cx, cw = to(x[:, 8:40]), to(w)  # a strided view: the strides come through
+    for _ in range(2):
+        p = gatedmlp._gatedmlp.make_problem(cx, cw, None)
+        assert (p.m, p.k, p.u, p.ldx, p.weights.ld) == (5, 32, 48, 64, 32)
+    back = torch.utils.dlpack.from_dlpack(cx)
+    assert back.data_ptr() == x[:, 8:40].data_ptr() and torch.equal(back, x[:, 8:40])
+
+
 def test_cpu_tensors_get_the_library_error():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     w = torch.randn(96, 64, dtype=torch.bfloat16)
