@@ -12,17 +12,13 @@ cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
 out="${OUT:-$PWD/gpu-check-out}"
 mkdir -p "$out"
-base_files="${BASE:?set BASE to the folder of the base files}"
+source scripts/experiments/ab-tree.sh
 bt=/tmp/fp8-loop-ab-base
-rm -rf "$bt" && mkdir -p "$bt"
-tar --exclude=./build-gpu --exclude="./$base_files" --exclude=./.whl -cf - . | tar -xf - -C "$bt"
-cp -r "$base_files"/. "$bt"/
-conf() { cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DGATEDMLP_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)"; }
+ab_base_tree "$bt" || exit 1
 t0=$(date +%s)
 half=$(( $(nproc) / 2 ))
-(conf "$PWD" && cmake --build build-gpu --target _gatedmlp test_gpu -j"$half") >"$out/build.log" 2>&1 &
-(conf "$bt" && cmake --build "$bt/build-gpu" --target _gatedmlp -j"$half") >"$out/build-base.log" 2>&1 &
+(ab_conf "$PWD" build-gpu && cmake --build build-gpu --target _gatedmlp test_gpu -j"$half") >"$out/build.log" 2>&1 &
+(ab_conf "$bt" "$bt/build-gpu" && cmake --build "$bt/build-gpu" --target _gatedmlp -j"$half") >"$out/build-base.log" 2>&1 &
 wait
 [ -f build-gpu/tests/test_gpu ] || { tail -30 "$out/build.log"; exit 1; }
 ls "$bt"/build-gpu/python/gatedmlp/_gatedmlp*.so >/dev/null 2>&1 || { tail -30 "$out/build-base.log"; exit 1; }

@@ -15,20 +15,16 @@ cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
 out="${OUT:-$PWD/gpu-check-out}"
 mkdir -p "$out"
-base_files="${BASE:?set BASE to the folder of the base files}"
+source scripts/experiments/ab-tree.sh
 bt=/tmp/host-ab-base
-rm -rf "$bt" && mkdir -p "$bt"
-tar --exclude=./build-gpu --exclude=./build-timers --exclude="./$base_files" --exclude=./.whl -cf - . | tar -xf - -C "$bt"
-cp -r "$base_files"/. "$bt"/
-conf() { cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DGATEDMLP_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" "${@:3}"; }
+ab_base_tree "$bt" || exit 1
 t0=$(date +%s)
 n=$([ "${STAGES:-0}" = 1 ] && echo 3 || echo 2)
 jobs=$(( $(nproc) / n ))
-(conf "$PWD" build-gpu && cmake --build build-gpu --target _gatedmlp test_gpu -j"$jobs") >"$out/build.log" 2>&1 &
-(conf "$bt" "$bt/build-gpu" && cmake --build "$bt/build-gpu" --target _gatedmlp -j"$jobs") >"$out/build-base.log" 2>&1 &
+(ab_conf "$PWD" build-gpu && cmake --build build-gpu --target _gatedmlp test_gpu -j"$jobs") >"$out/build.log" 2>&1 &
+(ab_conf "$bt" "$bt/build-gpu" && cmake --build "$bt/build-gpu" --target _gatedmlp -j"$jobs") >"$out/build-base.log" 2>&1 &
 if [ "${STAGES:-0}" = 1 ]; then
-  (conf "$PWD" build-timers -DCMAKE_CXX_FLAGS=-DGATEDMLP_PY_TIMERS -DGATEDMLP_BUILD_TESTS=OFF &&
+  (ab_conf "$PWD" build-timers -DCMAKE_CXX_FLAGS=-DGATEDMLP_PY_TIMERS -DGATEDMLP_BUILD_TESTS=OFF &&
    cmake --build build-timers --target _gatedmlp -j"$jobs") >"$out/build-timers.log" 2>&1 &
 fi
 wait
