@@ -8,7 +8,7 @@
 #   stream: probes/decode_stream.cu, the decode kernel's sums fed by a
 #          shared-memory ring that bulk copies fill (tensor-map boxes or
 #          one-row copies) against the same sums on register loads
-#   wgmma: probes/decode_wgmma.cu (h76-h78), the weights as wgmma's A operand
+#   wgmma: probes/decode_wgmma.cu (h76-h78, h90), the weights as wgmma's A operand
 #          from a TMA ring, N = 8 or 16 tokens, against cublasGemmEx and
 #          the library's kernel in the same run (variants: its header)
 #   quant: probes/quant_loop.cu (h80, h81), the int4 decode kernel's

@@ -22,8 +22,8 @@
 //   - a CTA owns 32 T output columns over all of K.
 //
 // Then the same probe kernel (T = 1, 8 stages) against K split over a
-// cluster of 2 or 4 CTAs and against launches with programmatic dependent
-// launch (h78, swab_cluster), the library's own kernel
+// cluster of 2, 3 or 4 CTAs (h78, h90, swab_cluster; its launches with
+// programmatic dependent launch were h78's too), the library's own kernel
 // (decode_glu/decode_hopper.cu, included here and launched as the library
 // launches it) and cuBLAS. (The variant sweep over T, S, W and K slices is
 // at commit d281eb6, its table in docs/notes/data/h76-probe-kslices.txt;
@@ -295,10 +295,11 @@ __global__ void __launch_bounds__(160) swab_cluster(const __grid_constant__ CUte
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t rank = KC > 1 ? sm90::cluster_rank() : 0;
   const int tile = blockIdx.x / KC;
-  const int all = (k + kBk - 1) / kBk, per = (all + KC - 1) / KC;
-  const int kb0 = int(rank) * per;
-  const int end = kb0 + per < all ? kb0 + per : all;
-  const int nkb = end > kb0 ? end - kb0 : 0;
+  // Rank r takes k-blocks [r all / KC, (r + 1) all / KC): shares that
+  // differ by one at most (h90: 16 k-blocks over 3 CTAs as 5, 5, 6).
+  const int all = (k + kBk - 1) / kBk;
+  const int kb0 = int(rank) * all / KC, end = (int(rank) + 1) * all / KC;
+  const int nkb = end - kb0;
   ring_init(full, empty, S);
   __syncthreads();
   // A peer's shared memory may be written only once that CTA has started:
@@ -516,8 +517,13 @@ int main() {
   // (decode_glu/decode_hopper.cu) launched as it launches it. X and the
   // weights rotate over `copies` copies (h77: X fixed or rotated timed the
   // same).
-  const char* names[] = {"cuBLAS", "T1S8", "C1S8p", "C1S8w", "C2S8", "C2S6", "C2S4", "C4S4", "C2S6p", "lib"};
-  constexpr int kVariants = 10;
+  // (h78's PDL variants, C1S8p, C1S8w and C2S6p, are at commit d0e807d.)
+  // h90: K split over clusters of 3, whose 264 CTAs on 1024 x 2816 (88
+  // tiles) put two on every one of the 132 SMs, each SM streaming 2/3 of
+  // a tile's bytes (C2's 176 CTAs leave 44 SMs with two halves: a whole
+  // tile, as T1S8's busiest SMs).
+  const char* names[] = {"cuBLAS", "T1S8", "C2S8", "C2S4", "C3S8", "C3S6", "C3S4", "C4S4", "lib"};
+  constexpr int kVariants = 9;
   std::printf("%-10s %3s |", "shape", "M");
   for (const char* n : names) std::printf(" %8s", n);
   std::printf("   (us per call)\n");
@@ -566,13 +572,12 @@ int main() {
             if (m <= 8) launch_swab<8, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
             else launch_swab<16, 1, 8, 1>(w1[i], xm, k, u, m, y, s);
             break;
-          case 2: DW_CLUSTER(8, 1, 1); break;
-          case 3: DW_CLUSTER(8, 1, 2); break;
-          case 4: DW_CLUSTER(8, 2, 0); break;
-          case 5: DW_CLUSTER(6, 2, 0); break;
-          case 6: DW_CLUSTER(4, 2, 0); break;
+          case 2: DW_CLUSTER(8, 2, 0); break;
+          case 3: DW_CLUSTER(4, 2, 0); break;
+          case 4: DW_CLUSTER(8, 3, 0); break;
+          case 5: DW_CLUSTER(6, 3, 0); break;
+          case 6: DW_CLUSTER(4, 3, 0); break;
           case 7: DW_CLUSTER(4, 4, 0); break;
-          case 8: DW_CLUSTER(6, 2, 1); break;
           default: CK(decode::hopper_kernel_launch(lib[i], s));
         }
 #undef DW_CLUSTER
