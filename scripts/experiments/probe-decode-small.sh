@@ -5,6 +5,8 @@
 #   scripts/experiments/probe-decode-small.sh [steps...]   (default: floor bench ncu)
 #   floor: probes/read_floor.cu, the fastest one-kernel read of each shape's
 #          weight bytes in graph replay (the floor under both kernels)
+#   qfloor: the same for the quantized formats' bytes on the quantized
+#          issue's shapes, against a 2 GiB read (h91: the roofline bar's ceiling)
 #   stream: probes/decode_stream.cu, the decode kernel's sums fed by a
 #          shared-memory ring that bulk copies fill (tensor-map boxes or
 #          one-row copies) against the same sums on register loads
@@ -58,6 +60,9 @@ for step in ${@:-floor bench ncu}; do
   floor)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/read_floor.cu -o "$out/read_floor" &&
       "$out/read_floor" | tee "$out/floor.txt" ;;
+  qfloor)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/read_floor.cu -o "$out/read_floor" &&
+      "$out/read_floor" quant | tee "$out/qfloor.txt"; rm -f "$out/read_floor" ;;
   stream)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/decode_stream.cu -o "$out/decode_stream" &&
       "$out/decode_stream" | tee "$out/stream.txt" ;;

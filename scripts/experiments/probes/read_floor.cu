@@ -3,6 +3,7 @@
 // buffers rotated past L2, as `gatedmlp bench` times its kernels.
 // Standalone, not library code.
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a scripts/experiments/probes/read_floor.cu -o read_floor && ./read_floor
+//   ./read_floor quant   (h91: the quantized formats' bytes on the quantized issue's shapes; quant_floor below)
 // (h75_common.cuh, beside it, holds what it shares with decode_stream.cu.)
 // Per size (MB, as the shapes' 2 x U x K x 2 bytes) and launch shape:
 //   flat    one 16-byte load per thread of a grid covering the bytes once
@@ -22,6 +23,8 @@
 //           B k x 8 rows x gate and up x G groups per stage (G = 1: the
 //           decode kernel's 8 columns; 8 G x 2 rows of B x 2 bytes each)
 // us per call (median of 7 graph replays of 20 calls each) and TB/s.
+#include <cstring>
+
 #include "h75_common.cuh"
 
 // The xor of everything read goes to *sink only if it equals a value no
@@ -150,7 +153,65 @@ __global__ void __launch_bounds__(160) tmap(const __grid_constant__ CUtensorMap 
   if (acc == 0x9e3779b9u) *sink = 1;
 }
 
-int main() {
+__global__ void empty_kernel() {}
+
+// `read_floor quant` (h91, docs/notes/quantized-decode.md): the same floor for
+// the quantized issue's roofline bar, whose shapes include two small ones.
+// Per shape and format, the bytes a gate/up call at M = 1 must read (packed
+// words with their scales and biases; X and Y add under 0.1 %) read by the
+// pattern-free launch shapes above (flat, gsN), against the read rate of
+// the same run (a 2 GiB read, as the benchmark's `torch.sum`) and an empty
+// kernel's time in the same replay: the share of the roofline that any
+// kernel reading those bytes once can reach.
+int quant_floor(cudaStream_t s, int sms, unsigned* sink) {
+  struct Q { const char* name; int64_t k, u; };
+  const Q shapes[] = {{"8b", 4096, 14336}, {"70b", 8192, 28672}, {"qwen3-32b", 5120, 25600},
+                      {"2048x8192", 2048, 8192}, {"1024x2816", 1024, 2816}};
+  // Bytes per weight element: words, and per group of 64 (or block) its scales.
+  struct F { const char* name; double per_elem; };
+  const F formats[] = {{"int4-g64", 0.5 + 4.0 / 64}, {"mxfp4", 0.5 + 1.0 / 32}, {"int8-g64", 1.0 + 4.0 / 64},
+                       {"fp8-block", 1.0 + 4.0 / (128.0 * 128.0)}, {"bf16", 2.0}};
+  const int threads = 256;
+  auto best_read = [&](const std::vector<void*>& bufs, int64_t bytes) {
+    const int64_t n = bytes / 16;
+    const int copies = int(bufs.size());
+    float best = 1e30f;
+    for (int v = 0; v < 4; ++v) {
+      const int per_sm[] = {0, 2, 4, 8};
+      const float us = replay_us(s, 20, [&](int c) {
+        const uint4* p = static_cast<const uint4*>(bufs[c % copies]);
+        if (v == 0) flat<<<unsigned((n + threads - 1) / threads), threads, 0, s>>>(p, n, sink);
+        else gridstride<<<unsigned(per_sm[v] * sms), threads, 0, s>>>(p, n, sink);
+      });
+      best = std::min(best, us);
+    }
+    return best;
+  };
+  const float empty = replay_us(s, 20, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); });
+  const int64_t big = int64_t(2) << 30;
+  void* bigbuf;
+  CK(cudaMalloc(&bigbuf, big));
+  CK(cudaMemset(bigbuf, 1, big));
+  const float big_us = best_read({bigbuf}, big);
+  CK(cudaFree(bigbuf));
+  const double rate = big / (big_us * 1e-6);
+  std::printf("# empty kernel %.2f us per call; 2 GiB read %.1f us, %.2f TB/s (the rate)\n", empty, big_us, rate / 1e12);
+  std::printf("%-10s %-9s %8s | %9s %8s %9s %8s\n", "shape", "format", "MB", "floor us", "TB/s", "roof us",
+              "floor/roof");
+  for (const Q& q : shapes)
+    for (const F& f : formats) {
+      const int64_t bytes = (int64_t(2 * q.u * q.k * f.per_elem) + 15) / 16 * 16;
+      const std::vector<void*> bufs = rotated_buffers(bytes, 1);
+      const float us = best_read(bufs, bytes);
+      const double roof = bytes / rate * 1e6;
+      std::printf("%-10s %-9s %8.2f | %9.2f %8.2f %9.2f %7.1f %%\n", q.name, f.name, bytes / 1e6, us,
+                  bytes / (us * 1e-6) / 1e12, roof, 100.0 * roof / us);
+      for (void* b : bufs) CK(cudaFree(b));
+    }
+  return 0;
+}
+
+int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   unsigned* sink;
@@ -162,6 +223,7 @@ int main() {
   CK(cudaFuncSetAttribute(bulk<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, 12 * 2 * kPiece));
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
+  if (argc > 1 && std::strcmp(argv[1], "quant") == 0) return quant_floor(s, sms, sink);
   std::printf("%-10s %8s | %-6s %9s %8s\n", "shape", "MB", "kernel", "us", "TB/s");
   const char* names[] = {"flat", "gs2", "gs4", "gs8", "rows", "b8s4", "b8s8", "b16s8", "b32s8", "b64s12",
                          "t1c128s4", "t1c256s4", "t4c128s4", "t4c64s8", "t2c128s6"};
