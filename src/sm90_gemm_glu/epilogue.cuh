@@ -691,7 +691,9 @@ __device__ __forceinline__ float scale_of_bits(uint32_t b, int dtype) {
 __device__ __forceinline__ PromoScaleLoads load_promo_scales(const Params& p, const PromoScaleRows& b, int kb) {
   const float* xs = static_cast<const float*>(p.x_scale);
   const int kx = p.x_scale_block ? kb : 0, kw = p.w_scale_block ? kb : 0;
-  return {__ldg(xs + b.x0 + kx), __ldg(xs + b.x1 + kx),
+  // One 32-bit sum per row, then the pointer: (xs + b.x0) + kx kept b.x0
+  // widened to 64 bits through the loop, two more live registers.
+  return {__ldg(xs + (b.x0 + kx)), __ldg(xs + (b.x1 + kx)),
           load_scale_bits(p.w_scale, p.scale_dtype, b.wg + kw),
           load_scale_bits(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, b.wu + kw)};
 }
@@ -860,7 +862,9 @@ __device__ __forceinline__ void store_y_fp8(const Params& p, float (&d)[128], un
 // PRE = 1: `spare` is the warpgroup's 16 KB of a held ring stage, `early`
 // whether the other warpgroup may say it is done with that stage without a
 // barrier of both (see store_pre_tma); the other kernels ignore them.
-template <typename T, int ACT, int PRE, int N>
+// PROMO: the promoting FP8 kernels, whose consumers' thread index spills
+// when an epilogue step needs it (their main loop leaves it no register).
+template <typename T, int ACT, int PRE, int N, bool PROMO = false>
 __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigned char* tile, unsigned char* spare,
                                          bool early, float* sbias, int cw, int tid, const TileCoord& tc,
                                          int64_t row0, int64_t m_end, int yl, bool y_tma, const Fp8Scales& fs) {
@@ -880,7 +884,9 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&d)[N], unsigne
   if (p.has_bias) {
     // Bias depends only on the columns, which both warpgroups share.
     named_barrier(kBothBar, 256);  // both are done reading the previous tile's
-    load_bias<N>(p, sbias, cw * 128 + tid, 256, tc.l, col0);
+    // cw * 128 + tid is threadIdx.x - 128 (the consumers are warpgroups 1
+    // and 2); the promoting kernels take it from threadIdx.x.
+    load_bias<N>(p, sbias, PROMO ? static_cast<int>(threadIdx.x) - 128 : cw * 128 + tid, 256, tc.l, col0);
     named_barrier(kBothBar, 256);
   }
   apply_alpha_bias(p, d, sbias, lane);

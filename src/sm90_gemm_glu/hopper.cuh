@@ -104,6 +104,13 @@ __device__ __forceinline__ uint32_t block_x() {
   return v;
 }
 
+// threadIdx.x read afresh (volatile: not merged with another read of it).
+__device__ __forceinline__ uint32_t thread_x() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+  return v;
+}
+
 // ------------------------------------------------------------------ clusters
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;

@@ -216,7 +216,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     // ---------------------------------------------------------- producer
     setmaxnreg_dec<kProducerRegs>();
     GATEDMLP_WD_MARK(watchdog::kStart, 0);
-    if (tid == 0) {
+    // (The promoting kernels read threadIdx.x afresh: the consumers' thread
+    // index, live in both roles, spilled.)
+    if (PROMO ? thread_x() == 0 : tid == 0) {
       GATEDMLP_TL(0, timeline::kSynced);
       Schedule sched(p, cluster, clusters);
       if (dyn) sched.hand_out();
@@ -569,9 +571,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
       // the next expert's rows, which another CTA owns): those go from
       // registers.
       const bool y_tma = p.y_tma && (!GROUPED || row0 + 64 <= m_end);
-      detail_::epilogue<T, ACT, PRE, BNO>(p, d, tile, spare,
-                                          CM == 1 && wk.role == kWhole && p.k_blocks >= Tr::kStages, sbias, cw,
-                                          tid, tc, row0, m_end, yl, y_tma, fs);
+      detail_::epilogue<T, ACT, PRE, BNO, PROMO>(p, d, tile, spare,
+                                                 CM == 1 && wk.role == kWhole && p.k_blocks >= Tr::kStages, sbias,
+                                                 cw, tid, tc, row0, m_end, yl, y_tma, fs);
       if (hold) {
         // Round 1's stores (all but the Y tile's group) have read the stage.
 #if !defined(GATEDMLP_SM90_EXP_PRE_NO_WAIT)
