@@ -216,8 +216,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) sm90_gemm_glu_kernel(cons
     // ---------------------------------------------------------- producer
     setmaxnreg_dec<kProducerRegs>();
     GATEDMLP_WD_MARK(watchdog::kStart, 0);
-    // (The promoting kernels read threadIdx.x afresh: the consumers' thread
-    // index, live in both roles, spilled.)
+    // The promoting kernels test %tid.x afresh: a tid kept live for both
+    // roles takes a register their consumers lack (it spilled: h93).
     if (PROMO ? thread_x() == 0 : tid == 0) {
       GATEDMLP_TL(0, timeline::kSynced);
       Schedule sched(p, cluster, clusters);
