@@ -6,7 +6,9 @@
 # Builds both (Python extension; this tree's GPU tests too) side by side,
 # runs this tree's FP8 suites, then fp8-promote-ab.py on base and this tree
 # in turn (ROUNDS pairs, default 1). Output under $OUT.
-#   BASE=ab-base [GTEST_FILTER='GpuFp8.*'] [PYTEST=1] [ROUNDS=1] [AB_ARGS=...] scripts/experiments/fp8-loop-ab.sh
+# AB_SCRIPT: another timing script to alternate instead (h94: bench_quant.py
+# for the quantized decode kernel).
+#   BASE=ab-base [GTEST_FILTER='GpuFp8.*'] [PYTEST=1] [ROUNDS=1] [AB_SCRIPT=...] [AB_ARGS=...] scripts/experiments/fp8-loop-ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -35,6 +37,6 @@ fi
 for r in $(seq "${ROUNDS:-1}"); do
   for tree in "$bt" "$PWD"; do
     echo "== $([ "$tree" = "$PWD" ] && echo this tree || echo base), pair $r"
-    PYTHONPATH="$tree/build-gpu/python" python3 scripts/experiments/fp8-promote-ab.py ${AB_ARGS:---model 8b,70b,qwen3-32b --m 2048,4096 --rounds 3}
+    PYTHONPATH="$tree/build-gpu/python" python3 "${AB_SCRIPT:-scripts/experiments/fp8-promote-ab.py}" ${AB_ARGS:---model 8b,70b,qwen3-32b --m 2048,4096 --rounds 3}
   done
 done 2>&1 | tee "$out/ab.txt"
