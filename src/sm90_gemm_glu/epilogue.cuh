@@ -691,8 +691,10 @@ __device__ __forceinline__ float scale_of_bits(uint32_t b, int dtype) {
 __device__ __forceinline__ PromoScaleLoads load_promo_scales(const Params& p, const PromoScaleRows& b, int kb) {
   const float* xs = static_cast<const float*>(p.x_scale);
   const int kx = p.x_scale_block ? kb : 0, kw = p.w_scale_block ? kb : 0;
-  // One 32-bit sum per row, then the pointer: (xs + b.x0) + kx kept b.x0
-  // widened to 64 bits through the loop, two more live registers.
+  // The k-block added to the 32-bit row offsets before the pointer is
+  // formed (the arrays hold under 2^31 entries): as (xs + b.x0) + kx, ptxas
+  // kept both offsets widened to 64 bits through the loop, two registers
+  // the promoting kernels lack (h93).
   return {__ldg(xs + (b.x0 + kx)), __ldg(xs + (b.x1 + kx)),
           load_scale_bits(p.w_scale, p.scale_dtype, b.wg + kw),
           load_scale_bits(p.separate ? p.w_scale_up : p.w_scale, p.scale_dtype, b.wu + kw)};
