@@ -284,6 +284,15 @@ def _torch_stream_and_alloc(torch, t, stream, workspace):
     return stream, alloc
 
 
+def _new_out(x, u, dtype=None):
+    """Y [..., u] for a torch x [..., K], in dtype (None: x's). Spelled for
+    host time (h88, x86): x.new_empty(x.size(0), u) 1.5 us, with dtype=None
+    0.6 us more, with the sizes unpacked from x.shape[:-1] 1.2 us more."""
+    if x.dim() == 2:
+        return x.new_empty(x.size(0), u) if dtype is None else x.new_empty(x.size(0), u, dtype=dtype)
+    return x.new_empty(*x.shape[:-1], u, dtype=dtype)
+
+
 def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, act_params, group, first, storage,
                    alpha, stream, workspace):
     # gate_up for PyTorch tensors, kept short: every line here is host time
@@ -293,9 +302,7 @@ def _gate_up_torch(torch, x, w, w_up, bias, bias_up, out, preact, activation, ac
         raise RuntimeError(_NO_BACKWARD)
     if out is None:
         rows = w.shape[-1] if storage == WeightStorage.in_out else w.shape[-2]
-        u = rows if w_up is not None else rows // 2
-        # x.size(0) for a matrix: unpacking x.shape[:-1] costs ~1 us more (h88).
-        out = x.new_empty(x.size(0), u) if x.dim() == 2 else x.new_empty(*x.shape[:-1], u)
+        out = _new_out(x, rows if w_up is not None else rows // 2)
     stream, alloc = _torch_stream_and_alloc(torch, x, stream, workspace)
     to = torch.utils.dlpack.to_dlpack
     _C.gate_up(to(x), to(w), to(out), None if w_up is None else to(w_up), None if bias is None else to(bias),

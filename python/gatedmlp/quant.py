@@ -225,9 +225,7 @@ def _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, 
                              preact, fmt, activation, act_params, group, first, alpha, stream):
     if out is None:
         rows = wq.shape[0]
-        u = rows if wq_up is not None else rows // 2
-        # x.size(0) for a matrix: unpacking x.shape[:-1] costs ~1 us more (h88).
-        out = x.new_empty(x.size(0), u) if x.dim() == 2 else x.new_empty(*x.shape[:-1], u)
+        out = g._new_out(x, rows if wq_up is not None else rows // 2)
     stream, alloc, e = _torch_prep(torch, g, x, stream, None, (x, bias, bias_up, out, preact))
     # e() for what may require grad; the words are integers and cannot, and
     # the absent tensors skip the call (each is host time on every call).
