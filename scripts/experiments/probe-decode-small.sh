@@ -17,6 +17,9 @@
 #          loop with its bookkeeping taken out, X staged or prefetched,
 #          and column groups per warp at M = 1 ... 64, against the
 #          library's kernel (Y bit-identical first)
+#   qtiled: probes/quant_tiled.cu (h95), the int4 tile on a tile-contiguous
+#          copy of the words and scales (L1 wavefronts per k-block), M = 1,
+#          8, 16, against the lean tile and the library's kernel
 #   qwgmma: probes/quant_wgmma.cu (h82), int4 weights dequantized from a
 #          TMA ring into wgmma's register A operand, X as its B operand
 #          from the ring, M = 1 ... 64, against the library's kernel and
@@ -72,6 +75,9 @@ for step in ${@:-floor bench ncu}; do
   quant)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/quant_loop.cu \
       -o "$out/quant_loop" && "$out/quant_loop" | tee "$out/quant-loop.txt" ;;
+  qtiled)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/quant_tiled.cu \
+      -o "$out/quant_tiled" && timeout 300 "$out/quant_tiled" | tee "$out/quant-tiled.txt"; rm -f "$out/quant_tiled" ;;
   qwgmma)
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude scripts/experiments/probes/quant_wgmma.cu \
       -lcublas -lcuda -o "$out/quant_wgmma" && timeout 300 "$out/quant_wgmma" | tee "$out/quant-wgmma.txt" ;;
