@@ -12,6 +12,8 @@ their own weights, so a decode step finds none of them in L2):
                        with fp32 128 x 128 block scales)
   int4r                int4 g64 with the words repacked (gatedmlp.repack):
                        the same bytes, the scales applied to the sums
+  int4t                int4 g64 in the tiled order (gatedmlp.tile): the same
+                       bytes in 1 KB tiles of 16 rows x 128 of K
   tinygemm int4        torch._weight_int4pack_mm (g64) on the [2U, K]
                        weights, alone and + silu*mul (what PyTorch / torchao
                        users run)
@@ -143,14 +145,16 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: 
     nb = copies_for(bf16_bytes)
     w16 = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(nb)]
     fmts = {f: v for f, v in {"int4": ("affine", 4, group, False), "int4r": ("affine", 4, group, True),
-                              "int8": ("affine", 8, 64, False), "mxfp4": ("mxfp4", 4, 32, False),
-                              "fp8": ("fp8_e4m3", 8, 128, False)}.items()
+                              "int4t": ("affine", 4, group, False), "int8": ("affine", 8, 64, False),
+                              "mxfp4": ("mxfp4", 4, 32, False), "fp8": ("fp8_e4m3", 8, 128, False)}.items()
             if f in formats}
     qs = {}
     for f, (mode, bits, group, _) in fmts.items():
         scale_bytes = {"mxfp4": rows * (k // group), "fp8_e4m3": -(-rows // 128) * -(-k // 128) * 4}
         nbytes = rows * k * bits // 8 + scale_bytes.get(mode, rows * (k // group) * 4)
-        qs[f] = ([quant_arrays(rows, k, mode, bits, group) for _ in range(copies_for(nbytes))], nbytes)
+        make = (lambda: gatedmlp.tile(*quant_arrays(rows, k, mode, bits, group), group_size=group)) if f == "int4t" \
+            else (lambda: quant_arrays(rows, k, mode, bits, group))
+        qs[f] = ([make() for _ in range(copies_for(nbytes))], nbytes)
     tg_bytes = rows * k // 2 + (k // 64) * rows * 4
     tg = []
     for _ in range(copies_for(tg_bytes)):
@@ -179,14 +183,15 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: 
             arrays, nbytes = qs[f]
             # Random words: the same bytes in either order (the tests check the numbers).
             fn = [lambda a=a: gatedmlp.quantized_gate_up(x, a[0], a[1], a[2], out=y, mode=mode, bits=bits,
-                                                         group_size=group, repacked=repacked) for a in arrays]
+                                                         group_size=group, repacked=repacked, tiled=f == "int4t")
+                  for a in arrays]
             t = graph_time_us(fn)
             row[f"{f}_us"] = t
             row[f"{f}_roofline_us"] = (nbytes + io) / rate * 1e6
             row[f"{f}_of_roofline"] = row[f"{f}_roofline_us"] / t
         for f in fmts:
             row[f"{f}_vs_bf16"] = row["bf16_gatedmlp_us"] / row[f"{f}_us"]
-        for f in ("int4", "int4r"):
+        for f in ("int4", "int4r", "int4t"):
             if f in fmts:
                 row[f"{f}_vs_tinygemm"] = row["tinygemm_us"] / row[f"{f}_us"]
                 row[f"{f}_vs_tinygemm_glu"] = row["tinygemm_glu_us"] / row[f"{f}_us"]
@@ -196,7 +201,7 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: 
         for f in fmts:
             line += (f"  {f} {row[f + '_us']:8.2f} ({100 * row[f + '_of_roofline']:5.1f}% roof, "
                      f"{row[f + '_vs_bf16']:.2f}x bf16)")
-        for f in ("int4", "int4r"):
+        for f in ("int4", "int4r", "int4t"):
             if f in fmts:
                 line += f" {f}/tinygemm {row[f + '_vs_tinygemm']:.2f}x"
         print(line, flush=True)
@@ -208,7 +213,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--m", default="1,4,8,16")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--formats", default="int4,int4r,int8,mxfp4,fp8")
+    ap.add_argument("--formats", default="int4,int4t,int4r,int8,mxfp4,fp8")
     ap.add_argument("--no-baselines", action="store_true", help="time gatedmlp only (tuning sweeps)")
     ap.add_argument("--group", type=int, default=64, help="int4 / int4r group size (32, 64, 128)")
     a = ap.parse_args()

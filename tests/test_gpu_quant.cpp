@@ -25,6 +25,7 @@
 #include "gatedmlp/quant.hpp"
 #include "gpu_util.hpp"
 #include "quant_decode/hopper.hpp"
+#include "quant_decode/quant_decode.hpp"
 #include "sm90_gemm_glu/sm90_gemm_glu.hpp"
 #include "quant_weights.hpp"
 #include "scoped_env.hpp"
@@ -38,6 +39,14 @@ Problem random_quant_problem(std::mt19937_64& rng) {
   Problem p;
   p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
   random_quant_format(p, rng);
+  // The tiled order (tile_quantized): gate/up rows in the fused order with
+  // group 8, gate first, dense; mostly scales of X's dtype (the tiled
+  // kernels' own), else the dequantizing path.
+  const bool tiled = p.quant.mode == QuantMode::affine && p.quant.bits == 4 && !p.quant.repacked && rng() % 3 == 0;
+  if (tiled) {
+    p.quant.tiled = true;
+    if (rng() % 4) p.scale_dtype = p.input_dtype;
+  }
   // M: the n-tile edges often (1, 2, 4 and 8 n-tiles), anything up to 64
   // otherwise, and now and then past 64 (the dequantize-then-16-bit path).
   const int mk = int(rng() % 8);
@@ -62,6 +71,12 @@ Problem random_quant_problem(std::mt19937_64& rng) {
     p.u = g * (g >= 32 ? pick(rng, {1, 2, 3}) : pick(rng, {1, 3, 5, 7}));
   }
   if (p.weights.format == WeightFormat::fused) p.weights.first = rng() % 2 ? Half::up : Half::gate;
+  if (tiled) {
+    p.weights = WeightLayout{};
+    p.weights.group = 8;
+    p.u = 8 * pick(rng, {1, 2, 3, 5, 17, 40});
+    if (rng() % 4) p.m = 1 + int64_t(rng() % 16);  // the tiled kernels' rows
+  }
   p.activation = static_cast<Activation>(rng() % 5);
   if (p.activation == Activation::swiglu_clamped && rng() % 2) {
     p.act_params.clamp_limit = 0.5f + float(rng() % 40) / 10.f;
@@ -72,7 +87,7 @@ Problem random_quant_problem(std::mt19937_64& rng) {
   p.alpha = alphas[rng() % 3];
   random_bias_and_preact(p, rng);
   if (rng() % 3 == 0) p.ldx = p.k + 8 * pick(rng, {1, 3});
-  if (rng() % 4 == 0) p.weights.ld = quant_words_per_row(p.quant, p.k) + 4 * pick(rng, {1, 2});
+  if (rng() % 4 == 0 && !tiled) p.weights.ld = quant_words_per_row(p.quant, p.k) + 4 * pick(rng, {1, 2});
   if (rng() % 3 == 0) p.ldy = p.u + pick(rng, {1, 3, 8});
   // The float64 reference: keep a case under ~3M multiply-adds.
   const int64_t g = p.weights.format == WeightFormat::fused && p.weights.group ? p.weights.group : 1;
@@ -149,8 +164,10 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   const size_t ws_bytes = workspace_size(p);
   // Past 64 rows only the Hopper form (sm_90) runs in passes of 64
   // (GpuQuant.HopperForm checks when it is taken).
+  const bool tiled_kernel = !r.quant.tiled || (r.m <= quant_decode::kTiledMaxM && r.scale_dtype == r.input_dtype);
   const bool expect_decode =
-      (r.m <= 64 && r.ldx % 8 == 0 && r.k % 16 == 0 && r.weights.ld % 4 == 0) || quant_decode::is_hopper_form(cfg);
+      (r.m <= 64 && r.ldx % 8 == 0 && r.k % 16 == 0 && r.weights.ld % 4 == 0 && tiled_kernel) ||
+      quant_decode::is_hopper_form(cfg);
   if (expect_decode) {
     EXPECT_EQ(cfg.path, KernelPath::quant_decode) << cfg.reason;
   } else {
@@ -259,7 +276,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   const int n = cases(1200);
   std::mt19937_64 rng(fresh_seed());
   CaseStats st;
-  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0, repacked = 0, grouped = 0, hopper = 0;
+  int by_fmt[5] = {0, 0, 0, 0, 0}, packed = 0, two_tiles = 0, repacked = 0, tiled = 0, grouped = 0, hopper = 0;
   for (int i = 0; i < n; ++i) {
     const Problem p = random_quant_problem(rng);
     SCOPED_TRACE("case " + std::to_string(i));
@@ -288,6 +305,7 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
     packed += !mx && p.quant.bits == 4 && p.scale_dtype == p.input_dtype;
     two_tiles += p.m > 8;
     repacked += p.quant.repacked;
+    tiled += p.quant.tiled;
   }
   std::printf(
       "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d, fp8 %d; %d int4 "

@@ -31,6 +31,18 @@
 // the kernel applies the scales and biases to its fp32 sums, so the weights
 // enter exactly (q * scale + bias is not rounded to X's type).
 //
+// Tiled affine 4-bit (QuantFormat::tiled): the same codes, scales and
+// biases, ordered for the decode kernel's loads (tile_quantized below). A
+// [rows, K] weight (rows a multiple of 16; K padded with zero codes, scales
+// and biases to whole k-blocks of 128) is cut into tiles of 16 rows x 128
+// elements: tile (c, kb) is rows 16c ... 16c + 15, each its 16
+// checkpoint-order words of k-block kb (1 KB), the tiles in the order
+// (c, kb); scales and biases (K_padded / group_size per row) are ordered
+// (c, group, row % 8, row / 8 % 2). A gate/up weight must first be in the
+// fused order with group 8, gate first (row 16c + h * 8 + j: half h of
+// column 8c + j), so that a tile is 8 columns' gate and up rows. Words per
+// row: ceil(K / 128) * 16; groups per row: ceil(K / 128) * 128 / group_size.
+//
 // FP8 e4m3fn weights, as FP8 checkpoints store them: one byte per weight
 // (packed four to a word, the first element of K in the lowest byte: the
 // bytes of a [rows, K] float8_e4m3fn tensor), times a float scale per block
@@ -54,8 +66,8 @@ namespace gatedmlp {
 // positive multiple of the group size. Names the argument and the values.
 Status check_quant_format(const QuantFormat& format, int64_t k);
 
-// Sizes of one quantized row of K elements: uint32 words (repacked: whole
-// chunks of 128 elements), and groups (the
+// Sizes of one quantized row of K elements: uint32 words (repacked and
+// tiled: whole chunks of 128 elements), and groups (tiled: of whole chunks; the
 // scales and biases per row of the scale arrays); and the rows of the scale
 // arrays for `rows` weight rows (rows, except FP8's row blocks).
 int64_t quant_words_per_row(const QuantFormat& format, int64_t k);
@@ -102,6 +114,19 @@ Status repack_quantized(const QuantFormat& from, const QuantFormat& to, int64_t 
                         uint32_t* dst);
 Status repack_quantized_device(const QuantFormat& from, const QuantFormat& to, int64_t rows, int64_t k,
                                const uint32_t* src, uint32_t* dst, cudaStream_t stream);
+
+// Converts affine 4-bit weights ([rows, K] words, scales and biases of
+// `dtype`, the checkpoint's order: `format` has tiled = false) into the
+// tiled order (arrays of rows x quant_words_per_row / quant_groups_per_row
+// of the tiled format, padding zero), and back. rows must be a multiple of
+// 16. Host memory, no overlap. Tiling then untiling gives the arrays back bit
+// for bit. Empty input (rows = 0) is not an error.
+Status tile_quantized(const QuantFormat& format, DType dtype, int64_t rows, int64_t k, const uint32_t* wq,
+                      const void* scales, const void* biases, uint32_t* tiled_wq, void* tiled_scales,
+                      void* tiled_biases);
+Status untile_quantized(const QuantFormat& format, DType dtype, int64_t rows, int64_t k, const uint32_t* tiled_wq,
+                        const void* tiled_scales, const void* tiled_biases, uint32_t* wq, void* scales,
+                        void* biases);
 
 const char* to_string(QuantMode);
 std::string to_string(const QuantFormat&);

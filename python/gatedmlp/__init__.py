@@ -83,13 +83,13 @@ __all__ = [
     "check_support", "convert_weights", "convert_weights_device", "current_stream", "down", "dtype_size",
     "fused_row", "fused_row_inverse", "gate_up", "kAuto", "make_down_problem", "make_problem", "mlp", "plan", "run",
     "to_string", "validate", "workspace_size",
-    "QuantFormat", "QuantMode", "quantize", "dequantize", "repack", "quantized_down", "quantized_gate_up", "quantized_mlp",
+    "QuantFormat", "QuantMode", "quantize", "dequantize", "repack", "tile", "quantized_down", "quantized_gate_up", "quantized_mlp",
     "Gather", "IndexType", "kMaxGatherExperts", "gather_gate_up", "quantized_gather_gate_up", "gather_down",
     "fused_swiglu_gather_qmv", "moe_mlp", "MoESort", "moe_sort", "grouped_gate_up",
     "XScale", "YScaleLayout", "fp8_gate_up", "quantize_fp8",
 ]
 
-from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp, repack  # noqa: E402
+from .quant import dequantize, quantize, quantized_down, quantized_gate_up, quantized_mlp, repack, tile  # noqa: E402
 from .quant import _format as _quant_format  # noqa: E402
 from .fp8 import fp8_gate_up, quantize_fp8  # noqa: E402
 

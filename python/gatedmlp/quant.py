@@ -25,7 +25,7 @@ _MODES = {"affine": (_C.QuantMode.affine, 64, 4, 1), "mxfp4": (_C.QuantMode.mxfp
 _NOT_YET = ("mxfp8", "nvfp4")  # MLX's other modes: not in gatedmlp yet
 
 
-def _format(group_size, bits, mode, row_block=None, repacked=False) -> "_C.QuantFormat":
+def _format(group_size, bits, mode, row_block=None, repacked=False, tiled=False) -> "_C.QuantFormat":
     if mode in _NOT_YET:
         raise _C.NotSupportedError(
             f"gatedmlp: quantization mode {mode!r} is not supported yet (affine, mxfp4, fp8_e4m3 are)")
@@ -35,18 +35,19 @@ def _format(group_size, bits, mode, row_block=None, repacked=False) -> "_C.Quant
     qm, g, b, rb = _MODES[mode]
     return _C.QuantFormat(mode=qm, bits=int(b if bits is None else bits),
                           group_size=int(g if group_size is None else group_size),
-                          row_block=int(rb if row_block is None else row_block), repacked=bool(repacked))
+                          row_block=int(rb if row_block is None else row_block), repacked=bool(repacked),
+                          tiled=bool(tiled))
 
 
-# (group_size, bits, mode, row_block, repacked) -> its QuantFormat, built once.
+# (group_size, bits, mode, row_block, repacked, tiled) -> its QuantFormat, built once.
 _FORMATS = {}
 
 
-def _format_cached(group_size, bits, mode, row_block, repacked) -> "_C.QuantFormat":
-    key = (group_size, bits, mode, row_block, repacked)
+def _format_cached(group_size, bits, mode, row_block, repacked, tiled=False) -> "_C.QuantFormat":
+    key = (group_size, bits, mode, row_block, repacked, tiled)
     fmt = _FORMATS.get(key)
     if fmt is None:
-        fmt = _FORMATS[key] = _format(group_size, bits, mode, row_block, repacked)
+        fmt = _FORMATS[key] = _format(group_size, bits, mode, row_block, repacked, tiled)
     return fmt
 
 
@@ -85,12 +86,13 @@ def quantize(w, group_size: int | None = None, bits: int | None = None, mode: st
 
 
 def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int | None = None,
-               mode: str = "affine", dtype=None, *, repacked: bool = False):
+               mode: str = "affine", dtype=None, *, repacked: bool = False, tiled: bool = False):
     """w [..., K] from quantize()'s arrays: q * scale + bias (affine) or
     value * 2^(scale - 127) (mxfp4), computed in fp32 (one fused multiply-add) and rounded to
     dtype (default: the scales' dtype for affine, bfloat16 for mxfp4, as
-    MLX). repacked=True: wq in the kernels' order (see repack)."""
-    fmt = _format(group_size, bits, mode, None, repacked)
+    MLX). repacked=True: wq in the kernels' order (see repack). tiled=True:
+    tile()'s arrays, rows in its order (K is the padded one)."""
+    fmt = _format(group_size, bits, mode, None, repacked, tiled)
     mx = fmt.mode == _C.QuantMode.mxfp4
     parts = (wq, scales) if biases is None else (wq, scales, biases)
     if _is_torch(wq):
@@ -107,8 +109,8 @@ def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int
         make = lambda shape: np.empty(shape, dtype=dtype or host[1].dtype)  # noqa: E731
     if host[0].ndim < 1:
         raise _C.InvalidArgumentError("gatedmlp: 'wq' must have at least one axis, got a scalar")
-    # K from the words, or (repacked: rows padded to 128) from the groups.
-    k = host[1].shape[-1] * fmt.group_size if fmt.repacked else host[0].shape[-1] * 32 // fmt.bits
+    # K from the words, or (repacked, tiled: rows padded to 128) from the groups.
+    k = host[1].shape[-1] * fmt.group_size if fmt.repacked or fmt.tiled else host[0].shape[-1] * 32 // fmt.bits
     w = make((*host[0].shape[:-1], k))
     _C.dequantize_into(host[0], host[1], host[2] if len(host) > 2 else None, w, fmt)
     return w.to(wq.device) if _is_torch(wq) else w
@@ -155,10 +157,74 @@ def repack(wq, k: int | None = None, group_size: int | None = None, *, inverse: 
     return out
 
 
+def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, first="gate",
+         inverse: bool = False, k: int | None = None):
+    """Affine 4-bit gate/up weights in the tiled order (a one-time repack at
+    load for the decode kernels), or back (inverse=True).
+
+    wq [2U, K / 8] uint32, scales and biases [2U, K / group_size]: the
+    checkpoint's arrays of a fused gate/up weight, rows interleaved in blocks
+    of `group` (0: stacked, U) with the `first` half first (as gate_up takes
+    them; stack separate gate and up weights first). Returns (wq, scales,
+    biases) in the tiled order: the rows put in blocks of 8, gate first (row
+    16c + 8h + j is half h of column 8c + j), K padded with zeros to whole
+    k-blocks of 128, then cut into tiles of 16 rows x 128 of K, each 1 KB of
+    words, tile (c, kb) at row block c, k-block kb; scales and biases in the
+    order (c, group, row % 8, row // 8 % 2). Shapes: [2U, ceil(K / 128) * 16]
+    and [2U, ceil(K / 128) * 128 / group_size]. Pass tiled=True to
+    quantized_gate_up. inverse=True takes tile()'s arrays (and k, the
+    unpadded K) and gives the checkpoint's back, rows in the order `group` and
+    `first` say. NumPy arrays or PyTorch tensors (on their device); U must be
+    a multiple of 8."""
+    g = 64 if group_size is None else int(group_size)
+    fmt = _format(g, 4, "affine", None, False, True)
+    rows = int(wq.shape[0])
+    if rows % 16:
+        raise _C.InvalidArgumentError(f"gatedmlp: tile: wq has {rows} rows; the tiled order takes 2U rows with U a "
+                                      "multiple of 8")
+    u = rows // 2
+    if inverse and k is None:
+        raise _C.InvalidArgumentError("gatedmlp: tile(inverse=True) needs k (the tiled rows are padded to 128)")
+    k = int(k) if inverse else int(wq.shape[-1]) * 8
+    _C.check_quant_format(fmt, k).raise_if_error()
+    kb, gp, gk = (k + 127) // 128, (k + 127) // 128 * (128 // g), k // g
+    gg = u if group == 0 else int(group)
+    if gg <= 0 or u % gg:
+        raise _C.InvalidArgumentError(f"gatedmlp: tile: group={group} must divide U={u} (0: stacked)")
+    up_first = first in ("up", 1) or getattr(first, "name", None) == "up"
+    # The source row of tiled row 16c + 8h + j (column 8c + j, half h).
+    col = [8 * (r // 16) + r % 8 for r in range(rows)]
+    half = [(r // 8) % 2 for r in range(rows)]
+    src = [(2 * (j // gg) + (1 - h if up_first else h)) * gg + j % gg for j, h in zip(col, half)]
+    torch = _sys.modules.get("torch")
+    is_t = torch is not None and isinstance(wq, torch.Tensor)
+    if is_t:
+        perm = torch.tensor(src, device=wq.device)
+        pad = lambda t, n: torch.nn.functional.pad(t, (0, n - t.shape[-1]))  # noqa: E731
+        order = lambda t, shape, dims: t.reshape(shape).permute(dims).reshape(rows, -1)  # noqa: E731
+    else:
+        import numpy as np
+
+        perm = np.asarray(src)
+        pad = lambda t, n: np.pad(t, ((0, 0), (0, n - t.shape[-1])))  # noqa: E731
+        order = lambda t, shape, dims: np.ascontiguousarray(t.reshape(shape).transpose(dims)).reshape(rows, -1)  # noqa: E731
+    if not inverse:
+        w = order(pad(wq[perm], kb * 16), (rows // 16, 16, kb, 16), (0, 2, 1, 3))
+        s, b = (order(pad(t[perm], gp), (rows // 16, 2, 8, gp), (0, 3, 2, 1)) for t in (scales, biases))
+        return w, s, b
+    w = order(wq, (rows // 16, kb, 16, 16), (0, 2, 1, 3))[:, : k // 8]
+    s, b = (order(t, (rows // 16, gp, 8, 2), (0, 3, 2, 1))[:, :gk] for t in (scales, biases))
+    inv = torch.empty_like(perm) if is_t else np.empty_like(perm)
+    inv[perm] = torch.arange(rows, device=wq.device) if is_t else np.arange(rows)
+    out = tuple(t[inv] for t in (w, s, b))
+    return tuple(t.contiguous() for t in out) if is_t else tuple(np.ascontiguousarray(t) for t in out)
+
+
 def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None, biases_up=None, bias=None,
                       bias_up=None, out=None, preact=None, group_size: int | None = None, bits: int | None = None,
                       mode: str = "affine", row_block: int | None = None, activation="silu", act_params=None,
-                      group: int = 0, first="gate", alpha: float = 1.0, stream=None, repacked: bool = False):
+                      group: int = 0, first="gate", alpha: float = 1.0, stream=None, repacked: bool = False,
+                      tiled: bool = False):
     """gate_up with quantized weights: y = act(alpha * x @ Wg^T + bg) * (alpha * x @ Wu^T + bu),
     the weights dequantized on the fly from quantize()'s arrays.
 
@@ -178,10 +244,13 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     of 256); past that, or where the rows of x are not 16-byte aligned, they
     are dequantized into scratch (allocated like x, kept for the stream) and
     the 16-bit kernel runs on them. repacked=True: affine 4-bit words from
-    repack().
+    repack(). tiled=True: affine 4-bit arrays from tile() (group 8, gate
+    first; the fastest order up to 16 rows, dequantized past them).
     """
     g = _sys.modules[__package__]
-    fmt = _format_cached(group_size, bits, mode, row_block, repacked)
+    fmt = _format_cached(group_size, bits, mode, row_block, repacked, tiled)
+    if tiled and group == 0:
+        group = 8  # tile()'s order
     activation = activation if type(activation) is g.Activation else g._enum(g.Activation, activation, "activation")
     first = first if type(first) is g.Half else g._enum(g.Half, first, "first")
     torch = _sys.modules.get("torch")

@@ -250,7 +250,7 @@ void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<Qu
     if (ex ? wq.ndim != 3 || wq.size(0) != experts || wq.size(1) != rows || wq.size(2) != words
            : wq.ndim != 2 || wq.size(1) != words)
       raise_invalid("'" + wq.name + "' must be [" + E + "rows, " +
-                    (f.repacked ? "ceil(K / 128) * 16" : "K * bits / 32") + "] = (" + e + str(rows) + ", " +
+                    (f.repacked || f.tiled ? "ceil(K / 128) * 16" : "K * bits / 32") + "] = (" + e + str(rows) + ", " +
                     str(words) + ") uint32 words for K = " + str(p->k) + " and " + to_string(f) + ", got shape " +
                     wq.shape_str());
     if (!*o.scales) raise_invalid("'" + std::string(o.scales_name) + "' is required with quantized weights");
@@ -263,7 +263,7 @@ void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<Qu
     for (int i = lead; i < sc.ndim; ++i) one_number = one_number && sc.size(i) == 1;
     if (!one_number && (sc.ndim != 2 + lead || (ex && sc.size(0) != experts) || sc.size(lead) != scale_rows ||
                         sc.size(lead + 1) != groups))
-      raise_invalid("'" + sc.name + "' must be [" + E + (fp8 ? "scale rows, scale columns" : "rows, K / group_size") +
+      raise_invalid("'" + sc.name + "' must be [" + E + (fp8 ? "scale rows, scale columns" : f.tiled ? "rows, ceil(K / 128) * 128 / group_size" : "rows, K / group_size") +
                     "] = (" + e + str(scale_rows) + ", " + str(groups) + ") for " + to_string(f) + ", got shape " +
                     sc.shape_str());
     if (ex ? !is_contiguous(sc)

@@ -676,15 +676,17 @@ NB_MODULE(_gatedmlp, m) {
   nb::class_<QuantFormat>(m, "QuantFormat")
       .def(
           "__init__",
-          [](QuantFormat* self, QuantMode mode, int bits, int group_size, int row_block, bool repacked) {
-            new (self) QuantFormat{mode, bits, group_size, row_block, repacked};
+          [](QuantFormat* self, QuantMode mode, int bits, int group_size, int row_block, bool repacked, bool tiled) {
+            new (self) QuantFormat{mode, bits, group_size, row_block, repacked, tiled};
           },
-          "mode"_a = QuantMode::affine, "bits"_a = 4, "group_size"_a = 64, "row_block"_a = 1, "repacked"_a = false)
+          "mode"_a = QuantMode::affine, "bits"_a = 4, "group_size"_a = 64, "row_block"_a = 1, "repacked"_a = false,
+          "tiled"_a = false)
       .def_rw("mode", &QuantFormat::mode)
       .def_rw("bits", &QuantFormat::bits)
       .def_rw("group_size", &QuantFormat::group_size)
       .def_rw("row_block", &QuantFormat::row_block)
       .def_rw("repacked", &QuantFormat::repacked)
+      .def_rw("tiled", &QuantFormat::tiled)
       .def("__repr__", [](const QuantFormat& f) { return to_string(f); });
   m.def("check_quant_format", &check_quant_format, "format"_a, "k"_a,
         "The format's rules (bits, group size) and K against them.");

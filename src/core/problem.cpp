@@ -217,7 +217,7 @@ bool same_problem(const Problem& a, const Problem& b) {
          a.batch_stride_preact == b.batch_stride_preact && a.quantized == b.quantized &&
          (!a.quantized || (a.quant.mode == b.quant.mode && a.quant.bits == b.quant.bits &&
                            a.quant.group_size == b.quant.group_size && a.quant.row_block == b.quant.row_block &&
-                           a.quant.repacked == b.quant.repacked &&
+                           a.quant.repacked == b.quant.repacked && a.quant.tiled == b.quant.tiled &&
                            a.scale_dtype == b.scale_dtype)) &&
          (a.input_dtype != DType::fp8_e4m3 || (a.x_scale == b.x_scale && a.fp8_promote == b.fp8_promote)) &&
          (a.output_dtype != DType::fp8_e4m3 ||
@@ -446,6 +446,19 @@ Status check_support(const Problem& p) {
       return s;
     if (p.batch > 1)
       return err(StatusCode::not_supported, "quantized weights take batch = 1, got batch=", p.batch);
+    if (p.quant.tiled) {
+      // The tiles are 8 columns' gate and up rows (quant.hpp), dense.
+      const bool group8 = w.group == 8 || (w.group == 0 && p.u == 8);
+      if (p.op != Operation::gate_up || w.format != WeightFormat::fused || !group8 || w.first != Half::gate)
+        return err(StatusCode::not_supported, "tiled quantized weights are gate/up weights in the fused order with ",
+                   "group 8, gate first (quant.hpp); got op=", to_string(p.op), " weights=", to_string(w));
+      if (w.ld != 0 && w.ld != quant_words_per_row(p.quant, p.k))
+        return err(inv, "weights.ld=", w.ld, " with tiled weights: the tiles are dense, ld must be 0 or ",
+                   quant_words_per_row(p.quant, p.k), " words");
+      if (p.gather.experts > 0)
+        return err(StatusCode::not_supported, "tiled quantized weights do not take gathered (MoE) calls yet; pass ",
+                   "the checkpoint's order");
+    }
   } else if (Status s = check_ld(w.storage == WeightStorage::out_in
                                      ? "weights.ld (out_in storage: >= k)"
                                      : "weights.ld (in_out storage: >= number of weight rows)",

@@ -29,7 +29,7 @@ __device__ __forceinline__ int64_t pre_col(const Params& p, int half, int64_t j)
 
 // Dynamic shared memory: the warps' partial C fragments, [warps][CG][NT][4][32] floats.
 template <int NT, int CG>
-constexpr int red_bytes(int warps) {
+GATEDMLP_HD constexpr int red_bytes(int warps) {
   return warps * CG * NT * 4 * 32 * 4;
 }
 

@@ -19,6 +19,7 @@
 #include "core/internal.hpp"
 #include "gatedmlp/quant.hpp"
 #include "quant/repack_math.hpp"
+#include "quant/tiled_math.hpp"
 #include "quant_decode/quant_decode.hpp"
 
 namespace gatedmlp {
@@ -156,8 +157,11 @@ void quantize_mxfp4(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, 
     }
 }
 
-// Element i of a row's packed codes.
-uint32_t code_at(const uint32_t* row_words, const QuantFormat& f, int64_t i) {
+// Element i of row r's packed codes (wq: all of the weight's words).
+uint32_t code_at(const uint32_t* wq, const QuantFormat& f, int64_t r, int64_t k, int64_t i) {
+  if (f.tiled)
+    return (wq[detail::tiled_word_index(r, i / 8, detail::tiled_k_blocks(k))] >> ((i % 8) * 4)) & 0xFu;
+  const uint32_t* row_words = wq + r * quant_words_per_row(f, k);
   if (f.repacked) return detail::repacked_code_at(row_words, i);
   const int bits = f.bits;
   const int per_word = 32 / bits;
@@ -185,6 +189,9 @@ Status check_quant_format(const QuantFormat& f, int64_t k) {
   if (f.repacked && (f.mode != QuantMode::affine || f.bits != 4))
     return err(StatusCode::not_supported, "quant format: repacked words are affine 4-bit only, got mode=",
                to_string(f.mode), " bits=", f.bits);
+  if (f.tiled && (f.mode != QuantMode::affine || f.bits != 4 || f.repacked))
+    return err(StatusCode::not_supported, "quant format: the tiled order is for affine 4-bit words in the ",
+               "checkpoint's order, got mode=", to_string(f.mode), " bits=", f.bits, f.repacked ? " repacked" : "");
   if (f.row_block != 1)
     return err(StatusCode::not_supported, "quant format: row_block=", f.row_block, " (", to_string(f.mode),
                " has a scale per row: 1)");
@@ -203,10 +210,12 @@ Status check_quant_format(const QuantFormat& f, int64_t k) {
 
 int64_t quant_words_per_row(const QuantFormat& f, int64_t k) {
   if (f.repacked) return detail::repacked_words_per_row(k);
+  if (f.tiled) return detail::tiled_words_per_row(k);
   return k * f.bits / 32;
 }
 int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) {
   if (f.group_size == 0) return 1;  // fp8_e4m3: one scale along all of K
+  if (f.tiled) return detail::tiled_groups_per_row(k, f.group_size);
   return (k + f.group_size - 1) / f.group_size;
 }
 int64_t quant_scale_rows(const QuantFormat& f, int64_t rows) {
@@ -232,6 +241,17 @@ Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k,
                "quantize_host takes affine and mxfp4");
   if (f.mode == QuantMode::mxfp4) {
     quantize_mxfp4(f, dtype, rows, k, w, wq, static_cast<uint8_t*>(scales));
+  } else if (f.tiled) {  // MLX's arrays, then the tiled order
+    QuantFormat plain = f;
+    plain.tiled = false;
+    if (rows % detail::kTileRows)
+      return err(StatusCode::invalid_argument, "quantize_host: the tiled order takes rows in tiles of 16, got rows=",
+                 rows);
+    const size_t n = size_t(rows) * size_t(quant_groups_per_row(plain, k)) * (dtype == DType::fp32 ? 4 : 2);
+    std::vector<uint32_t> words(size_t(rows * quant_words_per_row(plain, k)));
+    std::vector<unsigned char> s(n), b(n);
+    quantize_affine(plain, dtype, rows, k, w, words.data(), s.data(), b.data());
+    return tile_quantized(plain, dtype, rows, k, words.data(), s.data(), b.data(), wq, scales, biases);
   } else if (f.repacked) {  // MLX's words, then the repacked order
     QuantFormat plain = f;
     plain.repacked = false;
@@ -253,17 +273,20 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   if (Status s = check_arrays("dequantize_host", f, dtype, !mx, rows, biases, {{wq, "wq"}, {scales, "scales"}, {w, "w"}});
       !s.ok())
     return s;
-  const int64_t groups = quant_groups_per_row(f, k), words = quant_words_per_row(f, k);
+  if (f.tiled && rows % detail::kTileRows)
+    return err(StatusCode::invalid_argument, "dequantize_host: the tiled order takes rows in tiles of 16, got rows=",
+               rows);
+  const int64_t groups = quant_groups_per_row(f, k);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < k; ++i) {
-      const uint32_t q = code_at(wq + r * words, f, i);
+      const uint32_t q = code_at(wq, f, r, k, i);
       float v;
       if (fp8) {
         const int64_t g = (f.row_block ? r / f.row_block : 0) * groups + (f.group_size ? i / f.group_size : 0);
         store(w, out_dtype, r * k + i, e4m3_value(q) * load(scales, dtype, g));
         continue;
       }
-      const int64_t g = r * groups + i / f.group_size;
+      const int64_t g = f.tiled ? detail::tiled_scale_index(r, i / f.group_size, groups) : r * groups + i / f.group_size;
       if (mx)
         v = ((q & 8u) ? -kE2m1[q & 7u] : kE2m1[q & 7u]) * e8m0_value(static_cast<const uint8_t*>(scales)[g]);
       else
@@ -324,6 +347,81 @@ Status repack_quantized_device(const QuantFormat& from, const QuantFormat& to, i
   return Status::Ok();
 }
 
+namespace {
+
+// The checks tile_quantized and untile_quantized share.
+Status check_tile(const char* fn, const QuantFormat& f, DType dtype, int64_t rows, int64_t k,
+                  std::initializer_list<std::pair<const void*, const char*>> arrays) {
+  if (f.tiled)
+    return err(StatusCode::invalid_argument, fn, ": pass the checkpoint's format (tiled=false), got ", to_string(f));
+  QuantFormat t = f;
+  t.tiled = true;
+  if (Status s = check_quant_format(t, k); !s.ok()) return s;
+  if (!float_dtype(dtype)) return err(StatusCode::invalid_argument, fn, ": dtype ", to_string(dtype), " is not a float type");
+  if (rows < 0 || rows % detail::kTileRows)
+    return err(StatusCode::invalid_argument, fn, ": rows must be a multiple of 16 (the tiles' rows), got rows=", rows);
+  if (rows == 0) return Status::Ok();
+  for (auto [p, name] : arrays)
+    if (p == nullptr) return err(StatusCode::invalid_argument, fn, ": argument '", name, "' is null");
+  return Status::Ok();
+}
+
+// Copies each word, scale and bias of the checkpoint's arrays to its tiled
+// place (TO_TILED) or back; the tiled padding (K to whole k-blocks) is zero.
+template <bool TO_TILED>
+void tile_copy(const QuantFormat& f, size_t esize, int64_t rows, int64_t k, const uint32_t* w_in, const void* s_in,
+               const void* b_in, uint32_t* w_out, void* s_out, void* b_out) {
+  const int64_t kb = detail::tiled_k_blocks(k), words = k / 8;
+  const int64_t groups = k / f.group_size, tgroups = detail::tiled_groups_per_row(k, f.group_size);
+  if (TO_TILED) {
+    std::fill(w_out, w_out + rows * detail::tiled_words_per_row(k), 0u);
+    std::memset(s_out, 0, size_t(rows * tgroups) * esize);
+    std::memset(b_out, 0, size_t(rows * tgroups) * esize);
+  }
+  auto* si = static_cast<const unsigned char*>(s_in);
+  auto* bi = static_cast<const unsigned char*>(b_in);
+  auto* so = static_cast<unsigned char*>(s_out);
+  auto* bo = static_cast<unsigned char*>(b_out);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t wi = 0; wi < words; ++wi) {
+      const int64_t plain = r * words + wi, tiled = detail::tiled_word_index(r, wi, kb);
+      w_out[TO_TILED ? tiled : plain] = w_in[TO_TILED ? plain : tiled];
+    }
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const size_t plain = size_t(r * groups + gi) * esize;
+      const size_t tiled = size_t(detail::tiled_scale_index(r, gi, tgroups)) * esize;
+      std::memcpy(so + (TO_TILED ? tiled : plain), si + (TO_TILED ? plain : tiled), esize);
+      std::memcpy(bo + (TO_TILED ? tiled : plain), bi + (TO_TILED ? plain : tiled), esize);
+    }
+  }
+}
+
+}  // namespace
+
+Status tile_quantized(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const uint32_t* wq,
+                      const void* scales, const void* biases, uint32_t* tiled_wq, void* tiled_scales,
+                      void* tiled_biases) {
+  if (Status s = check_tile("tile_quantized", f, dtype, rows, k,
+                            {{wq, "wq"}, {scales, "scales"}, {biases, "biases"}, {tiled_wq, "tiled_wq"},
+                             {tiled_scales, "tiled_scales"}, {tiled_biases, "tiled_biases"}});
+      !s.ok() || rows == 0)
+    return s;
+  tile_copy<true>(f, dtype == DType::fp32 ? 4 : 2, rows, k, wq, scales, biases, tiled_wq, tiled_scales, tiled_biases);
+  return Status::Ok();
+}
+
+Status untile_quantized(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const uint32_t* tiled_wq,
+                        const void* tiled_scales, const void* tiled_biases, uint32_t* wq, void* scales,
+                        void* biases) {
+  if (Status s = check_tile("untile_quantized", f, dtype, rows, k,
+                            {{tiled_wq, "tiled_wq"}, {tiled_scales, "tiled_scales"}, {tiled_biases, "tiled_biases"},
+                             {wq, "wq"}, {scales, "scales"}, {biases, "biases"}});
+      !s.ok() || rows == 0)
+    return s;
+  tile_copy<false>(f, dtype == DType::fp32 ? 4 : 2, rows, k, tiled_wq, tiled_scales, tiled_biases, wq, scales, biases);
+  return Status::Ok();
+}
+
 const char* to_string(QuantMode m) {
   switch (m) {
     case QuantMode::affine: return "affine";
@@ -338,6 +436,7 @@ std::string to_string(const QuantFormat& f) {
   os << "QuantFormat{mode=" << to_string(f.mode) << " bits=" << f.bits << " group_size=" << f.group_size;
   if (f.row_block != 1) os << " row_block=" << f.row_block;
   if (f.repacked) os << " repacked";
+  if (f.tiled) os << " tiled";
   os << "}";
   return os.str();
 }

@@ -11,6 +11,7 @@
 #include "common/device_dtype.cuh"
 #include "gatedmlp/quant.hpp"
 #include "quant/repack_math.hpp"
+#include "quant/tiled_math.hpp"
 #include "quant_decode/quant_decode.hpp"
 
 namespace gatedmlp::quant_decode {
@@ -19,9 +20,10 @@ namespace {
 
 // One thread per packed word: 32 / bits weights out. MODE: 0 affine, 1
 // MXFP4, 2 FP8 (its scales per row_shift-block of rows and group of K, the
-// e4m3 value times the scale). REPACKED: 4-bit affine words in the
-// repacked order, read back into the checkpoint's.
-template <typename T, int BITS, int MODE, bool REPACKED = false>
+// e4m3 value times the scale). ORDER 1: 4-bit affine words in the
+// repacked order, read back into the checkpoint's; 2: words, scales and
+// biases in the tiled order (quant/tiled_math.hpp; groups: the padded count).
+template <typename T, int BITS, int MODE, int ORDER = 0>
 __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ldw, const void* scales,
                                   const void* biases, int scale_dtype, int64_t rows, int64_t k, int group_shift,
                                   int row_shift, int64_t groups, T* __restrict__ out) {
@@ -31,11 +33,17 @@ __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ld
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * words_per_row;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / words_per_row, wi = i % words_per_row;
-    const uint32_t w = REPACKED ? gatedmlp::detail::unrepack_nibbles(
-                                      __ldg(words + r * ldw + gatedmlp::detail::repacked_word_pos(wi)))
-                                : __ldg(words + r * ldw + wi);
     const int64_t k0 = wi * kPer;
-    const int64_t gi = (r >> row_shift) * groups + (k0 >> group_shift);
+    uint32_t w;
+    int64_t gi;
+    if constexpr (ORDER == 2) {
+      w = __ldg(words + gatedmlp::detail::tiled_word_index(r, wi, gatedmlp::detail::tiled_k_blocks(k)));
+      gi = gatedmlp::detail::tiled_scale_index(r, k0 >> group_shift, groups);
+    } else {
+      w = ORDER == 1 ? gatedmlp::detail::unrepack_nibbles(__ldg(words + r * ldw + gatedmlp::detail::repacked_word_pos(wi)))
+                     : __ldg(words + r * ldw + wi);
+      gi = (r >> row_shift) * groups + (k0 >> group_shift);
+    }
     float s, b = 0.f;
     if constexpr (MODE == 2) {
       s = gatedmlp::detail::load_float(scales, scale_dtype, gi);
@@ -97,8 +105,11 @@ cudaError_t launch_t(const DequantizeArgs& d, cudaStream_t stream) {
   else if (d.format.bits == 8)
     dequantize_kernel<T, 8, 0><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, gshift,
                                                              rshift, groups, out);
+  else if (d.format.tiled)
+    dequantize_kernel<T, 4, 0, 2><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k,
+                                                                gshift, rshift, groups, out);
   else if (d.format.repacked)
-    dequantize_kernel<T, 4, 0, true><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k,
+    dequantize_kernel<T, 4, 0, 1><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k,
                                                                    gshift, rshift, groups, out);
   else
     dequantize_kernel<T, 4, 0><<<grid, threads, 0, stream>>>(w, d.ldw, d.scales, d.biases, sd, d.rows, d.k, gshift,

@@ -59,6 +59,7 @@ std::string hopper_blocker(const Problem& r, const Arguments* a) {
   else if (r.op != Operation::gate_up) os << "not a gate/up call";
   else if (r.batch != 1) os << "batch=" << r.batch << " (the Hopper form takes one batch)";
   else if (r.quant.repacked) os << "repacked words (it reads the checkpoint's order)";
+  else if (r.quant.tiled) os << "tiled words (it reads the checkpoint's order)";
   else if (mx && r.input_dtype != DType::bf16) os << "MXFP4 with " << to_string(r.input_dtype) << " x (its pair recipe is bf16's)";
   else if (affine && r.scale_dtype != r.input_dtype)
     os << "scales of " << to_string(r.scale_dtype) << " with " << to_string(r.input_dtype)

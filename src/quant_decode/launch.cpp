@@ -42,6 +42,11 @@ std::string blocker(const Problem& r, const Arguments* a) {
   else if (r.weights.ld % 4) os << "weights.ld=" << r.weights.ld << " words is not a multiple of 4 (16-byte rows)";
   else if (r.gather.experts > 1 && r.batch_stride_w % 4)
     os << "batch_stride_w=" << r.batch_stride_w << " words (between experts) is not a multiple of 4 (16-byte rows)";
+  else if (r.quant.tiled && r.m > kTiledMaxM)
+    os << "m=" << r.m << " with tiled words: the tiled kernels take up to " << kTiledMaxM << " rows";
+  else if (r.quant.tiled && r.scale_dtype != r.input_dtype)
+    os << "tiled words with " << to_string(r.scale_dtype) << " scales: the tiled kernels take scales of x's dtype ("
+       << to_string(r.input_dtype) << ")";
   else if (r.u >= (int64_t(1) << 30))
     os << "u=" << r.u << " is 2^30 or more (the kernel indexes the 2u weight rows in 32 bits)";
   else if (a && !aligned16(a->x)) os << "x (" << a->x << ") is not 16-byte aligned";
@@ -198,6 +203,8 @@ cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, co
     p.partials = partials;
   }
   const bool bf = r.input_dtype == DType::bf16;
+  if (r.quant.tiled)  // affine 4-bit, scales of X's dtype, m <= 16 (blocker)
+    return bf ? launch_tiled_bf16(q, s, stream) : launch_tiled_fp16(q, s, stream);
   if (r.quant.repacked) {  // affine 4-bit (check_quant_format)
     const int gs = r.quant.group_size;
     if (gs == 32) return bf ? launch_repacked_bf16_g32(q, s, stream) : launch_repacked_fp16_g32(q, s, stream);

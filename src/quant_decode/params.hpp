@@ -46,6 +46,10 @@ struct Shape {
   int cg = 1;           // groups of 8 columns per warp: 1, or 2 at nt = 1, 4 at nt = 2 (column_groups())
 };
 
+// Tiled 4-bit affine words (tiled.cuh): one translation unit per input dtype.
+cudaError_t launch_tiled_bf16(const Params& p, Shape s, cudaStream_t stream);
+cudaError_t launch_tiled_fp16(const Params& p, Shape s, cudaStream_t stream);
+
 // One translation unit per input dtype and format.
 cudaError_t launch_bf16_int4(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_bf16_int8(const Params& p, Shape s, cudaStream_t stream);

@@ -14,6 +14,9 @@ namespace gatedmlp::quant_decode {
 
 // The most rows of X the kernel takes.
 inline constexpr int64_t kMaxM = 64;
+// The tiled kernels' most rows (QuantFormat::tiled: one or two n-tiles;
+// past them the tiled weights are dequantized).
+inline constexpr int64_t kTiledMaxM = 16;
 
 // Why the kernel cannot take this resolved quantized problem, or "" if it
 // can. `a` null: pointers assumed 16-byte aligned (plan() without arguments).

@@ -9,6 +9,7 @@
 #include "common/activation_math.hpp"
 #include "common/layout_math.hpp"
 #include "quant/repack_math.hpp"
+#include "quant/tiled_math.hpp"
 #include "reference/reference.hpp"
 
 namespace gatedmlp::ref {
@@ -60,6 +61,12 @@ void store_from_double(void* base, DType dtype, int64_t i, double v) {
 
 double quantized_weight(const Problem& p, const void* words, const void* scales, const void* biases, int64_t row,
                         int64_t k) {
+  if (p.quant.tiled) {  // affine 4-bit, the whole weight in tiles (quant/tiled_math.hpp)
+    const uint32_t w = static_cast<const uint32_t*>(words)[detail::tiled_word_index(row, k / 8, detail::tiled_k_blocks(p.k))];
+    const int64_t gi = detail::tiled_scale_index(row, k / p.quant.group_size, detail::tiled_groups_per_row(p.k, p.quant.group_size));
+    return double((w >> (k % 8 * 4)) & 0xFu) * load_as_double(scales, p.scale_dtype, gi) +
+           load_as_double(biases, p.scale_dtype, gi);
+  }
   const int per_word = 32 / p.quant.bits;
   const uint32_t* row_words = static_cast<const uint32_t*>(words) + row * p.weights.ld;
   const uint32_t q = p.quant.repacked ? detail::repacked_code_at(row_words, k)

@@ -72,6 +72,31 @@ def test_matches_mlx_quantized_matmul(mode, bits, group, m, scale_dtype):
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tiled_matches_the_checkpoint_order(group, m, dtype):
+    # tile() on the device against the checkpoint's arrays of the same
+    # weights: up to 16 rows the tiled kernels run the checkpoint kernel's
+    # sums in its order (Y bit-identical); past them both are dequantized
+    # or read by other kernels, so close. K = 704 / 640: a padded k-block.
+    rng = np.random.default_rng()
+    k, u = (704 if group < 128 else 640), 8 * int(rng.integers(3, 40))
+    w = (rng.standard_normal((2 * u, k)) * 0.05).astype(np.float32)
+    wq, scales, biases = (torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in gatedmlp.quantize(w, group_size=group))
+    scales, biases = scales.to(dtype), biases.to(dtype)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    tw, ts, tb = gatedmlp.tile(wq, scales, biases, group_size=group)  # stacked -> tiled
+    want = gatedmlp.quantized_gate_up(x, wq, scales, biases, group_size=group)
+    got = gatedmlp.quantized_gate_up(x, tw, ts, tb, group_size=group, tiled=True)
+    if m <= 16:
+        assert torch.equal(got, want), (got - want).abs().max()
+    else:
+        assert cosine(got.float().cpu().numpy(), want.float().cpu().numpy()) >= 0.99999
+    back = gatedmlp.tile(tw, ts, tb, group_size=group, inverse=True, k=k)
+    assert all(torch.equal(a, b) for a, b in zip(back, (wq, scales, biases)))
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m", [1, 9, 64, 100])
 def test_repacked_matches_mlx_quantized_matmul(group, m):
     # MLX's own words repacked on the device (gatedmlp.repack), against MLX

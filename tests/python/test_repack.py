@@ -38,3 +38,44 @@ def test_repack_errors_name_the_argument():
         gatedmlp.repack(wq, 256)
     with pytest.raises(gatedmlp.NotSupportedError, match="repacked"):
         gatedmlp.quantize(np.zeros((1, 64), np.float32), bits=8, repacked=True)
+
+
+@pytest.mark.parametrize("group,k,layout", [(64, 256, (0, "gate")), (32, 160, (8, "up")), (128, 384, (1, "gate")),
+                                            (64, 192, (16, "up"))])
+def test_tile_round_trip_and_dequantize(group, k, layout):
+    """tile(): the rows in blocks of 8 gate first, K padded, 16 x 128 tiles;
+    dequantize(tiled=True) reads them as the checkpoint's rows in that
+    order, and inverse=True gives the checkpoint's arrays back bit for bit."""
+    rng = np.random.default_rng()
+    u = 8 * int(rng.integers(1, 5)) * (2 if layout[0] == 16 else 1)
+    gg, first = layout
+    w = rng.standard_normal((2 * u, k)).astype(np.float32)
+    wq, s, b = gatedmlp.quantize(w, group_size=group)
+    tw, ts, tb = gatedmlp.tile(wq, s, b, group_size=group, group=gg, first=first)
+    kb = (k + 127) // 128
+    assert tw.shape == (2 * u, kb * 16) and ts.shape == tb.shape == (2 * u, kb * 128 // group)
+    # Row 16c + 8h + j of the tiled weight is half h of column 8c + j.
+    g = u if gg == 0 else gg
+    src = [(2 * ((8 * (r // 16) + r % 8) // g) + ((r // 8) % 2 ^ (first == "up"))) * g + (8 * (r // 16) + r % 8) % g
+           for r in range(2 * u)]
+    dense = gatedmlp.dequantize(wq, s, b, group_size=group)[src]
+    got = gatedmlp.dequantize(tw, ts, tb, group_size=group, tiled=True)
+    assert np.array_equal(got[:, :k], dense) and not got[:, k:].any()
+    # Word w of row r at tile (r // 16, w // 16), row r % 16 of it.
+    r, wi = 2 * u - 1, k // 8 - 1
+    flat = tw.reshape(-1)
+    assert flat[(((r // 16) * kb + wi // 16) * 16 + r % 16) * 16 + wi % 16] == wq[src[r], wi]
+    back = gatedmlp.tile(tw, ts, tb, group_size=group, group=gg, first=first, inverse=True, k=k)
+    for a, want in zip(back, (wq, s, b)):
+        assert np.array_equal(a, want)
+
+
+def test_tile_refusals_name_the_argument():
+    wq, s, b = gatedmlp.quantize(np.zeros((24, 128), np.float32))
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="24 rows"):
+        gatedmlp.tile(wq, s, b)
+    wq, s, b = gatedmlp.quantize(np.zeros((32, 128), np.float32))
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="needs k"):
+        gatedmlp.tile(wq, s, b, inverse=True)
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="group=3"):
+        gatedmlp.tile(wq, s, b, group=3)

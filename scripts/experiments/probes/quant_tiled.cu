@@ -48,9 +48,9 @@ struct Tiled {
   const uint2* scales;  // [U/8][K/g][8] x (s_gate, b_gate, s_up, b_up)
 };
 
-// LAYOUT 0: the checkpoint's arrays (h81's lean tile). 1: the tiled copy.
-// 2: tiled, with X staged once per CTA in shared memory (M = 1 only).
-template <int NT, int CG, int LAYOUT>
+// L: bit 0 tiled words, bit 1 tiled scales, bit 2 X staged once per CTA in
+// shared memory (M = 1 only). 0: the checkpoint's arrays (h81's lean tile).
+template <int NT, int CG, int L>
 __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
     tiled_kernel(const __grid_constant__ Params qp, const __grid_constant__ Tiled tl) {
   using T = __nv_bfloat16;
@@ -66,6 +66,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
   const int64_t first_group = (int64_t(warp) * kChunkK + 32 * t) >> qp.group_shift;
   const int step_s = (kChunkK * nw) >> qp.group_shift;
 
+  constexpr bool TW = L & 1, TS = L & 2, XS = L & 4;
   // Checkpoint order: per row pointers. Tiled: one pointer per column group.
   const uint32_t* wp[CG][2];
   const unsigned short *sp[CG][2], *bp[CG][2];
@@ -73,25 +74,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
   const uint2* ts[CG];
 #pragma unroll
   for (int cg = 0; cg < CG; ++cg) {
-    if constexpr (LAYOUT == 0) {
-      const LaneRows rows = lane_rows(qp, 0, j0 + 8 * cg, g, t);
+    const LaneRows rows = lane_rows(qp, 0, j0 + 8 * cg, g, t);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        wp[cg][h] = rows.w[h] + int64_t(warp) * 16;
-        sp[cg][h] = static_cast<const unsigned short*>(rows.s[h]) + rows.sbase[h] + first_group;
-        bp[cg][h] = static_cast<const unsigned short*>(rows.b[h]) + rows.sbase[h] + first_group;
-      }
-    } else {
-      const int64_t c = blockIdx.x * int64_t(CG) + cg;
-      tw[cg] = tl.words + (c * chunks + warp) * 64 + g * 4 + t;
-      ts[cg] = tl.scales + (c * qp.groups + first_group) * 8 + g;
+    for (int h = 0; h < 2; ++h) {
+      wp[cg][h] = rows.w[h] + int64_t(warp) * 16;
+      sp[cg][h] = static_cast<const unsigned short*>(rows.s[h]) + rows.sbase[h] + first_group;
+      bp[cg][h] = static_cast<const unsigned short*>(rows.b[h]) + rows.sbase[h] + first_group;
     }
+    const int64_t c = blockIdx.x * int64_t(CG) + cg;
+    tw[cg] = tl.words + (c * chunks + warp) * 64 + g * 4 + t;
+    ts[cg] = tl.scales + (c * qp.groups + first_group) * 8 + g;
   }
   const T* xp[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
     xp[nt] = static_cast<const T*>(p.x) + int64_t(min(nt * 8 + g, p.m - 1)) * p.ldx + int64_t(warp) * kChunkK + 32 * t;
-  if constexpr (LAYOUT == 2) {
+  if constexpr (XS) {
     T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_f4) + kMaxWarps * CG * NT * 512);  // decode::red_bytes
     for (int64_t i = int64_t(threadIdx.x) * 8; i < p.k; i += int64_t(blockDim.x) * 8)
       *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + i);
@@ -107,17 +105,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
   auto load = [&]() {
 #pragma unroll
     for (int cg = 0; cg < CG; ++cg) {
-      if constexpr (LAYOUT == 0) {
+      if constexpr (TW) {
+        wa[cg][0] = decode::detail_::ld_weights(tw[cg]);
+        wa[cg][1] = decode::detail_::ld_weights(tw[cg] + 32);
+      } else {
+        wa[cg][0] = decode::detail_::ld_weights(wp[cg][0]);
+        wa[cg][1] = decode::detail_::ld_weights(wp[cg][1]);
+      }
+      if constexpr (!TS) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          wa[cg][h] = decode::detail_::ld_weights(wp[cg][h]);
           const uint32_t sv = __ldg(sp[cg][h]), bv = __ldg(bp[cg][h]);
           sa[cg][h].s = sv | (sv << 16);
           sa[cg][h].b = bv | (bv << 16);
         }
       } else {
-        wa[cg][0] = decode::detail_::ld_weights(tw[cg]);
-        wa[cg][1] = decode::detail_::ld_weights(tw[cg] + 32);
         const uint2 v = __ldg(ts[cg]);
         sa[cg][0].s = __byte_perm(v.x, 0, 0x1010);
         sa[cg][0].b = __byte_perm(v.x, 0, 0x3232);
@@ -129,12 +131,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
   auto step = [&]() {
 #pragma unroll
     for (int cg = 0; cg < CG; ++cg) {
-      if constexpr (LAYOUT == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wp[cg][h] += step_w, sp[cg][h] += step_s, bp[cg][h] += step_s;
-      } else {
+      if constexpr (TW) {
         tw[cg] += 64 * nw;
+      } else {
+        wp[cg][0] += step_w, wp[cg][1] += step_w;
+      }
+      if constexpr (TS) {
         ts[cg] += 8 * step_s;
+      } else {
+        sp[cg][0] += step_s, sp[cg][1] += step_s, bp[cg][0] += step_s, bp[cg][1] += step_s;
       }
     }
   };
@@ -155,7 +160,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
       uint32_t xq[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint4 v = LAYOUT == 2 ? *reinterpret_cast<const uint4*>(xp[nt] + wd * 8)
+        const uint4 v = XS ? *reinterpret_cast<const uint4*>(xp[nt] + wd * 8)
                                     : decode::detail_::ld_x(xp[nt] + wd * 8);
         const uint32_t xr[4] = {v.x, v.y, v.z, v.w};
         D::x_pairs(xr, xq[nt]);
@@ -180,14 +185,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
   decode::epilogue<NT, CG>(p, red, j0, 0, p.m, nullptr);
 }
 
-template <int NT, int CG, int LAYOUT>
+template <int NT, int CG, int L>
 void launch_tiled(const Params& q0, const Tiled& tl, cudaStream_t s) {
   Params q = q0;
   q.d.warps = int(std::min<int64_t>(q.d.k / kChunkK, q.d.warps));
   const unsigned grid = unsigned((q.d.u + 8 * CG - 1) / (8 * CG));
-  const int smem = decode::red_bytes<NT, CG>(kMaxWarps) + (LAYOUT == 2 ? int(q.d.k) * 2 : 0);
-  if (LAYOUT == 2) CK(cudaFuncSetAttribute(tiled_kernel<NT, CG, LAYOUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  tiled_kernel<NT, CG, LAYOUT><<<grid, q.d.warps * 32, smem, s>>>(q, tl);
+  const int smem = decode::red_bytes<NT, CG>(kMaxWarps) + (L & 4 ? int(q.d.k) * 2 : 0);
+  if (L & 4) CK(cudaFuncSetAttribute(tiled_kernel<NT, CG, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  tiled_kernel<NT, CG, L><<<grid, q.d.warps * 32, smem, s>>>(q, tl);
 }
 
 // The tiled copy of stacked [2U][K/8] words and [2U][K/64] bf16 scales / biases.
@@ -274,8 +279,10 @@ int main() {
   CK(cudaStreamCreate(&s));
   int l2 = 0;
   CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  std::printf("%-10s %3s | %9s %9s %9s %9s | %7s %7s %7s %7s   (us per call; TB/s of words, scales and biases)\n",
-              "shape", "M", "library", "lean", "tiled", "tiled+xs", "library", "lean", "tiled", "tiled+xs");
+  // Columns: the library's kernel; the lean tile on the checkpoint's arrays;
+  // tiled words only; tiled scales only; both; both with X staged (M = 1).
+  std::printf("%-10s %3s | %8s %8s %8s %8s %8s %8s | TB/s of words, scales and biases, the same order\n", "shape",
+              "M", "library", "lean", "t.words", "t.scales", "tiled", "tiled+xs");
   for (const ProbeShape& sh : kShapes) {
     const int64_t rows = 2 * sh.u, words = rows * sh.k / 8, groups = rows * sh.k / 64;
     const int64_t bytes = words * 4 + groups * 4;
@@ -311,17 +318,21 @@ int main() {
             case 0: (void)launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2, false, 2>(q, s); break;
             case 1: launch_tiled<1, 2, 0>(q, tl, s); break;
             case 2: launch_tiled<1, 2, 1>(q, tl, s); break;
-            default: launch_tiled<1, 2, 2>(q, tl, s); break;
+            case 3: launch_tiled<1, 2, 2>(q, tl, s); break;
+            case 4: launch_tiled<1, 2, 3>(q, tl, s); break;
+            default: launch_tiled<1, 2, 7>(q, tl, s); break;
           }
         } else {
           switch (which) {
             case 0: (void)launch_kernel<__nv_bfloat16, kInt4, true, 2, 1, 1, false, 4>(q, s); break;
             case 1: launch_tiled<2, 4, 0>(q, tl, s); break;
-            default: launch_tiled<2, 4, 1>(q, tl, s); break;
+            case 2: launch_tiled<2, 4, 1>(q, tl, s); break;
+            case 3: launch_tiled<2, 4, 2>(q, tl, s); break;
+            default: launch_tiled<2, 4, 3>(q, tl, s); break;
           }
         }
       };
-      const int kinds = m == 1 ? 4 : 3;
+      const int kinds = m == 1 ? 6 : 5;
       std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
       bool same = true;
       for (int which = 0; which < kinds; ++which) {
@@ -333,17 +344,18 @@ int main() {
         CK(cudaMemcpy(which == 0 ? a.data() : b.data(), y, a.size() * 2, cudaMemcpyDeviceToHost));
         if (which > 0) same = same && std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
       }
-      float tm[4] = {0.f, 0.f, 0.f, 0.f};
+      float tm[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       // Two rounds, interleaved; the faster of each.
       for (int round = 0; round < 2; ++round)
         for (int which = 0; which < kinds; ++which) {
           const float us = replay_us(s, 2 * copies, [&](int c) { run(which, c, which == 0 ? y1 : y2); });
           tm[which] = round == 0 ? us : std::min(tm[which], us);
         }
-      auto tbs = [&](float us) { return us > 0.f ? bytes / us * 1e-6 : 0.0; };
-      std::printf("%-10s %3d | %9.2f %9.2f %9.2f %9.2f | %7.3f %7.3f %7.3f %7.3f   %s\n", sh.name, m, tm[0], tm[1], tm[2],
-                  tm[3], tbs(tm[0]), tbs(tm[1]), tbs(tm[2]), tbs(tm[3]),
-                  same ? "(Y bit-identical)" : "(Y DIFFERS: a variant is wrong)");
+      std::printf("%-10s %3d |", sh.name, m);
+      for (float us : tm) std::printf(" %8.2f", us);
+      std::printf(" |");
+      for (float us : tm) std::printf(" %6.3f", us > 0.f ? bytes / us * 1e-6 : 0.0);
+      std::printf("   %s\n", same ? "(Y bit-identical)" : "(Y DIFFERS: a variant is wrong)");
     }
     for (Copy& c : cs) {
       CK(cudaFree(c.words));

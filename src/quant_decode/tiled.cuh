@@ -1,0 +1,179 @@
+// The quantized decode kernel on tiled 4-bit affine weights
+// (QuantFormat::tiled; the order is quant.hpp's and quant/tiled_math.hpp's):
+// the checkpoint-order kernel's lanes, dequantization, mma and epilogue
+// (quant_decode.cuh), with the loads a tile-contiguous order allows.
+//
+// Why: on the checkpoint's arrays a warp's 16-byte word load covers 8 rows x
+// 64 bytes (8 cache lines for 512 bytes) and each of its 2-byte scale and
+// bias loads 8 rows' lines, so a k-block of 2 KB of words and 256 bytes of
+// scales costs the L1 ~100 wavefronts where its bytes need ~18. On the tiled
+// order a warp's word load is 512 contiguous bytes and one 32-bit load per
+// lane brings the scales (or biases) of both its rows. At one row of X the
+// CTA also stages X in shared memory once, instead of every warp loading it
+// through L1. Measured (H200, docs/notes/quantized-decode.md h95): 1.15-1.26x
+// the checkpoint-order kernel's speed at M = 1, 1.15-1.23x at M = 8-16.
+//
+// A lane (g, t) of column group c reads rows g (gate) and 8 + g (up) of
+// tile (c, kb): words at ((c * KB + kb) * 16 + h * 8 + g) * 16 + 4t, the
+// scales of both rows at uint32 ((c * G + group) * 8 + g), G the padded
+// groups per row. K is padded to whole k-blocks with zero codes, scales and
+// biases, so every load of weights and scales is unpredicated; X is loaded
+// under a predicate in a k-block that crosses K (or staged with zeros).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "decode_glu/epilogue.cuh"
+#include "decode_glu/ops.cuh"
+#include "quant_decode/dequant.cuh"
+#include "quant_decode/params.hpp"
+#include "quant_decode/quant_decode.cuh"
+
+namespace gatedmlp::quant_decode {
+
+inline constexpr int kTiledBlockK = 128;       // a k-block: 4 lanes x 32 elements
+inline constexpr int kTiledXsMaxBytes = 40960;  // X staged (M = 1) while it fits beside the partial sums
+
+// NT n-tiles of 8 tokens (1 or 2), CG groups of 8 columns per CTA, XS: X
+// (one row) staged in shared memory after the partial sums.
+template <typename T, int NT, int CG, bool XS>
+__global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
+    tiled_kernel(const __grid_constant__ Params qp) {
+  static_assert(!XS || NT == 1, "X staged for one row");
+  using D = Dequant<T, kInt4, true>;
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+  const decode::Params& p = qp.d;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nw = p.warps;
+  const int64_t j0 = int64_t(blockIdx.x) * 8 * CG;
+  const int k_blocks = int((p.k + kTiledBlockK - 1) / kTiledBlockK);
+  const int whole = int(p.k / kTiledBlockK);  // k-blocks inside K: X unpredicated
+  // This warp's k-blocks: warp, warp + nw, ...; the last may cross K.
+  const int n = warp < k_blocks ? (k_blocks - warp + nw - 1) / nw : 0;
+  const int n_whole = warp < whole ? (whole - warp + nw - 1) / nw : 0;
+  const int64_t first_group = (int64_t(warp) * kTiledBlockK + 32 * t) >> qp.group_shift;
+  const int step_s = (kTiledBlockK * nw) >> qp.group_shift;  // groups per step (groups of 32-128 divide 128)
+
+  const uint4* wp[CG];
+  const uint32_t *sp[CG], *bp[CG];
+  const int64_t last_c = p.u / 8 - 1;  // u % 8 == 0 (check_support)
+#pragma unroll
+  for (int cg = 0; cg < CG; ++cg) {
+    const int64_t c = min(int64_t(blockIdx.x) * CG + cg, last_c);  // past U: read, never stored
+    wp[cg] = static_cast<const uint4*>(p.w) + (c * k_blocks + warp) * 64 + g * 4 + t;
+    sp[cg] = static_cast<const uint32_t*>(qp.scales) + (c * qp.groups + first_group) * 8 + g;
+    bp[cg] = static_cast<const uint32_t*>(qp.biases) + (c * qp.groups + first_group) * 8 + g;
+  }
+  const T* xrow[NT];
+  x_rows<T, NT>(p, int(p.m), nullptr, g, 32 * t + warp * kTiledBlockK, xrow);
+  if constexpr (XS) {
+    // X's row, padded with zeros to whole k-blocks, after the partial sums.
+    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_f4) + decode::red_bytes<NT, CG>(nw));
+    const T* x = static_cast<const T*>(p.x);
+    for (int64_t i = int64_t(threadIdx.x) * 8; i < int64_t(k_blocks) * kTiledBlockK; i += int64_t(blockDim.x) * 8)
+      *reinterpret_cast<uint4*>(xs + i) =
+          i < p.k ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);  // K % 8 == 0
+    __syncthreads();
+    xrow[0] = xs + warp * kTiledBlockK + 32 * t;
+  }
+
+  float acc[CG][NT][4];
+  decode::zero_sums(acc);
+  uint4 wa[CG][2];
+  Scale sa[CG][2];
+  auto load = [&]() {
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg) {
+      wa[cg][0] = decode::detail_::ld_weights(wp[cg]);
+      wa[cg][1] = decode::detail_::ld_weights(wp[cg] + 32);
+      // Rows g and 8 + g: the low and the high half of each word.
+      const uint32_t s = __ldg(sp[cg]), b = __ldg(bp[cg]);
+      sa[cg][0].s = __byte_perm(s, 0, 0x1010);
+      sa[cg][0].b = __byte_perm(b, 0, 0x1010);
+      sa[cg][1].s = __byte_perm(s, 0, 0x3232);
+      sa[cg][1].b = __byte_perm(b, 0, 0x3232);
+      wp[cg] += 64 * nw;
+      sp[cg] += 8 * step_s;
+      bp[cg] += 8 * step_s;
+    }
+  };
+  // WHOLE: the k-block lies inside K (X unpredicated; staged X always is).
+  auto multiply = [&](auto whole_v, const uint4(&cw)[CG][2], const Scale(&cs)[CG][2], bool ok) {
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+      uint32_t xq[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t xr[4];
+        if constexpr (XS) {
+          const uint4 v = *reinterpret_cast<const uint4*>(xrow[nt] + wd * 8);
+          xr[0] = v.x, xr[1] = v.y, xr[2] = v.z, xr[3] = v.w;
+        } else {
+          detail_::load_x<8, decltype(whole_v)::value>(xrow[nt] + wd * 8, ok, xr);
+        }
+        D::x_pairs(xr, xq[nt]);
+      }
+#pragma unroll
+      for (int cg = 0; cg < CG; ++cg) {
+        uint32_t ag[4], au[4];
+        D::word(detail_::word_of(cw[cg][0], wd), cs[cg][0], ag);
+        D::word(detail_::word_of(cw[cg][1], wd), cs[cg][1], au);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          decode::detail_::mma_16816<T>(acc[cg][nt], ag[0], au[0], ag[1], au[1], xq[nt][0], xq[nt][1]);
+          decode::detail_::mma_16816<T>(acc[cg][nt], ag[2], au[2], ag[3], au[3], xq[nt][2], xq[nt][3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xrow[nt] += kTiledBlockK * nw;
+  };
+
+  // Software pipeline in registers: the next k-block's loads in flight while
+  // this one is multiplied. Only a warp's last k-block can cross K.
+  if (n > 0) load();
+  for (int i = 0; i < n_whole; ++i) {
+    uint4 cw[CG][2];
+    Scale cs[CG][2];
+#pragma unroll
+    for (int cg = 0; cg < CG; ++cg)
+      cw[cg][0] = wa[cg][0], cw[cg][1] = wa[cg][1], cs[cg][0] = sa[cg][0], cs[cg][1] = sa[cg][1];
+    if (i + 1 < n) load();
+    multiply(std::true_type{}, cw, cs, true);
+  }
+  if (n > n_whole) multiply(std::false_type{}, wa, sa, int64_t(warp + n_whole * nw) * kTiledBlockK + 32 * t < p.k);
+
+  decode::store_partials<NT, CG>(red, acc);
+  __syncthreads();
+  decode::epilogue<NT, CG>(p, red, j0, 0, p.m, nullptr);
+}
+
+template <typename T, int NT, int CG, bool XS>
+cudaError_t launch_tiled_kernel(Params p, cudaStream_t stream) {
+  const int64_t k_blocks = (p.d.k + kTiledBlockK - 1) / kTiledBlockK;
+  p.d.warps = static_cast<int>(k_blocks < p.d.warps ? k_blocks : p.d.warps);
+  const int smem = decode::red_bytes<NT, CG>(p.d.warps) + (XS ? int(k_blocks * kTiledBlockK * sizeof(T)) : 0);
+  const dim3 grid(static_cast<unsigned>((p.d.u + 8 * CG - 1) / (8 * CG)));
+  tiled_kernel<T, NT, CG, XS><<<grid, p.d.warps * 32, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// s.nt: 1 (m <= 8) or 2 (m <= 16); s.cg: 1, or column_groups()' 2 (nt 1) or
+// 4 (nt 2). One row of X is staged where it fits in shared memory.
+template <typename T>
+cudaError_t launch_tiled(const Params& p, Shape s, cudaStream_t stream) {
+  const int64_t padded = (p.d.k + kTiledBlockK - 1) / kTiledBlockK * kTiledBlockK;
+  const bool xs = p.d.m == 1 && padded * int64_t(sizeof(T)) <= kTiledXsMaxBytes;
+  if (s.nt == 1) {
+    if (s.cg == 2) return xs ? launch_tiled_kernel<T, 1, 2, true>(p, stream) : launch_tiled_kernel<T, 1, 2, false>(p, stream);
+    return xs ? launch_tiled_kernel<T, 1, 1, true>(p, stream) : launch_tiled_kernel<T, 1, 1, false>(p, stream);
+  }
+  return s.cg == 4 ? launch_tiled_kernel<T, 2, 4, false>(p, stream) : launch_tiled_kernel<T, 2, 1, false>(p, stream);
+}
+
+}  // namespace gatedmlp::quant_decode
