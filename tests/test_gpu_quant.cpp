@@ -309,9 +309,9 @@ TEST(GpuQuant, RandomEveryFormatLayoutAndOption) {
   }
   std::printf(
       "[ cases ] %d passed on the quantized decode kernel (int4 g32/g128 %d, int4 g64 %d, int8 %d, mxfp4 %d, fp8 %d; %d int4 "
-      "with packed dequantization, %d repacked; %d with M > 8; %d with column groups; %d on the Hopper form); worst "
+      "with packed dequantization, %d repacked, %d tiled; %d with M > 8; %d with column groups; %d on the Hopper form); worst "
       "quantized/unfused relative-error ratio %.3f (outputs of 64 elements or more)\n",
-      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, two_tiles, grouped, hopper,
+      st.cases, by_fmt[0], by_fmt[1], by_fmt[2], by_fmt[3], by_fmt[4], packed, repacked, tiled, two_tiles, grouped, hopper,
       st.worst_ratio);
   if (n >= 100) {
     // ~1200 x 0.34 (M <= 16) x 0.5 (forced) x ~0.35 (4-bit, eligible): ~70

@@ -198,7 +198,9 @@ def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, f
     src = [(2 * (j // gg) + (1 - h if up_first else h)) * gg + j % gg for j, h in zip(col, half)]
     torch = _sys.modules.get("torch")
     is_t = torch is not None and isinstance(wq, torch.Tensor)
+    words_dtype = wq.dtype
     if is_t:
+        wq = wq.view(torch.int32)  # CUDA indexes, pads and permutes no uint32 tensor
         perm = torch.tensor(src, device=wq.device)
         pad = lambda t, n: torch.nn.functional.pad(t, (0, n - t.shape[-1]))  # noqa: E731
         order = lambda t, shape, dims: t.reshape(shape).permute(dims).reshape(rows, -1)  # noqa: E731
@@ -211,13 +213,15 @@ def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, f
     if not inverse:
         w = order(pad(wq[perm], kb * 16), (rows // 16, 16, kb, 16), (0, 2, 1, 3))
         s, b = (order(pad(t[perm], gp), (rows // 16, 2, 8, gp), (0, 3, 2, 1)) for t in (scales, biases))
-        return w, s, b
+        return (w.view(words_dtype) if is_t else w), s, b
     w = order(wq, (rows // 16, kb, 16, 16), (0, 2, 1, 3))[:, : k // 8]
     s, b = (order(t, (rows // 16, gp, 8, 2), (0, 3, 2, 1))[:, :gk] for t in (scales, biases))
     inv = torch.empty_like(perm) if is_t else np.empty_like(perm)
     inv[perm] = torch.arange(rows, device=wq.device) if is_t else np.arange(rows)
     out = tuple(t[inv] for t in (w, s, b))
-    return tuple(t.contiguous() for t in out) if is_t else tuple(np.ascontiguousarray(t) for t in out)
+    if is_t:
+        return (out[0].contiguous().view(words_dtype), out[1].contiguous(), out[2].contiguous())
+    return tuple(np.ascontiguousarray(t) for t in out)
 
 
 def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None, biases_up=None, bias=None,
