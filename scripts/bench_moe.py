@@ -7,7 +7,8 @@ decode: gathered gate/up + GLU in decode against its bar (the MoE issue:
 touches).
 
   Per model (E experts, top k, K x U per expert), weight format (bf16; int4
-  affine g64 with bf16 scales and biases) and T tokens, under CUDA-graph
+  affine g64 with bf16 scales and biases; int4t: the same in the tiled order,
+  gatedmlp.tile, its bytes counted as int4's) and T tokens, under CUDA-graph
   replay of 16 steps that each route the T tokens afresh (k distinct experts
   per token, uniformly, as a top-k router picks) over two copies of all the
   experts' weights, so that a step finds few of its experts in L2:
@@ -206,6 +207,8 @@ def make_weights(fmt: str, e: int, k: int, u: int):
     rows = 2 * u
     if fmt == "bf16":
         return (torch.randn(e, rows, k, device="cuda", dtype=torch.bfloat16) * 0.02,)
+    if fmt == "int4t":  # the same arrays in the tiled order (gatedmlp.tile, per expert)
+        return gatedmlp.tile(*make_weights("int4", e, k, u), group_size=64)
     words = torch.randint(-2**31, 2**31 - 1, (e, rows, k // 8), dtype=torch.int32, device="cuda")
     scales = (torch.rand(e, rows, k // 64, device="cuda") * 0.01).to(torch.bfloat16)
     biases = (torch.rand(e, rows, k // 64, device="cuda") * -0.04).to(torch.bfloat16)
@@ -246,7 +249,7 @@ def bench_model(name: str, ts: list[int], fmts: list[str], rate: float) -> list[
                 if fmt == "bf16":
                     return gatedmlp.gather_gate_up(x, i, w[0], out=y, check_indices=False)
                 return gatedmlp.quantized_gather_gate_up(x, i, w[0], w[1], w[2], out=y, mode="affine", bits=4,
-                                                         group_size=64, check_indices=False)
+                                                         group_size=64, check_indices=False, tiled=fmt == "int4t")
 
             us = graph_time_us([lambda i=i, w=ws[n % copies]: call(i, w) for n, i in enumerate(ids)])
             row = {"model": name, "format": fmt, "T": t, "topk": topk, "experts": e, "K": k, "U": u,
@@ -616,7 +619,7 @@ def main() -> int:
     ap.add_argument("--mode", choices=("decode", "prefill", "block"), default="decode")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--t", help="tokens per call, comma-separated (decode: default 1,4,16,64; block: 1,16,512,8192)")
-    ap.add_argument("--formats", default="bf16,int4", help="decode: weight formats")
+    ap.add_argument("--formats", default="bf16,int4,int4t", help="decode: weight formats")
     ap.add_argument("--rows-per-expert", help="prefill: rows per expert for every model, comma-separated "
                     "(default: " + ", ".join(f"{m} {n}" for m, n in PREFILL_ROWS.items()) + ")")
     ap.add_argument("--compile-timeout", type=float, default=600.0,

@@ -75,6 +75,15 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
     }
     p.activation = static_cast<Activation>(rng() % 5);
     random_bias_and_preact(p, rng);
+    // Tiled int4 experts (tile_quantized per expert): the fused group-8,
+    // gate-first order, dense, scales of X's dtype (no gathered fallback).
+    if (p.quantized && p.quant.mode == QuantMode::affine && p.quant.bits == 4 && !p.quant.repacked && rng() % 3 == 0) {
+      p.quant.tiled = true;
+      p.scale_dtype = p.input_dtype;
+      p.weights = WeightLayout{};
+      p.weights.group = 8;
+      p.u = 8 * pick(rng, {1, 2, 5, 16, 25});
+    }
   } else {
     if (rng() % 2) {
       p.glu_input = true;
@@ -94,14 +103,14 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
   p.alpha = alphas[rng() % 3];
   if (rng() % 3 == 0) p.ldx = p.k + pick(rng, {8, 24});
   if (rng() % 3 == 0) p.ldy = p.u + pick(rng, {1, 3, 8});
-  if (rng() % 4 == 0) {
+  if (rng() % 4 == 0 && !p.quant.tiled) {
     if (p.quantized) p.weights.ld = (quant_words_per_row(p.quant, p.k) + 3) / 4 * 4 + 4;
     else p.weights.ld = p.k + 8;
   }
   // Host memory and reference time: E x rows x K weights, m x rows x K products.
   const int64_t rows = p.op == Operation::gate_up && p.weights.format == WeightFormat::fused ? 2 * p.u : p.u;
-  while ((experts * rows * p.k > 6'000'000 || p.m * rows * p.k > 3'000'000) && p.u > 1) {
-    p.u = std::max<int64_t>(1, p.u / 2);
+  while ((experts * rows * p.k > 6'000'000 || p.m * rows * p.k > 3'000'000) && p.u > (p.quant.tiled ? 8 : 1)) {
+    p.u = p.quant.tiled ? std::max<int64_t>(8, p.u / 16 * 8) : std::max<int64_t>(1, p.u / 2);
     if (p.weights.group && p.u % p.weights.group) p.weights.group = 0;
     if (p.ldy) p.ldy = p.u + 3;
     if (p.ldpre) p.ldpre = 2 * p.u + 1;
@@ -128,7 +137,7 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
 }
 
 struct GatherStats {
-  int cases = 0, quantized = 0, down = 0, bad = 0, multi_tile = 0, row_scale = 0;
+  int cases = 0, quantized = 0, tiled = 0, down = 0, bad = 0, multi_tile = 0, row_scale = 0;
   int by_routing[3] = {0, 0, 0};
 };
 
@@ -350,6 +359,7 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
   if (::testing::Test::HasFatalFailure()) return;
   st->cases++;
   st->quantized += r.quantized;
+  st->tiled += r.quantized && r.quant.tiled;
   st->down += down;
   st->row_scale += r.has_row_scale;
   st->multi_tile += most > cfg.tile_m;
@@ -369,9 +379,9 @@ TEST(GpuGather, RandomEveryFormatLayoutAndRouting) {
     run_gather_case(c, rng, &st);
     if (HasFailure()) return;
   }
-  std::printf("[ cases ] %d passed (%d quantized, %d down projections, %d with a row scale; routing uniform %d, "
+  std::printf("[ cases ] %d passed (%d quantized, %d of them tiled, %d down projections, %d with a row scale; routing uniform %d, "
               "skewed %d, distinct per token %d; %d with an expert over more than one tile)\n",
-              st.cases, st.quantized, st.down, st.row_scale, st.by_routing[0], st.by_routing[1], st.by_routing[2],
+              st.cases, st.quantized, st.tiled, st.down, st.row_scale, st.by_routing[0], st.by_routing[1], st.by_routing[2],
               st.multi_tile);
 }
 

@@ -675,9 +675,11 @@ def gather_gate_up(x, topk_ids, w, w_up=None, bias=None, bias_up=None, *, out=No
 def quantized_gather_gate_up(x, topk_ids, wq, scales, biases=None, *, wq_up=None, scales_up=None, biases_up=None,
                              bias=None, bias_up=None, out=None, preact=None, group_size=None, bits=None,
                              mode="affine", row_block=None, activation=Activation.silu, act_params=None, group=0,
-                             first=Half.gate, alpha=1.0, stream=None, workspace=None, check_indices=True):
+                             first=Half.gate, alpha=1.0, stream=None, workspace=None, check_indices=True,
+                             tiled=False):
     """gather_gate_up on quantized expert weights (quantize()'s arrays with
-    a leading expert axis E).
+    a leading expert axis E; tiled=True: tile()'s, affine 4-bit with scales of
+    x's dtype).
 
     wq:       [E, 2U, K * bits / 32] uint32 (or int32) words of the fused
               gate/up rows (by `group` and `first`), with scales / biases
@@ -691,7 +693,9 @@ def quantized_gather_gate_up(x, topk_ids, wq, scales, biases=None, *, wq_up=None
     x, topk_ids, bias, bias_up, out, preact, check_indices and the rest:
     as for gather_gate_up. Returns out [T, k, U].
     """
-    fmt = _quant_format(group_size, bits, mode, row_block)
+    fmt = _quant_format(group_size, bits, mode, row_block, False, tiled)
+    if tiled and group == 0:
+        group = 8  # tile()'s order
     return _gather_gate_up(x, topk_ids, wq, wq_up, bias, bias_up, out, preact, activation, act_params, group, first,
                            alpha, stream, workspace, check_indices, fmt, scales, biases, scales_up, biases_up)
 

@@ -236,7 +236,7 @@ Status select_gathered(const Problem& r, const Problem& kp, const Arguments* a, 
                "decode kernel, which cannot take ", no);
   Config c;
   c.path = kp.quantized ? KernelPath::quant_decode : KernelPath::decode;
-  c.tile_m = kp.quantized ? decode::gathered_tile_rows(kp, int(quant_decode::kMaxM))
+  c.tile_m = kp.quantized ? decode::gathered_tile_rows(kp, int(quant_decode::max_tile_rows(kp)))
                           : decode::gathered_tile_rows(kp, int(decode::kMaxM));
   c.tile_n = down ? 16 : 8;
   c.vector_loads = true;

@@ -455,9 +455,6 @@ Status check_support(const Problem& p) {
       if (w.ld != 0 && w.ld != quant_words_per_row(p.quant, p.k))
         return err(inv, "weights.ld=", w.ld, " with tiled weights: the tiles are dense, ld must be 0 or ",
                    quant_words_per_row(p.quant, p.k), " words");
-      if (p.gather.experts > 0)
-        return err(StatusCode::not_supported, "tiled quantized weights do not take gathered (MoE) calls yet; pass ",
-                   "the checkpoint's order");
     }
   } else if (Status s = check_ld(w.storage == WeightStorage::out_in
                                      ? "weights.ld (out_in storage: >= k)"

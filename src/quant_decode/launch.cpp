@@ -42,11 +42,14 @@ std::string blocker(const Problem& r, const Arguments* a) {
   else if (r.weights.ld % 4) os << "weights.ld=" << r.weights.ld << " words is not a multiple of 4 (16-byte rows)";
   else if (r.gather.experts > 1 && r.batch_stride_w % 4)
     os << "batch_stride_w=" << r.batch_stride_w << " words (between experts) is not a multiple of 4 (16-byte rows)";
-  else if (r.quant.tiled && r.m > kTiledMaxM)
+  else if (r.quant.tiled && r.m > kTiledMaxM && r.gather.experts == 0)
     os << "m=" << r.m << " with tiled words: the tiled kernels take up to " << kTiledMaxM << " rows";
   else if (r.quant.tiled && r.scale_dtype != r.input_dtype)
     os << "tiled words with " << to_string(r.scale_dtype) << " scales: the tiled kernels take scales of x's dtype ("
        << to_string(r.input_dtype) << ")";
+  else if (r.quant.tiled && a && (reinterpret_cast<uintptr_t>(a->w_scales) % 4 || reinterpret_cast<uintptr_t>(a->w_biases) % 4))
+    os << "tiled words with w_scales (" << a->w_scales << ") or w_biases (" << a->w_biases
+       << ") not 4-byte aligned (each lane loads two rows' scales as one word)";
   else if (r.u >= (int64_t(1) << 30))
     os << "u=" << r.u << " is 2^30 or more (the kernel indexes the 2u weight rows in 32 bits)";
   else if (a && !aligned16(a->x)) os << "x (" << a->x << ") is not 16-byte aligned";
@@ -192,7 +195,7 @@ cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, co
   Shape s;
   s.nt = r.m <= 8 ? 1 : r.m <= 16 ? 2 : r.m <= 32 ? 4 : 8;
   s.gather = r.gather.experts > 0;
-  if (s.gather) s.nt = decode::gathered_tile_rows(r, int(kMaxM)) / 8;
+  if (s.gather) s.nt = decode::gathered_tile_rows(r, int(max_tile_rows(r))) / 8;
   const bool mx = r.quant.mode == QuantMode::mxfp4, fp8 = r.quant.mode == QuantMode::fp8_e4m3;
   s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;

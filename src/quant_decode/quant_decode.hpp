@@ -17,6 +17,9 @@ inline constexpr int64_t kMaxM = 64;
 // The tiled kernels' most rows (QuantFormat::tiled: one or two n-tiles;
 // past them the tiled weights are dequantized).
 inline constexpr int64_t kTiledMaxM = 16;
+// The most rows of one tile: kMaxM, or kTiledMaxM for tiled words (a
+// gathered call runs more rows as more tiles).
+inline int64_t max_tile_rows(const Problem& r) { return r.quant.tiled ? kTiledMaxM : kMaxM; }
 
 // Why the kernel cannot take this resolved quantized problem, or "" if it
 // can. `a` null: pointers assumed 16-byte aligned (plan() without arguments).

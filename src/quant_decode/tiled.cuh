@@ -38,14 +38,19 @@ inline constexpr int kTiledBlockK = 128;       // a k-block: 4 lanes x 32 elemen
 inline constexpr int kTiledXsMaxBytes = 40960;  // X staged (M = 1) while it fits beside the partial sums
 
 // NT n-tiles of 8 tokens (1 or 2), CG groups of 8 columns per CTA, XS: X
-// (one row) staged in shared memory after the partial sums.
-template <typename T, int NT, int CG, bool XS>
-__global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
-    tiled_kernel(const __grid_constant__ Params qp) {
-  static_assert(!XS || NT == 1, "X staged for one row");
+// (one row) staged in shared memory after the partial sums, zero past K;
+// TAIL: K is not a multiple of 128, so a k-block crosses it and (X not
+// staged) loads X under a predicate. The path for it costs 12-19 registers
+// (ptxas), so kernels without a tail are built without it.
+// One tile: `count` rows of X (xrows / yrows: the gathered tile's rows of x
+// and y, or null for 0 ... count-1) through expert `expert`'s weights (0 but
+// for gathered calls: its tiles at expert * sw words, its scales and biases
+// at expert * expert_scales). Ends with a __syncthreads().
+template <typename T, int NT, int CG, bool XS, bool TAIL>
+__device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t expert, int count, const int* xrows,
+                                           const int* yrows) {
+  static_assert(!XS || (NT == 1 && !TAIL), "X staged for one row, padded with zeros");
   using D = Dequant<T, kInt4, true>;
-  extern __shared__ float4 smem_f4[];
-  float* red = reinterpret_cast<float*>(smem_f4);
   const decode::Params& p = qp.d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -55,25 +60,28 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
   const int whole = int(p.k / kTiledBlockK);  // k-blocks inside K: X unpredicated
   // This warp's k-blocks: warp, warp + nw, ...; the last may cross K.
   const int n = warp < k_blocks ? (k_blocks - warp + nw - 1) / nw : 0;
-  const int n_whole = warp < whole ? (whole - warp + nw - 1) / nw : 0;
+  const int n_whole = !TAIL ? n : warp < whole ? (whole - warp + nw - 1) / nw : 0;
   const int64_t first_group = (int64_t(warp) * kTiledBlockK + 32 * t) >> qp.group_shift;
   const int step_s = (kTiledBlockK * nw) >> qp.group_shift;  // groups per step (groups of 32-128 divide 128)
 
   const uint4* wp[CG];
-  const uint32_t *sp[CG], *bp[CG];
+  const uint32_t* sp[CG];
+  // The biases at a fixed distance from the scales: one pointer per column
+  // group, not two (10 registers fewer at M = 1, ptxas).
+  const int64_t to_biases = int64_t(reinterpret_cast<uintptr_t>(qp.biases) - reinterpret_cast<uintptr_t>(qp.scales));
   const int64_t last_c = p.u / 8 - 1;  // u % 8 == 0 (check_support)
 #pragma unroll
   for (int cg = 0; cg < CG; ++cg) {
     const int64_t c = min(int64_t(blockIdx.x) * CG + cg, last_c);  // past U: read, never stored
-    wp[cg] = static_cast<const uint4*>(p.w) + (c * k_blocks + warp) * 64 + g * 4 + t;
-    sp[cg] = static_cast<const uint32_t*>(qp.scales) + (c * qp.groups + first_group) * 8 + g;
-    bp[cg] = static_cast<const uint32_t*>(qp.biases) + (c * qp.groups + first_group) * 8 + g;
+    wp[cg] = static_cast<const uint4*>(p.w) + expert * (p.sw / 4) + (c * k_blocks + warp) * 64 + g * 4 + t;
+    sp[cg] = static_cast<const uint32_t*>(qp.scales) + expert * (qp.expert_scales / 2) +
+             (c * qp.groups + first_group) * 8 + g;
   }
   const T* xrow[NT];
-  x_rows<T, NT>(p, int(p.m), nullptr, g, 32 * t + warp * kTiledBlockK, xrow);
+  x_rows<T, NT>(p, count, xrows, g, 32 * t + warp * kTiledBlockK, xrow);
   if constexpr (XS) {
     // X's row, padded with zeros to whole k-blocks, after the partial sums.
-    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_f4) + decode::red_bytes<NT, CG>(nw));
+    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(red) + decode::red_bytes<NT, CG>(nw));
     const T* x = static_cast<const T*>(p.x);
     for (int64_t i = int64_t(threadIdx.x) * 8; i < int64_t(k_blocks) * kTiledBlockK; i += int64_t(blockDim.x) * 8)
       *reinterpret_cast<uint4*>(xs + i) =
@@ -92,14 +100,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
       wa[cg][0] = decode::detail_::ld_weights(wp[cg]);
       wa[cg][1] = decode::detail_::ld_weights(wp[cg] + 32);
       // Rows g and 8 + g: the low and the high half of each word.
-      const uint32_t s = __ldg(sp[cg]), b = __ldg(bp[cg]);
+      const uint32_t s = __ldg(sp[cg]);
+      const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(sp[cg]) + to_biases));
       sa[cg][0].s = __byte_perm(s, 0, 0x1010);
       sa[cg][0].b = __byte_perm(b, 0, 0x1010);
       sa[cg][1].s = __byte_perm(s, 0, 0x3232);
       sa[cg][1].b = __byte_perm(b, 0, 0x3232);
       wp[cg] += 64 * nw;
       sp[cg] += 8 * step_s;
-      bp[cg] += 8 * step_s;
     }
   };
   // WHOLE: the k-block lies inside K (X unpredicated; staged X always is).
@@ -146,34 +154,70 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
     if (i + 1 < n) load();
     multiply(std::true_type{}, cw, cs, true);
   }
-  if (n > n_whole) multiply(std::false_type{}, wa, sa, int64_t(warp + n_whole * nw) * kTiledBlockK + 32 * t < p.k);
+  if constexpr (TAIL)
+    if (n > n_whole) multiply(std::false_type{}, wa, sa, int64_t(warp + n_whole * nw) * kTiledBlockK + 32 * t < p.k);
 
   decode::store_partials<NT, CG>(red, acc);
   __syncthreads();
-  decode::epilogue<NT, CG>(p, red, j0, 0, p.m, nullptr);
+  decode::epilogue<NT, CG>(p, red, j0, expert, count, yrows);
+  __syncthreads();
 }
 
-template <typename T, int NT, int CG, bool XS>
+// GATHER: the rows and experts of a gathered call (decode_glu/gather.cuh,
+// one column group, X not staged); otherwise all p.m rows of the one weight.
+template <typename T, int NT, int CG, bool XS, bool TAIL, bool GATHER>
+__global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
+    tiled_kernel(const __grid_constant__ Params qp) {
+  static_assert(!GATHER || (CG == 1 && !XS), "gathered tiles: one column group, X from its rows");
+  extern __shared__ float4 smem_f4[];
+  float* red = reinterpret_cast<float*>(smem_f4);
+  if constexpr (GATHER) {
+    __shared__ decode::GatherShared sh;
+    decode::for_each_gathered_tile<NT * 8>(qp.d, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
+      tiled_tile<T, NT, 1, false, TAIL>(qp, red, expert, count, xrows, yrows);
+    });
+  } else {
+    tiled_tile<T, NT, CG, XS, TAIL>(qp, red, 0, int(qp.d.m), nullptr, nullptr);
+  }
+}
+
+template <typename T, int NT, int CG, bool XS, bool TAIL = false, bool GATHER = false>
 cudaError_t launch_tiled_kernel(Params p, cudaStream_t stream) {
   const int64_t k_blocks = (p.d.k + kTiledBlockK - 1) / kTiledBlockK;
   p.d.warps = static_cast<int>(k_blocks < p.d.warps ? k_blocks : p.d.warps);
   const int smem = decode::red_bytes<NT, CG>(p.d.warps) + (XS ? int(k_blocks * kTiledBlockK * sizeof(T)) : 0);
-  const dim3 grid(static_cast<unsigned>((p.d.u + 8 * CG - 1) / (8 * CG)));
-  tiled_kernel<T, NT, CG, XS><<<grid, p.d.warps * 32, smem, stream>>>(p);
+  // Gathered: one grid row per slot of a distinct expert, at most min(E, n).
+  const int64_t slots = p.d.experts < p.d.n_indices ? p.d.experts : p.d.n_indices;
+  const unsigned ys = GATHER ? static_cast<unsigned>(slots < decode::kMaxGridY ? slots : decode::kMaxGridY) : 1u;
+  const dim3 grid(static_cast<unsigned>((p.d.u + 8 * CG - 1) / (8 * CG)), ys);
+  tiled_kernel<T, NT, CG, XS, TAIL, GATHER><<<grid, p.d.warps * 32, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
-// s.nt: 1 (m <= 8) or 2 (m <= 16); s.cg: 1, or column_groups()' 2 (nt 1) or
-// 4 (nt 2). One row of X is staged where it fits in shared memory.
+// s.nt: 1 (m <= 8) or 2 (m <= 16; a gathered call's tiles: up to 16 rows);
+// s.cg: 1, or column_groups()' 2 (nt 1) or 4 (nt 2). One row of X is staged
+// where it fits in shared memory.
+template <typename T, int NT, int CG>
+cudaError_t launch_tiled_shape(const Params& p, cudaStream_t stream) {
+  const int64_t padded = (p.d.k + kTiledBlockK - 1) / kTiledBlockK * kTiledBlockK;
+  if constexpr (NT == 1)
+    if (p.d.m == 1 && padded * int64_t(sizeof(T)) <= kTiledXsMaxBytes) return launch_tiled_kernel<T, 1, CG, true>(p, stream);
+  return p.d.k % kTiledBlockK ? launch_tiled_kernel<T, NT, CG, false, true>(p, stream)
+                              : launch_tiled_kernel<T, NT, CG, false, false>(p, stream);
+}
+
 template <typename T>
 cudaError_t launch_tiled(const Params& p, Shape s, cudaStream_t stream) {
-  const int64_t padded = (p.d.k + kTiledBlockK - 1) / kTiledBlockK * kTiledBlockK;
-  const bool xs = p.d.m == 1 && padded * int64_t(sizeof(T)) <= kTiledXsMaxBytes;
-  if (s.nt == 1) {
-    if (s.cg == 2) return xs ? launch_tiled_kernel<T, 1, 2, true>(p, stream) : launch_tiled_kernel<T, 1, 2, false>(p, stream);
-    return xs ? launch_tiled_kernel<T, 1, 1, true>(p, stream) : launch_tiled_kernel<T, 1, 1, false>(p, stream);
+  const bool tail = p.d.k % kTiledBlockK != 0;
+  if (s.gather) {
+    if (s.nt == 1)
+      return tail ? launch_tiled_kernel<T, 1, 1, false, true, true>(p, stream)
+                  : launch_tiled_kernel<T, 1, 1, false, false, true>(p, stream);
+    return tail ? launch_tiled_kernel<T, 2, 1, false, true, true>(p, stream)
+                : launch_tiled_kernel<T, 2, 1, false, false, true>(p, stream);
   }
-  return s.cg == 4 ? launch_tiled_kernel<T, 2, 4, false>(p, stream) : launch_tiled_kernel<T, 2, 1, false>(p, stream);
+  if (s.nt == 1) return s.cg == 2 ? launch_tiled_shape<T, 1, 2>(p, stream) : launch_tiled_shape<T, 1, 1>(p, stream);
+  return s.cg == 4 ? launch_tiled_shape<T, 2, 4>(p, stream) : launch_tiled_shape<T, 2, 1>(p, stream);
 }
 
 }  // namespace gatedmlp::quant_decode

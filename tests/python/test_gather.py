@@ -749,6 +749,27 @@ def test_quantized_gather_gate_up(fmt, t, k, e, sep):
     assert_within_rule(y.reshape(t * k, u), unf, ref, f"{_qid(fmt)} t={t} k={k} e={e} sep={sep}")
 
 
+@on_gpu
+@pytest.mark.parametrize("t,k,e,kk", [(1, 4, 16, 256), (9, 2, 5, 704), (40, 8, 64, 640)])
+def test_quantized_gather_gate_up_tiled(t, k, e, kk):
+    # Each expert's int4 arrays tiled (gatedmlp.tile over the expert axis)
+    # against the checkpoint's order of the same experts: the same sums in
+    # the same order, so Y bit-identical. K = 704: a padded k-block.
+    r = random.Random(repr((t, k, e, kk)))
+    u, dt = 8 * r.choice([3, 5, 12]), torch.bfloat16 if t % 2 else torch.float16
+    g = 64 if kk % 128 else 128
+    w = torch.randn(e, 2 * u, kk) * 0.05
+    wq, s, b = (torch.from_numpy(a).to(DEV) for a in gatedmlp.quantize(w.numpy(), group_size=g))
+    s, b = s.to(dt), b.to(dt)
+    x = torch.randn(t, kk, device=DEV, dtype=dt)
+    ids = ids_tensor(routing(r, t, k, e, r.choice(["uniform", "skewed", "dup"])), r.choice(["int32", "int64"]))
+    tw, ts, tb = gatedmlp.tile(wq, s, b, group_size=g)
+    assert tw.shape == (e, 2 * u, (kk + 127) // 128 * 16)
+    want = gatedmlp.quantized_gather_gate_up(x, ids, wq, s, b, group_size=g)
+    got = gatedmlp.quantized_gather_gate_up(x, ids, tw, ts, tb, group_size=g, tiled=True)
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+
+
 # ---------------------------------------------------------------- the down projection
 @on_gpu
 @pytest.mark.parametrize("glu", [False, True], ids=["noglu", "glu"])

@@ -79,3 +79,18 @@ def test_tile_refusals_name_the_argument():
         gatedmlp.tile(wq, s, b, inverse=True)
     with pytest.raises(gatedmlp.InvalidArgumentError, match="group=3"):
         gatedmlp.tile(wq, s, b, group=3)
+
+
+def test_tile_takes_leading_axes():
+    """MoE experts [E, 2U, ...]: each expert tiled as tile() tiles one."""
+    rng = np.random.default_rng()
+    w = rng.standard_normal((3, 32, 256)).astype(np.float32)
+    wq, s, b = gatedmlp.quantize(w)
+    tw, ts, tb = gatedmlp.tile(wq, s, b, group=8, first="up")
+    for e in range(3):
+        one = gatedmlp.tile(wq[e], s[e], b[e], group=8, first="up")
+        for a, want in zip((tw[e], ts[e], tb[e]), one):
+            assert np.array_equal(a, want)
+    back = gatedmlp.tile(tw, ts, tb, group=8, first="up", inverse=True, k=256)
+    for a, want in zip(back, (wq, s, b)):
+        assert np.array_equal(a, want)
