@@ -83,6 +83,7 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
       p.weights = WeightLayout{};
       p.weights.group = 8;
       p.u = 8 * pick(rng, {1, 2, 5, 16, 25});
+      if (p.ldpre) p.ldpre = 2 * p.u + 1;  // random_bias_and_preact's padding, for the new U
     }
   } else {
     if (rng() % 2) {
