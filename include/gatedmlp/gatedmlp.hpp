@@ -157,8 +157,8 @@ struct QuantFormat {
   // (tile_quantized, quant.hpp), for the decode kernel's loads: 1 KB tiles of
   // 16 rows x 128 of K, and each lane's two rows' scales in one word. Gate/up
   // only (also gathered: each expert's arrays tiled), its rows in the fused
-  // order with group 8, gate first. 1.15-1.26x
-  // the checkpoint order's speed at M = 1-16 on an H200
+  // order with group 8, gate first; scales of X's dtype for the tiled
+  // kernels. 1.05-1.22x the checkpoint order's speed at M = 1-16 on an H200
   // (docs/notes/quantized-decode.md, h95); past 16 rows the weights are
   // dequantized (no Hopper form).
   bool tiled = false;
