@@ -35,6 +35,7 @@
 #include "gatedmlp/gatedmlp.hpp"
 #include "h75_common.cuh"
 #include "quant_decode/quant_decode.cuh"
+#include "quant_decode/tiled.cuh"
 
 using namespace gatedmlp;
 using namespace gatedmlp::quant_decode;
@@ -46,10 +47,13 @@ constexpr int kChunkK = 128;  // int4: 4 lanes x 32 elements
 struct Tiled {
   const uint4* words;   // [U/8][K/128][2][8][4]
   const uint2* scales;  // [U/8][K/g][8] x (s_gate, b_gate, s_up, b_up)
+  const uint32_t *ls, *lb;  // the library's order: [U/8][K/g][8] x (gate, up), scales and biases apart
 };
 
 // L: bit 0 tiled words, bit 1 tiled scales, bit 2 X staged once per CTA in
-// shared memory (M = 1 only). 0: the checkpoint's arrays (h81's lean tile).
+// shared memory (M = 1 only), bit 3 the tiled scales as the library stores
+// them (two 32-bit loads, scales and biases apart). 0: the checkpoint's
+// arrays (h81's lean tile).
 template <int NT, int CG, int L>
 __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
     tiled_kernel(const __grid_constant__ Params qp, const __grid_constant__ Tiled tl) {
@@ -66,7 +70,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
   const int64_t first_group = (int64_t(warp) * kChunkK + 32 * t) >> qp.group_shift;
   const int step_s = (kChunkK * nw) >> qp.group_shift;
 
-  constexpr bool TW = L & 1, TS = L & 2, XS = L & 4;
+  constexpr bool TW = L & 1, TS = L & 2, XS = L & 4, LS = L & 8;
   // Checkpoint order: per row pointers. Tiled: one pointer per column group.
   const uint32_t* wp[CG][2];
   const unsigned short *sp[CG][2], *bp[CG][2];
@@ -119,6 +123,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
           sa[cg][h].s = sv | (sv << 16);
           sa[cg][h].b = bv | (bv << 16);
         }
+      } else if constexpr (LS) {
+        const int64_t at = ts[cg] - tl.scales;
+        const uint32_t sv = __ldg(tl.ls + at), bv = __ldg(tl.lb + at);
+        sa[cg][0].s = __byte_perm(sv, 0, 0x1010);
+        sa[cg][0].b = __byte_perm(bv, 0, 0x1010);
+        sa[cg][1].s = __byte_perm(sv, 0, 0x3232);
+        sa[cg][1].b = __byte_perm(bv, 0, 0x3232);
       } else {
         const uint2 v = __ldg(ts[cg]);
         sa[cg][0].s = __byte_perm(v.x, 0, 0x1010);
@@ -215,6 +226,20 @@ __global__ void tile_scales(const uint16_t* s, const uint16_t* b, uint2* out, in
   }
 }
 
+// The library's tiled scales (QuantFormat::tiled): a uint32 per (c, group,
+// g) holding rows g and 8 + g, one array for the scales, one for the biases.
+__global__ void tile_scales_lib(const uint16_t* s, const uint16_t* b, uint32_t* so, uint32_t* bo, int64_t groups,
+                                int64_t u) {
+  const int64_t n = (u / 8) * groups * 8;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int g = int(i & 7);
+    const int64_t gi = (i >> 3) % groups, c = (i >> 3) / groups;
+    const int64_t rg = (c * 8 + g) * groups + gi, ru = (u + c * 8 + g) * groups + gi;
+    so[i] = uint32_t(s[rg]) | uint32_t(s[ru]) << 16;
+    bo[i] = uint32_t(b[rg]) | uint32_t(b[ru]) << 16;
+  }
+}
+
 constexpr int64_t kMaxRows = 16;
 
 struct ProbeShape {
@@ -229,6 +254,7 @@ struct Copy {
   __nv_bfloat16 *scales, *biases;
   uint4* twords;
   uint2* tscales;
+  uint32_t *lscales, *lbiases;  // the library's tiled scales and biases
 };
 
 __global__ void fill_words(uint32_t* p, int64_t n, uint32_t seed) {
@@ -280,9 +306,11 @@ int main() {
   int l2 = 0;
   CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   // Columns: the library's kernel; the lean tile on the checkpoint's arrays;
-  // tiled words only; tiled scales only; both; both with X staged (M = 1).
-  std::printf("%-10s %3s | %8s %8s %8s %8s %8s %8s | TB/s of words, scales and biases, the same order\n", "shape",
-              "M", "library", "lean", "t.words", "t.scales", "tiled", "tiled+xs");
+  // tiled words only; tiled scales only; both; both with X staged (M = 1);
+  // the library's tiled kernels (h95, on its tiled arrays); tiled with X
+  // staged on the library's scale arrays (M = 1).
+  std::printf("%-10s %3s | %8s %8s %8s %8s %8s %8s %8s %8s | TB/s of words, scales and biases, the same order\n",
+              "shape", "M", "library", "lean", "t.words", "t.scales", "tiled", "tiled+xs", "lib.tile", "xs+lib.s");
   for (const ProbeShape& sh : kShapes) {
     const int64_t rows = 2 * sh.u, words = rows * sh.k / 8, groups = rows * sh.k / 64;
     const int64_t bytes = words * 4 + groups * 4;
@@ -294,11 +322,15 @@ int main() {
       CK(cudaMalloc(&c.biases, groups * 2));
       CK(cudaMalloc(&c.twords, words * 4));
       CK(cudaMalloc(&c.tscales, groups * 4));
+      CK(cudaMalloc(&c.lscales, groups * 2));
+      CK(cudaMalloc(&c.lbiases, groups * 2));
       fill_words<<<1024, 256>>>(c.words, words, 0x1234u);  // every copy the same values
       fill_scales<<<256, 256>>>(c.scales, c.biases, groups);
       tile_words<<<1024, 256>>>(reinterpret_cast<const uint4*>(c.words), c.twords, sh.k, sh.u);
       tile_scales<<<256, 256>>>(reinterpret_cast<const uint16_t*>(c.scales), reinterpret_cast<const uint16_t*>(c.biases),
                                 c.tscales, sh.k / 64, sh.u);
+      tile_scales_lib<<<256, 256>>>(reinterpret_cast<const uint16_t*>(c.scales), reinterpret_cast<const uint16_t*>(c.biases),
+                                    c.lscales, c.lbiases, sh.k / 64, sh.u);
     }
     __nv_bfloat16 *x, *y1, *y2;
     CK(cudaMalloc(&x, kMaxRows * sh.k * 2));
@@ -312,7 +344,18 @@ int main() {
       auto run = [&](int which, int ci, void* y) {
         const Copy& c = cs[ci % copies];
         const Params q = make_params(c, x, y, sh.k, sh.u, m);
-        const Tiled tl{c.twords, c.tscales};
+        const Tiled tl{c.twords, c.tscales, c.lscales, c.lbiases};
+        if (which == 9) {  // the library's tiled kernels on its own arrays
+          Params lq = q;
+          lq.d.w = c.twords;
+          lq.scales = c.lscales;
+          lq.biases = c.lbiases;
+          Shape sp;
+          sp.nt = m <= 8 ? 1 : 2;
+          sp.cg = m <= 8 ? 2 : 4;
+          (void)launch_tiled<__nv_bfloat16>(lq, sp, s);
+          return;
+        }
         if (m <= 8) {
           switch (which) {
             case 0: (void)launch_kernel<__nv_bfloat16, kInt4, true, 1, 1, 2, false, 2>(q, s); break;
@@ -320,7 +363,8 @@ int main() {
             case 2: launch_tiled<1, 2, 1>(q, tl, s); break;
             case 3: launch_tiled<1, 2, 2>(q, tl, s); break;
             case 4: launch_tiled<1, 2, 3>(q, tl, s); break;
-            default: launch_tiled<1, 2, 7>(q, tl, s); break;
+            case 5: launch_tiled<1, 2, 7>(q, tl, s); break;
+            default: launch_tiled<1, 2, 15>(q, tl, s); break;
           }
         } else {
           switch (which) {
@@ -332,23 +376,26 @@ int main() {
           }
         }
       };
-      const int kinds = m == 1 ? 6 : 5;
+      const int kinds = 8;  // then the library's tiled kernel (run as which = 9), then tiled+xs on its scales
       std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
       bool same = true;
+      auto variant = [&](int w) { return w == 6 ? 9 : (w == 5 || w == 7) && m > 1 ? -1 : w == 7 ? 6 : w; };  // -1: none
       for (int which = 0; which < kinds; ++which) {
+        if (variant(which) < 0) continue;
         void* y = which == 0 ? y1 : y2;
         CK(cudaMemset(y, 0xFF, kMaxRows * sh.u * 2));
-        run(which, 0, y);
+        run(variant(which), 0, y);
         CK(cudaGetLastError());
         CK(cudaStreamSynchronize(s));
         CK(cudaMemcpy(which == 0 ? a.data() : b.data(), y, a.size() * 2, cudaMemcpyDeviceToHost));
         if (which > 0) same = same && std::memcmp(a.data(), b.data(), a.size() * 2) == 0;
       }
-      float tm[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      float tm[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       // Two rounds, interleaved; the faster of each.
       for (int round = 0; round < 2; ++round)
         for (int which = 0; which < kinds; ++which) {
-          const float us = replay_us(s, 2 * copies, [&](int c) { run(which, c, which == 0 ? y1 : y2); });
+          if (variant(which) < 0) continue;
+          const float us = replay_us(s, 2 * copies, [&](int c) { run(variant(which), c, which == 0 ? y1 : y2); });
           tm[which] = round == 0 ? us : std::min(tm[which], us);
         }
       std::printf("%-10s %3d |", sh.name, m);
@@ -363,6 +410,8 @@ int main() {
       CK(cudaFree(c.biases));
       CK(cudaFree(c.twords));
       CK(cudaFree(c.tscales));
+      CK(cudaFree(c.lscales));
+      CK(cudaFree(c.lbiases));
     }
     CK(cudaFree(x));
     CK(cudaFree(y1));
