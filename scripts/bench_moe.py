@@ -248,7 +248,8 @@ def bench_model(name: str, ts: list[int], fmts: list[str], rate: float) -> list[
             def call(i, w):
                 if fmt == "bf16":
                     return gatedmlp.gather_gate_up(x, i, w[0], out=y, check_indices=False)
-                return gatedmlp.quantized_gather_gate_up(x, i, w[0], w[1], w[2], out=y, mode="affine", bits=4,
+                return gatedmlp.quantized_gather_gate_up(x, i, w[0], w[1], w[2] if len(w) > 2 else None, out=y,
+                                                         mode="affine", bits=4,
                                                          group_size=64, check_indices=False, tiled=fmt == "int4t")
 
             us = graph_time_us([lambda i=i, w=ws[n % copies]: call(i, w) for n, i in enumerate(ids)])

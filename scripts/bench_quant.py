@@ -182,7 +182,8 @@ def bench_shape(name: str, k: int, u: int, ms: list[int], rate: float, formats: 
         for f, (mode, bits, group, repacked) in fmts.items():
             arrays, nbytes = qs[f]
             # Random words: the same bytes in either order (the tests check the numbers).
-            fn = [lambda a=a: gatedmlp.quantized_gate_up(x, a[0], a[1], a[2], out=y, mode=mode, bits=bits,
+            fn = [lambda a=a: gatedmlp.quantized_gate_up(x, a[0], a[1], a[2] if len(a) > 2 else None, out=y,
+                                                         mode=mode, bits=bits,
                                                          group_size=group, repacked=repacked, tiled=f == "int4t")
                   for a in arrays]
             t = graph_time_us(fn)

@@ -74,10 +74,11 @@ inline void make_weights(const Problem& r, int64_t rows, std::mt19937_64& rng, Q
         ref::store_from_double(w.data(), wdt, row * r.k + g0 * r.quant.group_size + j, v);
     }
     const size_t ssize = mx ? 1 : dtype_size(r.scale_dtype);
+    const bool no_biases = mx || r.quant.tiled;  // tiled: (scale, bias) pairs in the scales
     qw->scales.host.assign(size_t(rows * groups) * ssize, 0);
-    if (!mx) qw->biases.host.assign(size_t(rows * groups) * ssize, 0);
+    if (!no_biases) qw->biases.host.assign(size_t(rows * groups) * ssize, 0);
     const Status s = quantize_host(r.quant, wdt, rows, r.k, w.data(), dense.data(), qw->scales.host.data(),
-                                   mx ? nullptr : qw->biases.host.data());
+                                   no_biases ? nullptr : qw->biases.host.data());
     ASSERT_TRUE(s.ok()) << s.message();
   }
   // Into rows of ld words; the padding holds words that would be wrong weights.
@@ -86,7 +87,7 @@ inline void make_weights(const Problem& r, int64_t rows, std::mt19937_64& rng, Q
     std::memcpy(&qw->words.host[size_t(row * r.weights.ld) * 4], &dense[size_t(row * words)], size_t(words) * 4);
   qw->dequantized.assign(size_t(rows * r.k) * dtype_size(r.input_dtype), 0);
   const Status s = dequantize_host(r.quant, r.scale_dtype, r.input_dtype, rows, r.k, dense.data(),
-                                   qw->scales.host.data(), mx || fp8 ? nullptr : qw->biases.host.data(),
+                                   qw->scales.host.data(), mx || fp8 || r.quant.tiled ? nullptr : qw->biases.host.data(),
                                    qw->dequantized.data());
   ASSERT_TRUE(s.ok()) << s.message();
   for (Tensor* t : {&qw->words, &qw->scales, &qw->biases}) t->upload();

@@ -188,7 +188,8 @@ void run_gather_case(const GatherCase& c, std::mt19937_64& rng, GatherStats* st,
   const int64_t E = r.gather.experts;
   const bool down = r.op == Operation::down, sep = !down && r.weights.format == WeightFormat::separate;
   const bool fp8 = r.quantized && r.quant.mode == QuantMode::fp8_e4m3;
-  const bool affine = r.quantized && r.quant.mode == QuantMode::affine;
+  // A biases array: affine, but not tiled (its biases are in the scales, (scale, bias) pairs).
+  const bool affine = r.quantized && r.quant.mode == QuantMode::affine && !r.quant.tiled;
   const int64_t rows = down || sep ? r.u : 2 * r.u;
   const int64_t xr = r.m / r.gather.rows_per_x;
 

@@ -104,7 +104,8 @@ void run_quant_case(const Problem& p, std::mt19937_64& rng, CaseStats* st) {
   SCOPED_TRACE(to_string(p));
   ASSERT_TRUE(check_support(p).ok()) << check_support(p).message();
   const Problem r = p.resolved();
-  const bool sep = r.weights.format == WeightFormat::separate, mx = r.quant.mode != QuantMode::affine;  // no biases
+  // No biases array: mxfp4 and fp8 have none, tiled weights keep them in the scales ((scale, bias) pairs).
+  const bool sep = r.weights.format == WeightFormat::separate, mx = r.quant.mode != QuantMode::affine || r.quant.tiled;
   const bool fp8 = r.quant.mode == QuantMode::fp8_e4m3;
   const int64_t rows_w = sep ? r.u : 2 * r.u;
 

@@ -37,11 +37,13 @@
 // and biases to whole k-blocks of 128) is cut into tiles of 16 rows x 128
 // elements: tile (c, kb) is rows 16c ... 16c + 15, each its 16
 // checkpoint-order words of k-block kb (1 KB), the tiles in the order
-// (c, kb); scales and biases (K_padded / group_size per row) are ordered
-// (c, group, row % 8, row / 8 % 2). A gate/up weight must first be in the
-// fused order with group 8, gate first (row 16c + h * 8 + j: half h of
-// column 8c + j), so that a tile is 8 columns' gate and up rows. Words per
-// row: ceil(K / 128) * 16; groups per row: ceil(K / 128) * 128 / group_size.
+// (c, kb). The scales and biases are one array of (scale, bias) pairs (no
+// biases array: Arguments::w_biases is null), ordered (c, group, row % 8,
+// row / 8 % 2). A gate/up weight must first be in the fused order with
+// group 8, gate first (row 16c + h * 8 + j: half h of column 8c + j), so that
+// a tile is 8 columns' gate and up rows. Words per row: ceil(K / 128) * 16;
+// quant_groups_per_row, the pair array's elements per row: 2 * ceil(K / 128)
+// * 128 / group_size.
 //
 // FP8 e4m3fn weights, as FP8 checkpoints store them: one byte per weight
 // (packed four to a word, the first element of K in the lowest byte: the
@@ -77,7 +79,8 @@ int64_t quant_scale_rows(const QuantFormat& format, int64_t rows);
 // Quantizes a [rows, K] row-major host array `w` of `dtype` (bf16, fp16, fp32)
 // into wq [rows, quant_words_per_row] and scales, biases [rows,
 // quant_groups_per_row], all host memory: scales and biases of `dtype`
-// (affine), or scales as e8m0 bytes (uint8_t) and biases null (mxfp4).
+// (affine), or scales as e8m0 bytes (uint8_t) and biases null (mxfp4), or
+// (tiled) the tiled words and (scale, bias) pairs in scales, biases null.
 // Bit for bit what mlx.core.quantize returns on MLX's CPU backend.
 // Affine: the group's min and max in
 // fp32; the scale (max - min) / (2^bits - 1), at least 1e-7, negative unless
@@ -93,7 +96,8 @@ Status quantize_host(const QuantFormat& format, DType dtype, int64_t rows, int64
                      void* scales, void* biases);
 
 // The inverse map: w [rows, K] of out_dtype = q * scale + bias (affine; scales
-// and biases of `dtype`), value * 2^(scale - 127) (mxfp4; `dtype` unused,
+// and biases of `dtype`; tiled: the pairs in scales, biases null), value *
+// 2^(scale - 127) (mxfp4; `dtype` unused,
 // biases null) or e4m3 value * scale (fp8_e4m3; scales of `dtype`, biases
 // null), computed in fp32 (affine: one fused multiply-add) and rounded to
 // out_dtype: for affine and mxfp4 exactly the weights the kernels multiply
@@ -117,16 +121,15 @@ Status repack_quantized_device(const QuantFormat& from, const QuantFormat& to, i
 
 // Converts affine 4-bit weights ([rows, K] words, scales and biases of
 // `dtype`, the checkpoint's order: `format` has tiled = false) into the
-// tiled order (arrays of rows x quant_words_per_row / quant_groups_per_row
-// of the tiled format, padding zero), and back. rows must be a multiple of
-// 16. Host memory, no overlap. Tiling then untiling gives the arrays back bit
-// for bit. Empty input (rows = 0) is not an error.
+// tiled order (words and (scale, bias) pairs: rows x quant_words_per_row and
+// rows x quant_groups_per_row of the tiled format, padding zero), and back.
+// rows must be a multiple of 16. Host memory, no overlap. Tiling then
+// untiling gives the arrays back bit for bit. Empty input (rows = 0) is not
+// an error.
 Status tile_quantized(const QuantFormat& format, DType dtype, int64_t rows, int64_t k, const uint32_t* wq,
-                      const void* scales, const void* biases, uint32_t* tiled_wq, void* tiled_scales,
-                      void* tiled_biases);
+                      const void* scales, const void* biases, uint32_t* tiled_wq, void* tiled_scales);
 Status untile_quantized(const QuantFormat& format, DType dtype, int64_t rows, int64_t k, const uint32_t* tiled_wq,
-                        const void* tiled_scales, const void* tiled_biases, uint32_t* wq, void* scales,
-                        void* biases);
+                        const void* tiled_scales, uint32_t* wq, void* scales, void* biases);
 
 const char* to_string(QuantMode);
 std::string to_string(const QuantFormat&);

@@ -678,8 +678,8 @@ def quantized_gather_gate_up(x, topk_ids, wq, scales, biases=None, *, wq_up=None
                              first=Half.gate, alpha=1.0, stream=None, workspace=None, check_indices=True,
                              tiled=False):
     """gather_gate_up on quantized expert weights (quantize()'s arrays with
-    a leading expert axis E; tiled=True: tile()'s, affine 4-bit with scales of
-    x's dtype).
+    a leading expert axis E; tiled=True: tile()'s words and (scale, bias)
+    pairs as wq and scales, no biases, affine 4-bit with scales of x's dtype).
 
     wq:       [E, 2U, K * bits / 32] uint32 (or int32) words of the fused
               gate/up rows (by `group` and `first`), with scales / biases

@@ -91,7 +91,8 @@ def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int
     value * 2^(scale - 127) (mxfp4), computed in fp32 (one fused multiply-add) and rounded to
     dtype (default: the scales' dtype for affine, bfloat16 for mxfp4, as
     MLX). repacked=True: wq in the kernels' order (see repack). tiled=True:
-    tile()'s arrays, rows in its order (K is the padded one)."""
+    tile()'s words and (scale, bias) pairs (biases None), rows in its order,
+    K the padded one."""
     fmt = _format(group_size, bits, mode, None, repacked, tiled)
     mx = fmt.mode == _C.QuantMode.mxfp4
     parts = (wq, scales) if biases is None else (wq, scales, biases)
@@ -109,8 +110,10 @@ def dequantize(wq, scales, biases=None, group_size: int | None = None, bits: int
         make = lambda shape: np.empty(shape, dtype=dtype or host[1].dtype)  # noqa: E731
     if host[0].ndim < 1:
         raise _C.InvalidArgumentError("gatedmlp: 'wq' must have at least one axis, got a scalar")
-    # K from the words, or (repacked, tiled: rows padded to 128) from the groups.
-    k = host[1].shape[-1] * fmt.group_size if fmt.repacked or fmt.tiled else host[0].shape[-1] * 32 // fmt.bits
+    # K from the words, or (repacked, tiled: rows padded to 128) from the
+    # groups (tiled: (scale, bias) pairs, two per group).
+    k = (host[1].shape[-1] * fmt.group_size if fmt.repacked else host[1].shape[-1] // 2 * fmt.group_size if fmt.tiled
+         else host[0].shape[-1] * 32 // fmt.bits)
     w = make((*host[0].shape[:-1], k))
     _C.dequantize_into(host[0], host[1], host[2] if len(host) > 2 else None, w, fmt)
     return w.to(wq.device) if _is_torch(wq) else w
@@ -157,7 +160,7 @@ def repack(wq, k: int | None = None, group_size: int | None = None, *, inverse: 
     return out
 
 
-def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, first="gate",
+def tile(wq, scales, biases=None, *, group_size: int | None = None, group: int = 0, first="gate",
          inverse: bool = False, k: int | None = None):
     """Affine 4-bit gate/up weights in the tiled order (a one-time repack at
     load for the decode kernels), or back (inverse=True).
@@ -166,19 +169,20 @@ def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, f
     K / group_size]: the checkpoint's arrays of a fused gate/up weight (any
     leading axes, e.g. MoE experts [E, 2U, ...]), rows interleaved in blocks
     of `group` (0: stacked, U) with the `first` half first (as gate_up takes
-    them; stack separate gate and up weights first). Returns (wq, scales,
-    biases) in the tiled order: the rows put in blocks of 8, gate first (row
-    16c + 8h + j is half h of column 8c + j), K padded with zeros to whole
-    k-blocks of 128, then cut into tiles of 16 rows x 128 of K, each 1 KB of
-    words, tile (c, kb) at row block c, k-block kb; scales and biases in the
-    order (c, group, row % 8, row // 8 % 2). Shapes: [..., 2U, ceil(K / 128)
-    * 16] and [..., 2U, ceil(K / 128) * 128 / group_size]. Pass tiled=True to
+    them; stack separate gate and up weights first). Returns (wq, pairs) in
+    the tiled order: the rows put in blocks of 8, gate first (row 16c + 8h + j
+    is half h of column 8c + j), K padded with zeros to whole k-blocks of
+    128, then cut into tiles of 16 rows x 128 of K, each 1 KB of words, tile
+    (c, kb) at row block c, k-block kb; and one array of (scale, bias) pairs
+    in the order (c, group, row % 8, row // 8 % 2). Shapes: [..., 2U,
+    ceil(K / 128) * 16] and [..., 2U, 2 * ceil(K / 128) * 128 / group_size].
+    Pass them as wq and scales (no biases) with tiled=True to
     quantized_gate_up / quantized_gather_gate_up. inverse=True takes tile()'s
-    arrays (and k, the unpadded K) and gives the checkpoint's back, rows in
-    the order `group` and `first` say. NumPy arrays or PyTorch tensors (on
-    their device); U must be a multiple of 8. The decode kernels read the
-    tiled order 1.05-1.22x faster than the checkpoint's at 1-16 rows (H200;
-    the project's notes, h95)."""
+    (wq, pairs) and k (the unpadded K) and gives the checkpoint's (wq,
+    scales, biases) back, rows in the order `group` and `first` say. NumPy
+    arrays or PyTorch tensors (on their device); U must be a multiple of 8.
+    The decode kernels read the tiled order 1.05-1.22x faster than the
+    checkpoint's at 1-16 rows (H200; the project's notes, h95)."""
     g = 64 if group_size is None else int(group_size)
     fmt = _format(g, 4, "affine", None, False, True)
     if wq.ndim < 2:
@@ -190,6 +194,9 @@ def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, f
     u = rows // 2
     if inverse and k is None:
         raise _C.InvalidArgumentError("gatedmlp: tile(inverse=True) needs k (the tiled rows are padded to 128)")
+    if (biases is None) != inverse:
+        raise _C.InvalidArgumentError("gatedmlp: tile takes (wq, scales, biases), and with inverse=True tile()'s "
+                                      "(wq, pairs)")
     k = int(k) if inverse else int(wq.shape[-1]) * 8
     _C.check_quant_format(fmt, k).raise_if_error()
     kb, gp, gk = (k + 127) // 128, (k + 127) // 128 * (128 // g), k // g
@@ -211,6 +218,7 @@ def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, f
         perm = torch.tensor(src, device=wq.device)
         pad = lambda t, n: torch.nn.functional.pad(t, (0, n - t.shape[-1]))  # noqa: E731
         order = lambda t, shape, d: t.reshape(*lead, *shape).permute(dims(d)).reshape(*lead, rows, -1)  # noqa: E731
+        pair = lambda s, b: torch.stack((s, b), -1).reshape(*lead, rows, 2 * gp)  # noqa: E731
     else:
         import numpy as np
 
@@ -218,12 +226,15 @@ def tile(wq, scales, biases, *, group_size: int | None = None, group: int = 0, f
         pad = lambda t, n: np.pad(t, ((0, 0),) * (t.ndim - 1) + ((0, n - t.shape[-1]),))  # noqa: E731
         order = lambda t, shape, d: np.ascontiguousarray(  # noqa: E731
             t.reshape(*lead, *shape).transpose(dims(d))).reshape(*lead, rows, -1)
+        pair = lambda s, b: np.stack((s, b), -1).reshape(*lead, rows, 2 * gp)  # noqa: E731
     if not inverse:
         w = order(pad(wq[..., perm, :], kb * 16), (rows // 16, 16, kb, 16), (0, 2, 1, 3))
         s, b = (order(pad(t[..., perm, :], gp), (rows // 16, 2, 8, gp), (0, 3, 2, 1)) for t in (scales, biases))
-        return (w.view(words_dtype) if is_t else w), s, b
+        # Both [..., rows, gp] in the order (c, group, row % 8, row // 8 % 2): interleaved into pairs.
+        return (w.view(words_dtype) if is_t else w), pair(s, b)
     w = order(wq, (rows // 16, kb, 16, 16), (0, 2, 1, 3))[..., : k // 8]
-    s, b = (order(t, (rows // 16, gp, 8, 2), (0, 3, 2, 1))[..., :gk] for t in (scales, biases))
+    pairs = scales.reshape(*lead, rows, gp, 2)
+    s, b = (order(pairs[..., i], (rows // 16, gp, 8, 2), (0, 3, 2, 1))[..., :gk] for i in (0, 1))
     inv = torch.empty_like(perm) if is_t else np.empty_like(perm)
     inv[perm] = torch.arange(rows, device=wq.device) if is_t else np.arange(rows)
     out = tuple(t[..., inv, :] for t in (w, s, b))
@@ -256,8 +267,9 @@ def quantized_gate_up(x, wq, scales, biases=None, *, wq_up=None, scales_up=None,
     of 256); past that, or where the rows of x are not 16-byte aligned, they
     are dequantized into scratch (allocated like x, kept for the stream) and
     the 16-bit kernel runs on them. repacked=True: affine 4-bit words from
-    repack(). tiled=True: affine 4-bit arrays from tile() (group 8, gate
-    first; the fastest order up to 16 rows, dequantized past them).
+    repack(). tiled=True: affine 4-bit words and (scale, bias) pairs from
+    tile() as wq and scales, no biases (group 8, gate first; the fastest
+    order up to 16 rows, dequantized past them).
     """
     g = _sys.modules[__package__]
     fmt = _format_cached(group_size, bits, mode, row_block, repacked, tiled)

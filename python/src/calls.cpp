@@ -263,7 +263,7 @@ void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<Qu
     for (int i = lead; i < sc.ndim; ++i) one_number = one_number && sc.size(i) == 1;
     if (!one_number && (sc.ndim != 2 + lead || (ex && sc.size(0) != experts) || sc.size(lead) != scale_rows ||
                         sc.size(lead + 1) != groups))
-      raise_invalid("'" + sc.name + "' must be [" + E + (fp8 ? "scale rows, scale columns" : f.tiled ? "rows, ceil(K / 128) * 128 / group_size" : "rows, K / group_size") +
+      raise_invalid("'" + sc.name + "' must be [" + E + (fp8 ? "scale rows, scale columns" : f.tiled ? "rows, 2 * ceil(K / 128) * 128 / group_size" : "rows, K / group_size") +
                     "] = (" + e + str(scale_rows) + ", " + str(groups) + ") for " + to_string(f) + ", got shape " +
                     sc.shape_str());
     if (ex ? !is_contiguous(sc)
@@ -277,6 +277,12 @@ void describe_quantized(const QuantFormat& f, int64_t rows, const std::vector<Qu
       continue;
     }
     p->scale_dtype = dtype_of(sc, "scale");
+    if (f.tiled) {  // (scale, bias) pairs in the scales
+      if (*o.biases)
+        raise_invalid("'" + std::string(o.biases_name) + "' is given, but tiled weights keep their biases in '" +
+                      sc.name + "' ((scale, bias) pairs, from gatedmlp.tile)");
+      continue;
+    }
     if (fp8) {
       if (*o.biases) raise_invalid("'" + std::string(o.biases_name) + "' is given, but fp8_e4m3 has no biases");
       continue;

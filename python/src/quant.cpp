@@ -42,8 +42,10 @@ void require_uint8(const TensorView& t) {
     raise_invalid("'" + t.name + "' must be uint8 (e8m0 scale bytes), got " + t.dtype_name());
 }
 
-void require_no_biases(nb::handle biases) {
-  if (!biases.is_none()) raise_invalid("'biases' is given, but mxfp4 has no biases");
+void require_no_biases(nb::handle biases, const QuantFormat& f) {
+  if (!biases.is_none())
+    raise_invalid(f.tiled ? "'biases' is given, but tiled weights keep their biases in 'scales' ((scale, bias) pairs)"
+                          : "'biases' is given, but mxfp4 has no biases");
 }
 
 void require_shape(const TensorView& t, const TensorView& w, const Rows& wr, int64_t cols, const char* what) {
@@ -63,8 +65,10 @@ void quantize(nb::handle w, nb::handle wq, nb::handle scales, nb::handle biases,
   const TensorView tw = import_tensor(w, "w", false);
   const TensorView tq = import_tensor(wq, "wq", true);
   const TensorView ts = import_tensor(scales, "scales", true);
-  if (mx) require_no_biases(biases);
-  const std::optional<TensorView> tb = mx ? std::nullopt : std::optional(import_tensor(biases, "biases", true));
+  const bool no_biases = mx || f.tiled;  // tiled: (scale, bias) pairs in the scales
+  if (no_biases) require_no_biases(biases, f);
+  const std::optional<TensorView> tb =
+      no_biases ? std::nullopt : std::optional(import_tensor(biases, "biases", true));
   const DType dtype = dtype_of(tw, "weight");
   const Rows wr = host_rows(tw);
   check(check_quant_format(f, wr.cols));
@@ -73,7 +77,7 @@ void quantize(nb::handle w, nb::handle wq, nb::handle scales, nb::handle biases,
     require_uint8(ts);
   } else {
     require_same_dtype(ts, tw);
-    require_same_dtype(*tb, tw);
+    if (tb) require_same_dtype(*tb, tw);
   }
   require_shape(tq, tw, wr, quant_words_per_row(f, wr.cols), "K * bits / 32 words per row");
   require_shape(ts, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");
@@ -87,8 +91,10 @@ void dequantize(nb::handle wq, nb::handle scales, nb::handle biases, nb::handle 
   const bool mx = f.mode == QuantMode::mxfp4;
   const TensorView tq = import_tensor(wq, "wq", false);
   const TensorView ts = import_tensor(scales, "scales", false);
-  if (mx) require_no_biases(biases);
-  const std::optional<TensorView> tb = mx ? std::nullopt : std::optional(import_tensor(biases, "biases", false));
+  const bool no_biases = mx || f.tiled;  // tiled: (scale, bias) pairs in the scales
+  if (no_biases) require_no_biases(biases, f);
+  const std::optional<TensorView> tb =
+      no_biases ? std::nullopt : std::optional(import_tensor(biases, "biases", false));
   const TensorView tw = import_tensor(w, "w", true);
   const DType out_dtype = dtype_of(tw, "weight");
   const Rows wr = host_rows(tw);
@@ -99,7 +105,7 @@ void dequantize(nb::handle wq, nb::handle scales, nb::handle biases, nb::handle 
     require_uint8(ts);
   } else {
     dtype = dtype_of(ts, "scale");
-    require_same_dtype(*tb, ts);
+    if (tb) require_same_dtype(*tb, ts);
   }
   require_shape(tq, tw, wr, quant_words_per_row(f, wr.cols), "K * bits / 32 words per row");
   require_shape(ts, tw, wr, quant_groups_per_row(f, wr.cols), "K / group_size per row");

@@ -89,7 +89,8 @@ Status tensors(const Problem& r, const Arguments& a, TensorList* out) {
   ts.push_back(tensor("x", a.x, e.x, r.input_dtype, false));
   if (r.glu_input) ts.push_back(tensor("x_up", a.x_up, e.x, r.input_dtype, false));
   if (r.quantized) {
-    const bool mx = r.quant.mode == QuantMode::mxfp4, affine = r.quant.mode == QuantMode::affine;
+    // Tiled affine weights: the biases are in w_scales (pairs; e.scales counts both).
+    const bool mx = r.quant.mode == QuantMode::mxfp4, affine = r.quant.mode == QuantMode::affine && !r.quant.tiled;
     const Tensor words{"w", a.w, e.w, 4, "uint32", false};
     const Tensor scales = mx ? Tensor{"w_scales", a.w_scales, e.scales, 1, "e8m0", false}
                              : tensor("w_scales", a.w_scales, e.scales, r.scale_dtype, false);
@@ -176,11 +177,13 @@ Status validate_pointers(const Problem& r, const Arguments& a) {
                                 "bias_up is used only with has_bias=true and separate weights");
       !s)
     return s;
-  const bool q = r.quantized, affine = q && r.quant.mode == QuantMode::affine;
+  // Tiled affine weights keep their biases in w_scales ((scale, bias) pairs).
+  const bool q = r.quantized, affine = q && r.quant.mode == QuantMode::affine && !r.quant.tiled;
   // A literal, not a built string: run() checks the pointers on every call.
   const char* no_biases = !q                                    ? "the weights are not quantized (Problem::quantized is false)"
                           : r.quant.mode == QuantMode::mxfp4    ? "mxfp4 weights have no biases"
                           : r.quant.mode == QuantMode::fp8_e4m3 ? "fp8_e4m3 weights have no biases"
+                          : r.quant.tiled ? "tiled weights keep their biases in w_scales ((scale, bias) pairs)"
                                                                 : "";
   if (Status s = check_presence("w_scales", a.w_scales, q, "quantized weights need their scales in w_scales",
                                 "the weights are not quantized (Problem::quantized is false)");

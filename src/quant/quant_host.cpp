@@ -77,16 +77,18 @@ float e8m0_value(uint8_t s) { return std::ldexp(1.0f, int(s) - 127); }
 
 // What both host calls check after the format: a float `dtype` where the
 // mode reads one, rows >= 0, biases exactly where the mode has them (mxfp4
-// has none), and, when there is work, every array present.
+// has none; the tiled order keeps them in the scales array), and, when there
+// is work, every array present.
 Status check_arrays(const char* op, const QuantFormat& f, DType dtype, bool dtype_used, int64_t rows,
                     const void* biases, std::initializer_list<std::pair<const void*, const char*>> arrays) {
-  const bool mx = f.mode != QuantMode::affine;  // no biases
+  const bool mx = f.mode != QuantMode::affine || f.tiled;  // no biases array
   if (dtype_used && !float_dtype(dtype))
     return err(StatusCode::invalid_argument, op, ": dtype ", to_string(dtype), " is not a float type");
   if (rows < 0) return err(StatusCode::invalid_argument, op, ": rows must be >= 0, got ", rows);
   if (mx && biases != nullptr)
-    return err(StatusCode::invalid_argument, op, ": argument 'biases' is set (", biases, ") but ", to_string(f.mode),
-               " has no biases");
+    return err(StatusCode::invalid_argument, op, ": argument 'biases' is set (", biases, ") but ",
+               f.tiled ? "tiled weights keep their biases in 'scales' ((scale, bias) pairs)"
+                       : std::string(to_string(f.mode)) + " has no biases");
   if (rows == 0) return Status::Ok();
   for (auto [p, name] : arrays)
     if (p == nullptr) return err(StatusCode::invalid_argument, op, ": argument '", name, "' is null");
@@ -215,7 +217,7 @@ int64_t quant_words_per_row(const QuantFormat& f, int64_t k) {
 }
 int64_t quant_groups_per_row(const QuantFormat& f, int64_t k) {
   if (f.group_size == 0) return 1;  // fp8_e4m3: one scale along all of K
-  if (f.tiled) return detail::tiled_groups_per_row(k, f.group_size);
+  if (f.tiled) return detail::tiled_scale_elems_per_row(k, f.group_size);  // (scale, bias) pairs
   return (k + f.group_size - 1) / f.group_size;
 }
 int64_t quant_scale_rows(const QuantFormat& f, int64_t rows) {
@@ -251,7 +253,7 @@ Status quantize_host(const QuantFormat& f, DType dtype, int64_t rows, int64_t k,
     std::vector<uint32_t> words(size_t(rows * quant_words_per_row(plain, k)));
     std::vector<unsigned char> s(n), b(n);
     quantize_affine(plain, dtype, rows, k, w, words.data(), s.data(), b.data());
-    return tile_quantized(plain, dtype, rows, k, words.data(), s.data(), b.data(), wq, scales, biases);
+    return tile_quantized(plain, dtype, rows, k, words.data(), s.data(), b.data(), wq, scales);
   } else if (f.repacked) {  // MLX's words, then the repacked order
     QuantFormat plain = f;
     plain.repacked = false;
@@ -276,7 +278,7 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
   if (f.tiled && rows % detail::kTileRows)
     return err(StatusCode::invalid_argument, "dequantize_host: the tiled order takes rows in tiles of 16, got rows=",
                rows);
-  const int64_t groups = quant_groups_per_row(f, k);
+  const int64_t groups = quant_groups_per_row(f, k), tgroups = f.tiled ? detail::tiled_groups_per_row(k, f.group_size) : 0;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < k; ++i) {
       const uint32_t q = code_at(wq, f, r, k, i);
@@ -286,7 +288,12 @@ Status dequantize_host(const QuantFormat& f, DType dtype, DType out_dtype, int64
         store(w, out_dtype, r * k + i, e4m3_value(q) * load(scales, dtype, g));
         continue;
       }
-      const int64_t g = f.tiled ? detail::tiled_scale_index(r, i / f.group_size, groups) : r * groups + i / f.group_size;
+      if (f.tiled) {  // (scale, bias) pairs in one array
+        const int64_t g = detail::tiled_scale_index(r, i / f.group_size, tgroups);
+        store(w, out_dtype, r * k + i, std::fma(float(q), load(scales, dtype, g), load(scales, dtype, g + 1)));
+        continue;
+      }
+      const int64_t g = r * groups + i / f.group_size;
       if (mx)
         v = ((q & 8u) ? -kE2m1[q & 7u] : kE2m1[q & 7u]) * e8m0_value(static_cast<const uint8_t*>(scales)[g]);
       else
@@ -366,32 +373,32 @@ Status check_tile(const char* fn, const QuantFormat& f, DType dtype, int64_t row
   return Status::Ok();
 }
 
-// Copies each word, scale and bias of the checkpoint's arrays to its tiled
-// place (TO_TILED) or back; the tiled padding (K to whole k-blocks) is zero.
+// Copies each word, scale and bias of the checkpoint's arrays (words, scales,
+// biases) to its tiled place (words, (scale, bias) pairs) and back
+// (TO_TILED false); the tiled padding (K to whole k-blocks) is zero.
 template <bool TO_TILED>
-void tile_copy(const QuantFormat& f, size_t esize, int64_t rows, int64_t k, const uint32_t* w_in, const void* s_in,
-               const void* b_in, uint32_t* w_out, void* s_out, void* b_out) {
-  const int64_t kb = detail::tiled_k_blocks(k), words = k / 8;
+void tile_copy(const QuantFormat& f, size_t esize, int64_t rows, int64_t k, uint32_t* words, unsigned char* scales,
+               unsigned char* biases, uint32_t* tiled_words, unsigned char* pairs) {
+  const int64_t kb = detail::tiled_k_blocks(k), nw = k / 8;
   const int64_t groups = k / f.group_size, tgroups = detail::tiled_groups_per_row(k, f.group_size);
   if (TO_TILED) {
-    std::fill(w_out, w_out + rows * detail::tiled_words_per_row(k), 0u);
-    std::memset(s_out, 0, size_t(rows * tgroups) * esize);
-    std::memset(b_out, 0, size_t(rows * tgroups) * esize);
+    std::fill(tiled_words, tiled_words + rows * detail::tiled_words_per_row(k), 0u);
+    std::memset(pairs, 0, size_t(rows * 2 * tgroups) * esize);
   }
-  auto* si = static_cast<const unsigned char*>(s_in);
-  auto* bi = static_cast<const unsigned char*>(b_in);
-  auto* so = static_cast<unsigned char*>(s_out);
-  auto* bo = static_cast<unsigned char*>(b_out);
+  // One element between the two places, in the direction asked.
+  auto move = [](unsigned char* plain, unsigned char* tiled, size_t n) {
+    if (TO_TILED) std::memcpy(tiled, plain, n);
+    else std::memcpy(plain, tiled, n);
+  };
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t wi = 0; wi < words; ++wi) {
-      const int64_t plain = r * words + wi, tiled = detail::tiled_word_index(r, wi, kb);
-      w_out[TO_TILED ? tiled : plain] = w_in[TO_TILED ? plain : tiled];
-    }
+    for (int64_t wi = 0; wi < nw; ++wi)
+      move(reinterpret_cast<unsigned char*>(words + r * nw + wi),
+           reinterpret_cast<unsigned char*>(tiled_words + detail::tiled_word_index(r, wi, kb)), 4);
     for (int64_t gi = 0; gi < groups; ++gi) {
       const size_t plain = size_t(r * groups + gi) * esize;
       const size_t tiled = size_t(detail::tiled_scale_index(r, gi, tgroups)) * esize;
-      std::memcpy(so + (TO_TILED ? tiled : plain), si + (TO_TILED ? plain : tiled), esize);
-      std::memcpy(bo + (TO_TILED ? tiled : plain), bi + (TO_TILED ? plain : tiled), esize);
+      move(scales + plain, pairs + tiled, esize);
+      move(biases + plain, pairs + tiled + esize, esize);
     }
   }
 }
@@ -399,26 +406,31 @@ void tile_copy(const QuantFormat& f, size_t esize, int64_t rows, int64_t k, cons
 }  // namespace
 
 Status tile_quantized(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const uint32_t* wq,
-                      const void* scales, const void* biases, uint32_t* tiled_wq, void* tiled_scales,
-                      void* tiled_biases) {
+                      const void* scales, const void* biases, uint32_t* tiled_wq, void* tiled_scales) {
   if (Status s = check_tile("tile_quantized", f, dtype, rows, k,
                             {{wq, "wq"}, {scales, "scales"}, {biases, "biases"}, {tiled_wq, "tiled_wq"},
-                             {tiled_scales, "tiled_scales"}, {tiled_biases, "tiled_biases"}});
+                             {tiled_scales, "tiled_scales"}});
       !s.ok() || rows == 0)
     return s;
-  tile_copy<true>(f, dtype == DType::fp32 ? 4 : 2, rows, k, wq, scales, biases, tiled_wq, tiled_scales, tiled_biases);
+  // TO_TILED only reads the checkpoint's arrays.
+  tile_copy<true>(f, dtype == DType::fp32 ? 4 : 2, rows, k, const_cast<uint32_t*>(wq),
+                  static_cast<unsigned char*>(const_cast<void*>(scales)),
+                  static_cast<unsigned char*>(const_cast<void*>(biases)), tiled_wq,
+                  static_cast<unsigned char*>(tiled_scales));
   return Status::Ok();
 }
 
 Status untile_quantized(const QuantFormat& f, DType dtype, int64_t rows, int64_t k, const uint32_t* tiled_wq,
-                        const void* tiled_scales, const void* tiled_biases, uint32_t* wq, void* scales,
-                        void* biases) {
+                        const void* tiled_scales, uint32_t* wq, void* scales, void* biases) {
   if (Status s = check_tile("untile_quantized", f, dtype, rows, k,
-                            {{tiled_wq, "tiled_wq"}, {tiled_scales, "tiled_scales"}, {tiled_biases, "tiled_biases"},
-                             {wq, "wq"}, {scales, "scales"}, {biases, "biases"}});
+                            {{tiled_wq, "tiled_wq"}, {tiled_scales, "tiled_scales"}, {wq, "wq"}, {scales, "scales"},
+                             {biases, "biases"}});
       !s.ok() || rows == 0)
     return s;
-  tile_copy<false>(f, dtype == DType::fp32 ? 4 : 2, rows, k, tiled_wq, tiled_scales, tiled_biases, wq, scales, biases);
+  // !TO_TILED only reads the tiled arrays.
+  tile_copy<false>(f, dtype == DType::fp32 ? 4 : 2, rows, k, wq, static_cast<unsigned char*>(scales),
+                   static_cast<unsigned char*>(biases), const_cast<uint32_t*>(tiled_wq),
+                   static_cast<unsigned char*>(const_cast<void*>(tiled_scales)));
   return Status::Ok();
 }
 

@@ -21,8 +21,9 @@ namespace {
 // One thread per packed word: 32 / bits weights out. MODE: 0 affine, 1
 // MXFP4, 2 FP8 (its scales per row_shift-block of rows and group of K, the
 // e4m3 value times the scale). ORDER 1: 4-bit affine words in the
-// repacked order, read back into the checkpoint's; 2: words, scales and
-// biases in the tiled order (quant/tiled_math.hpp; groups: the padded count).
+// repacked order, read back into the checkpoint's; 2: words and (scale,
+// bias) pairs in the tiled order (quant/tiled_math.hpp; groups: the pair
+// array's elements per row, two per group).
 template <typename T, int BITS, int MODE, int ORDER = 0>
 __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ldw, const void* scales,
                                   const void* biases, int scale_dtype, int64_t rows, int64_t k, int group_shift,
@@ -38,7 +39,7 @@ __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ld
     int64_t gi;
     if constexpr (ORDER == 2) {
       w = __ldg(words + gatedmlp::detail::tiled_word_index(r, wi, gatedmlp::detail::tiled_k_blocks(k)));
-      gi = gatedmlp::detail::tiled_scale_index(r, k0 >> group_shift, groups);
+      gi = gatedmlp::detail::tiled_scale_index(r, k0 >> group_shift, groups / 2);
     } else {
       w = ORDER == 1 ? gatedmlp::detail::unrepack_nibbles(__ldg(words + r * ldw + gatedmlp::detail::repacked_word_pos(wi)))
                      : __ldg(words + r * ldw + wi);
@@ -52,7 +53,8 @@ __global__ void dequantize_kernel(const uint32_t* __restrict__ words, int64_t ld
       s = __uint_as_float(e == 0 ? 0x00400000u : e << 23);  // 2^(e - 127)
     } else {
       s = gatedmlp::detail::load_float(scales, scale_dtype, gi);
-      b = gatedmlp::detail::load_float(biases, scale_dtype, gi);
+      b = ORDER == 2 ? gatedmlp::detail::load_float(scales, scale_dtype, gi + 1)  // the pair's bias
+                     : gatedmlp::detail::load_float(biases, scale_dtype, gi);
     }
     T* o = out + r * k + k0;
 #pragma unroll

@@ -47,9 +47,9 @@ std::string blocker(const Problem& r, const Arguments* a) {
   else if (r.quant.tiled && r.scale_dtype != r.input_dtype)
     os << "tiled words with " << to_string(r.scale_dtype) << " scales: the tiled kernels take scales of x's dtype ("
        << to_string(r.input_dtype) << ")";
-  else if (r.quant.tiled && a && (reinterpret_cast<uintptr_t>(a->w_scales) % 4 || reinterpret_cast<uintptr_t>(a->w_biases) % 4))
-    os << "tiled words with w_scales (" << a->w_scales << ") or w_biases (" << a->w_biases
-       << ") not 4-byte aligned (each lane loads two rows' scales as one word)";
+  else if (r.quant.tiled && a && reinterpret_cast<uintptr_t>(a->w_scales) % 8)
+    os << "tiled words with w_scales (" << a->w_scales
+       << ") not 8-byte aligned (each lane loads two rows' (scale, bias) pairs as one 8-byte word)";
   else if (r.u >= (int64_t(1) << 30))
     os << "u=" << r.u << " is 2^30 or more (the kernel indexes the 2u weight rows in 32 bits)";
   else if (a && !aligned16(a->x)) os << "x (" << a->x << ") is not 16-byte aligned";

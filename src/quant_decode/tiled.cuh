@@ -7,16 +7,17 @@
 // 64 bytes (8 cache lines for 512 bytes) and each of its 2-byte scale and
 // bias loads 8 rows' lines, so a k-block of 2 KB of words and 256 bytes of
 // scales costs the L1 ~100 wavefronts where its bytes need ~18. On the tiled
-// order a warp's word load is 512 contiguous bytes and one 32-bit load per
-// lane brings the scales (or biases) of both its rows. At one row of X the
+// order a warp's word load is 512 contiguous bytes and one 8-byte load per
+// lane brings the scales and biases of both its rows ((scale, bias) pairs
+// in one array: two arrays, two loads, ran 6-11 % slower at M = 1). At one row of X the
 // CTA also stages X in shared memory once, instead of every warp loading it
 // through L1. Measured (H200, docs/notes/quantized-decode.md h95): 1.15-1.26x
 // the checkpoint-order kernel's speed at M = 1, 1.15-1.23x at M = 8-16.
 //
 // A lane (g, t) of column group c reads rows g (gate) and 8 + g (up) of
 // tile (c, kb): words at ((c * KB + kb) * 16 + h * 8 + g) * 16 + 4t, the
-// scales of both rows at uint32 ((c * G + group) * 8 + g), G the padded
-// groups per row. K is padded to whole k-blocks with zero codes, scales and
+// two rows' (scale, bias) pairs at 8-byte word ((c * G + group) * 8 + g), G
+// the padded groups per row. K is padded to whole k-blocks with zero codes, scales and
 // biases, so every load of weights and scales is unpredicated; X is loaded
 // under a predicate in a k-block that crosses K (or staged with zeros).
 #pragma once
@@ -65,17 +66,14 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
   const int step_s = (kTiledBlockK * nw) >> qp.group_shift;  // groups per step (groups of 32-128 divide 128)
 
   const uint4* wp[CG];
-  const uint32_t* sp[CG];
-  // The biases at a fixed distance from the scales: one pointer per column
-  // group, not two (10 registers fewer at M = 1, ptxas).
-  const int64_t to_biases = int64_t(reinterpret_cast<uintptr_t>(qp.biases) - reinterpret_cast<uintptr_t>(qp.scales));
+  const uint2* sp[CG];  // (scale, bias) of rows g and 8 + g
+  const int64_t groups = qp.groups / 2;  // qp.groups: the pair array's elements per row
   const int64_t last_c = p.u / 8 - 1;  // u % 8 == 0 (check_support)
 #pragma unroll
   for (int cg = 0; cg < CG; ++cg) {
     const int64_t c = min(int64_t(blockIdx.x) * CG + cg, last_c);  // past U: read, never stored
     wp[cg] = static_cast<const uint4*>(p.w) + expert * (p.sw / 4) + (c * k_blocks + warp) * 64 + g * 4 + t;
-    sp[cg] = static_cast<const uint32_t*>(qp.scales) + expert * (qp.expert_scales / 2) +
-             (c * qp.groups + first_group) * 8 + g;
+    sp[cg] = static_cast<const uint2*>(qp.scales) + expert * (qp.expert_scales / 4) + (c * groups + first_group) * 8 + g;
   }
   const T* xrow[NT];
   x_rows<T, NT>(p, count, xrows, g, 32 * t + warp * kTiledBlockK, xrow);
@@ -99,13 +97,12 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
     for (int cg = 0; cg < CG; ++cg) {
       wa[cg][0] = decode::detail_::ld_weights(wp[cg]);
       wa[cg][1] = decode::detail_::ld_weights(wp[cg] + 32);
-      // Rows g and 8 + g: the low and the high half of each word.
-      const uint32_t s = __ldg(sp[cg]);
-      const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(sp[cg]) + to_biases));
-      sa[cg][0].s = __byte_perm(s, 0, 0x1010);
-      sa[cg][0].b = __byte_perm(b, 0, 0x1010);
-      sa[cg][1].s = __byte_perm(s, 0, 0x3232);
-      sa[cg][1].b = __byte_perm(b, 0, 0x3232);
+      // Row g's (scale, bias) in the low word, row 8 + g's in the high one.
+      const uint2 v = __ldg(sp[cg]);
+      sa[cg][0].s = __byte_perm(v.x, 0, 0x1010);
+      sa[cg][0].b = __byte_perm(v.x, 0, 0x3232);
+      sa[cg][1].s = __byte_perm(v.y, 0, 0x1010);
+      sa[cg][1].b = __byte_perm(v.y, 0, 0x3232);
       wp[cg] += 64 * nw;
       sp[cg] += 8 * step_s;
     }

@@ -63,9 +63,10 @@ double quantized_weight(const Problem& p, const void* words, const void* scales,
                         int64_t k) {
   if (p.quant.tiled) {  // affine 4-bit, the whole weight in tiles (quant/tiled_math.hpp)
     const uint32_t w = static_cast<const uint32_t*>(words)[detail::tiled_word_index(row, k / 8, detail::tiled_k_blocks(p.k))];
+    // (scale, bias) pairs in one array.
     const int64_t gi = detail::tiled_scale_index(row, k / p.quant.group_size, detail::tiled_groups_per_row(p.k, p.quant.group_size));
     return double((w >> (k % 8 * 4)) & 0xFu) * load_as_double(scales, p.scale_dtype, gi) +
-           load_as_double(biases, p.scale_dtype, gi);
+           load_as_double(scales, p.scale_dtype, gi + 1);
   }
   const int per_word = 32 / p.quant.bits;
   const uint32_t* row_words = static_cast<const uint32_t*>(words) + row * p.weights.ld;

@@ -763,10 +763,10 @@ def test_quantized_gather_gate_up_tiled(t, k, e, kk):
     s, b = s.to(dt), b.to(dt)
     x = torch.randn(t, kk, device=DEV, dtype=dt)
     ids = ids_tensor(routing(r, t, k, e, r.choice(["uniform", "skewed", "dup"])), r.choice(["int32", "int64"]))
-    tw, ts, tb = gatedmlp.tile(wq, s, b, group_size=g)
+    tw, tsb = gatedmlp.tile(wq, s, b, group_size=g)
     assert tw.shape == (e, 2 * u, (kk + 127) // 128 * 16)
     want = gatedmlp.quantized_gather_gate_up(x, ids, wq, s, b, group_size=g)
-    got = gatedmlp.quantized_gather_gate_up(x, ids, tw, ts, tb, group_size=g, tiled=True)
+    got = gatedmlp.quantized_gather_gate_up(x, ids, tw, tsb, group_size=g, tiled=True)
     assert torch.equal(got, want), (got.float() - want.float()).abs().max()
 
 

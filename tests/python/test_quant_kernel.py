@@ -85,14 +85,14 @@ def test_tiled_matches_the_checkpoint_order(group, m, dtype):
     wq, scales, biases = (torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in gatedmlp.quantize(w, group_size=group))
     scales, biases = scales.to(dtype), biases.to(dtype)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
-    tw, ts, tb = gatedmlp.tile(wq, scales, biases, group_size=group)  # stacked -> tiled
+    tw, tsb = gatedmlp.tile(wq, scales, biases, group_size=group)  # stacked -> tiled
     want = gatedmlp.quantized_gate_up(x, wq, scales, biases, group_size=group)
-    got = gatedmlp.quantized_gate_up(x, tw, ts, tb, group_size=group, tiled=True)
+    got = gatedmlp.quantized_gate_up(x, tw, tsb, group_size=group, tiled=True)
     if m <= 16:
         assert torch.equal(got, want), (got - want).abs().max()
     else:
         assert cosine(got.float().cpu().numpy(), want.float().cpu().numpy()) >= 0.99999
-    back = gatedmlp.tile(tw, ts, tb, group_size=group, inverse=True, k=k)
+    back = gatedmlp.tile(tw, tsb, group_size=group, inverse=True, k=k)
     assert all(torch.equal(a, b) for a, b in zip(back, (wq, scales, biases)))
 
 

@@ -51,21 +51,25 @@ def test_tile_round_trip_and_dequantize(group, k, layout):
     gg, first = layout
     w = rng.standard_normal((2 * u, k)).astype(np.float32)
     wq, s, b = gatedmlp.quantize(w, group_size=group)
-    tw, ts, tb = gatedmlp.tile(wq, s, b, group_size=group, group=gg, first=first)
-    kb = (k + 127) // 128
-    assert tw.shape == (2 * u, kb * 16) and ts.shape == tb.shape == (2 * u, kb * 128 // group)
+    tw, tsb = gatedmlp.tile(wq, s, b, group_size=group, group=gg, first=first)
+    kb, gp = (k + 127) // 128, (k + 127) // 128 * 128 // group
+    assert tw.shape == (2 * u, kb * 16) and tsb.shape == (2 * u, 2 * gp)
     # Row 16c + 8h + j of the tiled weight is half h of column 8c + j.
     g = u if gg == 0 else gg
     src = [(2 * ((8 * (r // 16) + r % 8) // g) + ((r // 8) % 2 ^ (first == "up"))) * g + (8 * (r // 16) + r % 8) % g
            for r in range(2 * u)]
     dense = gatedmlp.dequantize(wq, s, b, group_size=group)[src]
-    got = gatedmlp.dequantize(tw, ts, tb, group_size=group, tiled=True)
+    got = gatedmlp.dequantize(tw, tsb, group_size=group, tiled=True)
     assert np.array_equal(got[:, :k], dense) and not got[:, k:].any()
     # Word w of row r at tile (r // 16, w // 16), row r % 16 of it.
     r, wi = 2 * u - 1, k // 8 - 1
     flat = tw.reshape(-1)
     assert flat[(((r // 16) * kb + wi // 16) * 16 + r % 16) * 16 + wi % 16] == wq[src[r], wi]
-    back = gatedmlp.tile(tw, ts, tb, group_size=group, group=gg, first=first, inverse=True, k=k)
+    # The (scale, bias) pair of row r, group gi at (((c * gp + gi) * 8 + r % 8) * 2 + r // 8 % 2) * 2.
+    gi = k // group - 1
+    at = ((((r // 16) * gp + gi) * 8 + r % 8) * 2 + (r // 8) % 2) * 2
+    assert tsb.reshape(-1)[at] == s[src[r], gi] and tsb.reshape(-1)[at + 1] == b[src[r], gi]
+    back = gatedmlp.tile(tw, tsb, group_size=group, group=gg, first=first, inverse=True, k=k)
     for a, want in zip(back, (wq, s, b)):
         assert np.array_equal(a, want)
 
@@ -76,7 +80,9 @@ def test_tile_refusals_name_the_argument():
         gatedmlp.tile(wq, s, b)
     wq, s, b = gatedmlp.quantize(np.zeros((32, 128), np.float32))
     with pytest.raises(gatedmlp.InvalidArgumentError, match="needs k"):
-        gatedmlp.tile(wq, s, b, inverse=True)
+        gatedmlp.tile(wq, s, inverse=True)
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="pairs"):
+        gatedmlp.tile(wq, s)
     with pytest.raises(gatedmlp.InvalidArgumentError, match="group=3"):
         gatedmlp.tile(wq, s, b, group=3)
 
@@ -86,11 +92,11 @@ def test_tile_takes_leading_axes():
     rng = np.random.default_rng()
     w = rng.standard_normal((3, 32, 256)).astype(np.float32)
     wq, s, b = gatedmlp.quantize(w)
-    tw, ts, tb = gatedmlp.tile(wq, s, b, group=8, first="up")
+    tw, tsb = gatedmlp.tile(wq, s, b, group=8, first="up")
     for e in range(3):
         one = gatedmlp.tile(wq[e], s[e], b[e], group=8, first="up")
-        for a, want in zip((tw[e], ts[e], tb[e]), one):
+        for a, want in zip((tw[e], tsb[e]), one):
             assert np.array_equal(a, want)
-    back = gatedmlp.tile(tw, ts, tb, group=8, first="up", inverse=True, k=256)
+    back = gatedmlp.tile(tw, tsb, group=8, first="up", inverse=True, k=256)
     for a, want in zip(back, (wq, s, b)):
         assert np.array_equal(a, want)
