@@ -159,7 +159,7 @@ struct QuantFormat {
   // a lane's two rows' four values in one 8-byte word. Gate/up
   // only (also gathered: each expert's arrays tiled), its rows in the fused
   // order with group 8, gate first; scales of X's dtype for the tiled
-  // kernels. 1.05-1.22x the checkpoint order's speed at M = 1-16 on an H200
+  // kernels. 1.12-1.23x the checkpoint order's speed at M = 1-16 on an H200
   // (docs/notes/quantized-decode.md, h95); past 16 rows the weights are
   // dequantized (no Hopper form).
   bool tiled = false;

@@ -7,19 +7,20 @@
 // 64 bytes (8 cache lines for 512 bytes) and each of its 2-byte scale and
 // bias loads 8 rows' lines, so a k-block of 2 KB of words and 256 bytes of
 // scales costs the L1 ~100 wavefronts where its bytes need ~18. On the tiled
-// order a warp's word load is 512 contiguous bytes and one 8-byte load per
-// lane brings the scales and biases of both its rows ((scale, bias) pairs
-// in one array: two arrays, two loads, ran 6-11 % slower at M = 1). At one row of X the
-// CTA also stages X in shared memory once, instead of every warp loading it
-// through L1. Measured (H200, docs/notes/quantized-decode.md h95): 1.15-1.26x
-// the checkpoint-order kernel's speed at M = 1, 1.15-1.23x at M = 8-16.
+// order a warp's word load is 512 contiguous bytes, and one 8-byte load per
+// lane brings the scales and biases of both its rows ((scale, bias) pairs in
+// one array; in two arrays, two loads, it ran 6-11 % slower at M = 1). At
+// one row of X the CTA also stages X in shared memory once, instead of every
+// warp loading it through L1. Measured (H200, docs/notes/quantized-decode.md
+// h95): 1.12-1.23x the checkpoint-order kernel's speed at M = 1-16.
 //
 // A lane (g, t) of column group c reads rows g (gate) and 8 + g (up) of
 // tile (c, kb): words at ((c * KB + kb) * 16 + h * 8 + g) * 16 + 4t, the
 // two rows' (scale, bias) pairs at 8-byte word ((c * G + group) * 8 + g), G
-// the padded groups per row. K is padded to whole k-blocks with zero codes, scales and
-// biases, so every load of weights and scales is unpredicated; X is loaded
-// under a predicate in a k-block that crosses K (or staged with zeros).
+// the padded groups per row. K is padded to whole k-blocks with zero codes,
+// scales and biases, so every load of weights and scales is unpredicated; X
+// is loaded under a predicate in a k-block that crosses K (or staged with
+// zeros).
 #pragma once
 
 #include <cuda_bf16.h>
