@@ -304,7 +304,11 @@ _QUANT_MODES = {"affine": (_C.QuantMode.affine, 64, 4, 1), "mxfp4": (_C.QuantMod
 
 def _quant_format(mode: str, bits: int, group_size: int, row_block: int):
     # The package's formats, each made once (the operators' calls pass the
-    # same few on every call).
+    # same few on every call). "affine_tiled": affine words and (scale, bias)
+    # pairs in gatedmlp.tile's order (the operator's schema carries the
+    # order in its mode string).
+    if mode == "affine_tiled":
+        return _format_cached(group_size, bits, "affine", row_block, False, True)
     return _format_cached(group_size, bits, mode, row_block, False)
 
 
@@ -353,20 +357,25 @@ def quantized_gate_up(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Te
                       group_size: Optional[int] = None, row_block: Optional[int] = None, activation="silu",
                       clamp_alpha: float = 1.702,
                       clamp_limit: float = 7.0, group: int = 0, first="gate", alpha: float = 1.0,
-                      out_dtype: Optional[torch.dtype] = None) -> Tensor:
+                      out_dtype: Optional[torch.dtype] = None, tiled: bool = False) -> Tensor:
     """gate_up with quantized weights as a PyTorch op (gatedmlp.quantized_gate_up's arrays: wq uint32 or int32
     [2U or U, K * bits / 32], scales / biases [rows, K / group_size]; mode "affine" (bits 4 or 8, groups of
     32 / 64 / 128; default 4 and 64), "mxfp4" (no biases) or "fp8_e4m3" (float8_e4m3fn bytes viewed as int32,
-    float scales per row_block x group_size block, default 128 x 128; no biases)). x is [..., K]; returns
+    float scales per row_block x group_size block, default 128 x 128; no biases)). tiled=True: affine 4-bit
+    words and (scale, bias) pairs from gatedmlp.tile as wq and scales, no biases. x is [..., K]; returns
     y [..., U]."""
     _check_no_grad(x, bias, bias_up)
     if mode not in _QUANT_MODES:
         raise _g.InvalidArgumentError(f"gatedmlp: mode {mode!r} is not one of {', '.join(_QUANT_MODES)}")
+    if tiled and mode != "affine":
+        raise _g.InvalidArgumentError(f"gatedmlp: tiled=True takes mode='affine' (gatedmlp.tile's arrays), got {mode!r}")
     bits = int(bits if bits is not None else _QUANT_MODES[mode][2])
     group_size = int(group_size if group_size is not None else _QUANT_MODES[mode][1])
     row_block = int(row_block if row_block is not None else _QUANT_MODES[mode][3])
     act = activation if activation in _ACTIVATIONS else activation_name(activation)
     first = first if first in _HALVES else _name(first, _HALVES, "first")
+    if tiled:
+        mode, group = "affine_tiled", group or 8  # tile()'s order: group 8, gate first
     args = (x, wq, scales, biases, wq_up, scales_up, biases_up, bias, bias_up, mode, bits, group_size, row_block, act,
             float(clamp_alpha), float(clamp_limit), int(group), first, float(alpha), out_dtype)
     if x.is_cuda and type(x) is Tensor and not _traced():

@@ -92,6 +92,12 @@ def test_tiled_matches_the_checkpoint_order(group, m, dtype):
         assert torch.equal(got, want), (got - want).abs().max()
     else:
         assert cosine(got.float().cpu().numpy(), want.float().cpu().numpy()) >= 0.99999
+    # The PyTorch operator on the same arrays, called directly and through the dispatcher.
+    import gatedmlp.torch as gt
+    assert torch.equal(gt.quantized_gate_up(x, tw, tsb, group_size=group, tiled=True), got)
+    op = torch.ops.gatedmlp.quantized_gate_up(x, tw, tsb, None, None, None, None, None, None, "affine_tiled", 4, group,
+                                              1, "silu", 1.702, 7.0, 8, "gate", 1.0, None)
+    assert torch.equal(op, got)
     back = gatedmlp.tile(tw, tsb, group_size=group, inverse=True, k=k)
     assert all(torch.equal(a, b) for a, b in zip(back, (wq, scales, biases)))
 
