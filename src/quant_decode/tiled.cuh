@@ -39,15 +39,16 @@ namespace gatedmlp::quant_decode {
 inline constexpr int kTiledBlockK = 128;       // a k-block: 4 lanes x 32 elements
 inline constexpr int kTiledXsMaxBytes = 40960;  // X staged (M = 1) while it fits beside the partial sums
 
-// NT n-tiles of 8 tokens (1 or 2), CG groups of 8 columns per CTA, XS: X
-// (one row) staged in shared memory after the partial sums, zero past K;
-// TAIL: K is not a multiple of 128, so a k-block crosses it and (X not
-// staged) loads X under a predicate. The path for it costs 12-19 registers
-// (ptxas), so kernels without a tail are built without it.
 // One tile: `count` rows of X (xrows / yrows: the gathered tile's rows of x
 // and y, or null for 0 ... count-1) through expert `expert`'s weights (0 but
-// for gathered calls: its tiles at expert * sw words, its scales and biases
-// at expert * expert_scales). Ends with a __syncthreads().
+// for gathered calls: its tiles at expert * sw words, its (scale, bias)
+// pairs at expert * expert_scales). Ends with a __syncthreads().
+//   NT: n-tiles of 8 tokens (1 or 2); CG: groups of 8 columns per CTA;
+//   XS: X (one row) staged in shared memory after the partial sums, zero
+//       past K;
+//   TAIL: K is not a multiple of 128, so a k-block crosses it and (X not
+//       staged) loads X under a predicate. That path costs 12-19 registers
+//       (ptxas), so kernels without a tail are built without it.
 template <typename T, int NT, int CG, bool XS, bool TAIL>
 __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t expert, int count, const int* xrows,
                                            const int* yrows) {
@@ -108,7 +109,8 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
       sp[cg] += 8 * step_s;
     }
   };
-  // WHOLE: the k-block lies inside K (X unpredicated; staged X always is).
+  // whole_v: the k-block lies inside K (X unpredicated; staged X always is);
+  // ok: this lane's elements of a crossing k-block lie inside K.
   auto multiply = [&](auto whole_v, const uint4(&cw)[CG][2], const Scale(&cs)[CG][2], bool ok) {
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd) {
