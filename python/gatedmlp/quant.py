@@ -201,7 +201,7 @@ def tile(wq, scales, biases=None, *, group_size: int | None = None, group: int =
     _C.check_quant_format(fmt, k).raise_if_error()
     kb, gp, gk = (k + 127) // 128, (k + 127) // 128 * (128 // g), k // g
     gg = u if group == 0 else int(group)
-    if gg <= 0 or u % gg:
+    if u and (gg <= 0 or u % gg):  # no rows (an empty weight): nothing to group
         raise _C.InvalidArgumentError(f"gatedmlp: tile: group={group} must divide U={u} (0: stacked)")
     up_first = first in ("up", 1) or getattr(first, "name", None) == "up"
     # The source row of tiled row 16c + 8h + j (column 8c + j, half h).
@@ -215,26 +215,27 @@ def tile(wq, scales, biases=None, *, group_size: int | None = None, group: int =
     words_dtype = wq.dtype
     if is_t:
         wq = wq.view(torch.int32)  # CUDA indexes, pads and permutes no uint32 tensor
-        perm = torch.tensor(src, device=wq.device)
+        perm = torch.tensor(src, dtype=torch.long, device=wq.device)
         pad = lambda t, n: torch.nn.functional.pad(t, (0, n - t.shape[-1]))  # noqa: E731
-        order = lambda t, shape, d: t.reshape(*lead, *shape).permute(dims(d)).reshape(*lead, rows, -1)  # noqa: E731
+        order = lambda t, shape, d, n: t.reshape(*lead, *shape).permute(dims(d)).reshape(*lead, rows, n)  # noqa: E731
         pair = lambda s, b: torch.stack((s, b), -1).reshape(*lead, rows, 2 * gp)  # noqa: E731
     else:
         import numpy as np
 
-        perm = np.asarray(src)
+        perm = np.asarray(src, dtype=np.int64)
         pad = lambda t, n: np.pad(t, ((0, 0),) * (t.ndim - 1) + ((0, n - t.shape[-1]),))  # noqa: E731
-        order = lambda t, shape, d: np.ascontiguousarray(  # noqa: E731
-            t.reshape(*lead, *shape).transpose(dims(d))).reshape(*lead, rows, -1)
+        order = lambda t, shape, d, n: np.ascontiguousarray(  # noqa: E731
+            t.reshape(*lead, *shape).transpose(dims(d))).reshape(*lead, rows, n)
         pair = lambda s, b: np.stack((s, b), -1).reshape(*lead, rows, 2 * gp)  # noqa: E731
+    # order(t, shape, dims, n): t's rows cut as `shape`, permuted, back to rows of n.
     if not inverse:
-        w = order(pad(wq[..., perm, :], kb * 16), (rows // 16, 16, kb, 16), (0, 2, 1, 3))
-        s, b = (order(pad(t[..., perm, :], gp), (rows // 16, 2, 8, gp), (0, 3, 2, 1)) for t in (scales, biases))
+        w = order(pad(wq[..., perm, :], kb * 16), (rows // 16, 16, kb, 16), (0, 2, 1, 3), kb * 16)
+        s, b = (order(pad(t[..., perm, :], gp), (rows // 16, 2, 8, gp), (0, 3, 2, 1), gp) for t in (scales, biases))
         # Both [..., rows, gp] in the order (c, group, row % 8, row // 8 % 2): interleaved into pairs.
         return (w.view(words_dtype) if is_t else w), pair(s, b)
-    w = order(wq, (rows // 16, kb, 16, 16), (0, 2, 1, 3))[..., : k // 8]
+    w = order(wq, (rows // 16, kb, 16, 16), (0, 2, 1, 3), kb * 16)[..., : k // 8]
     pairs = scales.reshape(*lead, rows, gp, 2)
-    s, b = (order(pairs[..., i], (rows // 16, gp, 8, 2), (0, 3, 2, 1))[..., :gk] for i in (0, 1))
+    s, b = (order(pairs[..., i], (rows // 16, gp, 8, 2), (0, 3, 2, 1), gp)[..., :gk] for i in (0, 1))
     inv = torch.empty_like(perm) if is_t else np.empty_like(perm)
     inv[perm] = torch.arange(rows, device=wq.device) if is_t else np.arange(rows)
     out = tuple(t[..., inv, :] for t in (w, s, b))

@@ -100,3 +100,12 @@ def test_tile_takes_leading_axes():
     back = gatedmlp.tile(tw, tsb, group=8, first="up", inverse=True, k=256)
     for a, want in zip(back, (wq, s, b)):
         assert np.array_equal(a, want)
+
+
+def test_tile_of_no_rows_is_empty():
+    """An empty weight (U = 0) tiles to empty arrays and back, no error."""
+    wq, s, b = np.zeros((0, 32), np.uint32), np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32)
+    tw, tsb = gatedmlp.tile(wq, s, b)
+    assert tw.shape == (0, 32) and tsb.shape == (0, 8)
+    back = gatedmlp.tile(tw, tsb, inverse=True, k=256)
+    assert [a.shape for a in back] == [(0, 32), (0, 4), (0, 4)]
