@@ -10,6 +10,9 @@ model's layers each bring their own weights; bench_quant.py's harness):
   gatedmlp bf16       gatedmlp.mlp: gate_up (fused GLU) then down
   gatedmlp int4       gatedmlp.quantized_mlp on gatedmlp.quantize's int4
                       affine g64 arrays of bf16 weights (bf16 scales, biases)
+  gatedmlp int4t      the same arrays in gatedmlp.tile's order (gate/up
+                      tiled, down tiled with down=True), tiled=True; bytes
+                      counted as int4's
   torch bf16          F.linear [2I, H] + silu * mul + F.linear [H, I]
   tinygemm int4       torch._weight_int4pack_mm (g64) + silu * mul +
                       torch._weight_int4pack_mm
@@ -40,7 +43,7 @@ from bench_quant import SHAPES, copies_for, graph_time_us, read_rates  # noqa: E
 
 GROUP = 64  # int4 affine groups, gatedmlp's and tinygemm's
 
-IMPLS = ("gatedmlp_bf16", "gatedmlp_int4", "torch_bf16", "tinygemm_int4")
+IMPLS = ("gatedmlp_bf16", "gatedmlp_int4", "gatedmlp_int4t", "torch_bf16", "tinygemm_int4")
 
 
 def rotated(make, nbytes: int) -> list:
@@ -84,6 +87,13 @@ def bench_shape(name: str, hidden: int, inter: int, ms: list[int], rate: float, 
             d = int4_arrays((torch.randn(H, inter) * 0.02).to(torch.bfloat16))
             return (*gu, *d)
         sets["int4"] = rotated(make_int4, int4_bytes)
+    if "gatedmlp_int4t" in impls:
+        def make_int4t():
+            gq, gs, gb = int4_arrays((torch.randn(2 * inter, H) * 0.02).to(torch.bfloat16))
+            dq, ds, db = int4_arrays((torch.randn(H, inter) * 0.02).to(torch.bfloat16))
+            return (*gatedmlp.tile(gq, gs, gb, group_size=GROUP), *gatedmlp.tile(dq, ds, db, group_size=GROUP,
+                                                                                 down=True))
+        sets["int4t"] = rotated(make_int4t, int4_bytes)
     if "tinygemm_int4" in impls:
         sets["tinygemm"] = rotated(lambda: (*tinygemm_arrays(2 * inter, H), *tinygemm_arrays(H, inter)), int4_bytes)
 
@@ -92,6 +102,8 @@ def bench_shape(name: str, hidden: int, inter: int, ms: list[int], rate: float, 
         "gatedmlp_int4": ("int4", int4_bytes, lambda x, y, a: gatedmlp.quantized_mlp(
             x, a[0], a[1], a[2], wq_down=a[3], scales_down=a[4], biases_down=a[5], out=y, group_size=GROUP,
             bits=4)),
+        "gatedmlp_int4t": ("int4t", int4_bytes, lambda x, y, a: gatedmlp.quantized_mlp(
+            x, a[0], a[1], wq_down=a[2], scales_down=a[3], out=y, group_size=GROUP, bits=4, tiled=True)),
         "torch_bf16": ("bf16", bf16_bytes, lambda x, y, a: torch_chain(x, a[0], a[1], inter)),
         "tinygemm_int4": ("tinygemm", int4_bytes, lambda x, y, a: tinygemm_chain(x, a, inter)),
     }
@@ -113,7 +125,7 @@ def bench_shape(name: str, hidden: int, inter: int, ms: list[int], rate: float, 
         base = times.get("torch_bf16")
         for r in rows[-len(times):]:
             r["vs_torch_bf16"] = base / r["us"] if base else float("nan")
-            if r["impl"] == "gatedmlp_int4" and "tinygemm_int4" in times:
+            if r["impl"] in ("gatedmlp_int4", "gatedmlp_int4t") and "tinygemm_int4" in times:
                 r["vs_tinygemm_int4"] = times["tinygemm_int4"] / r["us"]
         for r in rows[-len(times):]:
             extra = f"  {r['vs_tinygemm_int4']:5.2f}x tinygemm" if "vs_tinygemm_int4" in r else ""

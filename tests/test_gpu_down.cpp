@@ -4,7 +4,8 @@
 // into the input (every activation) or not, bias of every dtype, alpha,
 // every output dtype, padded X and Y, odd U, K with tails, and M from 1
 // past the decode kernels' rows, so every path runs: the 16-bit decode
-// kernel (M <= 16), the quantized one (M <= 64), and cuBLASLt (with the
+// kernel (M <= 16), the quantized one (M <= 64; tiled int4: M <= 16 with
+// scales of X's dtype), and cuBLASLt (with the
 // weights dequantized into the workspace where a quantized kernel cannot
 // read them).
 //
@@ -23,6 +24,7 @@
 #include "common/activation_math.hpp"
 #include "gatedmlp/quant.hpp"
 #include "gpu_util.hpp"
+#include "quant_decode/quant_decode.hpp"
 #include "quant_weights.hpp"
 
 using namespace gatedmlp;
@@ -35,15 +37,25 @@ Problem random_down_problem(std::mt19937_64& rng) {
   p.op = Operation::down;
   p.input_dtype = rng() % 2 ? DType::bf16 : DType::fp16;
   if (rng() % 7 >= 2) random_quant_format(p, rng);  // 2 in 7 with 16-bit weights
+  // The tiled order (tile_quantized on the rows as they are): U a multiple
+  // of 16, dense; mostly scales of X's dtype and M <= 16 (the tiled
+  // kernels'), else the dequantizing path.
+  const bool tiled = p.quantized && p.quant.mode == QuantMode::affine && p.quant.bits == 4 && !p.quant.repacked &&
+                     rng() % 3 == 0;
+  if (tiled) {
+    p.quant.tiled = true;
+    if (rng() % 4) p.scale_dtype = p.input_dtype;
+  }
   const int mk = int(rng() % 8);
   p.m = mk < 3 ? pick(rng, {1, 2, 7, 8, 9, 15, 16, 17, 32, 33, 63, 64})
                : mk < 7 ? 1 + int64_t(rng() % 64) : pick(rng, {65, 80, 129});
+  if (tiled && rng() % 4) p.m = 1 + int64_t(rng() % 16);
   const int64_t gs = p.quantized ? p.quant.group_size : 0;
   p.k = gs ? gs * pick(rng, {1, 2, 3, 5, 8, 9, 17, 33})
            : pick(rng, {8, 16, 24, 48, 64, 120, 128, 136, 400, 1032, 2056});
   if (p.quantized && p.quant.mode == QuantMode::fp8_e4m3 && gs && rng() % 3 == 0) p.k -= 16 * pick(rng, {1, 3});
   if (!p.quantized && rng() % 8 == 0) p.k = pick(rng, {12, 100, 333});  // not a multiple of 8: cuBLASLt
-  p.u = pick(rng, {1, 3, 8, 15, 16, 17, 40, 77, 129, 200});
+  p.u = tiled ? 16 * pick(rng, {1, 2, 3, 5, 9, 13}) : pick(rng, {1, 3, 8, 15, 16, 17, 40, 77, 129, 200});
   if (!p.quantized && rng() % 4 == 0) p.weights.storage = WeightStorage::in_out;
   if (rng() % 2) {
     p.glu_input = true;
@@ -61,7 +73,7 @@ Problem random_down_problem(std::mt19937_64& rng) {
     p.bias_dtype = static_cast<DType>(rng() % 3);
   }
   if (rng() % 3 == 0) p.ldx = p.k + pick(rng, {8, 24, 3});
-  if (rng() % 4 == 0) {
+  if (rng() % 4 == 0 && !tiled) {
     if (p.quantized) p.weights.ld = quant_words_per_row(p.quant, p.k) + 4 * pick(rng, {1, 2});
     else p.weights.ld = (p.weights.storage == WeightStorage::out_in ? p.k : p.u) + pick(rng, {8, 5});
   }
@@ -71,8 +83,8 @@ Problem random_down_problem(std::mt19937_64& rng) {
     if (rng() % 2) p.batch_stride_w = 0;  // shared weights
     if (p.has_bias && rng() % 2) p.batch_stride_bias = 0;
   }
-  while (p.batch * p.m * p.u * p.k > 3'000'000 && p.u > 1) {
-    p.u = std::max<int64_t>(1, p.u / 2);
+  while (p.batch * p.m * p.u * p.k > 3'000'000 && p.u > (tiled ? 16 : 1)) {
+    p.u = tiled ? std::max<int64_t>(16, p.u / 32 * 16) : std::max<int64_t>(1, p.u / 2);
     if (p.ldy) p.ldy = p.u + 3;
     if (p.weights.ld && p.weights.storage == WeightStorage::in_out) p.weights.ld = p.u + 5;
   }
@@ -132,7 +144,9 @@ void run_down_case(const Problem& p, std::mt19937_64& rng, DownStats* st) {
   ASSERT_TRUE(s.ok()) << s.message();
   SCOPED_TRACE(to_string(cfg));
   // The path each case must take.
-  const bool quant_ok = r.quantized && r.m <= 64 && r.k % 16 == 0 && r.weights.ld % 4 == 0 && (r.glu_input || r.ldx % 8 == 0);
+  const bool tiled_ok = !r.quant.tiled || (r.m <= quant_decode::kTiledMaxM && r.scale_dtype == r.input_dtype);
+  const bool quant_ok = r.quantized && r.m <= 64 && r.k % 16 == 0 && r.weights.ld % 4 == 0 &&
+                        (r.glu_input || r.ldx % 8 == 0) && tiled_ok;
   const bool decode_ok = !quant_ok && r.m <= 16 && r.k % 8 == 0 && r.weights.storage == WeightStorage::out_in &&
                          (r.glu_input || r.ldx % 8 == 0) && (r.quantized || r.weights.ld % 8 == 0) &&
                          (r.batch == 1 || r.quantized || (r.batch_stride_w % 8 == 0 && (r.glu_input || r.batch_stride_x % 8 == 0)));
@@ -239,7 +253,7 @@ TEST(GpuDown, RandomEveryPathFormatAndOption) {
   const int n = cases(1000);
   std::mt19937_64 rng(fresh_seed());
   DownStats st;
-  int glu = 0, quant = 0, batched = 0;
+  int glu = 0, quant = 0, tiled = 0, batched = 0;
   for (int i = 0; i < n; ++i) {
     const Problem p = random_down_problem(rng);
     SCOPED_TRACE("case " + std::to_string(i));
@@ -247,13 +261,14 @@ TEST(GpuDown, RandomEveryPathFormatAndOption) {
     if (HasFailure()) return;
     glu += p.glu_input;
     quant += p.quantized;
+    tiled += p.quantized && p.quant.tiled;
     batched += p.batch > 1;
   }
   std::printf(
       "[ cases ] %d passed (decode %d, quant_decode %d, cublas %d; %d with the GLU fused into the input, %d quantized, "
-      "%d batched); worst RMS error relative to float64 %.2e\n",
+      "%d of them tiled, %d batched); worst RMS error relative to float64 %.2e\n",
       st.cases, st.by_path[int(KernelPath::decode)], st.by_path[int(KernelPath::quant_decode)],
-      st.by_path[int(KernelPath::cublas)], glu, quant, batched, st.worst_rel);
+      st.by_path[int(KernelPath::cublas)], glu, quant, tiled, batched, st.worst_rel);
 }
 
 // Every format x activation (GLU input) x M at one odd shape, and the 16-bit
@@ -264,7 +279,8 @@ TEST(GpuDown, EveryFormatActivationAndPath) {
   DownStats st;
   const QuantFormat formats[] = {{QuantMode::affine, 4, 64},  {QuantMode::affine, 4, 32}, {QuantMode::affine, 8, 128},
                                  {QuantMode::mxfp4, 4, 32},   {QuantMode::fp8_e4m3, 8, 128, 128},
-                                 {QuantMode::fp8_e4m3, 8, 0, 1}};
+                                 {QuantMode::fp8_e4m3, 8, 0, 1},
+                                 {QuantMode::affine, 4, 64, 1, false, true}};  // tiled
   int i = 0;
   for (int f = -1; f < int(std::size(formats)); ++f)
     for (int act = -1; act < 5; ++act)
@@ -277,9 +293,10 @@ TEST(GpuDown, EveryFormatActivationAndPath) {
           p.scale_dtype = i % 3 == 0 ? DType::fp32 : (i % 2 ? DType::fp16 : DType::bf16);
         }
         p.input_dtype = i % 2 ? DType::fp16 : DType::bf16;
+        if (p.quant.tiled) p.scale_dtype = p.input_dtype;  // the tiled kernels' scales
         p.m = m;
         p.k = 1152;
-        p.u = 131;
+        p.u = p.quant.tiled ? 144 : 131;  // tiles of 16 rows
         p.glu_input = act >= 0;
         if (act >= 0) p.activation = static_cast<Activation>(act);
         p.output_dtype = static_cast<DType>(i % 3);

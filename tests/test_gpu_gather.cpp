@@ -98,6 +98,13 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
       p.has_row_scale = true;
       p.row_scale_dtype = static_cast<DType>(rng() % 3);
     }
+    // Tiled int4 experts, the rows as they are: U a multiple of 16, dense,
+    // scales of X's dtype.
+    if (p.quantized && p.quant.mode == QuantMode::affine && p.quant.bits == 4 && !p.quant.repacked && rng() % 3 == 0) {
+      p.quant.tiled = true;
+      p.scale_dtype = p.input_dtype;
+      p.u = 16 * pick(rng, {1, 2, 5, 13});
+    }
   }
   p.output_dtype = static_cast<DType>(rng() % 3);
   const float alphas[] = {1.0f, 0.5f, -1.5f};
@@ -110,8 +117,9 @@ GatherCase random_gather_case(std::mt19937_64& rng) {
   }
   // Host memory and reference time: E x rows x K weights, m x rows x K products.
   const int64_t rows = p.op == Operation::gate_up && p.weights.format == WeightFormat::fused ? 2 * p.u : p.u;
-  while ((experts * rows * p.k > 6'000'000 || p.m * rows * p.k > 3'000'000) && p.u > (p.quant.tiled ? 8 : 1)) {
-    p.u = p.quant.tiled ? std::max<int64_t>(8, p.u / 16 * 8) : std::max<int64_t>(1, p.u / 2);
+  const int64_t tile_u = p.op == Operation::down ? 16 : 8;  // tiled: U in whole tiles
+  while ((experts * rows * p.k > 6'000'000 || p.m * rows * p.k > 3'000'000) && p.u > (p.quant.tiled ? tile_u : 1)) {
+    p.u = p.quant.tiled ? std::max<int64_t>(tile_u, p.u / (2 * tile_u) * tile_u) : std::max<int64_t>(1, p.u / 2);
     if (p.weights.group && p.u % p.weights.group) p.weights.group = 0;
     if (p.ldy) p.ldy = p.u + 3;
     if (p.ldpre) p.ldpre = 2 * p.u + 1;

@@ -12,6 +12,7 @@
 #include "common/host_float16.hpp"
 #include "gatedmlp/quant.hpp"
 #include "reference/reference.hpp"
+#include "simulated_devices.hpp"
 
 namespace gatedmlp {
 namespace {
@@ -389,5 +390,21 @@ TEST(Quant, TiledRefusesByName) {
   EXPECT_TRUE(check_support(p).ok()) << check_support(p).message();
   p.weights.ld = 40;
   EXPECT_NE(check_support(p).message().find("weights.ld=40"), std::string::npos) << check_support(p).message();
+  // A down projection's rows are tiled as they are: whole tiles of 16 output columns.
+  Problem d;
+  d.op = Operation::down;
+  d.m = 1, d.k = 256, d.u = 24;
+  d.quantized = true;
+  d.quant = tiled;
+  EXPECT_NE(check_support(d).message().find("u=24"), std::string::npos) << check_support(d).message();
+  d.u = 32;
+  EXPECT_TRUE(check_support(d).ok()) << check_support(d).message();
+  Config cfg;
+  ASSERT_TRUE(detail::select_config(d.resolved(), nullptr, test::simulated_h200(), &cfg).ok());
+  EXPECT_EQ(cfg.path, KernelPath::quant_decode) << cfg.reason;
+  d.m = 17;  // past the tiled kernels' rows: dequantized into the workspace
+  ASSERT_TRUE(detail::select_config(d.resolved(), nullptr, test::simulated_h200(), &cfg).ok());
+  EXPECT_NE(cfg.path, KernelPath::quant_decode) << cfg.reason;
+  EXPECT_NE(cfg.reason.find("tiled"), std::string::npos) << cfg.reason;
 }
 }  // namespace gatedmlp

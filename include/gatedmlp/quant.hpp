@@ -41,7 +41,8 @@
 // biases array: Arguments::w_biases is null), ordered (c, group, row % 8,
 // row / 8 % 2). A gate/up weight must first be in the fused order with
 // group 8, gate first (row 16c + h * 8 + j: half h of column 8c + j), so that
-// a tile is 8 columns' gate and up rows. Words per row: ceil(K / 128) * 16;
+// a tile is 8 columns' gate and up rows; a down projection's rows are tiled
+// as they are (a tile: 16 output columns). Words per row: ceil(K / 128) * 16;
 // quant_groups_per_row, the pair array's elements per row: 2 * ceil(K / 128)
 // * 128 / group_size.
 //

@@ -161,9 +161,12 @@ def repack(wq, k: int | None = None, group_size: int | None = None, *, inverse: 
 
 
 def tile(wq, scales, biases=None, *, group_size: int | None = None, group: int = 0, first="gate",
-         inverse: bool = False, k: int | None = None):
+         down: bool = False, inverse: bool = False, k: int | None = None):
     """Affine 4-bit gate/up weights in the tiled order (a one-time repack at
-    load for the decode kernels), or back (inverse=True).
+    load for the decode kernels), or back (inverse=True). down=True: a down
+    projection's [..., H, I / 8] words (H a multiple of 16), its rows tiled
+    as they are (group and first do not apply); pass the result to
+    quantized_down(tiled=True).
 
     wq [..., 2U, K / 8] uint32 (or int32), scales and biases [..., 2U,
     K / group_size]: the checkpoint's arrays of a fused gate/up weight (any
@@ -189,8 +192,9 @@ def tile(wq, scales, biases=None, *, group_size: int | None = None, group: int =
         raise _C.InvalidArgumentError(f"gatedmlp: tile: wq must be [..., 2U, words], got {tuple(wq.shape)}")
     lead, rows = tuple(wq.shape[:-2]), int(wq.shape[-2])
     if rows % 16:
-        raise _C.InvalidArgumentError(f"gatedmlp: tile: wq has {rows} rows; the tiled order takes 2U rows with U a "
-                                      "multiple of 8")
+        raise _C.InvalidArgumentError(f"gatedmlp: tile: wq has {rows} rows; the tiled order takes "
+                                      + ("H rows, a multiple of 16 (down=True)" if down else
+                                         "2U rows with U a multiple of 8"))
     u = rows // 2
     if inverse and k is None:
         raise _C.InvalidArgumentError("gatedmlp: tile(inverse=True) needs k (the tiled rows are padded to 128)")
@@ -201,13 +205,15 @@ def tile(wq, scales, biases=None, *, group_size: int | None = None, group: int =
     _C.check_quant_format(fmt, k).raise_if_error()
     kb, gp, gk = (k + 127) // 128, (k + 127) // 128 * (128 // g), k // g
     gg = u if group == 0 else int(group)
-    if u and (gg <= 0 or u % gg):  # no rows (an empty weight): nothing to group
+    if u and not down and (gg <= 0 or u % gg):  # no rows (an empty weight): nothing to group
         raise _C.InvalidArgumentError(f"gatedmlp: tile: group={group} must divide U={u} (0: stacked)")
     up_first = first in ("up", 1) or getattr(first, "name", None) == "up"
-    # The source row of tiled row 16c + 8h + j (column 8c + j, half h).
+    # The source row of tiled row 16c + 8h + j (column 8c + j, half h); a
+    # down projection's rows stay where they are.
     col = [8 * (r // 16) + r % 8 for r in range(rows)]
     half = [(r // 8) % 2 for r in range(rows)]
-    src = [(2 * (j // gg) + (1 - h if up_first else h)) * gg + j % gg for j, h in zip(col, half)]
+    src = list(range(rows)) if down else [(2 * (j // gg) + (1 - h if up_first else h)) * gg + j % gg
+                                          for j, h in zip(col, half)]
     nl = len(lead)
     dims = lambda d: tuple(range(nl)) + tuple(nl + i for i in d)  # noqa: E731
     torch = _sys.modules.get("torch")
@@ -335,7 +341,7 @@ def _quantized_gate_up_torch(torch, g, x, wq, scales, biases, wq_up, scales_up, 
 def quantized_down(h, wq, scales, biases=None, *, up=None, bias=None, out=None, group_size: int | None = None,
                    bits: int | None = None, mode: str = "affine", row_block: int | None = None, activation="silu",
                    act_params=None, alpha: float = 1.0, stream=None, workspace=None,
-                   repacked: bool = False):
+                   repacked: bool = False, tiled: bool = False):
     """down with quantized weights: y = alpha * h @ W^T + bias, W dequantized
     on the fly from quantize()'s arrays; with `up`, the GLU act(h) * up is
     the input, fused (h the gate half).
@@ -347,9 +353,12 @@ def quantized_down(h, wq, scales, biases=None, *, up=None, bias=None, out=None, 
     the formats, defaults and dtypes of quantized_gate_up. bias [U]. Returns
     out [M, U] (h's dtype when allocated here). Each weight is rounded once
     to h's dtype and the sums are fp32, as in quantized_gate_up.
+    tiled=True: affine 4-bit words and (scale, bias) pairs from
+    tile(down=True) as wq and scales, no biases (U a multiple of 16; the
+    fastest order up to 16 rows, dequantized past them).
     """
     g = _sys.modules[__package__]
-    fmt = _format_cached(group_size, bits, mode, row_block, repacked)
+    fmt = _format_cached(group_size, bits, mode, row_block, repacked, tiled)
     activation = activation if type(activation) is g.Activation else g._enum(g.Activation, activation, "activation")
     torch = _sys.modules.get("torch")
     if torch is not None and isinstance(h, torch.Tensor):
@@ -388,7 +397,7 @@ def quantized_mlp(x, wq, scales, biases=None, *, wq_down, scales_down, biases_do
                   group_size: int | None = None, bits: int | None = None, mode: str = "affine",
                   row_block: int | None = None, group_size_down: int | None = None, bits_down: int | None = None,
                   mode_down: str | None = None, row_block_down: int | None = None, activation="silu",
-                  act_params=None, group: int = 0, first="gate", stream=None):
+                  act_params=None, group: int = 0, first="gate", stream=None, tiled: bool = False):
     """The whole gated MLP on quantized weights: quantized_down of
     quantized_gate_up's result.
 
@@ -399,7 +408,9 @@ def quantized_mlp(x, wq, scales, biases=None, *, wq_down, scales_down, biases_do
     biases_down [H, I / group_size] and bias_down [H]: the down projection,
     in the gate/up format unless group_size_down, bits_down, mode_down or
     row_block_down say otherwise. out [M, H] is allocated like x when None.
-    Both calls run on `stream` (None: the current stream of x). Returns out.
+    Both calls run on `stream` (None: the current stream of x). tiled=True:
+    both weights in tile()'s order (gate/up: tile(...); down:
+    tile(..., down=True)), affine 4-bit, no biases arrays. Returns out.
     """
     from . import current_stream
 
@@ -407,8 +418,9 @@ def quantized_mlp(x, wq, scales, biases=None, *, wq_down, scales_down, biases_do
         stream = current_stream(x)
     h = quantized_gate_up(x, wq, scales, biases, wq_up=wq_up, scales_up=scales_up, biases_up=biases_up, bias=bias,
                           bias_up=bias_up, group_size=group_size, bits=bits, mode=mode, row_block=row_block,
-                          activation=activation, act_params=act_params, group=group, first=first, stream=stream)
+                          activation=activation, act_params=act_params, group=group, first=first, stream=stream,
+                          tiled=tiled)
     gd, bd, md, rd = _down_format(group_size, bits, mode, row_block, group_size_down, bits_down, mode_down,
                                   row_block_down)
     return quantized_down(h, wq_down, scales_down, biases_down, bias=bias_down, out=out, group_size=gd, bits=bd,
-                          mode=md, row_block=rd, stream=stream)
+                          mode=md, row_block=rd, stream=stream, tiled=tiled)

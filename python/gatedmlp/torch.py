@@ -607,14 +607,19 @@ def quantized_down(h: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tenso
                    up: Optional[Tensor] = None, bias: Optional[Tensor] = None, mode: str = "affine",
                    bits: Optional[int] = None, group_size: Optional[int] = None, row_block: Optional[int] = None,
                    activation="silu", clamp_alpha: float = 1.702, clamp_limit: float = 7.0, alpha: float = 1.0,
-                   out_dtype: Optional[torch.dtype] = None) -> Tensor:
+                   out_dtype: Optional[torch.dtype] = None, tiled: bool = False) -> Tensor:
     """The down projection on quantized weights as a PyTorch op
     (gatedmlp.quantized_down's arrays: wq [U, K * bits / 32] uint32 or
     int32 words, scales / biases [U, K / group_size]; modes and defaults as
-    quantized_gate_up). h is [..., K], up h's shape; returns y [..., U]."""
+    quantized_gate_up). tiled=True: affine 4-bit words and (scale, bias)
+    pairs from gatedmlp.tile(..., down=True) as wq and scales, no biases.
+    h is [..., K], up h's shape; returns y [..., U]."""
     _check_no_grad(h, up, bias)
+    if tiled and mode != "affine":
+        raise _g.InvalidArgumentError(f"gatedmlp: tiled=True takes mode='affine' (gatedmlp.tile's arrays), got {mode!r}")
     act = activation if activation in _ACTIVATIONS else activation_name(activation)
-    args = (h, wq, scales, biases, up, bias, *_quant_args(mode, bits, group_size, row_block), act,
+    mode, bits, group_size, row_block = _quant_args(mode, bits, group_size, row_block)
+    args = (h, wq, scales, biases, up, bias, "affine_tiled" if tiled else mode, bits, group_size, row_block, act,
             float(clamp_alpha), float(clamp_limit), float(alpha), out_dtype)
     if h.is_cuda and type(h) is Tensor and not _traced():
         return _quantized_down_direct(*args)
@@ -643,20 +648,22 @@ def quantized_mlp(x: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tensor
                   bits_down: Optional[int] = None, group_size_down: Optional[int] = None,
                   row_block_down: Optional[int] = None, activation="silu", clamp_alpha: float = 1.702,
                   clamp_limit: float = 7.0, group: int = 0, first="gate",
-                  out_dtype: Optional[torch.dtype] = None) -> Tensor:
+                  out_dtype: Optional[torch.dtype] = None, tiled: bool = False) -> Tensor:
     """The whole gated MLP on quantized weights as two PyTorch ops
     (gatedmlp::quantized_gate_up, then gatedmlp::quantized_down). The down
     projection's arrays are wq_down / scales_down / biases_down, in the
     gate/up format unless mode_down, bits_down, group_size_down or
-    row_block_down say otherwise (gatedmlp.quantized_mlp's rule)."""
+    row_block_down say otherwise (gatedmlp.quantized_mlp's rule). tiled=True:
+    both weights in gatedmlp.tile's order (the down one tiled with
+    down=True)."""
     h = quantized_gate_up(x, wq, scales, biases, wq_up=wq_up, scales_up=scales_up, biases_up=biases_up, bias=bias,
                           bias_up=bias_up, mode=mode, bits=bits, group_size=group_size, row_block=row_block,
                           activation=activation, clamp_alpha=clamp_alpha, clamp_limit=clamp_limit, group=group,
-                          first=first)
+                          first=first, tiled=tiled)
     gd, bd, md, rd = _down_format(group_size, bits, mode, row_block, group_size_down, bits_down, mode_down,
                                   row_block_down)
     return quantized_down(h, wq_down, scales_down, biases_down, bias=bias_down, mode=md, bits=bd, group_size=gd,
-                          row_block=rd, out_dtype=out_dtype)
+                          row_block=rd, out_dtype=out_dtype, tiled=tiled)
 
 
 def _check_no_grad(*tensors) -> None:

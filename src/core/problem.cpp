@@ -447,11 +447,15 @@ Status check_support(const Problem& p) {
     if (p.batch > 1)
       return err(StatusCode::not_supported, "quantized weights take batch = 1, got batch=", p.batch);
     if (p.quant.tiled) {
-      // The tiles are 8 columns' gate and up rows (quant.hpp), dense.
+      // A gate/up tile is 8 columns' gate and up rows, a down projection's
+      // 16 output columns' rows (quant.hpp), dense.
       const bool group8 = w.group == 8 || (w.group == 0 && p.u == 8);
-      if (p.op != Operation::gate_up || w.format != WeightFormat::fused || !group8 || w.first != Half::gate)
-        return err(StatusCode::not_supported, "tiled quantized weights are gate/up weights in the fused order with ",
-                   "group 8, gate first (quant.hpp); got op=", to_string(p.op), " weights=", to_string(w));
+      if (p.op == Operation::gate_up && (w.format != WeightFormat::fused || !group8 || w.first != Half::gate))
+        return err(StatusCode::not_supported, "tiled quantized gate/up weights are in the fused order with ",
+                   "group 8, gate first (quant.hpp); got weights=", to_string(w));
+      if (p.op == Operation::down && p.u % 16)
+        return err(StatusCode::not_supported, "u=", p.u, " with tiled down projection weights: the tiles are 16 ",
+                   "rows, so u must be a multiple of 16 (quant.hpp)");
       if (w.ld != 0 && w.ld != quant_words_per_row(p.quant, p.k))
         return err(inv, "weights.ld=", w.ld, " with tiled weights: the tiles are dense, ld must be 0 or ",
                    quant_words_per_row(p.quant, p.k), " words");

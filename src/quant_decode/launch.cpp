@@ -156,6 +156,7 @@ DownSplit down_split(const Problem& r) {
   // so the split is not where the down projection's time goes.
   DownSplit d;
   if (r.gather.experts > 0) return d;  // gridDim.y holds the experts
+  if (r.quant.tiled) return d;         // the tiled kernels take all of K (tiled.cuh)
   const char* v = r.op == Operation::down ? std::getenv("GATEDMLP_QDECODE_DOWN_SPLIT") : nullptr;
   const int n = v ? std::atoi(v) : 1;
   if (n <= 1 || n > 64) return d;

@@ -15,7 +15,8 @@
 // h95): 1.12-1.23x the checkpoint-order kernel's speed at M = 1-16.
 //
 // A lane (g, t) of column group c reads rows g (gate) and 8 + g (up) of
-// tile (c, kb): words at ((c * KB + kb) * 16 + h * 8 + g) * 16 + 4t, the
+// tile (c, kb) (the down projection's tile c: rows 16c + g and 16c + 8 + g,
+// output columns of their own, epilogue_down): words at ((c * KB + kb) * 16 + h * 8 + g) * 16 + 4t, the
 // two rows' (scale, bias) pairs at 8-byte word ((c * G + group) * 8 + g), G
 // the padded groups per row. K is padded to whole k-blocks with zero codes,
 // scales and biases, so every load of weights and scales is unpredicated; X
@@ -58,7 +59,7 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int nw = p.warps;
-  const int64_t j0 = int64_t(blockIdx.x) * 8 * CG;
+  const int64_t j0 = int64_t(blockIdx.x) * decode::columns_per_cta(p) * CG;  // down: CG = 1
   const int k_blocks = int((p.k + kTiledBlockK - 1) / kTiledBlockK);
   const int whole = int(p.k / kTiledBlockK);  // k-blocks inside K: X unpredicated
   // This warp's k-blocks: warp, warp + nw, ...; the last may cross K.
@@ -70,7 +71,8 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
   const uint4* wp[CG];
   const uint2* sp[CG];  // (scale, bias) of rows g and 8 + g
   const int64_t groups = qp.groups / 2;  // qp.groups: the pair array's elements per row
-  const int64_t last_c = p.u / 8 - 1;  // u % 8 == 0 (check_support)
+  // Tiles of 8 columns (gate/up: u % 8 == 0) or 16 (down: u % 16 == 0; check_support).
+  const int64_t last_c = p.u / decode::columns_per_cta(p) - 1;
 #pragma unroll
   for (int cg = 0; cg < CG; ++cg) {
     const int64_t c = min(int64_t(blockIdx.x) * CG + cg, last_c);  // past U: read, never stored
@@ -159,7 +161,12 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
 
   decode::store_partials<NT, CG>(red, acc);
   __syncthreads();
-  decode::epilogue<NT, CG>(p, red, j0, expert, count, yrows);
+  if constexpr (CG == 1) {
+    if (p.down) decode::epilogue_down<NT>(p, red, j0, expert, count, yrows);
+    else decode::epilogue<NT, 1>(p, red, j0, expert, count, yrows);
+  } else {
+    decode::epilogue<NT, CG>(p, red, j0, expert, count, yrows);  // gate/up only (column_groups())
+  }
   __syncthreads();
 }
 
@@ -189,7 +196,8 @@ cudaError_t launch_tiled_kernel(Params p, cudaStream_t stream) {
   // Gathered: one grid row per slot of a distinct expert, at most min(E, n).
   const int64_t slots = p.d.experts < p.d.n_indices ? p.d.experts : p.d.n_indices;
   const unsigned ys = GATHER ? static_cast<unsigned>(slots < decode::kMaxGridY ? slots : decode::kMaxGridY) : 1u;
-  const dim3 grid(static_cast<unsigned>((p.d.u + 8 * CG - 1) / (8 * CG)), ys);
+  const int64_t cols = decode::columns_per_cta(p.d) * CG;
+  const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), ys);
   tiled_kernel<T, NT, CG, XS, TAIL, GATHER><<<grid, p.d.warps * 32, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -103,6 +103,54 @@ def test_tiled_matches_the_checkpoint_order(group, m, dtype):
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 5, 16, 40])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tiled_down_and_mlp_match_the_checkpoint_order(group, m, dtype):
+    # The down projection on tile(down=True)'s arrays against the
+    # checkpoint's arrays of the same weights (the two kernels split K over
+    # their warps differently, so close, not bit-identical), the GLU fused
+    # into its input, and the whole MLP with both weights tiled.
+    rng = np.random.default_rng()
+    k, hdim = (704 if group < 128 else 640), 16 * int(rng.integers(2, 20))
+    dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    wq, s, b = (dev(a) for a in gatedmlp.quantize((rng.standard_normal((hdim, k)) * 0.05).astype(np.float32),
+                                                  group_size=group))
+    s, b = s.to(dtype), b.to(dtype)
+    tw, tsb = gatedmlp.tile(wq, s, b, group_size=group, down=True)
+    h, up = (torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(2))
+
+    def close(got, want):
+        assert torch.isfinite(got).all()
+        assert cosine(got.float().cpu().numpy(), want.float().cpu().numpy()) >= 0.99999
+        assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
+
+    want = gatedmlp.quantized_down(h, wq, s, b, group_size=group)
+    got = gatedmlp.quantized_down(h, tw, tsb, group_size=group, tiled=True)
+    close(got, want)
+    close(gatedmlp.quantized_down(h, tw, tsb, up=up, group_size=group, tiled=True),
+          gatedmlp.quantized_down(h, wq, s, b, up=up, group_size=group))
+    import gatedmlp.torch as gt
+    assert torch.equal(gt.quantized_down(h, tw, tsb, group_size=group, tiled=True), got)
+    op = torch.ops.gatedmlp.quantized_down(h, tw, tsb, None, None, None, "affine_tiled", 4, group, 1, "silu", 1.702,
+                                           7.0, 1.0, None)
+    assert torch.equal(op, got)
+    # The whole MLP: gate/up [2U, K] and down [H, U] tiled (U whole groups).
+    u = group * int(rng.integers(1, 4))
+    gq, gs, gb = (dev(a) for a in gatedmlp.quantize((rng.standard_normal((2 * u, k)) * 0.05).astype(np.float32),
+                                                    group_size=group))
+    dq, ds, db = (dev(a) for a in gatedmlp.quantize((rng.standard_normal((hdim, u)) * 0.05).astype(np.float32),
+                                                    group_size=group))
+    gs, gb, ds, db = (t.to(dtype) for t in (gs, gb, ds, db))
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    want = gatedmlp.quantized_mlp(x, gq, gs, gb, wq_down=dq, scales_down=ds, biases_down=db, group_size=group)
+    tg, tgs = gatedmlp.tile(gq, gs, gb, group_size=group)
+    td, tds = gatedmlp.tile(dq, ds, db, group_size=group, down=True)
+    got = gatedmlp.quantized_mlp(x, tg, tgs, wq_down=td, scales_down=tds, group_size=group, tiled=True)
+    close(got, want)
+    assert torch.equal(gt.quantized_mlp(x, tg, tgs, wq_down=td, scales_down=tds, group_size=group, tiled=True), got)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m", [1, 9, 64, 100])
 def test_repacked_matches_mlx_quantized_matmul(group, m):
     # MLX's own words repacked on the device (gatedmlp.repack), against MLX

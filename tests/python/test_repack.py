@@ -74,6 +74,28 @@ def test_tile_round_trip_and_dequantize(group, k, layout):
         assert np.array_equal(a, want)
 
 
+@pytest.mark.parametrize("group,k", [(64, 256), (32, 160), (128, 384)])
+def test_tile_down_keeps_the_rows(group, k):
+    """tile(down=True): a down projection's rows tiled where they are (a
+    tile is 16 output columns); inverse=True gives the arrays back."""
+    rng = np.random.default_rng()
+    h = 16 * int(rng.integers(1, 5))
+    w = rng.standard_normal((h, k)).astype(np.float32)
+    wq, s, b = gatedmlp.quantize(w, group_size=group)
+    tw, tsb = gatedmlp.tile(wq, s, b, group_size=group, down=True)
+    got = gatedmlp.dequantize(tw, tsb, group_size=group, tiled=True)
+    assert np.array_equal(got[:, :k], gatedmlp.dequantize(wq, s, b, group_size=group)) and not got[:, k:].any()
+    kb = (k + 127) // 128
+    r, wi = h - 1, k // 8 - 1
+    assert tw.reshape(-1)[(((r // 16) * kb + wi // 16) * 16 + r % 16) * 16 + wi % 16] == wq[r, wi]
+    back = gatedmlp.tile(tw, tsb, group_size=group, down=True, inverse=True, k=k)
+    for a, want in zip(back, (wq, s, b)):
+        assert np.array_equal(a, want)
+    wq, s, b = gatedmlp.quantize(np.zeros((24, 128), np.float32))
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="24 rows.*multiple of 16"):
+        gatedmlp.tile(wq, s, b, down=True)
+
+
 def test_tile_refusals_name_the_argument():
     wq, s, b = gatedmlp.quantize(np.zeros((24, 128), np.float32))
     with pytest.raises(gatedmlp.InvalidArgumentError, match="24 rows"):
