@@ -81,17 +81,6 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
   }
   const T* xrow[NT];
   x_rows<T, NT>(p, count, xrows, g, 32 * t + warp * kTiledBlockK, xrow);
-  if constexpr (XS) {
-    // X's row, padded with zeros to whole k-blocks, after the partial sums.
-    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(red) + decode::red_bytes<NT, CG>(nw));
-    const T* x = static_cast<const T*>(p.x);
-    for (int64_t i = int64_t(threadIdx.x) * 8; i < int64_t(k_blocks) * kTiledBlockK; i += int64_t(blockDim.x) * 8)
-      *reinterpret_cast<uint4*>(xs + i) =
-          i < p.k ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);  // K % 8 == 0
-    __syncthreads();
-    xrow[0] = xs + warp * kTiledBlockK + 32 * t;
-  }
-
   float acc[CG][NT][4];
   decode::zero_sums(acc);
   uint4 wa[CG][2];
@@ -145,8 +134,21 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
   };
 
   // Software pipeline in registers: the next k-block's loads in flight while
-  // this one is multiplied. Only a warp's last k-block can cross K.
+  // this one is multiplied. Only a warp's last k-block can cross K. The
+  // first k-block's weights are requested before X is staged, so that the
+  // staging's round trip passes under theirs.
   if (n > 0) load();
+  if constexpr (XS) {
+    // X's row, padded with zeros to whole k-blocks, after the partial sums.
+    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(red) + decode::red_bytes<NT, CG>(nw));
+    const T* x = static_cast<const T*>(p.x);
+    for (int64_t i = int64_t(threadIdx.x) * 8; i < int64_t(k_blocks) * kTiledBlockK; i += int64_t(blockDim.x) * 8)
+      *reinterpret_cast<uint4*>(xs + i) =
+          i < p.k ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);  // K % 8 == 0
+    __syncthreads();
+    xrow[0] = xs + warp * kTiledBlockK + 32 * t;
+  }
+
   for (int i = 0; i < n_whole; ++i) {
     uint4 cw[CG][2];
     Scale cs[CG][2];

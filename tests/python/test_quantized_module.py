@@ -90,6 +90,33 @@ def test_mlx_affine_round_trip(bits, group_size):
     assert "bits=%d, group_size=%d" % (bits, group_size) in repr(m)
 
 
+@pytest.mark.parametrize("hidden,inter,group_size", [(256, 384, 64), (160, 224, 32)])
+def test_tiled_round_trip(hidden, inter, group_size):
+    """Affine 4-bit without biases is held in gatedmlp.tile's order (a
+    padded k-block where hidden or inter is not a multiple of 128), and
+    state_dict() gives the checkpoint's arrays back bit for bit."""
+    sd, _ = mlx_checkpoint(hidden, inter, group_size=group_size, prefix="mlp.")
+    plain = {k[len("mlp."):]: v for k, v in sd.items()}
+    m = gt.QuantizedGatedMLP.from_state_dict(sd, group_size=group_size, prefix="mlp.")
+    assert m.tiled and "tiled" in repr(m) and not hasattr(m, "gate_proj")
+    assert m.gate_up_words.shape == (2 * inter, -(-hidden // 128) * 16)
+    same_arrays(m.state_dict(), plain)
+    assert not gt.QuantizedGatedMLP.from_state_dict(sd, group_size=group_size, prefix="mlp.", tiled=False).tiled
+    built = gt.QuantizedGatedMLP(hidden, inter, group_size=group_size)
+    built.load_state_dict(plain)
+    same_arrays(built.state_dict(), plain)
+    with pytest.raises(ValueError, match="tiled=True: the projections have biases"):
+        gt.QuantizedGatedMLP(hidden, inter, group_size=group_size, bias=True, tiled=True)
+    with pytest.raises(ValueError, match="tiled=True: mode is not affine 4-bit"):
+        gt.QuantizedGatedMLP(hidden, inter, bits=8, group_size=group_size, tiled=True)
+    missing = {k: v for k, v in plain.items() if k != "up_proj.biases"}
+    with pytest.raises(RuntimeError, match="up_proj.biases"):
+        gt.QuantizedGatedMLP(hidden, inter, group_size=group_size).load_state_dict(missing)
+    extra = dict(plain, **{"up_proj.bias": torch.zeros(inter)})
+    with pytest.raises(RuntimeError, match="up_proj.bias"):
+        gt.QuantizedGatedMLP(hidden, inter, group_size=group_size).load_state_dict(extra)
+
+
 def test_mxfp4_round_trip():
     sd, _ = mlx_checkpoint(128, 256, mode="mxfp4", bits=4, group_size=32)
     m = gt.QuantizedGatedMLP.from_state_dict(sd)
@@ -170,6 +197,20 @@ def test_mlx_forward_against_float64(bits, group_size, mode):
     sd, dense = mlx_checkpoint(512, 1024, bits=bits, group_size=group_size, mode=mode, bias=mode == "affine")
     m = gt.QuantizedGatedMLP.from_state_dict({k: v.cuda() for k, v in sd.items()}, bits=bits, group_size=group_size)
     _check(m, dense, 512)
+
+
+@gpu
+def test_tiled_forward_against_float64_and_the_checkpoint_order():
+    sd, dense = mlx_checkpoint(512, 1024)
+    sd = {k: v.cuda() for k, v in sd.items()}
+    m = gt.QuantizedGatedMLP.from_state_dict(sd)
+    assert m.tiled
+    _check(m, dense, 512, ms=(1, 7, 16, 17, 100))
+    plain = gt.QuantizedGatedMLP.from_state_dict(sd, tiled=False)
+    x = torch.randn(5, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        a, b = m(x).double(), plain(x).double()
+    assert ((a - b).norm() / b.norm()).item() < 2e-3
 
 
 @gpu

@@ -51,9 +51,10 @@ struct Tiled {
 };
 
 // L: bit 0 tiled words, bit 1 tiled scales, bit 2 X staged once per CTA in
-// shared memory (M = 1 only), bit 3 the tiled scales as the library stores
-// them (two 32-bit loads, scales and biases apart). 0: the checkpoint's
-// arrays (h81's lean tile).
+// shared memory (M = 1 only), bit 3 the tiled scales as the library stored
+// them before e26f466 (two 32-bit loads, scales and biases apart), bit 4
+// the first k-block's weights requested before X is staged (h96). 0: the
+// checkpoint's arrays (h81's lean tile).
 template <int NT, int CG, int L>
 __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
     tiled_kernel(const __grid_constant__ Params qp, const __grid_constant__ Tiled tl) {
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
   const int64_t first_group = (int64_t(warp) * kChunkK + 32 * t) >> qp.group_shift;
   const int step_s = (kChunkK * nw) >> qp.group_shift;
 
-  constexpr bool TW = L & 1, TS = L & 2, XS = L & 4, LS = L & 8;
+  constexpr bool TW = L & 1, TS = L & 2, XS = L & 4, LS = L & 8, WF = L & 16;
   // Checkpoint order: per row pointers. Tiled: one pointer per column group.
   const uint32_t* wp[CG][2];
   const unsigned short *sp[CG][2], *bp[CG][2];
@@ -93,13 +94,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
     xp[nt] = static_cast<const T*>(p.x) + int64_t(min(nt * 8 + g, p.m - 1)) * p.ldx + int64_t(warp) * kChunkK + 32 * t;
-  if constexpr (XS) {
-    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_f4) + kMaxWarps * CG * NT * 512);  // decode::red_bytes
-    for (int64_t i = int64_t(threadIdx.x) * 8; i < p.k; i += int64_t(blockDim.x) * 8)
-      *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + i);
-    __syncthreads();
-    xp[0] = xs + int64_t(warp) * kChunkK + 32 * t;
-  }
   const int step_w = 16 * nw, step_x = kChunkK * nw;
 
   float acc[CG][NT][4];
@@ -154,7 +148,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, CG * NT >= 4 ? 1 : 2)
       }
     }
   };
-  if (n > 0) load();
+  if (WF && n > 0) load();
+  if constexpr (XS) {
+    T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(smem_f4) + kMaxWarps * CG * NT * 512);  // decode::red_bytes
+    for (int64_t i = int64_t(threadIdx.x) * 8; i < p.k; i += int64_t(blockDim.x) * 8)
+      *reinterpret_cast<uint4*>(xs + i) = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + i);
+    __syncthreads();
+    xp[0] = xs + int64_t(warp) * kChunkK + 32 * t;
+  }
+  if (!WF && n > 0) load();
   for (int i = 0; i < n; ++i) {
     uint4 cw[CG][2];
     Scale cs[CG][2];
@@ -308,9 +310,9 @@ int main() {
   // Columns: the library's kernel; the lean tile on the checkpoint's arrays;
   // tiled words only; tiled scales only; both; both with X staged (M = 1);
   // the library's tiled kernels (h95, on its tiled arrays); tiled with X
-  // staged on the library's scale arrays (M = 1).
+  // staged, the first weights requested before X (M = 1).
   std::printf("%-10s %3s | %8s %8s %8s %8s %8s %8s %8s %8s | TB/s of words, scales and biases, the same order\n",
-              "shape", "M", "library", "lean", "t.words", "t.scales", "tiled", "tiled+xs", "lib.tile", "xs+lib.s");
+              "shape", "M", "library", "lean", "t.words", "t.scales", "tiled", "tiled+xs", "lib.tile", "xs+wfirst");
   for (const ProbeShape& sh : kShapes) {
     const int64_t rows = 2 * sh.u, words = rows * sh.k / 8, groups = rows * sh.k / 64;
     const int64_t bytes = words * 4 + groups * 4;
@@ -345,11 +347,12 @@ int main() {
         const Copy& c = cs[ci % copies];
         const Params q = make_params(c, x, y, sh.k, sh.u, m);
         const Tiled tl{c.twords, c.tscales, c.lscales, c.lbiases};
-        if (which == 9) {  // the library's tiled kernels on its own arrays
+        if (which == 9) {  // the library's tiled kernels on its own arrays ((scale, bias) pairs: the probe's)
           Params lq = q;
           lq.d.w = c.twords;
-          lq.scales = c.lscales;
-          lq.biases = c.lbiases;
+          lq.scales = c.tscales;
+          lq.biases = nullptr;
+          lq.groups = 2 * q.groups;  // the pair array's elements per row
           Shape sp;
           sp.nt = m <= 8 ? 1 : 2;
           sp.cg = m <= 8 ? 2 : 4;
@@ -364,7 +367,7 @@ int main() {
             case 3: launch_tiled<1, 2, 2>(q, tl, s); break;
             case 4: launch_tiled<1, 2, 3>(q, tl, s); break;
             case 5: launch_tiled<1, 2, 7>(q, tl, s); break;
-            default: launch_tiled<1, 2, 15>(q, tl, s); break;
+            default: launch_tiled<1, 2, 23>(q, tl, s); break;
           }
         } else {
           switch (which) {
@@ -376,7 +379,7 @@ int main() {
           }
         }
       };
-      const int kinds = 8;  // then the library's tiled kernel (run as which = 9), then tiled+xs on its scales
+      const int kinds = 8;  // then the library's tiled kernel (run as which = 9), then tiled+xs, weights first
       std::vector<uint16_t> a(size_t(m * sh.u)), b(a.size());
       bool same = true;
       auto variant = [&](int w) { return w == 6 ? 9 : (w == 5 || w == 7) && m > 1 ? -1 : w == 7 ? 6 : w; };  // -1: none
