@@ -6,7 +6,8 @@
 # BUILD_TARGETS: build only these targets (default: all). PYTEST_FILES: the
 # pyext step's test files or folders (default: tests/python).
 # SANITIZE_FILTER: the gtest filter the sanitizers run (default: the random
-# suites of every kernel). ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
+# suites of every kernel); SANITIZE_TOOLS (default: memcheck racecheck
+# synccheck); SANITIZE_CASES: random cases per suite (default 12). ARCHS: the build's CUDA architectures (default "80;90a"; "90a" builds in
 # half the time, for a quick `build fastpath` of a Hopper kernel change).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,8 +64,8 @@ for step in "${steps[@]}"; do
     grep -E "^\[  (FAILED|PASSED) |cases \]" "$out/soak.log" | tail -12
     note "soak: rc=$rc; $(grep -hoE '\[ cases \] [0-9]+' "$out/soak.log" | awk '{s+=$4} END {print s+0}') cases; $(grep -E 'PASSED|FAILED' "$out/soak.log" | tail -1)" ;;
   sanitize)
-    for tool in memcheck racecheck synccheck; do
-      GATEDMLP_TEST_CASES=12 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+      GATEDMLP_TEST_CASES=${SANITIZE_CASES:-12} compute-sanitizer --tool "$tool" --error-exitcode 3 \
         "$build/tests/test_gpu" --gtest_filter="${SANITIZE_FILTER:-GpuFused.RandomBf16:GpuFused.RandomFp16:GpuFused.FastPathEvery*:GpuFused.FastPathPreact*:GpuFused.FastPathOddRowBlocks:GpuFused.FastPathTickets:GpuFused.FastPathFallbacks:GpuApi.MisalignedPointersStillCorrect:GpuDecode.Random*:GpuDecode.EveryLayout*:GpuQuant.Random*:GpuDown.Random*:GpuGather.*:GpuGrouped.Random*:GpuGrouped.Bad*:GpuFp8.Random*:GpuFp8.Bad*:GpuFp8.Fp8Output*}" \
         >"$out/sanitize_$tool.log" 2>&1
       rc=$?

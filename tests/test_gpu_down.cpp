@@ -26,6 +26,7 @@
 #include "gpu_util.hpp"
 #include "quant_decode/quant_decode.hpp"
 #include "quant_weights.hpp"
+#include "scoped_env.hpp"
 
 using namespace gatedmlp;
 using namespace gatedmlp::test;
@@ -349,4 +350,40 @@ TEST(GpuDown, SplitOfK) {
   }
   unsetenv("GATEDMLP_QDECODE_DOWN_SPLIT");
   std::printf("[ cases ] %d passed (%d with the split forced to 3)\n", st.cases, split);
+}
+
+// The tiled down projection with 4 warps per CTA: the plan's rule at a grid
+// 8-warp CTAs would take in more than one wave (300 CTAs of 16 rows at
+// M = 16 on an H100 / H200), and any tiled case with the warps set by
+// GATEDMLP_QDECODE_DOWN (4 and 2: each warp takes more k-blocks).
+TEST(GpuDown, TiledWarps) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  DownStats st;
+  Problem p;
+  p.op = Operation::down;
+  p.quantized = true;
+  p.quant = QuantFormat{QuantMode::affine, 4, 64, 1, false, true};
+  p.m = 16;
+  p.k = 960;  // 7.5 k-blocks of 128: every warp takes two, one crosses K
+  p.u = 16 * 300;
+  p.has_bias = true;
+  Config cfg;
+  ASSERT_TRUE(plan(p, &cfg).ok());
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  EXPECT_EQ(cfg.threads, 300 > 2 * sms && 300 <= 5 * sms ? 128 : 0) << cfg.reason;
+  run_down_case(p, rng, &st);
+  int forced = 0;
+  for (const char* w : {"4,1", "2,1"}) {
+    test::ScopedEnv env("GATEDMLP_QDECODE_DOWN", w);
+    for (int i = 0, n = 0; n < cases(40) && i < 100000 && !HasFailure(); ++i) {
+      Problem q = random_down_problem(rng);
+      if (!q.quantized || !q.quant.tiled) continue;
+      SCOPED_TRACE("case " + std::to_string(i) + ", GATEDMLP_QDECODE_DOWN=" + w);
+      run_down_case(q, rng, &st);
+      ++forced, ++n;
+    }
+  }
+  std::printf("[ cases ] %d passed (%d tiled with the warps set)\n", st.cases, forced);
 }

@@ -407,4 +407,34 @@ TEST(Quant, TiledRefusesByName) {
   EXPECT_NE(cfg.path, KernelPath::quant_decode) << cfg.reason;
   EXPECT_NE(cfg.reason.find("tiled"), std::string::npos) << cfg.reason;
 }
+
+// The tiled down projection's warps per CTA (down_warps): 4 where 8-warp
+// CTAs would end in a wave less than half full on 132 SMs and 4-warp ones
+// fit in one.
+TEST(Quant, TiledDownWarps) {
+  struct Case { int64_t m, k, u; int threads; };
+  const Case cases[] = {{16, 25600, 5120, 128},  // Qwen3-32B: 320 CTAs, 2 per SM at 8 warps, 5 at 4
+                        {16, 14336, 4096, 0},    // 8B: 256 CTAs, one wave of 8 warps
+                        {1, 28672, 8192, 128},   // 70B: 512 CTAs, 3 per SM at 8 warps (X not staged), 6 at 4
+                        {1, 14336, 4096, 0},     // 8B: X staged, 4 per SM at 8 warps
+                        {16, 28672, 8192, 0},    // 70B: 512 CTAs, 2 per SM at 8 warps: two waves, the last 94 % full
+                        {1, 4096, 1024, 0}};
+  for (const Case& c : cases) {
+    Problem d;
+    d.op = Operation::down;
+    d.m = c.m, d.k = c.k, d.u = c.u;
+    d.quantized = true;
+    d.quant = fmt(4, 64);
+    d.quant.tiled = true;
+    Config cfg;
+    ASSERT_TRUE(detail::select_config(d.resolved(), nullptr, test::simulated_h200(), &cfg).ok());
+    SCOPED_TRACE(to_string(d));
+    EXPECT_EQ(cfg.path, KernelPath::quant_decode) << cfg.reason;
+    EXPECT_EQ(cfg.threads, c.threads) << cfg.reason;
+    EXPECT_EQ(cfg.reason.find("4 warps per CTA") != std::string::npos, c.threads == 128) << cfg.reason;
+    d.quant.tiled = false;  // the checkpoint order keeps its own
+    ASSERT_TRUE(detail::select_config(d.resolved(), nullptr, test::simulated_h200(), &cfg).ok());
+    EXPECT_EQ(cfg.threads, 0) << cfg.reason;
+  }
+}
 }  // namespace gatedmlp

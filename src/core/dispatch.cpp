@@ -314,7 +314,7 @@ Status select_fp8(const Problem& r, const Arguments* a, const DeviceInfo& dev, C
 // problem the kernel reads after down::run's passes: the GLU of the input
 // dense in the workspace, and weights that no quantized kernel reads
 // dequantized there (so a 16-bit kernel can still take them).
-Status select_down(const Problem& r, const Arguments* a, Config* cfg) {
+Status select_down(const Problem& r, const Arguments* a, const DeviceInfo& dev, Config* cfg) {
   Arguments ka;
   if (a) {  // what the passes write sits in the 256-byte aligned workspace
     ka = *a;
@@ -333,8 +333,11 @@ Status select_down(const Problem& r, const Arguments* a, Config* cfg) {
     if (quant_no.empty()) {
       c.path = KernelPath::quant_decode;
       c.tile_n = 16;
+      std::string warps_why;
+      c.threads = 32 * quant_decode::down_warps(r, dev.sms, &warps_why);  // 0: the kernel's own
       c.reason = "down projection, quantized decode kernel: " + to_string(r.quant) + " weights, m=" +
-                 std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once" + glu;
+                 std::to_string(r.m) + " <= " + std::to_string(quant_decode::max_tile_rows(r)) +
+                 " rows stream them once" + (warps_why.empty() ? "" : "; " + warps_why) + glu;
       *cfg = c;
       return Status::Ok();
     }
@@ -365,7 +368,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
   if (dev.major < 8)
     return err(StatusCode::not_supported, "device ", dev.device, " (", dev.name, ") has compute capability ", dev.major,
                ".", dev.minor, "; gatedmlp needs 8.0 or newer");
-  if (is_down(r)) return select_down(r, a, cfg);
+  if (is_down(r)) return select_down(r, a, dev, cfg);
   if (r.gather.grouped) return select_grouped(r, a, dev, cfg);
   if (r.gather.experts > 0) return select_gathered(r, r, a, cfg);
   if (fp8_input(r)) return select_fp8(r, a, dev, cfg);

@@ -150,6 +150,37 @@ int column_groups(const Problem& r, int sms, std::string* why) {
   return want;
 }
 
+int down_warps(const Problem& r, int sms, std::string* why) {
+  if (why) why->clear();
+  if (r.op != Operation::down || !r.quant.tiled || r.gather.experts > 0 || sms <= 0 ||
+      std::getenv("GATEDMLP_QDECODE_DOWN"))
+    return 0;
+  // Resident 8-warp CTAs per SM by the tiled kernels' registers (sm_90a,
+  // ptxas): one row of X staged, 63 (4 per SM, shared memory allowing);
+  // up to 8 rows, 73-87 (3; 2 with a K tail, not counted); up to 16, 95-109
+  // (2). With 4 warps: 6 and 5. On an H200 (whole-MLP bench, int4 g64, the
+  // same run; docs/notes/down-projection.md, h96) 4 warps ran 1.10x faster
+  // for Qwen3-32B's 320 CTAs at M = 16 (8-warp CTAs: a second wave 21 %
+  // full) and 1.01x for 70B's 512 at M = 1 (29 %), 0.98x for 70B's 512 at
+  // M = 16 (94 %: two nearly full waves); grids that fit one wave of 8-warp
+  // CTAs (8B at M = 1 and 16, Qwen3-32B at M = 1) ran 1.06-1.19x faster
+  // with 8. So 4 warps where they make one wave of a grid whose 8-warp
+  // form ends in a last wave less than half full.
+  const int64_t ctas = (r.u + 15) / 16;
+  const int64_t padded_k = (r.k + 127) / 128 * 128;
+  const int per_sm8 = r.m == 1 && padded_k * int64_t(dtype_size(r.input_dtype)) <= kTiledXsMaxBytes ? 4 : r.m <= 8 ? 3 : 2;
+  const int per_sm4 = r.m <= 8 ? 6 : 5;
+  const int64_t slots8 = int64_t(per_sm8) * sms, last = ctas % slots8;  // CTAs in the last wave of 8-warp ones
+  if (ctas <= slots8 || ctas > int64_t(per_sm4) * sms || last == 0 || 2 * last >= slots8) return 0;
+  if (why) {
+    std::ostringstream os;
+    os << "4 warps per CTA (" << ctas << " CTAs: one wave of " << per_sm4 << " per SM on " << sms
+       << " SMs, where 8-warp CTAs would end in a wave " << 100 * last / slots8 << " % full)";
+    *why = os.str();
+  }
+  return 4;
+}
+
 DownSplit down_split(const Problem& r) {
   // Unsplit unless asked: a rule aiming at ~1024 CTAs measured 14 % slower
   // at 8B, 3 % at 70B and 7 % faster at Qwen3-32B (H100, whole MLP, h67),
@@ -189,7 +220,7 @@ Params make_params(const Problem& r, const Arguments& a) {
 }
 
 cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, const DownSplit& split,
-                   float* partials, int groups) {
+                   float* partials, int groups, int warps) {
   Params q = make_params(r, a);
   decode::Params& p = q.d;
 
@@ -201,6 +232,7 @@ cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, co
   s.format = fp8 ? kFp8 : mx ? kMxfp4 : r.quant.bits == 8 ? kInt8 : kInt4;
   s.packed_math = mx || fp8 || r.scale_dtype == r.input_dtype;
   launch_shape(r, &p.warps, &s.unroll);
+  if (warps > 0) p.warps = warps;
   s.cg = groups;
   if (partials && split.splits > 1 && !s.gather) {
     p.split_k_blocks = split.k_blocks_per_split;

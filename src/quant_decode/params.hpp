@@ -47,6 +47,8 @@ struct Shape {
 };
 
 // Tiled 4-bit affine words (tiled.cuh): one translation unit per input dtype.
+// One row of X is staged in shared memory while its padded K fits in this.
+inline constexpr int kTiledXsMaxBytes = 40960;
 cudaError_t launch_tiled_bf16(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_tiled_fp16(const Params& p, Shape s, cudaStream_t stream);
 

@@ -45,16 +45,24 @@ DownSplit down_split(const Problem& resolved);
 // at M 9-16). `why`: the rule's reason.
 int column_groups(const Problem& resolved, int sms, std::string* why = nullptr);
 
+// Warps per CTA of the tiled down projection (QuantFormat::tiled, not
+// gathered) on a device with `sms` SMs: 4 where a grid of 8-warp CTAs would
+// end in a wave less than half full and 4-warp ones fit in one, else 0 (the
+// kernel's own 8). GATEDMLP_QDECODE_DOWN, where set, decides instead. `why`: the
+// rule's reason where it applies.
+int down_warps(const Problem& resolved, int sms, std::string* why = nullptr);
+
 // The kernel's parameters for a resolved problem and its arguments.
 Params make_params(const Problem& resolved, const Arguments& a);
 
 // Launches it on `stream` for a resolved problem that blocker() accepted.
 // split / partials: the down projection's split of K (down_split()) and
 // its [splits][M][U] fp32 scratch; null partials run it unsplit. groups:
-// the plan's column_groups() (Config::tile_n / 8), decided once when the
-// call is planned.
+// the plan's column_groups() (Config::tile_n / 8), warps: the plan's
+// down_warps() (Config::threads / 32; 0: the kernel's own), each decided
+// once when the call is planned.
 cudaError_t launch(const Problem& resolved, const Arguments& a, cudaStream_t stream,
-                   const DownSplit& split = DownSplit{}, float* partials = nullptr, int groups = 1);
+                   const DownSplit& split = DownSplit{}, float* partials = nullptr, int groups = 1, int warps = 0);
 
 // ---------------------------------------------------------------- more rows
 // Past kMaxM rows (past 128 where the Hopper form takes the call: hopper.hpp)

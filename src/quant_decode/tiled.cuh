@@ -38,7 +38,6 @@
 namespace gatedmlp::quant_decode {
 
 inline constexpr int kTiledBlockK = 128;       // a k-block: 4 lanes x 32 elements
-inline constexpr int kTiledXsMaxBytes = 40960;  // X staged (M = 1) while it fits beside the partial sums
 
 // One tile: `count` rows of X (xrows / yrows: the gathered tile's rows of x
 // and y, or null for 0 ... count-1) through expert `expert`'s weights (0 but

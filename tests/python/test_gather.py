@@ -643,6 +643,22 @@ def random_cases(n):
 CASES = random_cases(40)
 
 
+def assert_within_rule_or_rounding(got, unfused, ref, what):
+    """assert_within_rule where the output has 64 elements or more. Below
+    that a norm over a handful of values is too noisy for the 2x-unfused
+    ratio (the unfused path's error can be near 0 by chance; the C++
+    suites skip the ratio there too): each element is held to a few
+    roundings of its dtype, and of the unfused path's own error."""
+    if got.numel() >= 64:
+        return assert_within_rule(got, unfused, ref, what)
+    assert torch.isfinite(got).all(), f"{what}: non-finite output (an element not written, or NaN)"
+    eps = max(torch.finfo(got.dtype).eps, 1e-5)  # fp32: the sums' own rounding (the C++ suites' 1e-5)
+    r = ref.double()
+    tol = 2 * (unfused.double() - r).abs() + 2 * eps * r.abs() + max(eps, 2e-5) * r.abs().max() + 1e-30
+    bad = (got.double() - r).abs() > tol
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {got.numel()} elements beyond rounding"
+
+
 def _id(c):
     return (f"t{c['t']}k{c['k']}e{c['e']}K{c['kk']}u{c['u']}-{c['dtype']}-{c['act']}-"
             f"{'sep' if c['sep'] else 'g%d%s' % (c['group'], c['first'])}-{c['route']}-{c['ids']}")
@@ -669,11 +685,11 @@ def test_random_gather_gate_up(case):
                                   alpha=c["alpha"], group=c["group"], first=c["first"])
     assert got is y
     torch.cuda.synchronize()
-    assert_within_rule(y, unf, ref, _id(c))
+    assert_within_rule_or_rounding(y, unf, ref, _id(c))
     if c["pad_y"]:
         assert torch.isnan(y_full[:, u:]).all(), "wrote outside out's columns"
     if pre is not None:
-        assert_within_rule(pre.reshape(t * k, 2 * u), pre16, pre64, _id(c) + " (preact)")
+        assert_within_rule_or_rounding(pre.reshape(t * k, 2 * u), pre16, pre64, _id(c) + " (preact)")
     # allocated out: [T, k, U] in x's dtype, the same numbers
     y2 = gatedmlp.gather_gate_up(x, ids, w, w_up, b, b_up, activation=c["act"], alpha=c["alpha"],
                                  group=c["group"], first=c["first"])
