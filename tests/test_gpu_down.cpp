@@ -352,10 +352,11 @@ TEST(GpuDown, SplitOfK) {
   std::printf("[ cases ] %d passed (%d with the split forced to 3)\n", st.cases, split);
 }
 
-// The tiled down projection with 4 warps per CTA: the plan's rule at a grid
-// 8-warp CTAs would take in more than one wave (300 CTAs of 16 rows at
-// M = 16 on an H100 / H200), and any tiled case with the warps set by
-// GATEDMLP_QDECODE_DOWN (4 and 2: each warp takes more k-blocks).
+// The tiled down projection with 4 warps per CTA: the plan's rule where
+// 8-warp CTAs would end in a wave less than half full (300 CTAs of 16 rows
+// at M = 16, 2 per SM: 36 in the second wave on 132 SMs), and any tiled
+// case with the warps set by GATEDMLP_QDECODE_DOWN (4 and 2: each warp
+// takes more k-blocks).
 TEST(GpuDown, TiledWarps) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
@@ -372,7 +373,8 @@ TEST(GpuDown, TiledWarps) {
   ASSERT_TRUE(plan(p, &cfg).ok());
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  EXPECT_EQ(cfg.threads, 300 > 2 * sms && 300 <= 5 * sms ? 128 : 0) << cfg.reason;
+  const int slots8 = 2 * sms, last = 300 % slots8;  // down_warps' rule at 2 and 5 CTAs per SM
+  EXPECT_EQ(cfg.threads, 300 > slots8 && 300 <= 5 * sms && last > 0 && 2 * last < slots8 ? 128 : 0) << cfg.reason;
   run_down_case(p, rng, &st);
   int forced = 0;
   for (const char* w : {"4,1", "2,1"}) {

@@ -156,12 +156,13 @@ struct QuantFormat {
   // affine 4-bit only: words, scales and biases in the tiled order
   // (tile_quantized, quant.hpp), for the decode kernel's loads: 1 KB tiles of
   // 16 rows x 128 of K, and (scale, bias) pairs in w_scales (w_biases null),
-  // a lane's two rows' four values in one 8-byte word. Gate/up weights
-  // in the fused order with group 8, gate first, or a down projection's
-  // rows as they are (u a multiple of 16); also gathered (each expert's
-  // arrays tiled); scales of X's dtype for the tiled kernels. 1.12-1.23x the checkpoint order's speed at M = 1-16 on an H200
-  // (docs/notes/quantized-decode.md, h95); past 16 rows the weights are
-  // dequantized (no Hopper form).
+  // a lane's two rows' four values in one 8-byte word. Gate/up weights in
+  // the fused order with group 8, gate first, or a down projection's rows
+  // as they are (u a multiple of 16); also gathered (each expert's arrays
+  // tiled); scales of X's dtype for the tiled kernels. 1.12-1.23x the
+  // checkpoint order's speed at M = 1-16 on an H200 (gate/up; the whole MLP
+  // 1.22-1.36x: docs/notes/quantized-decode.md h95, down-projection.md h96);
+  // past 16 rows the weights are dequantized (no Hopper form).
   bool tiled = false;
 };
 

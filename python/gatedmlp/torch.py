@@ -616,7 +616,8 @@ def quantized_down(h: Tensor, wq: Tensor, scales: Tensor, biases: Optional[Tenso
     h is [..., K], up h's shape; returns y [..., U]."""
     _check_no_grad(h, up, bias)
     if tiled and mode != "affine":
-        raise _g.InvalidArgumentError(f"gatedmlp: tiled=True takes mode='affine' (gatedmlp.tile's arrays), got {mode!r}")
+        raise _g.InvalidArgumentError(f"gatedmlp: tiled=True takes mode='affine' (gatedmlp.tile's arrays), "
+                                      f"got {mode!r}")
     act = activation if activation in _ACTIVATIONS else activation_name(activation)
     mode, bits, group_size, row_block = _quant_args(mode, bits, group_size, row_block)
     args = (h, wq, scales, biases, up, bias, "affine_tiled" if tiled else mode, bits, group_size, row_block, act,

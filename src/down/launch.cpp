@@ -109,8 +109,8 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
       // The split of K where the workspace has room for its partial sums.
       const bool split = l.partials && bytes >= l.required() + l.partials;
       float* partials = split ? reinterpret_cast<float*>(base + l.required()) : nullptr;
-      if (Status s = cuda(quant_decode::launch(kp, ka, stream, l.split, partials, 1, cfg.threads / 32), "kernel launch");
-          !s)
+      const int warps = cfg.threads / 32;  // the plan's down_warps(); 0: the kernel's own
+      if (Status s = cuda(quant_decode::launch(kp, ka, stream, l.split, partials, 1, warps), "kernel launch"); !s)
         return s;
       if (!split) return Status::Ok();
       return cuda(reduce_splits(r, partials, l.split.splits, a.bias, a.y, stream),

@@ -168,7 +168,8 @@ int down_warps(const Problem& r, int sms, std::string* why) {
   // form ends in a last wave less than half full.
   const int64_t ctas = (r.u + 15) / 16;
   const int64_t padded_k = (r.k + 127) / 128 * 128;
-  const int per_sm8 = r.m == 1 && padded_k * int64_t(dtype_size(r.input_dtype)) <= kTiledXsMaxBytes ? 4 : r.m <= 8 ? 3 : 2;
+  const bool x_staged = r.m == 1 && padded_k * int64_t(dtype_size(r.input_dtype)) <= kTiledXsMaxBytes;
+  const int per_sm8 = x_staged ? 4 : r.m <= 8 ? 3 : 2;
   const int per_sm4 = r.m <= 8 ? 6 : 5;
   const int64_t slots8 = int64_t(per_sm8) * sms, last = ctas % slots8;  // CTAs in the last wave of 8-warp ones
   if (ctas <= slots8 || ctas > int64_t(per_sm4) * sms || last == 0 || 2 * last >= slots8) return 0;

@@ -48,8 +48,8 @@ int column_groups(const Problem& resolved, int sms, std::string* why = nullptr);
 // Warps per CTA of the tiled down projection (QuantFormat::tiled, not
 // gathered) on a device with `sms` SMs: 4 where a grid of 8-warp CTAs would
 // end in a wave less than half full and 4-warp ones fit in one, else 0 (the
-// kernel's own 8). GATEDMLP_QDECODE_DOWN, where set, decides instead. `why`: the
-// rule's reason where it applies.
+// kernel's own 8). GATEDMLP_QDECODE_DOWN, where set, decides instead.
+// `why`: the rule's reason where it applies.
 int down_warps(const Problem& resolved, int sms, std::string* why = nullptr);
 
 // The kernel's parameters for a resolved problem and its arguments.

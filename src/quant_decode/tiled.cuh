@@ -16,7 +16,8 @@
 //
 // A lane (g, t) of column group c reads rows g (gate) and 8 + g (up) of
 // tile (c, kb) (the down projection's tile c: rows 16c + g and 16c + 8 + g,
-// output columns of their own, epilogue_down): words at ((c * KB + kb) * 16 + h * 8 + g) * 16 + 4t, the
+// output columns of their own, epilogue_down): words at
+// ((c * KB + kb) * 16 + h * 8 + g) * 16 + 4t, the
 // two rows' (scale, bias) pairs at 8-byte word ((c * G + group) * 8 + g), G
 // the padded groups per row. K is padded to whole k-blocks with zero codes,
 // scales and biases, so every load of weights and scales is unpredicated; X
