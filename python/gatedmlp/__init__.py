@@ -702,7 +702,7 @@ def quantized_gather_gate_up(x, topk_ids, wq, scales, biases=None, *, wq_up=None
 
 def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, group_size=None, bits=None,
                 mode="affine", row_block=None, out=None, activation=Activation.silu, act_params=None, alpha=1.0,
-                stream=None, workspace=None, check_indices=True, row_scale=None):
+                stream=None, workspace=None, check_indices=True, row_scale=None, tiled=False):
     """The down projection of a Mixture-of-Experts layer: each row of h
     through the expert its id names, in one launch.
 
@@ -716,7 +716,10 @@ def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, grou
     up:       optional up half of a GLU input, h's shape (h the gate half).
     w:        the experts' weights [E, U, K] (16-bit, K contiguous); with
               scales, quantized words [E, U, K * bits / 32] with scales /
-              biases [E, U, K / group_size] in quantized_down's formats.
+              biases [E, U, K / group_size] in quantized_down's formats;
+              tiled=True: tile(..., down=True)'s words and (scale, bias)
+              pairs as w and scales, no biases (affine 4-bit, U a multiple
+              of 16, scales of h's dtype).
     bias:     optional [E, U].
     row_scale: optional R per-row scales, float32, bfloat16 or float16 (any
               shape, made contiguous): the MoE routing weights, e.g.
@@ -730,7 +733,10 @@ def gather_down(h, ids, w, bias=None, *, up=None, scales=None, biases=None, grou
     """
     activation = activation if type(activation) is Activation else _enum(Activation, activation, "activation")
     _check_no_grad((h, w, up, bias, out, row_scale))
-    fmt = None if scales is None else _quant_format(group_size, bits, mode, row_block)
+    if tiled and scales is None:
+        raise _invalid("tiled=True takes tile(..., down=True)'s words and (scale, bias) pairs as w and scales; "
+                       "'scales' is missing")
+    fmt = None if scales is None else _quant_format(group_size, bits, mode, row_block, False, tiled)
     hs = _shape(h)
     if len(hs) < 2:
         raise _invalid(f"'h' must be [R, K] or [..., K], got shape {hs}")

@@ -786,6 +786,32 @@ def test_quantized_gather_gate_up_tiled(t, k, e, kk):
     assert torch.equal(got, want), (got.float() - want.float()).abs().max()
 
 
+@on_gpu
+@pytest.mark.parametrize("t,k,e,kk", [(1, 4, 32, 704), (16, 2, 8, 1024), (5, 8, 128, 256)])
+def test_quantized_gather_down_tiled(t, k, e, kk):
+    # Each expert's int4 down projection tiled (tile(..., down=True) over
+    # the expert axis) against the checkpoint's order of the same experts,
+    # with the routing weights as row scales: the kernels split K over
+    # their warps differently, so close, not bit-identical.
+    r = random.Random(repr((t, k, e, kk)))
+    hdim, dt = 16 * r.choice([2, 5, 9]), torch.bfloat16 if t % 2 else torch.float16
+    g = 64 if kk % 128 else 128
+    wq, s, b = (torch.from_numpy(a).to(DEV) for a in gatedmlp.quantize((torch.randn(e, hdim, kk) * 0.05).numpy(),
+                                                                       group_size=g))
+    s, b = s.to(dt), b.to(dt)
+    h = torch.randn(t, k, kk, device=DEV, dtype=dt)
+    ids = ids_tensor(routing(r, t, k, e, r.choice(["uniform", "skewed", "dup"])), r.choice(["int32", "int64"]))
+    rs = torch.rand(t, k, device=DEV)
+    tw, tsb = gatedmlp.tile(wq, s, b, group_size=g, down=True)
+    want = gatedmlp.gather_down(h, ids, wq, scales=s, biases=b, group_size=g, row_scale=rs)
+    got = gatedmlp.gather_down(h, ids, tw, scales=tsb, group_size=g, row_scale=rs, tiled=True)
+    assert got.shape == want.shape == (t, k, hdim) and torch.isfinite(got).all()
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert err < 2e-3, f"relative difference {err}"
+    with pytest.raises(gatedmlp.InvalidArgumentError, match="'scales' is missing"):
+        gatedmlp.gather_down(h, ids, tw, group_size=g, tiled=True)
+
+
 # ---------------------------------------------------------------- the down projection
 @on_gpu
 @pytest.mark.parametrize("glu", [False, True], ids=["noglu", "glu"])
