@@ -72,6 +72,37 @@ def test_matches_mlx_quantized_matmul(mode, bits, group, m, scale_dtype):
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_tiled_matches_mlx_quantized_matmul(group, m):
+    """The tiled kernels (gate/up and the down projection) against MLX's
+    quantized_matmul on the checkpoint's arrays they were tiled from, bf16
+    scales and biases (the tiled kernels' own: x's dtype) read by MLX as
+    fp32. K = 704 / 640: a padded k-block."""
+    rng = np.random.default_rng()
+    k, u, hdim = (704 if group < 128 else 640), 96, 64
+    as_bf16 = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16)  # noqa: E731
+    wq, s, b = gatedmlp.quantize((rng.standard_normal((2 * u, k)) * 0.05).astype(np.float32), group_size=group)
+    s_t, b_t = as_bf16(s), as_bf16(b)
+    s, b = s_t.float().numpy(), b_t.float().numpy()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    x32 = x.float().cpu().numpy()
+    g = mlx_matmul(x32, wq[:u], s[:u], b[:u], group, 4, "affine")
+    up = mlx_matmul(x32, wq[u:], s[u:], b[u:], group, 4, "affine")
+    tw, tsb = gatedmlp.tile(torch.from_numpy(wq).cuda(), s_t.cuda(), b_t.cuda(), group_size=group)
+    got = gatedmlp.quantized_gate_up(x, tw, tsb, group_size=group, tiled=True)
+    c = cosine(got.float().cpu().numpy(), g / (1 + np.exp(-g)) * up)
+    assert c >= 0.99999, f"gate/up: cosine {c} against MLX (group={group}, m={m})"
+    # The down projection [H, K], its rows tiled as they are.
+    dq, ds, db = gatedmlp.quantize((rng.standard_normal((hdim, k)) * 0.05).astype(np.float32), group_size=group)
+    ds_t, db_t = as_bf16(ds), as_bf16(db)
+    want = mlx_matmul(x32, dq, ds_t.float().numpy(), db_t.float().numpy(), group, 4, "affine")
+    td, tds = gatedmlp.tile(torch.from_numpy(dq).cuda(), ds_t.cuda(), db_t.cuda(), group_size=group, down=True)
+    got = gatedmlp.quantized_down(x, td, tds, group_size=group, tiled=True)
+    c = cosine(got.float().cpu().numpy(), want)
+    assert c >= 0.99999, f"down: cosine {c} against MLX (group={group}, m={m})"
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m", [1, 5, 16, 40])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tiled_matches_the_checkpoint_order(group, m, dtype):
