@@ -164,12 +164,7 @@ __device__ __forceinline__ void decode_tile(const Params& p, float* red, int64_t
 
   store_partials<NT, CG>(red, acc);
   __syncthreads();
-  if constexpr (CG == 1) {
-    if (p.down) epilogue_down<NT>(p, red, j0, l, count, yrows);
-    else epilogue<NT, CG>(p, red, j0, l, count, yrows);
-  } else {
-    epilogue<NT, CG>(p, red, j0, l, count, yrows);
-  }
+  tile_epilogue<NT, CG>(p, red, j0, l, count, yrows);
   __syncthreads();
 }
 

@@ -160,4 +160,18 @@ __device__ __forceinline__ void epilogue_down(const Params& p, const float* red,
   }
 }
 
+// A tile's end in any decode kernel: the down projection's epilogue
+// (Params::down; one column group) or gate/up's.
+template <int NT, int CG>
+__device__ __forceinline__ void tile_epilogue(const Params& p, const float* red, int64_t j0, int64_t l, int count,
+                                              const int* yrows) {
+  if constexpr (CG == 1) {
+    if (p.down) {
+      epilogue_down<NT>(p, red, j0, l, count, yrows);
+      return;
+    }
+  }
+  epilogue<NT, CG>(p, red, j0, l, count, yrows);  // column groups: gate/up only
+}
+
 }  // namespace gatedmlp::decode

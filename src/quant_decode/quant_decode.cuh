@@ -307,12 +307,7 @@ __device__ __forceinline__ void quant_tile(const Params& qp, float* red, int64_t
 
   decode::store_partials<NT, CG>(red, acc);
   __syncthreads();
-  if constexpr (CG == 1) {
-    if (p.down) decode::epilogue_down<NT>(p, red, j0, expert, count, yrows);
-    else decode::epilogue<NT, 1>(p, red, j0, expert, count, yrows);
-  } else {
-    decode::epilogue<NT, CG>(p, red, j0, expert, count, yrows);  // gate/up only (column_groups())
-  }
+  decode::tile_epilogue<NT, CG>(p, red, j0, expert, count, yrows);
   __syncthreads();
 }
 

@@ -189,8 +189,7 @@ __device__ __forceinline__ void repacked_tile(const Params& qp, float* red, int6
 
   decode::store_partials<NT, 1>(red, acc);
   __syncthreads();
-  if (p.down) decode::epilogue_down<NT>(p, red, j0, expert, count, yrows);
-  else decode::epilogue<NT, 1>(p, red, j0, expert, count, yrows);
+  decode::tile_epilogue<NT, 1>(p, red, j0, expert, count, yrows);
   __syncthreads();
 }
 
