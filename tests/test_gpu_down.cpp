@@ -17,6 +17,7 @@
 // every element must be written, padding must stay poison, and a call
 // refused for too small a workspace writes nothing.
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -388,4 +389,31 @@ TEST(GpuDown, TiledWarps) {
     }
   }
   std::printf("[ cases ] %d passed (%d tiled with the warps set)\n", st.cases, forced);
+}
+
+// Deeper register pipelines for the tiled down projection
+// (GATEDMLP_QDECODE_AHEAD = 2, 3; the plan's Config::ahead).
+TEST(GpuDown, TiledAhead) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  DownStats st;
+  int deeper = 0;
+  for (const char* v : {"2", "3"}) {
+    ScopedEnv env("GATEDMLP_QDECODE_AHEAD", v);
+    for (int i = 0, n = 0; n < cases(60) && i < 100000 && !HasFailure(); ++i) {
+      const Problem q = random_down_problem(rng);
+      if (!q.quantized || !q.quant.tiled) continue;
+      SCOPED_TRACE("case " + std::to_string(i) + ", GATEDMLP_QDECODE_AHEAD=" + v);
+      Config c;
+      ASSERT_TRUE(plan(q, &c).ok());
+      if (c.path == KernelPath::quant_decode) {
+        EXPECT_EQ(c.ahead, std::atoi(v)) << to_string(c);  // one column group: every depth
+        deeper += q.k % 128 == 0;
+      }
+      run_down_case(q, rng, &st);
+      ++n;
+    }
+  }
+  std::printf("[ cases ] %d passed (%d on the tiled kernel deeper than one k-block)\n", st.cases, deeper);
+  EXPECT_GT(deeper, 0);
 }

@@ -15,6 +15,7 @@
 // padding must stay poison, and a bad index writes nothing and is reported.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -24,6 +25,7 @@
 #include "gatedmlp/quant.hpp"
 #include "gpu_util.hpp"
 #include "quant_weights.hpp"
+#include "scoped_env.hpp"
 
 using namespace gatedmlp;
 using namespace gatedmlp::test;
@@ -435,4 +437,23 @@ TEST(GpuGather, RefusedWhereNoKernelReads) {
   s = check_support(p);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.message();
   EXPECT_NE(s.message().find("convert_weights"), std::string::npos) << s.message();
+}
+
+// Deeper register pipelines for tiled experts (GATEDMLP_QDECODE_AHEAD = 2,
+// 3; 16-row tiles take at most 2).
+TEST(GpuGather, TiledAhead) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  GatherStats st;
+  for (const char* v : {"2", "3"}) {
+    ScopedEnv env("GATEDMLP_QDECODE_AHEAD", v);
+    for (int i = 0, n = 0; n < cases(60) && i < 100000 && !HasFailure(); ++i) {
+      const GatherCase c = random_gather_case(rng);
+      if (!c.p.quantized || !c.p.quant.tiled) continue;
+      SCOPED_TRACE("case " + std::to_string(i) + ", GATEDMLP_QDECODE_AHEAD=" + v);
+      run_gather_case(c, rng, &st);
+      ++n;
+    }
+  }
+  std::printf("[ cases ] %d tiled passed (%d down projections)\n", st.cases, st.down);
 }

@@ -17,7 +17,9 @@
 // Outputs are poisoned with NaN: every element must be written, no padding.
 //
 // Then what the dispatcher must refuse for quantized weights, by name.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -462,4 +464,34 @@ TEST(GpuQuant, RoutesWhatTheDecodeKernelCannotRead) {
   ASSERT_TRUE(plan(p, &cfg).ok());
   EXPECT_EQ(cfg.path, KernelPath::quant_decode);
   EXPECT_NE(cfg.reason.find("fp8_e4m3"), std::string::npos) << cfg.reason;
+}
+
+// Deeper register pipelines (Config::ahead, GATEDMLP_QDECODE_AHEAD): random
+// tiled cases with 2 and 3 k-blocks requested ahead; the plan clamps the
+// knob to what the kernel takes (tiled_max_depth()), and K tails run one.
+TEST(GpuQuant, TiledAhead) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  CaseStats st;
+  int by_ahead[4] = {0, 0, 0, 0};
+  for (const char* v : {"2", "3"}) {
+    ScopedEnv knob("GATEDMLP_QDECODE_AHEAD", v);
+    for (int i = 0, n = 0; n < cases(60) && i < 100000 && !HasFailure(); ++i) {
+      const Problem p = random_quant_problem(rng);
+      if (!p.quant.tiled) continue;
+      SCOPED_TRACE("case " + std::to_string(i) + ", GATEDMLP_QDECODE_AHEAD=" + v);
+      Config c;
+      ASSERT_TRUE(plan(p, &c).ok());
+      if (c.path == KernelPath::quant_decode && !quant_decode::is_hopper_form(c)) {
+        EXPECT_GE(c.ahead, 1) << to_string(c);
+        EXPECT_LE(c.ahead, std::atoi(v)) << to_string(c);
+        by_ahead[std::clamp(c.ahead, 0, 3)]++;
+      }
+      run_quant_case(p, rng, &st);
+      ++n;
+    }
+  }
+  std::printf("[ cases ] %d tiled passed (ahead 1: %d, 2: %d, 3: %d; the rest dequantized)\n", st.cases, by_ahead[1],
+              by_ahead[2], by_ahead[3]);
+  EXPECT_GT(by_ahead[2] + by_ahead[3], 0) << "no case ran deeper than one k-block";
 }

@@ -12,6 +12,7 @@
 #include "common/host_float16.hpp"
 #include "gatedmlp/quant.hpp"
 #include "reference/reference.hpp"
+#include "scoped_env.hpp"
 #include "simulated_devices.hpp"
 
 namespace gatedmlp {
@@ -435,6 +436,68 @@ TEST(Quant, TiledDownWarps) {
     d.quant.tiled = false;  // the checkpoint order keeps its own
     ASSERT_TRUE(detail::select_config(d.resolved(), nullptr, test::simulated_h200(), &cfg).ok());
     EXPECT_EQ(cfg.threads, 0) << cfg.reason;
+  }
+}
+// k-blocks requested ahead by the tiled kernels (Config::ahead): two for
+// gathered calls, one for dense ones (h97); the knob clamped to what each
+// kernel takes without spilling (tiled_max_depth()); 0 off the tiled order.
+TEST(Quant, TiledAhead) {
+  auto pick = [](const Problem& p) {
+    Config c;
+    const Status s = detail::select_config(p.resolved(), nullptr, test::simulated_h200(), &c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(c.path, KernelPath::quant_decode) << to_string(c);
+    return c;
+  };
+  Problem g;  // Mixtral's experts at one token, top 2: one 8-row tile each
+  g.m = 2, g.k = 4096, g.u = 14336;
+  g.gather.experts = 8;
+  g.gather.rows_per_x = 2;
+  g.quantized = true;
+  g.quant = fmt(4, 64);
+  g.quant.tiled = true;
+  g.weights.group = 8;
+  Config c = pick(g);
+  EXPECT_EQ(c.ahead, 2) << to_string(c);
+  EXPECT_NE(c.reason.find("2 k-blocks requested ahead"), std::string::npos) << c.reason;
+  EXPECT_NE(to_string(c).find("ahead=2"), std::string::npos) << to_string(c);
+  Problem gd = g;  // their down projections
+  gd.op = Operation::down;
+  gd.k = 14336, gd.u = 4096;
+  gd.weights = WeightLayout{};
+  EXPECT_EQ(pick(gd).ahead, 2);
+  Problem d = g;  // 8B's gate/up and down projection, dense
+  d.gather = Gather{};
+  d.m = 1;
+  EXPECT_EQ(pick(d).ahead, 1);
+  Problem dd = gd;
+  dd.gather = Gather{};
+  dd.m = 16;
+  EXPECT_EQ(pick(dd).ahead, 1);
+  Problem untiled = g;
+  untiled.quant.tiled = false;
+  untiled.weights = WeightLayout{};
+  EXPECT_EQ(pick(untiled).ahead, 0);
+  {
+    test::ScopedEnv knob("GATEDMLP_QDECODE_AHEAD", "3");
+    EXPECT_EQ(pick(g).ahead, 3);   // 8-row tiles, one column group
+    EXPECT_EQ(pick(gd).ahead, 3);
+    EXPECT_EQ(pick(dd).ahead, 3);  // the down projection: one column group
+    c = pick(d);                   // M = 1: two column groups, at most 2
+    EXPECT_EQ(c.tile_n, 16) << to_string(c);
+    EXPECT_EQ(c.ahead, 2) << to_string(c);
+    EXPECT_NE(c.reason.find("set by GATEDMLP_QDECODE_AHEAD"), std::string::npos) << c.reason;
+    d.m = 16;  // four column groups: one
+    c = pick(d);
+    EXPECT_EQ(c.tile_n, 32) << to_string(c);
+    EXPECT_EQ(c.ahead, 1) << to_string(c);
+    g.m = 64;  // 16-row tiles: at most 2
+    EXPECT_EQ(pick(g).tile_m, 16);
+    EXPECT_EQ(pick(g).ahead, 2);
+  }
+  {
+    test::ScopedEnv knob("GATEDMLP_QDECODE_AHEAD", "1");
+    EXPECT_EQ(pick(g).ahead, 1);
   }
 }
 }  // namespace gatedmlp

@@ -400,6 +400,9 @@ struct Config {
   int tile_k = 0;
   int stages = 0;      // shared-memory pipeline depth
   int threads = 0;
+  // Quantized decode kernel on tiled words: k-blocks each warp has requested
+  // ahead of the one it multiplies (a pipeline in registers); 0 elsewhere.
+  int ahead = 0;
   bool vector_loads = false;  // 16-byte cp.async loads (K, strides and pointers aligned)
   // Hopper path: each consumer warpgroup runs whole tiles in turn
   // (ping-pong), one's epilogue under the other's main loop, instead of both

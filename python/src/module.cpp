@@ -500,6 +500,7 @@ NB_MODULE(_gatedmlp, m) {
                 .def_rw("tile_n", &Config::tile_n)
                 .def_rw("tile_k", &Config::tile_k)
                 .def_rw("stages", &Config::stages)
+                .def_rw("ahead", &Config::ahead)
                 .def_rw("threads", &Config::threads)
                 .def_rw("vector_loads", &Config::vector_loads)
                 .def_rw("pingpong", &Config::pingpong)

@@ -317,8 +317,9 @@ Status run(const Problem& p, const Arguments& a, void* workspace, size_t workspa
   if (decode::is_hopper_form(cfg)) return decode::hopper_launch(e->decode_hopper, a, stream);
   if (quant_decode::is_hopper_form(cfg)) return quant_decode::hopper_launch(e->quant_hopper, a, stream);
   if (cfg.path == KernelPath::decode || cfg.path == KernelPath::quant_decode) {
-    const cudaError_t ce = cfg.path == KernelPath::decode ? decode::launch(r, a, e->sms, stream)
-                                                           : quant_decode::launch(r, a, stream, {}, nullptr, cfg.tile_n / 8);
+    const cudaError_t ce = cfg.path == KernelPath::decode
+                               ? decode::launch(r, a, e->sms, stream)
+                               : quant_decode::launch(r, a, stream, {}, nullptr, cfg.tile_n / 8, 0, cfg.ahead);
     if (ce != cudaSuccess)
       return err(StatusCode::cuda_error, "kernel launch failed (", to_string(cfg), "): ", cudaGetErrorString(ce));
     return Status::Ok();

@@ -240,10 +240,13 @@ Status select_gathered(const Problem& r, const Problem& kp, const Arguments* a, 
                           : decode::gathered_tile_rows(kp, int(decode::kMaxM));
   c.tile_n = down ? 16 : 8;
   c.vector_loads = true;
+  std::string ahead_why;
+  c.ahead = kp.quantized ? quant_decode::tiled_ahead(kp, 0, &ahead_why) : 0;  // one column group: no SMs needed
   std::ostringstream os;
   os << (down ? "down projection, " : "") << "gathered over " << r.gather.experts << " experts on the "
      << (kp.quantized ? "quantized decode kernel (" + to_string(r.quant) + " weights)" : std::string("decode kernel"))
      << ": each distinct expert's weights streamed once for its rows, " << c.tile_m << " rows per tile";
+  if (!ahead_why.empty()) os << "; " << ahead_why;
   if (r.glu_input) os << "; the GLU of its input computed into the workspace first";
   c.reason = os.str();
   *cfg = c;
@@ -333,11 +336,13 @@ Status select_down(const Problem& r, const Arguments* a, const DeviceInfo& dev, 
     if (quant_no.empty()) {
       c.path = KernelPath::quant_decode;
       c.tile_n = 16;
-      std::string warps_why;
+      std::string warps_why, ahead_why;
       c.threads = 32 * quant_decode::down_warps(r, dev.sms, &warps_why);  // 0: the kernel's own
+      c.ahead = quant_decode::tiled_ahead(r, dev.sms, &ahead_why);
       c.reason = "down projection, quantized decode kernel: " + to_string(r.quant) + " weights, m=" +
                  std::to_string(r.m) + " <= " + std::to_string(quant_decode::max_tile_rows(r)) +
-                 " rows stream them once" + (warps_why.empty() ? "" : "; " + warps_why) + glu;
+                 " rows stream them once" + (warps_why.empty() ? "" : "; " + warps_why) +
+                 (ahead_why.empty() ? "" : "; " + ahead_why) + glu;
       *cfg = c;
       return Status::Ok();
     }
@@ -422,8 +427,9 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
       Config c;
       c.path = KernelPath::quant_decode;
       c.tile_m = static_cast<int>(r.m);
-      std::string groups;
+      std::string groups, ahead_why;
       c.tile_n = 8 * quant_decode::column_groups(r, dev.sms, &groups);
+      c.ahead = quant_decode::tiled_ahead(r, dev.sms, &ahead_why);
       c.vector_loads = true;
       c.reason = "quantized decode kernel: " + to_string(r.quant) + " weights dequantized in registers, m=" +
                  std::to_string(r.m) + " <= " + std::to_string(quant_decode::kMaxM) + " rows stream them once; " +
@@ -432,7 +438,7 @@ Status select_config(const Problem& r, const Arguments* a, const DeviceInfo& dev
                                                                                       : "fp32 dequantization")
                   : r.quant.bits == 4 && r.scale_dtype == r.input_dtype ? "16-bit pair dequantization"
                                                                          : "fp32 dequantization") +
-                 (groups.empty() ? "" : "; " + groups);
+                 (groups.empty() ? "" : "; " + groups) + (ahead_why.empty() ? "" : "; " + ahead_why);
       if (sm90_device && r.m >= hopper_min_m)
         c.reason += hopper_no.empty() ? "; " + hopper_form(&c) : "; Hopper form not taken: " + hopper_no;
       *cfg = c;

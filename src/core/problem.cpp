@@ -166,6 +166,7 @@ std::string to_string(const Config& c) {
   std::ostringstream os;
   os << "Config{path=" << to_string(c.path) << " tile=" << c.tile_m << "x" << c.tile_n << "x" << c.tile_k
      << " stages=" << c.stages << " threads=" << c.threads << " loads=" << (c.vector_loads ? "16B" : "element");
+  if (c.ahead) os << " ahead=" << c.ahead;
   if (c.pingpong) os << " pingpong";
   if (!c.reason.empty()) os << " reason=\"" << c.reason << "\"";
   os << "}";

@@ -110,7 +110,8 @@ Status run(const Problem& r, const Config& cfg, const Arguments& a, CublasLinear
       const bool split = l.partials && bytes >= l.required() + l.partials;
       float* partials = split ? reinterpret_cast<float*>(base + l.required()) : nullptr;
       const int warps = cfg.threads / 32;  // the plan's down_warps(); 0: the kernel's own
-      if (Status s = cuda(quant_decode::launch(kp, ka, stream, l.split, partials, 1, warps), "kernel launch"); !s)
+      const cudaError_t ce = quant_decode::launch(kp, ka, stream, l.split, partials, 1, warps, cfg.ahead);
+      if (Status s = cuda(ce, "kernel launch"); !s)
         return s;
       if (!split) return Status::Ok();
       return cuda(reduce_splits(r, partials, l.split.splits, a.bias, a.y, stream),

@@ -182,6 +182,31 @@ int down_warps(const Problem& r, int sms, std::string* why) {
   return 4;
 }
 
+int tiled_ahead(const Problem& r, int sms, std::string* why) {
+  if (why) why->clear();
+  if (!r.quant.tiled) return 0;
+  const bool gather = r.gather.experts > 0, down = r.op == Operation::down;
+  const int nt = gather ? decode::gathered_tile_rows(r, int(kTiledMaxM)) / 8 : r.m <= 8 ? 1 : 2;
+  const int cg = gather || down ? 1 : column_groups(r, sms);
+  const int most = tiled_max_depth(nt, cg, gather);
+  if (const char* v = std::getenv("GATEDMLP_QDECODE_AHEAD")) {
+    const int asked = std::atoi(v), n = asked < 1 ? 1 : asked > most ? most : asked;
+    if (why && n > 1) *why = std::to_string(n) + " k-blocks requested ahead per warp, set by GATEDMLP_QDECODE_AHEAD";
+    return n;
+  }
+  // Two ahead for gathered calls only. Their CTAs of 2 warps leave each SM
+  // few loads in flight: on an H200 (int4 g64, docs/notes/quantized-decode.md,
+  // h97) two ran 1.12-1.16x faster on Qwen3-30B-A3B's experts and
+  // 1.19-1.22x on Mixtral's at T = 1-16, three no faster than one. The
+  // dense kernels (8 warps, up to 4 CTAs per SM) ran 1-24 % slower with two
+  // or three (whole MLP and gate/up on 8B, 70B, Qwen3-32B and the small
+  // shapes): they are not waiting on bytes in flight, and the registers of
+  // three cost CTAs per SM.
+  if (!gather || most < 2) return 1;
+  if (why) *why = "2 k-blocks requested ahead per warp (few warps per gathered CTA)";
+  return 2;
+}
+
 DownSplit down_split(const Problem& r) {
   // Unsplit unless asked: a rule aiming at ~1024 CTAs measured 14 % slower
   // at 8B, 3 % at 70B and 7 % faster at Qwen3-32B (H100, whole MLP, h67),
@@ -221,7 +246,7 @@ Params make_params(const Problem& r, const Arguments& a) {
 }
 
 cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, const DownSplit& split,
-                   float* partials, int groups, int warps) {
+                   float* partials, int groups, int warps, int ahead) {
   Params q = make_params(r, a);
   decode::Params& p = q.d;
 
@@ -235,6 +260,7 @@ cudaError_t launch(const Problem& r, const Arguments& a, cudaStream_t stream, co
   launch_shape(r, &p.warps, &s.unroll);
   if (warps > 0) p.warps = warps;
   s.cg = groups;
+  s.depth = ahead > 1 ? ahead : 1;
   if (partials && split.splits > 1 && !s.gather) {
     p.split_k_blocks = split.k_blocks_per_split;
     p.partials = partials;

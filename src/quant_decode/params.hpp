@@ -44,11 +44,20 @@ struct Shape {
   int unroll = 1;  // chunks per k-block: 1 or 2
   bool gather = false;  // Params::d.indices set: the gathered instantiations (unroll 1)
   int cg = 1;           // groups of 8 columns per warp: 1, or 2 at nt = 1, 4 at nt = 2 (column_groups())
+  int depth = 1;        // tiled: k-blocks each warp requests ahead, 1-3 (tiled_ahead())
 };
 
 // Tiled 4-bit affine words (tiled.cuh): one translation unit per input dtype.
 // One row of X is staged in shared memory while its padded K fits in this.
 inline constexpr int kTiledXsMaxBytes = 40960;
+// The most k-blocks a tiled kernel requests ahead (Shape::depth) without
+// spilling: each set of a k-block's words and scales costs 12 registers per
+// column group, under 128 where two CTAs share an SM (sm_90a, ptxas: one
+// group 63-124 registers at depth 1-3; two groups 96-124 at 1-2, spilling at
+// 3; four groups 222 at 1, 254 at 2).
+constexpr int tiled_max_depth(int nt, int cg, bool gather) {
+  return nt * cg >= 8 ? 1 : (cg == 2 || (gather && nt == 2)) ? 2 : 3;
+}
 cudaError_t launch_tiled_bf16(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_tiled_fp16(const Params& p, Shape s, cudaStream_t stream);
 

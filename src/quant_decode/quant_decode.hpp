@@ -52,6 +52,13 @@ int column_groups(const Problem& resolved, int sms, std::string* why = nullptr);
 // `why`: the rule's reason where it applies.
 int down_warps(const Problem& resolved, int sms, std::string* why = nullptr);
 
+// k-blocks each warp of a tiled kernel (QuantFormat::tiled) requests ahead
+// of the one it multiplies, 1 ... tiled_max_depth(), on a device with `sms`
+// SMs; 0 for other formats. GATEDMLP_QDECODE_AHEAD=n, where set, decides
+// instead (clamped to what the kernel takes). `why`: the rule's reason
+// where it asks for more than one.
+int tiled_ahead(const Problem& resolved, int sms, std::string* why = nullptr);
+
 // The kernel's parameters for a resolved problem and its arguments.
 Params make_params(const Problem& resolved, const Arguments& a);
 
@@ -59,10 +66,12 @@ Params make_params(const Problem& resolved, const Arguments& a);
 // split / partials: the down projection's split of K (down_split()) and
 // its [splits][M][U] fp32 scratch; null partials run it unsplit. groups:
 // the plan's column_groups() (Config::tile_n / 8), warps: the plan's
-// down_warps() (Config::threads / 32; 0: the kernel's own), each decided
+// down_warps() (Config::threads / 32; 0: the kernel's own), ahead: the
+// plan's tiled_ahead() (Config::ahead; 0 or 1: one k-block), each decided
 // once when the call is planned.
 cudaError_t launch(const Problem& resolved, const Arguments& a, cudaStream_t stream,
-                   const DownSplit& split = DownSplit{}, float* partials = nullptr, int groups = 1, int warps = 0);
+                   const DownSplit& split = DownSplit{}, float* partials = nullptr, int groups = 1, int warps = 0,
+                   int ahead = 0);
 
 // ---------------------------------------------------------------- more rows
 // Past kMaxM rows (past 128 where the Hopper form takes the call: hopper.hpp)

@@ -50,10 +50,15 @@ inline constexpr int kTiledBlockK = 128;       // a k-block: 4 lanes x 32 elemen
 //   TAIL: K is not a multiple of 128, so a k-block crosses it and (X not
 //       staged) loads X under a predicate. That path costs 12-19 registers
 //       (ptxas), so kernels without a tail are built without it.
-template <typename T, int NT, int CG, bool XS, bool TAIL>
+//   DEPTH: k-blocks each warp has requested ahead of the one it multiplies
+//       (a register set of words and scales each; tiled_ahead() in
+//       launch.cpp): a gathered call's 2-warp CTAs keep too few loads in
+//       flight with one. Kernels without a tail only.
+template <typename T, int NT, int CG, bool XS, bool TAIL, int DEPTH>
 __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t expert, int count, const int* xrows,
                                            const int* yrows) {
   static_assert(!XS || (NT == 1 && !TAIL), "X staged for one row, padded with zeros");
+  static_assert(DEPTH >= 1 && (DEPTH == 1 || !TAIL), "deeper pipelines on whole k-blocks only");
   using D = Dequant<T, kInt4, true>;
   const decode::Params& p = qp.d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -83,19 +88,20 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
   x_rows<T, NT>(p, count, xrows, g, 32 * t + warp * kTiledBlockK, xrow);
   float acc[CG][NT][4];
   decode::zero_sums(acc);
-  uint4 wa[CG][2];
-  Scale sa[CG][2];
-  auto load = [&]() {
+  // The k-blocks requested ahead, in turn: k-block i in set i % DEPTH.
+  uint4 wa[DEPTH][CG][2];
+  Scale sa[DEPTH][CG][2];
+  auto load = [&](uint4(&w)[CG][2], Scale(&sc)[CG][2]) {
 #pragma unroll
     for (int cg = 0; cg < CG; ++cg) {
-      wa[cg][0] = decode::detail_::ld_weights(wp[cg]);
-      wa[cg][1] = decode::detail_::ld_weights(wp[cg] + 32);
+      w[cg][0] = decode::detail_::ld_weights(wp[cg]);
+      w[cg][1] = decode::detail_::ld_weights(wp[cg] + 32);
       // Row g's (scale, bias) in the low word, row 8 + g's in the high one.
       const uint2 v = __ldg(sp[cg]);
-      sa[cg][0].s = __byte_perm(v.x, 0, 0x1010);
-      sa[cg][0].b = __byte_perm(v.x, 0, 0x3232);
-      sa[cg][1].s = __byte_perm(v.y, 0, 0x1010);
-      sa[cg][1].b = __byte_perm(v.y, 0, 0x3232);
+      sc[cg][0].s = __byte_perm(v.x, 0, 0x1010);
+      sc[cg][0].b = __byte_perm(v.x, 0, 0x3232);
+      sc[cg][1].s = __byte_perm(v.y, 0, 0x1010);
+      sc[cg][1].b = __byte_perm(v.y, 0, 0x3232);
       wp[cg] += 64 * nw;
       sp[cg] += 8 * step_s;
     }
@@ -133,11 +139,13 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
     for (int nt = 0; nt < NT; ++nt) xrow[nt] += kTiledBlockK * nw;
   };
 
-  // Software pipeline in registers: the next k-block's loads in flight while
-  // this one is multiplied. Only a warp's last k-block can cross K. The
-  // first k-block's weights are requested before X is staged, so that the
-  // staging's round trip passes under theirs.
-  if (n > 0) load();
+  // Software pipeline in registers: the next DEPTH k-blocks' loads in flight
+  // while this one is multiplied. Only a warp's last k-block can cross K.
+  // The first k-blocks' weights are requested before X is staged, so that
+  // the staging's round trip passes under theirs.
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d)
+    if (d < n) load(wa[d], sa[d]);
   if constexpr (XS) {
     // X's row, padded with zeros to whole k-blocks, after the partial sums.
     T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(red) + decode::red_bytes<NT, CG>(nw));
@@ -149,17 +157,23 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
     xrow[0] = xs + warp * kTiledBlockK + 32 * t;
   }
 
-  for (int i = 0; i < n_whole; ++i) {
-    uint4 cw[CG][2];
-    Scale cs[CG][2];
+  // Unrolled by DEPTH, so that every set is named at compile time (registers).
+  for (int i = 0; i < n_whole; i += DEPTH) {
 #pragma unroll
-    for (int cg = 0; cg < CG; ++cg)
-      cw[cg][0] = wa[cg][0], cw[cg][1] = wa[cg][1], cs[cg][0] = sa[cg][0], cs[cg][1] = sa[cg][1];
-    if (i + 1 < n) load();
-    multiply(std::true_type{}, cw, cs, true);
+    for (int d = 0; d < DEPTH; ++d) {
+      if (d > 0 && i + d >= n_whole) break;
+      uint4 cw[CG][2];
+      Scale cs[CG][2];
+#pragma unroll
+      for (int cg = 0; cg < CG; ++cg)
+        cw[cg][0] = wa[d][cg][0], cw[cg][1] = wa[d][cg][1], cs[cg][0] = sa[d][cg][0], cs[cg][1] = sa[d][cg][1];
+      if (i + d + DEPTH < n) load(wa[d], sa[d]);
+      multiply(std::true_type{}, cw, cs, true);
+    }
   }
   if constexpr (TAIL)
-    if (n > n_whole) multiply(std::false_type{}, wa, sa, int64_t(warp + n_whole * nw) * kTiledBlockK + 32 * t < p.k);
+    if (n > n_whole)
+      multiply(std::false_type{}, wa[0], sa[0], int64_t(warp + n_whole * nw) * kTiledBlockK + 32 * t < p.k);
 
   decode::store_partials<NT, CG>(red, acc);
   __syncthreads();
@@ -169,7 +183,7 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
 
 // GATHER: the rows and experts of a gathered call (decode_glu/gather.cuh,
 // one column group, X not staged); otherwise all p.m rows of the one weight.
-template <typename T, int NT, int CG, bool XS, bool TAIL, bool GATHER>
+template <typename T, int NT, int CG, bool XS, bool TAIL, bool GATHER, int DEPTH>
 __global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
     tiled_kernel(const __grid_constant__ Params qp) {
   static_assert(!GATHER || (CG == 1 && !XS), "gathered tiles: one column group, X from its rows");
@@ -178,14 +192,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NT * CG >= 8 ? 1 : 2)
   if constexpr (GATHER) {
     __shared__ decode::GatherShared sh;
     decode::for_each_gathered_tile<NT * 8>(qp.d, sh, [&](int expert, int count, const int* xrows, const int* yrows) {
-      tiled_tile<T, NT, 1, false, TAIL>(qp, red, expert, count, xrows, yrows);
+      tiled_tile<T, NT, 1, false, TAIL, DEPTH>(qp, red, expert, count, xrows, yrows);
     });
   } else {
-    tiled_tile<T, NT, CG, XS, TAIL>(qp, red, 0, int(qp.d.m), nullptr, nullptr);
+    tiled_tile<T, NT, CG, XS, TAIL, DEPTH>(qp, red, 0, int(qp.d.m), nullptr, nullptr);
   }
 }
 
-template <typename T, int NT, int CG, bool XS, bool TAIL = false, bool GATHER = false>
+template <typename T, int NT, int CG, bool XS, bool TAIL, bool GATHER, int DEPTH>
 cudaError_t launch_tiled_kernel(Params p, cudaStream_t stream) {
   const int64_t k_blocks = (p.d.k + kTiledBlockK - 1) / kTiledBlockK;
   p.d.warps = static_cast<int>(k_blocks < p.d.warps ? k_blocks : p.d.warps);
@@ -195,34 +209,44 @@ cudaError_t launch_tiled_kernel(Params p, cudaStream_t stream) {
   const unsigned ys = GATHER ? static_cast<unsigned>(slots < decode::kMaxGridY ? slots : decode::kMaxGridY) : 1u;
   const int64_t cols = decode::columns_per_cta(p.d) * CG;
   const dim3 grid(static_cast<unsigned>((p.d.u + cols - 1) / cols), ys);
-  tiled_kernel<T, NT, CG, XS, TAIL, GATHER><<<grid, p.d.warps * 32, smem, stream>>>(p);
+  tiled_kernel<T, NT, CG, XS, TAIL, GATHER, DEPTH><<<grid, p.d.warps * 32, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// A kernel at `depth` (tiled_ahead(), at most tiled_max_depth()); one
+// k-block ahead where K has a tail (staged X has none: it is zero past K).
+template <typename T, int NT, int CG, bool XS, bool GATHER>
+cudaError_t launch_tiled_depth(const Params& p, int depth, cudaStream_t stream) {
+  constexpr int kMax = tiled_max_depth(NT, CG, GATHER);
+  if constexpr (!XS)
+    if (p.d.k % kTiledBlockK) return launch_tiled_kernel<T, NT, CG, false, true, GATHER, 1>(p, stream);
+  if constexpr (kMax >= 3)
+    if (depth >= 3) return launch_tiled_kernel<T, NT, CG, XS, false, GATHER, 3>(p, stream);
+  if constexpr (kMax >= 2)
+    if (depth >= 2) return launch_tiled_kernel<T, NT, CG, XS, false, GATHER, 2>(p, stream);
+  return launch_tiled_kernel<T, NT, CG, XS, false, GATHER, 1>(p, stream);
 }
 
 // s.nt: 1 (m <= 8) or 2 (m <= 16; a gathered call's tiles: up to 16 rows);
 // s.cg: 1, or column_groups()' 2 (nt 1) or 4 (nt 2). One row of X is staged
 // where it fits in shared memory.
 template <typename T, int NT, int CG>
-cudaError_t launch_tiled_shape(const Params& p, cudaStream_t stream) {
+cudaError_t launch_tiled_shape(const Params& p, int depth, cudaStream_t stream) {
   const int64_t padded = (p.d.k + kTiledBlockK - 1) / kTiledBlockK * kTiledBlockK;
   if constexpr (NT == 1)
-    if (p.d.m == 1 && padded * int64_t(sizeof(T)) <= kTiledXsMaxBytes) return launch_tiled_kernel<T, 1, CG, true>(p, stream);
-  return p.d.k % kTiledBlockK ? launch_tiled_kernel<T, NT, CG, false, true>(p, stream)
-                              : launch_tiled_kernel<T, NT, CG, false, false>(p, stream);
+    if (p.d.m == 1 && padded * int64_t(sizeof(T)) <= kTiledXsMaxBytes)
+      return launch_tiled_depth<T, 1, CG, true, false>(p, depth, stream);
+  return launch_tiled_depth<T, NT, CG, false, false>(p, depth, stream);
 }
 
 template <typename T>
 cudaError_t launch_tiled(const Params& p, Shape s, cudaStream_t stream) {
-  const bool tail = p.d.k % kTiledBlockK != 0;
-  if (s.gather) {
-    if (s.nt == 1)
-      return tail ? launch_tiled_kernel<T, 1, 1, false, true, true>(p, stream)
-                  : launch_tiled_kernel<T, 1, 1, false, false, true>(p, stream);
-    return tail ? launch_tiled_kernel<T, 2, 1, false, true, true>(p, stream)
-                : launch_tiled_kernel<T, 2, 1, false, false, true>(p, stream);
-  }
-  if (s.nt == 1) return s.cg == 2 ? launch_tiled_shape<T, 1, 2>(p, stream) : launch_tiled_shape<T, 1, 1>(p, stream);
-  return s.cg == 4 ? launch_tiled_shape<T, 2, 4>(p, stream) : launch_tiled_shape<T, 2, 1>(p, stream);
+  if (s.gather)
+    return s.nt == 1 ? launch_tiled_depth<T, 1, 1, false, true>(p, s.depth, stream)
+                     : launch_tiled_depth<T, 2, 1, false, true>(p, s.depth, stream);
+  if (s.nt == 1)
+    return s.cg == 2 ? launch_tiled_shape<T, 1, 2>(p, s.depth, stream) : launch_tiled_shape<T, 1, 1>(p, s.depth, stream);
+  return s.cg == 4 ? launch_tiled_shape<T, 2, 4>(p, s.depth, stream) : launch_tiled_shape<T, 2, 1>(p, s.depth, stream);
 }
 
 }  // namespace gatedmlp::quant_decode
