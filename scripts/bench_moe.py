@@ -8,7 +8,8 @@ touches).
 
   Per model (E experts, top k, K x U per expert), weight format (bf16; int4
   affine g64 with bf16 scales and biases; int4t: the same in the tiled order,
-  gatedmlp.tile, its bytes counted as int4's) and T tokens, under CUDA-graph
+  gatedmlp.tile, its bytes counted as int4's; mxfp4: e2m1 values with an
+  e8m0 scale per 32, gpt-oss's own) and T tokens, under CUDA-graph
   replay of 16 steps that each route the T tokens afresh (k distinct experts
   per token, uniformly, as a top-k router picks) over two copies of all the
   experts' weights, so that a step finds few of its experts in L2:
@@ -200,6 +201,8 @@ def expert_bytes(fmt: str, k: int, u: int) -> int:
     rows = 2 * u
     if fmt == "bf16":
         return rows * k * 2
+    if fmt == "mxfp4":
+        return rows * k // 2 + rows * (k // 32)  # e2m1 words + e8m0 scales
     return rows * k // 2 + 2 * rows * (k // 64) * 2  # int4 words + bf16 scales and biases
 
 
@@ -210,6 +213,8 @@ def make_weights(fmt: str, e: int, k: int, u: int):
     if fmt == "int4t":  # the same arrays in the tiled order (gatedmlp.tile, per expert)
         return gatedmlp.tile(*make_weights("int4", e, k, u), group_size=64)
     words = torch.randint(-2**31, 2**31 - 1, (e, rows, k // 8), dtype=torch.int32, device="cuda")
+    if fmt == "mxfp4":  # scales 2^-8 ... 2^-4 (e8m0 119 ... 123)
+        return words, torch.randint(119, 124, (e, rows, k // 32), dtype=torch.uint8, device="cuda")
     scales = (torch.rand(e, rows, k // 64, device="cuda") * 0.01).to(torch.bfloat16)
     biases = (torch.rand(e, rows, k // 64, device="cuda") * -0.04).to(torch.bfloat16)
     return words, scales, biases
@@ -248,6 +253,9 @@ def bench_model(name: str, ts: list[int], fmts: list[str], rate: float) -> list[
             def call(i, w):
                 if fmt == "bf16":
                     return gatedmlp.gather_gate_up(x, i, w[0], out=y, check_indices=False)
+                if fmt == "mxfp4":
+                    return gatedmlp.quantized_gather_gate_up(x, i, w[0], w[1], out=y, mode="mxfp4", bits=4,
+                                                             group_size=32, check_indices=False)
                 return gatedmlp.quantized_gather_gate_up(x, i, w[0], w[1], w[2] if len(w) > 2 else None, out=y,
                                                          mode="affine", bits=4,
                                                          group_size=64, check_indices=False, tiled=fmt == "int4t")
@@ -620,7 +628,7 @@ def main() -> int:
     ap.add_argument("--mode", choices=("decode", "prefill", "block"), default="decode")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--t", help="tokens per call, comma-separated (decode: default 1,4,16,64; block: 1,16,512,8192)")
-    ap.add_argument("--formats", default="bf16,int4,int4t", help="decode: weight formats")
+    ap.add_argument("--formats", default="bf16,int4,int4t,mxfp4", help="decode: weight formats")
     ap.add_argument("--rows-per-expert", help="prefill: rows per expert for every model, comma-separated "
                     "(default: " + ", ".join(f"{m} {n}" for m, n in PREFILL_ROWS.items()) + ")")
     ap.add_argument("--compile-timeout", type=float, default=600.0,

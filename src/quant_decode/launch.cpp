@@ -101,9 +101,14 @@ void launch_shape(const Problem& r, int* warps, int* unroll) {
   // A gathered gate/up (MoE experts: a few thousand rows of short K each)
   // takes 2 warps: 38-51 % of the read rate at gpt-oss-20b and Qwen3-30B-A3B
   // shapes against 29-45 % with 4 and 24-32 % with 8 (H100, docs/notes/moe.md h68).
-  const bool down = r.op == Operation::down;
-  *warps = down ? 8 : r.gather.experts > 0 ? 2 : 4;
-  *unroll = down ? 2 : 1;
+  // With affine 4-bit words, k-blocks of two chunks (twice the bytes each
+  // warp has in flight) ran 1.00-1.10x faster at T = 1-64 on gpt-oss-20b,
+  // Qwen3-30B-A3B and Mixtral shapes; MXFP4's 0.93-1.12x, so they keep one
+  // (H200, docs/notes/moe.md h97). A gathered down projection keeps one.
+  const bool down = r.op == Operation::down, gather = r.gather.experts > 0;
+  const bool int4 = r.quant.mode == QuantMode::affine && r.quant.bits == 4;
+  *warps = down ? 8 : gather ? 2 : 4;
+  *unroll = down ? (gather ? 1 : 2) : gather && int4 ? 2 : 1;
   if (const char* v = std::getenv(down ? "GATEDMLP_QDECODE_DOWN" : "GATEDMLP_QDECODE")) {
     int w = 0, u = 0;
     if (std::sscanf(v, "%d,%d", &w, &u) == 2 && w >= 1 && w <= 8 && (u == 1 || u == 2)) {

@@ -364,7 +364,11 @@ cudaError_t launch_kernel(const Params& p, cudaStream_t stream) {
 template <typename T, int FMT, bool PACKED, int NT>
 cudaError_t launch_unroll(const Params& p, Shape s, cudaStream_t stream) {
   constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
-  if (s.gather) return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks, true>(p, stream);
+  if (s.gather) {
+    if constexpr (NT <= 2)
+      if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, NT, 2, kMinBlocks, true>(p, stream);
+    return launch_kernel<T, FMT, PACKED, NT, 1, kMinBlocks, true>(p, stream);
+  }
   if (s.unroll == 2) return launch_kernel<T, FMT, PACKED, NT, 2, kMinBlocks>(p, stream);
   // 4-bit formats only (column_groups()); not on MXFP4's fp32
   // dequantization (fp16 X: 16 bytes of spills).
