@@ -343,6 +343,7 @@ def host_section(args, dev, G, results, patch_model=None):
             wdq = gm.dequantize(qw, qs.float(), qb.float(), group_size=64, bits=4).double().to(dev)
             quant_ref = F.silu(x64 @ wdq[:u].T) * (x64 @ wdq[u:].T)
             qw, qs, qb = qw.view(torch.int32).to(dev), qs.to(dev), qb.to(dev)
+            tw, tp = gm.tile(qw, qs, qb, group_size=64)  # the same weights in the tiled order (int4t)
             entries.update({
                 "gatedmlp.quantized_gate_up(x, wq, s, b, out=y) (int4)": (
                     lambda: gm.quantized_gate_up(x, qw, qs, qb, out=y), "gatedmlp_quant"),
@@ -350,6 +351,12 @@ def host_section(args, dev, G, results, patch_model=None):
                     lambda: gm.quantized_gate_up(x, qw, qs, qb), "gatedmlp_quant"),
                 "gatedmlp.torch.quantized_gate_up(x, wq, s, b) (int4)": (
                     lambda: gt.quantized_gate_up(x, qw, qs, qb), "gatedmlp_quant"),
+                "gatedmlp.quantized_gate_up(x, wt, pairs, out=y, tiled=True) (int4t)": (
+                    lambda: gm.quantized_gate_up(x, tw, tp, out=y, group_size=64, tiled=True), "gatedmlp_quant"),
+                "gatedmlp.quantized_gate_up(x, wt, pairs, tiled=True) (int4t)": (
+                    lambda: gm.quantized_gate_up(x, tw, tp, group_size=64, tiled=True), "gatedmlp_quant"),
+                "gatedmlp.torch.quantized_gate_up(x, wt, pairs, tiled=True) (int4t)": (
+                    lambda: gt.quantized_gate_up(x, tw, tp, group_size=64, tiled=True), "gatedmlp_quant"),
             })
             for name, (fn, kind) in entries.items():
                 if kind == "gatedmlp_quant":
