@@ -42,7 +42,7 @@ struct Shape {
   int nt = 1;
   bool packed_math = false;
   int unroll = 1;  // chunks per k-block: 1 or 2
-  bool gather = false;  // Params::d.indices set: the gathered instantiations (unroll 1)
+  bool gather = false;  // Params::d.indices set: the gathered instantiations (unroll 2 only up to nt 2)
   int cg = 1;           // groups of 8 columns per warp: 1, or 2 at nt = 1, 4 at nt = 2 (column_groups())
   int depth = 1;        // tiled: k-blocks each warp requests ahead, 1-3 (tiled_ahead())
 };

@@ -360,7 +360,8 @@ cudaError_t launch_kernel(const Params& p, cudaStream_t stream) {
 // column_groups()) 2 at NT = 1 and 4 at NT = 2.
 // Four and eight n-tiles take more than 128 registers (they spill at 2 CTAs
 // of 8 warps): launched with 4 warps, they fit 3 CTAs per SM anyway. So
-// do four column groups.
+// do four column groups. Gathered tiles of up to 16 rows also come with two
+// chunks per k-block (122-128 registers, h97); larger ones with one.
 template <typename T, int FMT, bool PACKED, int NT>
 cudaError_t launch_unroll(const Params& p, Shape s, cudaStream_t stream) {
   constexpr int kMinBlocks = NT >= 4 ? 1 : 2;
