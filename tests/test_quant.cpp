@@ -439,8 +439,9 @@ TEST(Quant, TiledDownWarps) {
   }
 }
 // k-blocks requested ahead by the tiled kernels (Config::ahead): two for
-// gathered calls, one for dense ones (h97); the knob clamped to what each
-// kernel takes without spilling (tiled_max_depth()); 0 off the tiled order.
+// gathered gate/up calls, one for dense ones and down projections (h97);
+// the knob clamped to what each kernel takes without spilling
+// (tiled_max_depth()); 0 off the tiled order.
 TEST(Quant, TiledAhead) {
   auto pick = [](const Problem& p) {
     Config c;
@@ -461,11 +462,11 @@ TEST(Quant, TiledAhead) {
   EXPECT_EQ(c.ahead, 2) << to_string(c);
   EXPECT_NE(c.reason.find("2 k-blocks requested ahead"), std::string::npos) << c.reason;
   EXPECT_NE(to_string(c).find("ahead=2"), std::string::npos) << to_string(c);
-  Problem gd = g;  // their down projections
+  Problem gd = g;  // their down projections: 8-warp CTAs, one ahead
   gd.op = Operation::down;
   gd.k = 14336, gd.u = 4096;
   gd.weights = WeightLayout{};
-  EXPECT_EQ(pick(gd).ahead, 2);
+  EXPECT_EQ(pick(gd).ahead, 1);
   Problem d = g;  // 8B's gate/up and down projection, dense
   d.gather = Gather{};
   d.m = 1;

@@ -199,16 +199,17 @@ int tiled_ahead(const Problem& r, int sms, std::string* why) {
     if (why && n > 1) *why = std::to_string(n) + " k-blocks requested ahead per warp, set by GATEDMLP_QDECODE_AHEAD";
     return n;
   }
-  // Two ahead for gathered calls only. Their CTAs of 2 warps leave each SM
-  // few loads in flight: on an H200 (int4 g64, docs/notes/moe.md, h97) two
-  // ran 1.12-1.16x faster on Qwen3-30B-A3B's experts and 1.19-1.22x on
-  // Mixtral's at T = 1-16, three no faster than one. The dense kernels (8
-  // warps, up to 4 CTAs per SM) ran 1-24 % slower with two or three (whole
-  // MLP and gate/up on 8B, 70B, Qwen3-32B and the small shapes): they are
-  // not waiting on bytes in flight, and the registers of three cost CTAs
-  // per SM.
-  if (!gather || most < 2) return 1;
-  if (why) *why = "2 k-blocks requested ahead per warp (few warps per gathered CTA)";
+  // Two ahead for gathered gate/up calls only. Their CTAs of 2 warps leave
+  // each SM few loads in flight: on an H200 (int4 g64, docs/notes/moe.md,
+  // h97) two ran 1.12-1.16x faster on Qwen3-30B-A3B's experts and
+  // 1.19-1.22x on Mixtral's at T = 1-16, three no faster than one. The
+  // dense kernels (8 warps, up to 4 CTAs per SM) ran 1-24 % slower with two
+  // or three (whole MLP and gate/up on 8B, 70B, Qwen3-32B and the small
+  // shapes): they are not waiting on bytes in flight, and the registers of
+  // three cost CTAs per SM. A gathered down projection runs 8-warp CTAs as
+  // they do, and keeps one (not timed deeper).
+  if (!gather || down || most < 2) return 1;
+  if (why) *why = "2 k-blocks requested ahead per warp (2-warp gathered CTAs)";
   return 2;
 }
 
