@@ -172,8 +172,7 @@ int down_warps(const Problem& r, int sms, std::string* why) {
   // with 8. So 4 warps where they make one wave of a grid whose 8-warp
   // form ends in a last wave less than half full.
   const int64_t ctas = (r.u + 15) / 16;
-  const int64_t padded_k = (r.k + 127) / 128 * 128;
-  const bool x_staged = r.m == 1 && padded_k * int64_t(dtype_size(r.input_dtype)) <= kTiledXsMaxBytes;
+  const bool x_staged = tiled_stages_x(r.m, r.k, dtype_size(r.input_dtype), false);
   const int per_sm8 = x_staged ? 4 : r.m <= 8 ? 3 : 2;
   const int per_sm4 = r.m <= 8 ? 6 : 5;
   const int64_t slots8 = int64_t(per_sm8) * sms, last = ctas % slots8;  // CTAs in the last wave of 8-warp ones
@@ -193,7 +192,9 @@ int tiled_ahead(const Problem& r, int sms, std::string* why) {
   const bool gather = r.gather.experts > 0, down = r.op == Operation::down;
   const int nt = gather ? decode::gathered_tile_rows(r, int(kTiledMaxM)) / 8 : r.m <= 8 ? 1 : 2;
   const int cg = gather || down ? 1 : column_groups(r, sms);
-  const int most = tiled_max_depth(nt, cg, gather);
+  // A K tail (X not staged) runs one k-block ahead whatever is asked (tiled.cuh).
+  const bool whole = r.k % kTiledBlockK == 0 || tiled_stages_x(r.m, r.k, dtype_size(r.input_dtype), gather);
+  const int most = whole ? tiled_max_depth(nt, cg, gather) : 1;
   if (const char* v = std::getenv("GATEDMLP_QDECODE_AHEAD")) {
     const int asked = std::atoi(v), n = asked < 1 ? 1 : asked > most ? most : asked;
     if (why && n > 1) *why = std::to_string(n) + " k-blocks requested ahead per warp, set by GATEDMLP_QDECODE_AHEAD";

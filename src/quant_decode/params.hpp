@@ -48,8 +48,14 @@ struct Shape {
 };
 
 // Tiled 4-bit affine words (tiled.cuh): one translation unit per input dtype.
+inline constexpr int kTiledBlockK = 128;  // a k-block: 4 lanes x 32 elements
 // One row of X is staged in shared memory while its padded K fits in this.
 inline constexpr int kTiledXsMaxBytes = 40960;
+// Whether a tiled call stages X (one row, not gathered): staged X is zero
+// past K, so such a call has no K tail whatever K.
+constexpr bool tiled_stages_x(int64_t m, int64_t k, int64_t x_bytes, bool gather) {
+  return !gather && m == 1 && (k + kTiledBlockK - 1) / kTiledBlockK * kTiledBlockK * x_bytes <= kTiledXsMaxBytes;
+}
 // The most k-blocks a tiled kernel requests ahead (Shape::depth) without
 // spilling: each set of a k-block's words and scales costs 12 registers per
 // column group, under 128 where two CTAs share an SM (sm_90a, ptxas: one

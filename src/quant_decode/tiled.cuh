@@ -38,7 +38,6 @@
 
 namespace gatedmlp::quant_decode {
 
-inline constexpr int kTiledBlockK = 128;       // a k-block: 4 lanes x 32 elements
 
 // One tile: `count` rows of X (xrows / yrows: the gathered tile's rows of x
 // and y, or null for 0 ... count-1) through expert `expert`'s weights (0 but
@@ -232,9 +231,8 @@ cudaError_t launch_tiled_depth(const Params& p, int depth, cudaStream_t stream) 
 // where it fits in shared memory.
 template <typename T, int NT, int CG>
 cudaError_t launch_tiled_shape(const Params& p, int depth, cudaStream_t stream) {
-  const int64_t padded = (p.d.k + kTiledBlockK - 1) / kTiledBlockK * kTiledBlockK;
   if constexpr (NT == 1)
-    if (p.d.m == 1 && padded * int64_t(sizeof(T)) <= kTiledXsMaxBytes)
+    if (tiled_stages_x(p.d.m, p.d.k, sizeof(T), false))
       return launch_tiled_depth<T, 1, CG, true, false>(p, depth, stream);
   return launch_tiled_depth<T, NT, CG, false, false>(p, depth, stream);
 }
