@@ -627,6 +627,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("decode", "prefill", "block"), default="decode")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=E,TOPK,H,I",
+                    help="decode: a model shape of one's own (experts, top k, hidden, intermediate), "
+                         "then named in --models; may be repeated")
     ap.add_argument("--t", help="tokens per call, comma-separated (decode: default 1,4,16,64; block: 1,16,512,8192)")
     ap.add_argument("--formats", default="bf16,int4,int4t,mxfp4", help="decode: weight formats")
     ap.add_argument("--rows-per-expert", help="prefill: rows per expert for every model, comma-separated "
@@ -635,6 +638,13 @@ def main() -> int:
                     help="prefill, block: seconds a torch.compile baseline may take (0: not compiled)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    for s in a.shape:
+        name, _, dims = s.partition("=")
+        try:
+            MODELS[name] = tuple(int(v) for v in dims.split(","))
+            assert len(MODELS[name]) == 4 and min(MODELS[name]) > 0
+        except (ValueError, AssertionError):
+            ap.error(f"--shape {s!r}: expected NAME=E,TOPK,H,I, four positive integers")
     models = a.models.split(",")
     unknown = [m for m in models if m not in MODELS]
     if unknown:

@@ -440,20 +440,30 @@ TEST(GpuGather, RefusedWhereNoKernelReads) {
 }
 
 // Deeper register pipelines for tiled experts (GATEDMLP_QDECODE_AHEAD = 2,
-// 3; 16-row tiles take at most 2).
+// 3; 16-row tiles, and K with a tail of the k-blocks of 128, take at most 2).
 TEST(GpuGather, TiledAhead) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(fresh_seed());
   GatherStats st;
+  int tail_deeper = 0;
   for (const char* v : {"2", "3"}) {
     ScopedEnv env("GATEDMLP_QDECODE_AHEAD", v);
     for (int i = 0, n = 0; n < cases(60) && i < 100000 && !HasFailure(); ++i) {
       const GatherCase c = random_gather_case(rng);
       if (!c.p.quantized || !c.p.quant.tiled) continue;
       SCOPED_TRACE("case " + std::to_string(i) + ", GATEDMLP_QDECODE_AHEAD=" + v);
+      Config cfg;
+      ASSERT_TRUE(plan(c.p, &cfg).ok());
+      if (cfg.path == KernelPath::quant_decode) {
+        EXPECT_GE(cfg.ahead, 2) << to_string(cfg);
+        EXPECT_LE(cfg.ahead, c.p.k % 128 ? 2 : std::atoi(v)) << to_string(cfg);
+        tail_deeper += c.p.k % 128 != 0;
+      }
       run_gather_case(c, rng, &st);
       ++n;
     }
   }
-  std::printf("[ cases ] %d tiled passed (%d down projections)\n", st.cases, st.down);
+  std::printf("[ cases ] %d tiled passed (%d down projections, %d with a K tail two deep)\n", st.cases, st.down,
+              tail_deeper);
+  EXPECT_GT(tail_deeper, 0) << "no case had a K tail";
 }

@@ -500,16 +500,26 @@ TEST(Quant, TiledAhead) {
     test::ScopedEnv knob("GATEDMLP_QDECODE_AHEAD", "1");
     EXPECT_EQ(pick(g).ahead, 1);
   }
-  // K with a tail of the k-blocks of 128 runs one ahead, and the plan says
-  // so (gpt-oss's 2880); but for one staged row of X, zero past K.
+  // K with a tail of the k-blocks of 128 (gpt-oss's 2880): gathered kernels
+  // go two deep there too, dense ones one; but for one staged row of X,
+  // zero past K.
   Problem gt = g;
   gt.m = 4, gt.k = 2880, gt.u = 2880;
   c = pick(gt);
-  EXPECT_EQ(c.ahead, 1) << to_string(c);
-  EXPECT_EQ(c.reason.find("requested ahead"), std::string::npos) << c.reason;
+  EXPECT_EQ(c.ahead, 2) << to_string(c);
+  EXPECT_NE(c.reason.find("2 k-blocks requested ahead"), std::string::npos) << c.reason;
+  Problem gtd = gt;  // its down projection keeps one
+  gtd.op = Operation::down;
+  gtd.weights = WeightLayout{};
+  EXPECT_EQ(pick(gtd).ahead, 1);
   {
     test::ScopedEnv knob("GATEDMLP_QDECODE_AHEAD", "3");
-    EXPECT_EQ(pick(gt).ahead, 1);
+    EXPECT_EQ(pick(gt).ahead, 2);
+    EXPECT_EQ(pick(gtd).ahead, 2);
+    Problem dtd = gtd;  // dense, with the tail: one
+    dtd.gather = Gather{};
+    dtd.m = 4;
+    EXPECT_EQ(pick(dtd).ahead, 1);
     Problem dt = d;  // 8B's gate/up with K = 4032: 31.5 k-blocks
     dt.m = 1, dt.k = 4032;
     EXPECT_EQ(pick(dt).ahead, 2);  // X staged: two column groups' most

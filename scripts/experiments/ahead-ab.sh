@@ -5,6 +5,7 @@
 # (bench_quant.py) and gathered experts (bench_moe.py).
 # Needs `scripts/gpu-check.sh build pyext` first (build-gpu/python).
 #   AHEADS="0 1 2 3 1" (0: the plan's rule)  MS=1,4,16  BENCHES="mlp quant moe"
+#   MODELS=gpt-oss-20b (moe only; default: bench_moe.py's)  MOE_ARGS="--shape NAME=E,TOPK,H,I" (moe only)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-$PWD/gpu-check-out}"
@@ -19,7 +20,7 @@ for bench in ${BENCHES:-mlp quant moe}; do
     case "$bench" in
     mlp) "${knob[@]}" python3 scripts/bench_mlp.py --impls gatedmlp_int4t --m "$ms" 2>&1 | grep -E "gatedmlp_int4t" ;;
     quant) "${knob[@]}" python3 scripts/bench_quant.py --formats int4t --no-baselines --m "$ms" 2>&1 | grep -E "int4t " ;;
-    moe) "${knob[@]}" python3 scripts/bench_moe.py --formats int4t --t "$ms" 2>&1 | grep -E "int4t T=" ;;
+    moe) "${knob[@]}" python3 scripts/bench_moe.py --formats int4t --t "$ms" ${MODELS:+--models "$MODELS"} ${MOE_ARGS:-} 2>&1 | grep -E "int4t T=" ;;
     esac | tee -a "$out/ahead-$bench.txt"
   done
 done

@@ -64,6 +64,14 @@ constexpr bool tiled_stages_x(int64_t m, int64_t k, int64_t x_bytes, bool gather
 constexpr int tiled_max_depth(int nt, int cg, bool gather) {
   return nt * cg >= 8 ? 1 : (cg == 2 || (gather && nt == 2)) ? 2 : 3;
 }
+// The same where K has a tail and X is not staged (the crossing k-block's
+// predicated X loads cost registers: gathered, depth 2, 105 and 124 for 8-
+// and 16-row tiles against 96 and 102 without a tail): two for gathered
+// kernels, the only calls that take more than one there (tiled_ahead());
+// one otherwise, so that no kernel is built that nothing picks.
+constexpr int tiled_max_depth_tail(int nt, int cg, bool gather) {
+  return !gather ? 1 : tiled_max_depth(nt, cg, gather) < 2 ? tiled_max_depth(nt, cg, gather) : 2;
+}
 cudaError_t launch_tiled_bf16(const Params& p, Shape s, cudaStream_t stream);
 cudaError_t launch_tiled_fp16(const Params& p, Shape s, cudaStream_t stream);
 

@@ -53,10 +53,11 @@ int column_groups(const Problem& resolved, int sms, std::string* why = nullptr);
 int down_warps(const Problem& resolved, int sms, std::string* why = nullptr);
 
 // k-blocks each warp of a tiled kernel (QuantFormat::tiled) requests ahead
-// of the one it multiplies, 1 ... tiled_max_depth() (1 where K has a tail),
-// on a device with `sms` SMs; 0 for other formats. GATEDMLP_QDECODE_AHEAD=n, where set, decides
-// instead (clamped to what the kernel takes). `why`: the rule's reason
-// where it asks for more than one.
+// of the one it multiplies, 1 ... tiled_max_depth() (where K has a tail
+// and X is not staged, tiled_max_depth_tail(): 2 gathered, else 1), on a
+// device with `sms` SMs; 0 for other formats. GATEDMLP_QDECODE_AHEAD=n,
+// where set, decides instead (clamped to what the kernel takes). `why`:
+// the rule's reason where it asks for more than one.
 int tiled_ahead(const Problem& resolved, int sms, std::string* why = nullptr);
 
 // The kernel's parameters for a resolved problem and its arguments.

@@ -52,12 +52,13 @@ namespace gatedmlp::quant_decode {
 //   DEPTH: k-blocks each warp has requested ahead of the one it multiplies
 //       (a register set of words and scales each; tiled_ahead() in
 //       launch.cpp): a gathered call's 2-warp CTAs keep too few loads in
-//       flight with one. Kernels without a tail only.
+//       flight with one. With a tail, gathered kernels only
+//       (tiled_max_depth_tail()).
 template <typename T, int NT, int CG, bool XS, bool TAIL, int DEPTH>
 __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t expert, int count, const int* xrows,
                                            const int* yrows) {
   static_assert(!XS || (NT == 1 && !TAIL), "X staged for one row, padded with zeros");
-  static_assert(DEPTH >= 1 && (DEPTH == 1 || !TAIL), "deeper pipelines on whole k-blocks only");
+  static_assert(DEPTH >= 1, "at least the k-block multiplied");
   using D = Dequant<T, kInt4, true>;
   const decode::Params& p = qp.d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -171,8 +172,25 @@ __device__ __forceinline__ void tiled_tile(const Params& qp, float* red, int64_t
     }
   }
   if constexpr (TAIL)
-    if (n > n_whole)
-      multiply(std::false_type{}, wa[0], sa[0], int64_t(warp + n_whole * nw) * kTiledBlockK + 32 * t < p.k);
+    if (n > n_whole) {
+      // The crossing k-block is the warp's k-block n_whole, in set n_whole %
+      // DEPTH. Its values are selected into a set of their own: a multiply
+      // per set, each named, had put the sets on the stack (ptxas: 144 bytes
+      // of stack frame, no spill reported; 1.1-1.25x slower, h98).
+      const int last = n_whole % DEPTH;
+      uint4 cw[CG][2];
+      Scale cs[CG][2];
+#pragma unroll
+      for (int cg = 0; cg < CG; ++cg)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          cw[cg][h] = wa[0][cg][h], cs[cg][h] = sa[0][cg][h];
+#pragma unroll
+          for (int d = 1; d < DEPTH; ++d)
+            if (last == d) cw[cg][h] = wa[d][cg][h], cs[cg][h] = sa[d][cg][h];
+        }
+      multiply(std::false_type{}, cw, cs, int64_t(warp + n_whole * nw) * kTiledBlockK + 32 * t < p.k);
+    }
 
   decode::store_partials<NT, CG>(red, acc);
   __syncthreads();
@@ -212,13 +230,19 @@ cudaError_t launch_tiled_kernel(Params p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// A kernel at `depth` (tiled_ahead(), at most tiled_max_depth()); one
-// k-block ahead where K has a tail (staged X has none: it is zero past K).
+// A kernel at `depth` (tiled_ahead(), at most tiled_max_depth()). Where K
+// has a tail (staged X has none: it is zero past K) only gathered kernels
+// go deeper than one.
 template <typename T, int NT, int CG, bool XS, bool GATHER>
 cudaError_t launch_tiled_depth(const Params& p, int depth, cudaStream_t stream) {
   constexpr int kMax = tiled_max_depth(NT, CG, GATHER);
   if constexpr (!XS)
-    if (p.d.k % kTiledBlockK) return launch_tiled_kernel<T, NT, CG, false, true, GATHER, 1>(p, stream);
+    if (p.d.k % kTiledBlockK) {
+      constexpr int kTail = tiled_max_depth_tail(NT, CG, GATHER);
+      if constexpr (kTail >= 2)
+        if (depth >= 2) return launch_tiled_kernel<T, NT, CG, false, true, GATHER, 2>(p, stream);
+      return launch_tiled_kernel<T, NT, CG, false, true, GATHER, 1>(p, stream);
+    }
   if constexpr (kMax >= 3)
     if (depth >= 3) return launch_tiled_kernel<T, NT, CG, XS, false, GATHER, 3>(p, stream);
   if constexpr (kMax >= 2)

@@ -35,6 +35,21 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return v;
 }
 
+// The xor of n 16-byte words read grid-stride by the whole grid, 4 loads in
+// flight per thread per step.
+__device__ __forceinline__ unsigned xor_gridstride(const uint4* p, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  unsigned acc = 0;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = ld_stream(p + i), b = ld_stream(p + i + stride);
+    const uint4 c = ld_stream(p + i + 2 * stride), d = ld_stream(p + i + 3 * stride);
+    acc ^= a.x ^ b.y ^ c.z ^ d.w ^ a.w ^ b.x ^ c.y ^ d.z;
+  }
+  for (; i < n; i += stride) acc ^= ld_stream(p + i).x;
+  return acc;
+}
+
 __device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
