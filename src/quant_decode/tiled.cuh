@@ -38,7 +38,6 @@
 
 namespace gatedmlp::quant_decode {
 
-
 // One tile: `count` rows of X (xrows / yrows: the gathered tile's rows of x
 // and y, or null for 0 ... count-1) through expert `expert`'s weights (0 but
 // for gathered calls: its tiles at expert * sw words, its (scale, bias)
